@@ -1,0 +1,156 @@
+"""The llm.c token stream, addressed by one saveable integer: the number of windows consumed.
+
+A *window* is the `tokens_per_step + 1` tokens one optimizer step needs: inputs are the first
+`tokens_per_step` tokens, targets the same window shifted by one. Window k of a shard starts at token
+k * tokens_per_step, so consecutive windows overlap by exactly one token, as in llm.c's DataLoader.
+With tokens_per_step = B*T, window b is llm.c's (and InfiniTrain's) unshuffled batch b:
+tokens [b*B*T, (b+1)*B*T + 1) (FORMATS.md §3).
+
+Generalised to whole steps: with gradient accumulation and P data-parallel processes,
+tokens_per_step = accumulation * P * B * T and the trainer reshapes the rows into
+(accumulation, P * B, T); micro-step m of rank r is then exactly llm.c's sample
+(step * accumulation + m) at rank r. The one difference from llm.c is at a shard's end: a window never
+crosses a shard boundary and a shard holds S = (ntok - 1) // tokens_per_step whole windows, so up to
+one step's worth of llm.c micro-samples at the tail of each shard is skipped.
+
+Shards come from a sorted glob; after the last shard the stream wraps to the first (a new epoch), like
+llm.c's sequential loader. `window(position)` is a pure function of the position, so saving the
+position in the checkpoint makes resume exact; there is no hidden iterator state.
+"""
+
+from __future__ import annotations
+
+import glob
+import operator
+from typing import Iterator
+
+import numpy as np
+
+
+class DataError(ValueError):
+    """A token-shard set that cannot feed the configured stream (what, where, expected, found)."""
+
+
+def _read_shard(path: str) -> np.ndarray:
+    # llmc_io owns the shard format (magic, version, ntok, exact file size); this module owns the order.
+    from llmc_io.shards import read_shard
+
+    return read_shard(path)
+
+
+class TokenStream:
+    """llm.c token shards as a sequence of step-sized windows indexed by an integer position.
+
+    Args:
+      pattern: glob of llm.c token shards (GPT-2 uint16 or LLaMA-3 uint32); matched paths are sorted.
+      tokens_per_step: tokens of input per window (= rows * seq_len); the window reads one more.
+      seq_len: row length T; tokens_per_step must be a multiple of it.
+      vocab_size: every token id must be below this (the unpadded vocabulary of the model).
+      name: label for messages and the start-up log, e.g. 'train' or 'val'.
+    """
+
+    def __init__(self, pattern: str, tokens_per_step: int, seq_len: int, vocab_size: int,
+                 name: str = "train"):
+        self.name = name
+        self.pattern = pattern
+        self.tokens_per_step = int(tokens_per_step)
+        self.seq_len = int(seq_len)
+        self.vocab_size = int(vocab_size)
+        if self.seq_len <= 0 or self.tokens_per_step <= 0 or self.tokens_per_step % self.seq_len:
+            raise DataError(
+                f"{name} data: tokens_per_step: expected a positive multiple of seq_len={self.seq_len}, "
+                f"found {self.tokens_per_step}; set the batch so that tokens per step = rows * seq_len")
+        if self.vocab_size <= 0:
+            raise DataError(f"{name} data: vocab_size: expected > 0, found {self.vocab_size}")
+        self.rows = self.tokens_per_step // self.seq_len
+
+        self.paths = sorted(glob.glob(pattern))
+        if not self.paths:
+            raise DataError(
+                f"{name} data: pattern {pattern!r} matched no files; check the path (globs such as "
+                f"'dir/*_train_*.bin' are allowed) or leave input_bin unset for the default corpus")
+
+        self.shards = [_read_shard(path) for path in self.paths]
+        self.dtype = self.shards[0].dtype
+        for path, tokens in zip(self.paths, self.shards):
+            # llm.c's llama3 dataloader.h also insists on one token width for the whole set.
+            if tokens.dtype != self.dtype:
+                raise DataError(
+                    f"{path}: token dtype: expected {self.dtype} like {self.paths[0]}, found "
+                    f"{tokens.dtype}; do not mix GPT-2 (uint16) and LLaMA-3 (uint32) shards in one pattern")
+            if len(tokens) < self.tokens_per_step + 1:
+                raise DataError(
+                    f"{path}: ntok: expected at least tokens_per_step + 1 = {self.tokens_per_step + 1} "
+                    f"tokens for one {name} window ({self.rows} rows x {self.seq_len}), found {len(tokens)}; "
+                    f"use a smaller batch or sequence length, or remove this shard from the pattern")
+
+        self.windows_per_shard = [(len(t) - 1) // self.tokens_per_step for t in self.shards]
+        # first_window[i] = windows in shards before i; the last entry is the epoch length.
+        self._first_window = np.concatenate([[0], np.cumsum(self.windows_per_shard)]).astype(np.int64)
+        self.windows_per_epoch = int(self._first_window[-1])
+        self.total_tokens = int(sum(len(t) for t in self.shards))
+
+    # ---- position arithmetic ---------------------------------------------------------------------
+
+    def _check_position(self, position) -> int:
+        position = operator.index(position)  # rejects floats: positions are exact counts
+        if position < 0:
+            raise DataError(f"{self.name} data: position: expected >= 0, found {position}")
+        return position
+
+    def epoch_of(self, position: int) -> int:
+        """Number of complete passes over all shards before window `position`."""
+        return self._check_position(position) // self.windows_per_epoch
+
+    def locate(self, position: int) -> tuple[int, int, int]:
+        """(epoch, shard index, window index within that shard) of window `position`."""
+        position = self._check_position(position)
+        epoch, in_epoch = divmod(position, self.windows_per_epoch)
+        shard = int(np.searchsorted(self._first_window, in_epoch, side="right")) - 1
+        return epoch, shard, in_epoch - int(self._first_window[shard])
+
+    # ---- reading ---------------------------------------------------------------------------------
+
+    def window(self, position: int) -> tuple[np.ndarray, np.ndarray]:
+        """(inputs, targets), each int32 of shape (rows, seq_len), for window `position`.
+
+        Pure: the same position always gives the same arrays, whatever was read before.
+        """
+        _, shard, k = self.locate(position)
+        start = k * self.tokens_per_step
+        tokens = np.asarray(self.shards[shard][start:start + self.tokens_per_step + 1])
+        too_big = np.flatnonzero(tokens >= self.vocab_size)
+        if too_big.size:
+            at = int(too_big[0])
+            raise DataError(
+                f"{self.paths[shard]}: token at offset {start + at}: expected id < vocab_size "
+                f"{self.vocab_size}, found {int(tokens[at])}; the shards were tokenized for a different "
+                f"vocabulary than the model's")
+        tokens = tokens.astype(np.int32)
+        inputs = tokens[:-1].reshape(self.rows, self.seq_len)
+        targets = tokens[1:].reshape(self.rows, self.seq_len)
+        return inputs, targets
+
+    def val_windows(self, num_windows: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The first `num_windows` windows from position 0, as llm.c's val loader reads after a reset.
+
+        Asking for more windows than one epoch holds is an error rather than a silent repeat, since a
+        wrapped validation set would count the same tokens twice.
+        """
+        num_windows = operator.index(num_windows)
+        if not 0 <= num_windows <= self.windows_per_epoch:
+            raise DataError(
+                f"{self.name} data: windows requested: expected 0..{self.windows_per_epoch} (all that "
+                f"{self.pattern!r} holds at {self.tokens_per_step + 1} tokens per window), found "
+                f"{num_windows}; lower the number of validation steps or the validation batch")
+        for position in range(num_windows):
+            yield self.window(position)
+
+    def describe(self) -> str:
+        """One line for the start-up log."""
+        files = self.paths[0] if len(self.paths) == 1 else f"{len(self.paths)} files ({self.pattern})"
+        return (f"{self.name} data: {files}, {self.total_tokens:,} tokens {self.dtype}, "
+                f"{self.windows_per_epoch:,} windows/epoch of {self.rows}x{self.seq_len} tokens")
+
+    def __repr__(self) -> str:
+        return f"TokenStream({self.describe()})"

@@ -1,0 +1,126 @@
+"""An offline default corpus: the Python standard library's own source as GPT-2 byte tokens.
+
+With no input_bin the trainer still needs real text that exists on every machine without a download.
+The stdlib's *.py files (sorted, so the corpus is deterministic for a given Python) are encoded one
+byte per token with GPT-2's byte-level ids, so the real GPT-2 tokenizer (and llm.c's tokenizer file)
+decodes them; each file is preceded by the end-of-text token 50256, as llm.c's fineweb.py does for
+documents. The stream is capped so building takes well under a second and is written once, as
+ordinary llm.c GPT-2 shards (magic 20240520, version 1, uint16), to the cache directory.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import sys
+import sysconfig
+import tempfile
+
+import numpy as np
+
+EOT_TOKEN = 50256
+TRAIN_TOKENS = 3 * 2**20       # 3,145,728: enough that a small model does not memorise it in minutes
+VAL_TOKENS = 2**17             # 131,072: the tail of the capped stream, never seen in training
+# Bump when the corpus recipe changes, so stale cache files are not reused under the same name.
+CORPUS_VERSION = 1
+
+
+def _gpt2_byte_order() -> list[int]:
+    """Bytes in the order of GPT-2's first 256 token ids (openai/gpt-2 encoder.py bytes_to_unicode).
+
+    The printable bytes come first, keeping their own order; the rest follow in increasing order.
+    """
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+                 + list(range(ord("®"), ord("ÿ") + 1)))
+    return printable + [b for b in range(256) if b not in printable]
+
+
+BYTE_TO_TOKEN = np.zeros(256, np.uint16)
+BYTE_TO_TOKEN[_gpt2_byte_order()] = np.arange(256, dtype=np.uint16)
+TOKEN_TO_BYTE = np.array(_gpt2_byte_order(), np.uint8)
+
+
+def encode_bytes(data: bytes) -> np.ndarray:
+    """GPT-2 token ids (uint16), one per byte of `data`."""
+    return BYTE_TO_TOKEN[np.frombuffer(data, np.uint8)]
+
+
+def decode_tokens(ids) -> bytes:
+    """Bytes of byte-level GPT-2 token ids; EOT decodes to b'<|endoftext|>' as in GPT-2's vocabulary."""
+    ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+    bad = ids[((ids < 0) | (ids >= 256)) & (ids != EOT_TOKEN)]
+    if bad.size:
+        raise ValueError(f"decode_tokens: token id: expected 0..255 (byte tokens) or {EOT_TOKEN} (EOT), "
+                         f"found {int(bad[0])}; only byte-level ids can be decoded without the BPE merges")
+    pieces, start = [], 0
+    for eot_at in np.flatnonzero(ids == EOT_TOKEN):
+        pieces += [TOKEN_TO_BYTE[ids[start:eot_at]].tobytes(), b"<|endoftext|>"]
+        start = eot_at + 1
+    pieces.append(TOKEN_TO_BYTE[ids[start:]].tobytes())
+    return b"".join(pieces)
+
+
+def stdlib_sources(stdlib_dir: str | None = None) -> list[pathlib.Path]:
+    """The stdlib's *.py files sorted by relative path; installed packages are not the stdlib."""
+    root = pathlib.Path(stdlib_dir or sysconfig.get_paths()["stdlib"])
+    paths = [p for p in root.rglob("*.py")
+             if not {"site-packages", "dist-packages"} & set(p.relative_to(root).parts)]
+    return sorted(paths, key=lambda p: p.relative_to(root).as_posix())
+
+
+def build_tokens(stdlib_dir: str | None = None, total_tokens: int = TRAIN_TOKENS + VAL_TOKENS) -> np.ndarray:
+    """The first `total_tokens` tokens of EOT + file bytes, over the sorted stdlib sources."""
+    chunks, count = [], 0
+    for path in stdlib_sources(stdlib_dir):
+        if count >= total_tokens:
+            break
+        chunk = np.concatenate([[EOT_TOKEN], encode_bytes(path.read_bytes())]).astype(np.uint16)
+        chunks.append(chunk)
+        count += len(chunk)
+    tokens = np.concatenate(chunks)[:total_tokens] if chunks else np.zeros(0, np.uint16)
+    if len(tokens) < total_tokens:
+        raise RuntimeError(
+            f"default corpus: stdlib tokens: expected {total_tokens:,} from {stdlib_dir or 'the stdlib'}, "
+            f"found {len(tokens):,}; pass input_bin to train on your own llm.c shards")
+    return tokens
+
+
+def cache_dir() -> pathlib.Path:
+    """$JAXTRAIN_CACHE, else $XDG_CACHE_HOME/jaxtrain, else ~/.cache/jaxtrain."""
+    if os.environ.get("JAXTRAIN_CACHE"):
+        return pathlib.Path(os.environ["JAXTRAIN_CACHE"])
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return pathlib.Path(xdg) / "jaxtrain"
+
+
+def _write_atomically(path: pathlib.Path, tokens: np.ndarray) -> None:
+    # Several processes may build at once (one per host); each writes a private temp file and renames,
+    # so a reader never sees a partial shard and the identical results simply replace each other.
+    from llmc_io.shards import write_shard
+
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    os.close(fd)
+    try:
+        write_shard(tmp, tokens, kind="gpt2")
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; a shared cache should stay readable
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def ensure_default_corpus(directory: str | os.PathLike | None = None) -> tuple[str, str]:
+    """(train_path, val_path) of the default corpus shards, building them if absent.
+
+    Files are named after the Python version and CORPUS_VERSION, since both change the contents.
+    """
+    directory = pathlib.Path(directory) if directory is not None else cache_dir()
+    stem = "stdlib_py{}{}{}_v{}".format(*sys.version_info[:3], CORPUS_VERSION)
+    train_path = directory / f"{stem}_train.bin"
+    val_path = directory / f"{stem}_val.bin"
+    if not (train_path.exists() and val_path.exists()):
+        directory.mkdir(parents=True, exist_ok=True)
+        tokens = build_tokens()
+        _write_atomically(train_path, tokens[:-VAL_TOKENS])
+        _write_atomically(val_path, tokens[-VAL_TOKENS:])
+    return str(train_path), str(val_path)

@@ -1,0 +1,186 @@
+"""The declarative tensor tables of llm.c files, and moving tensors between files and parameter trees.
+
+A format is a table of rows (llm.c name, tree path, file shape). File shapes are written with
+symbols ("L", "3C", ...) that a header turns into numbers, so the table reads like FORMATS.md.
+Linear weights are stored (out, in) in the file; a tree path ending in "/kernel" holds the transpose,
+(in, out), as Flax does (PARAMS_SPEC.md). Per-layer tensors are stacked over L on axis 0 in both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from typing import Iterable, Mapping
+
+import numpy as np
+
+from llmc_io.dtypes import bf16_bits_to_fp32, fp32_to_bf16_bits
+from llmc_io.errors import LLMCFormatError
+
+# Version slot -> (dtype name, on-disk NumPy dtype of one value).
+VERSION_DTYPES = {3: ("float32", np.dtype("<f4")), 5: ("bfloat16", np.dtype("<u2"))}
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    name: str                  # llm.c's name, used in error messages
+    tree_path: str | None      # where the tensor lives in the params tree; None: not kept
+    shape: tuple[int, ...]     # shape in the file, (out, in) for linear weights
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def tree_shape(self) -> tuple[int, ...]:
+        return transposed_shape(self.shape) if is_kernel(self.tree_path) else self.shape
+
+
+def resolve(table: Iterable[tuple[str, str | None, tuple[str, ...]]],
+            dims: Mapping[str, int]) -> list[TensorSpec]:
+    """Turn a symbolic table into concrete TensorSpecs using `dims` (symbol -> size)."""
+    return [TensorSpec(name, path, tuple(int(dims[s]) for s in shape)) for name, path, shape in table]
+
+
+def total_size(specs: Iterable[TensorSpec]) -> int:
+    return sum(spec.size for spec in specs)
+
+
+def is_kernel(tree_path: str | None) -> bool:
+    return tree_path is not None and tree_path.endswith("/kernel")
+
+
+def transposed_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return shape[:-2] + (shape[-1], shape[-2])
+
+
+def file_to_tree(array: np.ndarray, tree_path: str) -> np.ndarray:
+    """(…, out, in) -> (…, in, out) for kernels; a C-contiguous copy either way."""
+    if is_kernel(tree_path):
+        return np.ascontiguousarray(np.swapaxes(array, -1, -2))
+    return np.array(array, dtype=np.float32, copy=True, order="C")
+
+
+def tree_to_file(array: np.ndarray, tree_path: str) -> np.ndarray:
+    return np.ascontiguousarray(np.swapaxes(array, -1, -2)) if is_kernel(tree_path) else array
+
+
+# ---- reading -------------------------------------------------------------------------------------
+
+def read_tensors(path: str | os.PathLike, specs: list[TensorSpec], data_offset: int,
+                 version: int) -> dict[str, np.ndarray]:
+    """Every tensor of `specs`, in file orientation, as float32 arrays independent of the file.
+
+    The file is memory-mapped, so only the bytes of each tensor are touched while it is copied out.
+    Non-finite values are rejected here, with the tensor named: a NaN checkpoint is never a valid
+    starting point, and finding out at load time beats finding out as a NaN loss.
+    """
+    _, disk_dtype = VERSION_DTYPES[version]
+    count = total_size(specs)
+    data = np.memmap(path, dtype=disk_dtype, mode="r", offset=data_offset, shape=(count,))
+    tensors = {}
+    start = 0
+    try:
+        for spec in specs:
+            raw = data[start:start + spec.size].reshape(spec.shape)
+            start += spec.size
+            values = bf16_bits_to_fp32(raw) if version == 5 else np.array(raw, dtype=np.float32)
+            check_finite(path, spec, values)
+            tensors[spec.name] = values
+    finally:
+        # Release the mapping now rather than at garbage collection (matters on Windows and for
+        # a caller that overwrites the file it just read).
+        del data
+    return tensors
+
+
+def check_finite(path: str | os.PathLike, spec: TensorSpec, values: np.ndarray) -> None:
+    finite = np.isfinite(values)
+    if finite.all():
+        return
+    bad = ~finite
+    num_nan = int(np.isnan(values).sum())
+    first = tuple(int(i) for i in np.argwhere(bad)[0])
+    where = f"tensor {spec.name}" + (f" ({spec.tree_path})" if spec.tree_path else "")
+    raise LLMCFormatError(
+        path, where, "finite values",
+        f"{num_nan} NaN and {int(bad.sum()) - num_nan} inf, the first at index {first}",
+        "the run that wrote it diverged or the file is corrupt; use an earlier checkpoint")
+
+
+# ---- parameter trees -----------------------------------------------------------------------------
+
+def tree_set(tree: dict, tree_path: str, value: np.ndarray) -> None:
+    *parents, leaf = tree_path.split("/")
+    for key in parents:
+        tree = tree.setdefault(key, {})
+    tree[leaf] = value
+
+
+def tree_leaves(tree: Mapping, prefix: str = "") -> dict[str, object]:
+    """{'a/b/c': leaf} for every non-mapping leaf of a nested mapping."""
+    leaves = {}
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            leaves.update(tree_leaves(value, path + "/"))
+        else:
+            leaves[path] = value
+    return leaves
+
+
+def tree_arrays_for_writing(path: str | os.PathLike, params: Mapping,
+                            expected_shapes: Mapping[str, tuple[int, ...]],
+                            extra_hint: str = "") -> dict[str, np.ndarray]:
+    """The float32 arrays of `params`, checked to have exactly the expected paths and shapes.
+
+    Accepts anything np.asarray understands (NumPy, JAX arrays, bf16 via ml_dtypes), so the
+    trainer can hand over its state without converting it first.
+    """
+    leaves = tree_leaves(params)
+    for tree_path in expected_shapes:
+        if tree_path not in leaves:
+            raise LLMCFormatError(path, f"params[{tree_path}]", "an array", "nothing",
+                                  "the parameter tree is missing this entry")
+    for tree_path in leaves:
+        if tree_path not in expected_shapes:
+            raise LLMCFormatError(path, f"params[{tree_path}]", "no such entry",
+                                  "an array", extra_hint or "the file format has no place for it")
+    arrays = {}
+    for tree_path, shape in expected_shapes.items():
+        array = np.asarray(leaves[tree_path], dtype=np.float32)
+        if array.shape != tuple(shape):
+            hint = "kernels are (in, out), the transpose of llm.c's (out, in)" if is_kernel(tree_path) else None
+            raise LLMCFormatError(path, f"params[{tree_path}]", f"shape {tuple(shape)}",
+                                  f"shape {array.shape}", hint)
+        arrays[tree_path] = array
+    return arrays
+
+
+# ---- writing -------------------------------------------------------------------------------------
+
+def write_file(path: str | os.PathLike, header: bytes, arrays: Iterable[np.ndarray], version: int) -> None:
+    """Header, then each array in order in the dtype of `version`, written atomically.
+
+    The file appears under its name only once complete (write to a temporary file, then rename), so a
+    crash mid-save never leaves a truncated checkpoint behind and `convert A A` cannot corrupt A.
+    """
+    _, disk_dtype = VERSION_DTYPES[version]
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(header)
+            for array in arrays:
+                if version == 5:
+                    fp32_to_bf16_bits(array).astype(disk_dtype, copy=False).tofile(f)
+                else:
+                    np.ascontiguousarray(array, dtype=disk_dtype).tofile(f)
+        os.chmod(tmp, 0o644)  # mkstemp makes files private; a checkpoint should be readable like any file
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
