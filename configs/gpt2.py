@@ -12,11 +12,12 @@ unchanged with their flags, e.g.
   python -m jaxtrain.main --config=configs/gpt2.py --input_bin TRAIN.bin \
       --llmc_filepath gpt2_124M.bin --num_iteration 100
 """
+
 from jaxtrain.config_base import base_config
 
 
 def get_config(variant: str = ''):
-  config = base_config('gpt2')
-  config.model = variant or 'small'   # GPT-2 variant; an --llmc_filepath header overrides it
-  config.learning_rate = 1e-4         # InfiniTrain's GPT-2 example
-  return config
+    config = base_config('gpt2')
+    config.model = variant or 'small'  # GPT-2 variant; an --llmc_filepath header overrides it
+    config.learning_rate = 1e-4  # InfiniTrain's GPT-2 example
+    return config

@@ -8,12 +8,13 @@ ln(128256) ≈ 11.8 and its loss falls every step on a repeated corpus.
 Variants: configs/llama3.py:tiny|llama3.2-1b|llama3-8b. With --llmc_filepath the file's
 header sets the shape.
 """
+
 from jaxtrain.config_base import base_config
 
 
 def get_config(variant: str = ''):
-  config = base_config('llama3')
-  config.model = variant or 'llama3.2-1b'  # LLaMA-3 variant; an --llmc_filepath header overrides it
-  config.learning_rate = 1e-5              # InfiniTrain's LLaMA-3 example
-  config.beta2 = 0.999                     # InfiniTrain's LLaMA-3 Adam
-  return config
+    config = base_config('llama3')
+    config.model = variant or 'llama3.2-1b'  # LLaMA-3 variant; an --llmc_filepath header overrides it
+    config.learning_rate = 1e-5  # InfiniTrain's LLaMA-3 example
+    config.beta2 = 0.999  # InfiniTrain's LLaMA-3 Adam
+    return config

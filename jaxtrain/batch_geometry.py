@@ -5,35 +5,43 @@ InfiniTrain. A step always consumes the same contiguous `total_batch_size + 1` t
 window of the stream (data.py), whatever the device count: only how its rows are split
 over micro-steps and devices changes.
 """
+
 import dataclasses
 
 
 @dataclasses.dataclass(frozen=True)
 class BatchGeometry:
-  batch_size: int            # rows per data-parallel rank per micro-step
-  sequence_length: int       # T
-  data_parallel: int         # ranks the batch is split over
-  accumulation: int          # micro-steps per optimizer step
+    batch_size: int  # rows per data-parallel rank per micro-step
+    sequence_length: int  # T
+    data_parallel: int  # ranks the batch is split over
+    accumulation: int  # micro-steps per optimizer step
 
-  @property
-  def rows_per_micro_step(self) -> int:
-    return self.batch_size * self.data_parallel
+    @property
+    def rows_per_micro_step(self) -> int:
+        return self.batch_size * self.data_parallel
 
-  @property
-  def tokens_per_step(self) -> int:
-    return self.rows_per_micro_step * self.sequence_length * self.accumulation
+    @property
+    def tokens_per_step(self) -> int:
+        return self.rows_per_micro_step * self.sequence_length * self.accumulation
 
 
-def batch_geometry(batch_size: int, sequence_length: int, total_batch_size: int,
-                   data_parallel: int) -> BatchGeometry:
-  for key, value in (('batch_size', batch_size), ('sequence_length', sequence_length),
-                     ('total_batch_size', total_batch_size)):
-    if value <= 0:
-      raise ValueError(f'{key}: expected a positive integer, found {value}')
-  tokens_per_micro_step = batch_size * sequence_length * data_parallel
-  if total_batch_size % tokens_per_micro_step:
-    raise ValueError(
-        f'total_batch_size: expected a multiple of batch_size × sequence_length × data_parallel = '
-        f'{batch_size} × {sequence_length} × {data_parallel} = {tokens_per_micro_step}; found '
-        f'{total_batch_size}. Change total_batch_size or batch_size.')
-  return BatchGeometry(batch_size, sequence_length, data_parallel, total_batch_size // tokens_per_micro_step)
+def batch_geometry(
+    batch_size: int, sequence_length: int, total_batch_size: int, data_parallel: int
+) -> BatchGeometry:
+    for key, value in (
+        ('batch_size', batch_size),
+        ('sequence_length', sequence_length),
+        ('total_batch_size', total_batch_size),
+    ):
+        if value <= 0:
+            raise ValueError(f'{key}: expected a positive integer, found {value}')
+    tokens_per_micro_step = batch_size * sequence_length * data_parallel
+    if total_batch_size % tokens_per_micro_step:
+        raise ValueError(
+            f'total_batch_size: expected a multiple of batch_size × sequence_length × data_parallel = '
+            f'{batch_size} × {sequence_length} × {data_parallel} = {tokens_per_micro_step}; found '
+            f'{total_batch_size}. Change total_batch_size or batch_size.'
+        )
+    return BatchGeometry(
+        batch_size, sequence_length, data_parallel, total_batch_size // tokens_per_micro_step
+    )

@@ -13,6 +13,7 @@ killed save never looks committed; leftovers are removed when a manager opens th
 Resume order (train.py): an explicit `resume_from` step directory, or `latest` (newest
 committed step in checkpoint_dir), else the llmc file, else random init.
 """
+
 import dataclasses
 import json
 import re
@@ -29,72 +30,82 @@ from jaxtrain.checksums import checksum_mismatches
 STEP_PREFIX = 'checkpoint_step'
 STEP_DIGITS = 6
 _STEP_DIR = re.compile(rf'^{STEP_PREFIX}_(\d{{{STEP_DIGITS},}})$')
-TRAINER_STATE_FILE = Path('trainer_state') / 'metadata'   # where Orbax's JsonSave puts it
+TRAINER_STATE_FILE = Path('trainer_state') / 'metadata'  # where Orbax's JsonSave puts it
 
 
 class CheckpointError(Exception):
-  """A problem with a checkpoint or the checkpoint settings; the message is one line."""
+    """A problem with a checkpoint or the checkpoint settings; the message is one line."""
 
 
 def step_dir_name(step: int) -> str:
-  return f'{STEP_PREFIX}_{step:0{STEP_DIGITS}d}'
+    return f'{STEP_PREFIX}_{step:0{STEP_DIGITS}d}'
 
 
 def step_of(step_dir: Path) -> int | None:
-  match = _STEP_DIR.match(Path(step_dir).name)
-  return int(match.group(1)) if match else None
+    match = _STEP_DIR.match(Path(step_dir).name)
+    return int(match.group(1)) if match else None
 
 
 def is_committed(step_dir: Path) -> bool:
-  """A finished Orbax step: final name (not a tmp name) and its trainer state present."""
-  return step_of(step_dir) is not None and (Path(step_dir) / TRAINER_STATE_FILE).is_file()
+    """A finished Orbax step: final name (not a tmp name) and its trainer state present."""
+    return step_of(step_dir) is not None and (Path(step_dir) / TRAINER_STATE_FILE).is_file()
 
 
 def committed_steps(root) -> list[int]:
-  root = Path(root)
-  if not root.is_dir():
-    return []
-  return sorted(step_of(p) for p in root.iterdir() if p.is_dir() and is_committed(p))
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(step_of(p) for p in root.iterdir() if p.is_dir() and is_committed(p))
 
 
 def resolve_resume(resume_from: str, checkpoint_dir: str) -> tuple[Path | None, str]:
-  """Returns (step directory or None, a notice for the log)."""
-  if not resume_from:
-    return None, ''
-  if resume_from == 'latest':
-    if not checkpoint_dir:
-      raise CheckpointError("resume_from: 'latest' needs checkpoint_dir; found checkpoint_dir empty. "
-                            'Pass --checkpoint_dir DIR.')
-    steps = committed_steps(checkpoint_dir)
-    if not steps:
-      return None, f'resume_from=latest: no committed checkpoint in {checkpoint_dir}; starting fresh'
-    return Path(checkpoint_dir) / step_dir_name(steps[-1]), ''
-  path = Path(resume_from)
-  if not path.exists():
-    raise CheckpointError(f'resume_from: {path}: expected a {STEP_PREFIX}_NNNNNN directory, found nothing there')
-  if step_of(path) is not None:
-    if not is_committed(path):
-      raise CheckpointError(f'resume_from: {path}: expected a committed checkpoint, found no '
-                            f'{TRAINER_STATE_FILE} (an interrupted or damaged save). Pick an earlier step.')
-    return path, ''
-  steps = committed_steps(path)
-  if steps:
-    names = ', '.join(step_dir_name(s) for s in steps)
-    raise CheckpointError(f'resume_from: {path}: expected a step directory, found a checkpoint root '
-                          f'holding {names}. Pass one of them, e.g. {path / step_dir_name(steps[-1])}, '
-                          f'or --resume_from latest --checkpoint_dir {path}.')
-  raise CheckpointError(f'resume_from: {path}: expected a {STEP_PREFIX}_NNNNNN directory, found a '
-                        'directory that is not a checkpoint')
+    """Returns (step directory or None, a notice for the log)."""
+    if not resume_from:
+        return None, ''
+    if resume_from == 'latest':
+        if not checkpoint_dir:
+            raise CheckpointError(
+                "resume_from: 'latest' needs checkpoint_dir; found checkpoint_dir empty. "
+                'Pass --checkpoint_dir DIR.'
+            )
+        steps = committed_steps(checkpoint_dir)
+        if not steps:
+            return None, f'resume_from=latest: no committed checkpoint in {checkpoint_dir}; starting fresh'
+        return Path(checkpoint_dir) / step_dir_name(steps[-1]), ''
+    path = Path(resume_from)
+    if not path.exists():
+        raise CheckpointError(
+            f'resume_from: {path}: expected a {STEP_PREFIX}_NNNNNN directory, found nothing there'
+        )
+    if step_of(path) is not None:
+        if not is_committed(path):
+            raise CheckpointError(
+                f'resume_from: {path}: expected a committed checkpoint, found no '
+                f'{TRAINER_STATE_FILE} (an interrupted or damaged save). Pick an earlier step.'
+            )
+        return path, ''
+    steps = committed_steps(path)
+    if steps:
+        names = ', '.join(step_dir_name(s) for s in steps)
+        raise CheckpointError(
+            f'resume_from: {path}: expected a step directory, found a checkpoint root '
+            f'holding {names}. Pass one of them, e.g. {path / step_dir_name(steps[-1])}, '
+            f'or --resume_from latest --checkpoint_dir {path}.'
+        )
+    raise CheckpointError(
+        f'resume_from: {path}: expected a {STEP_PREFIX}_NNNNNN directory, found a '
+        'directory that is not a checkpoint'
+    )
 
 
 def read_trainer_state(step_dir) -> dict:
-  path = Path(step_dir) / TRAINER_STATE_FILE
-  try:
-    return json.loads(path.read_text())
-  except FileNotFoundError:
-    raise CheckpointError(f'{path}: expected the trainer state JSON, found no file') from None
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise CheckpointError(f'{path}: expected JSON, found unreadable content ({e})') from None
+    path = Path(step_dir) / TRAINER_STATE_FILE
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f'{path}: expected the trainer state JSON, found no file') from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f'{path}: expected JSON, found unreadable content ({e})') from None
 
 
 # --- compatibility between a checkpoint and the current run -------------------------
@@ -102,124 +113,162 @@ def read_trainer_state(step_dir) -> dict:
 # Keys whose change makes the saved state meaningless for this run.
 _MUST_MATCH = ('model_family', 'optimizer', 'sequence_length', 'total_batch_size')
 # Keys that may change between runs; the change is reported.
-_MAY_CHANGE = ('learning_rate', 'lr_schedule', 'warmup_steps', 'min_lr_ratio', 'num_iteration',
-               'beta1', 'beta2', 'eps', 'weight_decay', 'grad_clip', 'dtype', 'batch_size', 'input_bin',
-               'save_steps', 'max_checkpoint_keep', 'keep_every_steps', 'save_every_minutes',
-               'save_optimizer_state', 'checkpoint_dir', 'attention', 'deterministic')
+_MAY_CHANGE = (
+    'learning_rate',
+    'lr_schedule',
+    'warmup_steps',
+    'min_lr_ratio',
+    'num_iteration',
+    'beta1',
+    'beta2',
+    'eps',
+    'weight_decay',
+    'grad_clip',
+    'dtype',
+    'batch_size',
+    'input_bin',
+    'save_steps',
+    'max_checkpoint_keep',
+    'keep_every_steps',
+    'save_every_minutes',
+    'save_optimizer_state',
+    'attention',
+    'deterministic',
+    'num_devices',
+    'val_loss_every',
+    'input_val_bin',
+)
 
 
 def compare_with_run(saved: dict, model_config: dict, training_config: dict) -> tuple[list[str], list[str]]:
-  """Returns (incompatible fields, allowed changes), each 'field: checkpoint X, now Y'."""
-  incompatible, changes = [], []
-  saved_model = saved.get('model_config', {})
-  for key in sorted(set(saved_model) | set(model_config)):
-    if saved_model.get(key) != model_config.get(key):
-      incompatible.append(f'model_config.{key}: checkpoint {saved_model.get(key)!r}, now {model_config.get(key)!r}')
-  saved_training = saved.get('training_config', {})
-  for key in _MUST_MATCH:
-    if saved_training.get(key) != training_config.get(key):
-      incompatible.append(f'{key}: checkpoint {saved_training.get(key)!r}, now {training_config.get(key)!r}')
-  for key in _MAY_CHANGE:
-    if key in saved_training and saved_training.get(key) != training_config.get(key):
-      changes.append(f'{key}: checkpoint {saved_training.get(key)!r}, now {training_config.get(key)!r}')
-  return incompatible, changes
+    """Returns (incompatible fields, allowed changes), each 'field: checkpoint X, now Y'."""
+    incompatible, changes = [], []
+    saved_model = saved.get('model_config', {})
+    for key in sorted(set(saved_model) | set(model_config)):
+        if saved_model.get(key) != model_config.get(key):
+            incompatible.append(
+                f'model_config.{key}: checkpoint {saved_model.get(key)!r}, now {model_config.get(key)!r}'
+            )
+    saved_training = saved.get('training_config', {})
+    for key in _MUST_MATCH:
+        if saved_training.get(key) != training_config.get(key):
+            incompatible.append(
+                f'{key}: checkpoint {saved_training.get(key)!r}, now {training_config.get(key)!r}'
+            )
+    for key in _MAY_CHANGE:
+        if key in saved_training and saved_training.get(key) != training_config.get(key):
+            changes.append(f'{key}: checkpoint {saved_training.get(key)!r}, now {training_config.get(key)!r}')
+    return incompatible, changes
 
 
 # --- rotation ---------------------------------------------------------------------
 
+
 @dataclasses.dataclass
 class _KeepPolicy:
-  """Orbax preservation policy: newest `keep_latest` (0 = all), every multiple of
-  `keep_every`, and the protected steps (the one this run resumed from)."""
-  keep_latest: int
-  keep_every: int
-  protected: frozenset
+    """Orbax preservation policy: newest `keep_latest` (0 = all), every multiple of
+    `keep_every`, and the protected steps (the one this run resumed from)."""
 
-  def should_preserve(self, checkpoints, *, context):
-    steps = [c.step for c in checkpoints]
-    newest = set(sorted(steps)[-self.keep_latest:]) if self.keep_latest else set(steps)
-    return [s in newest or s in self.protected or (self.keep_every > 0 and s % self.keep_every == 0)
-            for s in steps]
+    keep_latest: int
+    keep_every: int
+    protected: frozenset
+
+    def should_preserve(self, checkpoints, *, context):
+        steps = [c.step for c in checkpoints]
+        newest = set(sorted(steps)[-self.keep_latest :]) if self.keep_latest else set(steps)
+        return [
+            s in newest or s in self.protected or (self.keep_every > 0 and s % self.keep_every == 0)
+            for s in steps
+        ]
 
 
 # --- the manager ------------------------------------------------------------------
 
+
 class Checkpointer:
-  """Asynchronous, rotating saves of the training state into one checkpoint root."""
+    """Asynchronous, rotating saves of the training state into one checkpoint root."""
 
-  def __init__(self, checkpoint_dir: str, *, keep_latest: int, keep_every: int, protected_steps=()):
-    self.root = Path(checkpoint_dir).absolute()
-    options = ocp.CheckpointManagerOptions(
-        step_prefix=STEP_PREFIX, step_format_fixed_length=STEP_DIGITS, create=True,
-        cleanup_tmp_directories=True, enable_async_checkpointing=True,
-        preservation_policy=_KeepPolicy(keep_latest, keep_every, frozenset(protected_steps)))
-    self.manager = ocp.CheckpointManager(
-        self.root, options=options, item_names=('params', 'opt_state', 'trainer_state'))
+    def __init__(self, checkpoint_dir: str, *, keep_latest: int, keep_every: int, protected_steps=()):
+        self.root = Path(checkpoint_dir).absolute()
+        options = ocp.CheckpointManagerOptions(
+            step_prefix=STEP_PREFIX,
+            step_format_fixed_length=STEP_DIGITS,
+            create=True,
+            cleanup_tmp_directories=True,
+            enable_async_checkpointing=True,
+            preservation_policy=_KeepPolicy(keep_latest, keep_every, frozenset(protected_steps)),
+        )
+        self.manager = ocp.CheckpointManager(
+            self.root, options=options, item_names=('params', 'opt_state', 'trainer_state')
+        )
 
-  def refuse_later_steps(self, start_step: int, overwrite: bool) -> list[int]:
-    """Orbax skips saving a step ≤ its latest, so later steps would silently win."""
-    later = [s for s in committed_steps(self.root) if s > start_step]
-    if later and not overwrite:
-      names = ', '.join(step_dir_name(s) for s in later)
-      raise CheckpointError(
-          f'checkpoint_dir: {self.root}: expected no checkpoints after step {start_step}, found {names}. '
-          'Choose another --checkpoint_dir, resume from the newest one (--resume_from latest), or pass '
-          '--config.overwrite_later_checkpoints=true to delete them.')
-    for step in later:
-      shutil.rmtree(self.root / step_dir_name(step))
-    if later:
-      self.manager.reload()
-    return later
+    def refuse_later_steps(self, start_step: int, overwrite: bool) -> list[int]:
+        """Orbax skips saving a step ≤ its latest, so later steps would silently win."""
+        later = [s for s in committed_steps(self.root) if s > start_step]
+        if later and not overwrite:
+            names = ', '.join(step_dir_name(s) for s in later)
+            raise CheckpointError(
+                f'checkpoint_dir: {self.root}: expected no checkpoints after step {start_step}, found {names}. '
+                'Choose another --checkpoint_dir, resume from the newest one (--resume_from latest), or pass '
+                '--config.overwrite_later_checkpoints=true to delete them.'
+            )
+        for step in later:
+            shutil.rmtree(self.root / step_dir_name(step))
+        if later:
+            self.manager.reload()
+        return later
 
-  def save(self, step: int, params, opt_state, trainer_state: dict):
-    items = {'params': ocp.args.StandardSave(params), 'trainer_state': ocp.args.JsonSave(trainer_state)}
-    if opt_state is not None:
-      items['opt_state'] = ocp.args.StandardSave(opt_state)
-    # Returns once the arrays are copied off the device; the write continues in the background.
-    self.manager.save(step, args=ocp.args.Composite(**items), force=True)
+    def save(self, step: int, params, opt_state, trainer_state: dict):
+        items = {'params': ocp.args.StandardSave(params), 'trainer_state': ocp.args.JsonSave(trainer_state)}
+        if opt_state is not None:
+            items['opt_state'] = ocp.args.StandardSave(opt_state)
+        # Returns once the arrays are copied off the device; the write continues in the background.
+        self.manager.save(step, args=ocp.args.Composite(**items), force=True)
 
-  def wait(self):
-    self.manager.wait_until_finished()
+    def wait(self):
+        self.manager.wait_until_finished()
 
-  def close(self):
-    self.manager.wait_until_finished()
-    self.manager.close()
+    def close(self):
+        self.manager.wait_until_finished()
+        self.manager.close()
 
-  def step_dir(self, step: int) -> Path:
-    return self.root / step_dir_name(step)
+    def step_dir(self, step: int) -> Path:
+        return self.root / step_dir_name(step)
 
 
 def _abstract(tree):
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
 
 
 def restore(step_dir: Path, params_like, opt_state_like):
-  """Restores (params, opt_state or None, trainer_state) onto the shardings of the
-  given live trees; the optimizer state is restored against its abstract tree so
-  optax's namedtuples come back as namedtuples. Checksums are verified."""
-  step_dir = Path(step_dir)
-  trainer_state = read_trainer_state(step_dir)
-  checkpointer = ocp.StandardCheckpointer()
-  try:
-    params = checkpointer.restore(step_dir / 'params', _abstract(params_like))
-    opt_state = None
-    if (step_dir / 'opt_state').is_dir():
-      opt_state = checkpointer.restore(step_dir / 'opt_state', _abstract(opt_state_like))
-  except (ValueError, FileNotFoundError, KeyError) as e:
-    first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    raise CheckpointError(f'{step_dir}: could not restore the saved arrays: {first_line}') from e
-  checksums = trainer_state.get('checksums', {})
-  problems = checksum_mismatches(params, checksums.get('params', {}), 'params')
-  if opt_state is not None:
-    problems += checksum_mismatches(opt_state, checksums.get('opt_state', {}), 'opt_state')
-  if problems:
-    raise CheckpointError(f'{step_dir}: checksum verification failed: ' + '; '.join(problems))
-  return params, opt_state, trainer_state
+    """Restores (params, opt_state or None, trainer_state) onto the shardings of the
+    given live trees; the optimizer state is restored against its abstract tree so
+    optax's namedtuples come back as namedtuples. Checksums are verified."""
+    step_dir = Path(step_dir)
+    trainer_state = read_trainer_state(step_dir)
+    checkpointer = ocp.StandardCheckpointer()
+    try:
+        params = checkpointer.restore(step_dir / 'params', _abstract(params_like))
+        opt_state = None
+        if (step_dir / 'opt_state').is_dir():
+            opt_state = checkpointer.restore(step_dir / 'opt_state', _abstract(opt_state_like))
+    except (ValueError, FileNotFoundError, KeyError) as e:
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f'{step_dir}: could not restore the saved arrays: {first_line}') from e
+    checksums = trainer_state.get('checksums', {})
+    problems = checksum_mismatches(params, checksums.get('params', {}), 'params')
+    if opt_state is not None:
+        problems += checksum_mismatches(opt_state, checksums.get('opt_state', {}), 'opt_state')
+    if problems:
+        raise CheckpointError(f'{step_dir}: checksum verification failed: ' + '; '.join(problems))
+    return params, opt_state, trainer_state
 
 
 def set_schedule_position(opt_state, step: int):
-  """Fresh optimizer moments, but the learning-rate schedule continues at `step`."""
-  is_schedule = lambda s: isinstance(s, optax.ScaleByScheduleState)
-  return jax.tree.map(
-      lambda s: optax.ScaleByScheduleState(count=np.asarray(step, np.int32)) if is_schedule(s) else s,
-      opt_state, is_leaf=is_schedule)
+    """Fresh optimizer moments, but the learning-rate schedule continues at `step`."""
+    is_schedule = lambda s: isinstance(s, optax.ScaleByScheduleState)
+    return jax.tree.map(
+        lambda s: optax.ScaleByScheduleState(count=np.asarray(step, np.int32)) if is_schedule(s) else s,
+        opt_state,
+        is_leaf=is_schedule,
+    )

@@ -163,12 +163,24 @@ def compare_logs(
             mismatches.append(Mismatch(step, base_loss, test_loss, abs_diff))
 
     return PairResult(
-        name, base, test, dtype, threshold, compared_steps, matched_steps,
-        max_abs_diff, max_abs_diff_step, resumed_at, skipped_steps, mismatches,
+        name,
+        base,
+        test,
+        dtype,
+        threshold,
+        compared_steps,
+        matched_steps,
+        max_abs_diff,
+        max_abs_diff_step,
+        resumed_at,
+        skipped_steps,
+        mismatches,
     )
 
 
-def pair_log_files(base_dir: Path, test_dir: Path) -> tuple[list[tuple[str, Path, Path]], list[str], list[str]]:
+def pair_log_files(
+    base_dir: Path, test_dir: Path
+) -> tuple[list[tuple[str, Path, Path]], list[str], list[str]]:
     """Pairs `*.log` files by basename; returns (pairs, names only in BASE, names only in TEST)."""
     base_files = {path.name: path for path in base_dir.glob("*.log")}
     test_files = {path.name: path for path in test_dir.glob("*.log")}
@@ -254,23 +266,31 @@ def format_table(results: list[PairResult]) -> list[str]:
     header = ("file", "dtype", "threshold", "matched", "max abs diff", "at step", "resumed at", "result")
     rows = [header]
     for result in results:
-        rows.append((
-            result.name,
-            result.dtype,
-            f"{result.threshold:.0e}",
-            f"{result.matched_steps}/{result.compared_steps}",
-            "-" if result.max_abs_diff is None else f"{result.max_abs_diff:.2e}",
-            "-" if result.max_abs_diff_step is None else str(result.max_abs_diff_step),
-            "-" if result.resumed_at is None else str(result.resumed_at),
-            "PASS" if result.passed else "FAIL",
-        ))
+        rows.append(
+            (
+                result.name,
+                result.dtype,
+                f"{result.threshold:.0e}",
+                f"{result.matched_steps}/{result.compared_steps}",
+                "-" if result.max_abs_diff is None else f"{result.max_abs_diff:.2e}",
+                "-" if result.max_abs_diff_step is None else str(result.max_abs_diff_step),
+                "-" if result.resumed_at is None else str(result.resumed_at),
+                "PASS" if result.passed else "FAIL",
+            )
+        )
     widths = [max(len(row[column]) for row in rows) for column in range(len(header))]
     return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
 
 
 def format_report(
-    results: list[PairResult], only_in_base: list[str], only_in_test: list[str],
-    base_root: Path, test_root: Path, thresholds: dict[str, float], max_mismatches: int, verbose: bool,
+    results: list[PairResult],
+    only_in_base: list[str],
+    only_in_test: list[str],
+    base_root: Path,
+    test_root: Path,
+    thresholds: dict[str, float],
+    max_mismatches: int,
+    verbose: bool,
 ) -> str:
     lines = []
     if only_in_base:
@@ -289,15 +309,21 @@ def format_report(
     counts = overall_counts(results)
     lines.append("=" * 50)
     lines.append("Overall Summary:")
-    lines.append(f"  fp32:     {counts['fp32']['passed']}/{counts['fp32']['total']} test cases passed "
-                 f"(threshold: {thresholds['fp32']:.0e})")
-    lines.append(f"  bfloat16: {counts['bf16']['passed']}/{counts['bf16']['total']} test cases passed "
-                 f"(threshold: {thresholds['bf16']:.0e})")
+    lines.append(
+        f"  fp32:     {counts['fp32']['passed']}/{counts['fp32']['total']} test cases passed "
+        f"(threshold: {thresholds['fp32']:.0e})"
+    )
+    lines.append(
+        f"  bfloat16: {counts['bf16']['passed']}/{counts['bf16']['total']} test cases passed "
+        f"(threshold: {thresholds['bf16']:.0e})"
+    )
     total_passed = counts["fp32"]["passed"] + counts["bf16"]["passed"]
     total = counts["fp32"]["total"] + counts["bf16"]["total"]
     unpaired = len(only_in_base) + len(only_in_test)
-    lines.append(f"  Total:    {total_passed}/{total} test cases passed"
-                 + (f", {unpaired} file(s) without a partner" if unpaired else ""))
+    lines.append(
+        f"  Total:    {total_passed}/{total} test cases passed"
+        + (f", {unpaired} file(s) without a partner" if unpaired else "")
+    )
     lines.append("=" * 50)
     return "\n".join(lines)
 
@@ -318,37 +344,44 @@ def _json_number(value: float | None) -> float | str | None:
 
 
 def to_json(
-    results: list[PairResult], only_in_base: list[str], only_in_test: list[str],
-    base_root: Path, test_root: Path, thresholds: dict[str, float], plot_path: Path | None,
+    results: list[PairResult],
+    only_in_base: list[str],
+    only_in_test: list[str],
+    base_root: Path,
+    test_root: Path,
+    thresholds: dict[str, float],
+    plot_path: Path | None,
 ) -> str:
     files = []
     for result in results:
-        files.append({
-            "name": result.name,
-            "base": str(result.base.path),
-            "test": str(result.test.path),
-            "dtype": result.dtype,
-            "threshold": result.threshold,
-            "compared_steps": result.compared_steps,
-            "matched_steps": result.matched_steps,
-            "max_abs_diff": _json_number(result.max_abs_diff),
-            "max_abs_diff_step": result.max_abs_diff_step,
-            "resumed_at": result.resumed_at,
-            "not_in_test_steps": result.skipped_steps,
-            "duplicate_steps": {"base": result.base.duplicate_steps, "test": result.test.duplicate_steps},
-            "unparsed_lines": {"base": result.base.unparsed_lines, "test": result.test.unparsed_lines},
-            "mismatches": [
-                {
-                    "step": mismatch.step,
-                    "base": _json_number(mismatch.base_loss),
-                    "test": _json_number(mismatch.test_loss),
-                    "abs_diff": _json_number(mismatch.abs_diff),
-                }
-                for mismatch in result.mismatches
-            ],
-            "notes": _notes(result),
-            "passed": result.passed,
-        })
+        files.append(
+            {
+                "name": result.name,
+                "base": str(result.base.path),
+                "test": str(result.test.path),
+                "dtype": result.dtype,
+                "threshold": result.threshold,
+                "compared_steps": result.compared_steps,
+                "matched_steps": result.matched_steps,
+                "max_abs_diff": _json_number(result.max_abs_diff),
+                "max_abs_diff_step": result.max_abs_diff_step,
+                "resumed_at": result.resumed_at,
+                "not_in_test_steps": result.skipped_steps,
+                "duplicate_steps": {"base": result.base.duplicate_steps, "test": result.test.duplicate_steps},
+                "unparsed_lines": {"base": result.base.unparsed_lines, "test": result.test.unparsed_lines},
+                "mismatches": [
+                    {
+                        "step": mismatch.step,
+                        "base": _json_number(mismatch.base_loss),
+                        "test": _json_number(mismatch.test_loss),
+                        "abs_diff": _json_number(mismatch.abs_diff),
+                    }
+                    for mismatch in result.mismatches
+                ],
+                "notes": _notes(result),
+                "passed": result.passed,
+            }
+        )
     document = {
         "base": str(base_root),
         "test": str(test_root),
@@ -402,19 +435,28 @@ def write_plot(results: list[PairResult], plot_path: Path) -> None:
         # A non-finite difference has no place on the axis; mark its step on the zero line.
         non_finite_steps = [m.step for m in compared_mismatches if not math.isfinite(m.abs_diff)]
         if non_finite_steps:
-            diff_axes.plot(non_finite_steps, np.zeros(len(non_finite_steps)), "v", color="black",
-                           label="non-finite loss")
+            diff_axes.plot(
+                non_finite_steps, np.zeros(len(non_finite_steps)), "v", color="black", label="non-finite loss"
+            )
         for sign in (1, -1):
-            diff_axes.axhline(sign * result.threshold, color="grey", linestyle=":",
-                              label=f"+/- threshold {result.threshold:.0e}" if sign == 1 else None)
+            diff_axes.axhline(
+                sign * result.threshold,
+                color="grey",
+                linestyle=":",
+                label=f"+/- threshold {result.threshold:.0e}" if sign == 1 else None,
+            )
         diff_axes.set_title(f"{result.name}: difference ({result.dtype})")
         diff_axes.set_xlabel("step")
         diff_axes.set_ylabel("test - base")
 
         if result.resumed_at is not None:
             for axes in (loss_axes, diff_axes):
-                axes.axvline(result.resumed_at, color="tab:green", linestyle="-.",
-                             label=f"resumed at step {result.resumed_at}")
+                axes.axvline(
+                    result.resumed_at,
+                    color="tab:green",
+                    linestyle="-.",
+                    label=f"resumed at step {result.resumed_at}",
+                )
         loss_axes.legend(fontsize="small")
         diff_axes.legend(fontsize="small")
     figure.savefig(plot_path, format="png", dpi=100)
@@ -428,32 +470,65 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m jaxtrain.compare_loss",
         description="Compare per-step training loss of two runs (log files or directories of *.log "
-                    "files paired by basename), using InfiniTrain's thresholds.",
+        "files paired by basename), using InfiniTrain's thresholds.",
         epilog="Exit status: 0 all compared steps match, 1 mismatch / missing step / unpaired file, "
-               "2 usage error.",
+        "2 usage error.",
     )
     parser.add_argument("base", type=Path, help="reference log file, or directory of *.log files")
-    parser.add_argument("test", type=Path, help="log file or directory to check against BASE (same kind as BASE)")
-    parser.add_argument("--threshold-fp32", type=float, default=DEFAULT_THRESHOLDS["fp32"], metavar="ABS",
-                        help="largest allowed |base - test| for fp32 runs (default: %(default).0e)")
-    parser.add_argument("--threshold-bf16", type=float, default=DEFAULT_THRESHOLDS["bf16"], metavar="ABS",
-                        help="largest allowed |base - test| for bf16 runs, i.e. files with "
-                             f"'{BF16_NAME_MARKER}' in the name (default: %(default).0e)")
-    parser.add_argument("--dtype", choices=("auto", "fp32", "bf16"), default="auto",
-                        help=f"threshold class: auto = bf16 when '{BF16_NAME_MARKER}' is in either file name, "
-                             "else fp32; fp32 or bf16 forces it for every pair (e.g. for single files "
-                             "named without the suffix)")
-    parser.add_argument("--no-resume-detection", dest="detect_resume", action="store_false",
-                        help="count BASE steps before TEST's first step as missing (mismatches) instead "
-                             "of treating TEST as resumed from a checkpoint")
-    parser.add_argument("--max-mismatches", type=int, default=10, metavar="N",
-                        help="mismatching steps listed per file in the text report (default: %(default)s)")
-    parser.add_argument("--verbose", action="store_true",
-                        help="print the per-file detail for every pair, not only those that need a look")
-    parser.add_argument("--json", action="store_true",
-                        help="print a machine-readable JSON result instead of the text report")
-    parser.add_argument("--plot", type=Path, metavar="OUT.png",
-                        help="write both loss curves and their difference to this PNG file (needs matplotlib)")
+    parser.add_argument(
+        "test", type=Path, help="log file or directory to check against BASE (same kind as BASE)"
+    )
+    parser.add_argument(
+        "--threshold-fp32",
+        type=float,
+        default=DEFAULT_THRESHOLDS["fp32"],
+        metavar="ABS",
+        help="largest allowed |base - test| for fp32 runs (default: %(default).0e)",
+    )
+    parser.add_argument(
+        "--threshold-bf16",
+        type=float,
+        default=DEFAULT_THRESHOLDS["bf16"],
+        metavar="ABS",
+        help="largest allowed |base - test| for bf16 runs, i.e. files with "
+        f"'{BF16_NAME_MARKER}' in the name (default: %(default).0e)",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=("auto", "fp32", "bf16"),
+        default="auto",
+        help=f"threshold class: auto = bf16 when '{BF16_NAME_MARKER}' is in either file name, "
+        "else fp32; fp32 or bf16 forces it for every pair (e.g. for single files "
+        "named without the suffix)",
+    )
+    parser.add_argument(
+        "--no-resume-detection",
+        dest="detect_resume",
+        action="store_false",
+        help="count BASE steps before TEST's first step as missing (mismatches) instead "
+        "of treating TEST as resumed from a checkpoint",
+    )
+    parser.add_argument(
+        "--max-mismatches",
+        type=int,
+        default=10,
+        metavar="N",
+        help="mismatching steps listed per file in the text report (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="print the per-file detail for every pair, not only those that need a look",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print a machine-readable JSON result instead of the text report"
+    )
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        metavar="OUT.png",
+        help="write both loss curves and their difference to this PNG file (needs matplotlib)",
+    )
     return parser
 
 
@@ -486,9 +561,11 @@ def run_comparison(args: argparse.Namespace) -> tuple[list[PairResult], list[str
     results = []
     for name, base_path, test_path in pairs:
         dtype = dtype_of(base_path.name, test_path.name, override=args.dtype)
-        results.append(compare_logs(
-            name, parse_log(base_path), parse_log(test_path), dtype, thresholds[dtype], args.detect_resume
-        ))
+        results.append(
+            compare_logs(
+                name, parse_log(base_path), parse_log(test_path), dtype, thresholds[dtype], args.detect_resume
+            )
+        )
     return results, only_in_base, only_in_test
 
 
@@ -512,8 +589,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(to_json(results, only_in_base, only_in_test, args.base, args.test, thresholds, args.plot))
     else:
-        print(format_report(results, only_in_base, only_in_test, args.base, args.test, thresholds,
-                            args.max_mismatches, args.verbose))
+        print(
+            format_report(
+                results,
+                only_in_base,
+                only_in_test,
+                args.base,
+                args.test,
+                thresholds,
+                args.max_mismatches,
+                args.verbose,
+            )
+        )
         if args.plot is not None:
             print(f"Plot written to {args.plot}")
     all_passed = all(result.passed for result in results) and not only_in_base and not only_in_test

@@ -5,6 +5,7 @@ InfiniTrain spells them; flags.py) and its `--help` text. Defaults follow Infini
 examples (batch 4, sequence 64, total 256 tokens per step, 10 steps) except the
 optimizer, which is AdamW.
 """
+
 import ml_collections
 
 # (key, default, help). Grouped as model / data / optimization / logging / checkpoints.
@@ -12,9 +13,14 @@ KEYS = (
     ('model_family', 'gpt2', 'gpt2 | llama3 (set by the config file)'),
     ('model', 'tiny', 'model variant, e.g. tiny, small, d12 / llama3.2-1b; an llmc file header overrides it'),
     ('llmc_filepath', '', 'llm.c model file to start from (its header sets the model shape)'),
-    ('llmc_ffn_dim_multiplier', 0.0, 'LLaMA-3: true ffn_dim_multiplier when the file stored it truncated (0 = file)'),
+    (
+        'llmc_ffn_dim_multiplier',
+        0.0,
+        'LLaMA-3: true ffn_dim_multiplier when the file stored it truncated (0 = file)',
+    ),
     ('llmc_norm_eps', 0.0, 'LLaMA-3: true norm_eps when the file stored it truncated (0 = file)'),
     ('dtype', 'float32', 'float32 | bfloat16: compute dtype; params and optimizer state stay fp32'),
+    ('num_devices', 0, 'devices to train on, data-parallel (0 = all)'),
     ('attention', 'auto', 'auto | xla | cudnn (auto: cuDNN flash attention on GPU in bf16, else XLA)'),
     ('input_bin', '', "glob of llm.c token shards ('' = built-in stdlib corpus, GPT-2 only)"),
     ('input_val_bin', '', "glob of validation shards ('' = none, or the built-in corpus's val shard)"),
@@ -43,14 +49,22 @@ KEYS = (
     ('save_every_minutes', 0.0, 'also save when this many minutes passed since the last save (0 = off)'),
     ('save_optimizer_state', True, 'save the optimizer state too (needed for an exact resume)'),
     ('resume_from', '', "a checkpoint_step_NNNNNN directory, or 'latest' (newest in checkpoint_dir)"),
-    ('overwrite_later_checkpoints', False, 'resume into a checkpoint_dir holding later steps by deleting them'),
-    ('deterministic', 'auto', 'auto | true | false: deterministic GPU kernels (auto: on when saving or resuming)'),
+    (
+        'overwrite_later_checkpoints',
+        False,
+        'resume into a checkpoint_dir holding later steps by deleting them',
+    ),
+    (
+        'deterministic',
+        'auto',
+        'auto | true | false: deterministic GPU kernels (auto: on when saving or resuming)',
+    ),
 )
 
 HELP = {key: text for key, _, text in KEYS}
 
 
 def base_config(model_family: str) -> ml_collections.ConfigDict:
-  config = ml_collections.ConfigDict({key: default for key, default, _ in KEYS})
-  config.model_family = model_family
-  return config
+    config = ml_collections.ConfigDict({key: default for key, default, _ in KEYS})
+    config.model_family = model_family
+    return config

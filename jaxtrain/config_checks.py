@@ -1,5 +1,6 @@
 """Refuses a bad config before anything is built: one line naming the key, what was
 expected and what was found."""
+
 from jaxtrain.optim import OPTIMIZERS, SCHEDULES
 
 CHOICES = {
@@ -10,34 +11,50 @@ CHOICES = {
     'attention': ('auto', 'xla', 'cudnn'),
     'deterministic': ('auto', 'true', 'false'),
 }
-NON_NEGATIVE = ('num_iteration', 'save_steps', 'max_checkpoint_keep', 'keep_every_steps',
-                'save_every_minutes', 'val_loss_every', 'val_max_steps', 'warmup_steps',
-                'learning_rate', 'weight_decay', 'grad_clip', 'llmc_ffn_dim_multiplier', 'llmc_norm_eps')
+NON_NEGATIVE = (
+    'num_devices',
+    'num_iteration',
+    'save_steps',
+    'max_checkpoint_keep',
+    'keep_every_steps',
+    'save_every_minutes',
+    'val_loss_every',
+    'val_max_steps',
+    'warmup_steps',
+    'learning_rate',
+    'weight_decay',
+    'grad_clip',
+    'llmc_ffn_dim_multiplier',
+    'llmc_norm_eps',
+)
 POSITIVE = ('batch_size', 'sequence_length', 'total_batch_size')
 
 
 def check_config(config):
-  problems = []
-  for key, choices in CHOICES.items():
-    if config[key] not in choices:
-      problems.append(f"{key}: expected one of {', '.join(choices)}; found {config[key]!r}")
-  for key in NON_NEGATIVE:
-    if config[key] < 0:
-      problems.append(f'{key}: expected a value >= 0, found {config[key]}')
-  for key in POSITIVE:
-    if config[key] <= 0:
-      problems.append(f'{key}: expected a positive integer, found {config[key]}')
-  saving = config.save_steps > 0 or config.save_every_minutes > 0
-  if saving and not config.checkpoint_dir:
-    problems.append('checkpoint_dir: expected a directory because save_steps/save_every_minutes is set; '
-                    'found none. Pass --checkpoint_dir DIR.')
-  if problems:
-    raise ValueError('; '.join(problems))
+    problems = []
+    for key, choices in CHOICES.items():
+        if config[key] not in choices:
+            problems.append(f"{key}: expected one of {', '.join(choices)}; found {config[key]!r}")
+    for key in NON_NEGATIVE:
+        if config[key] < 0:
+            problems.append(f'{key}: expected a value >= 0, found {config[key]}')
+    for key in POSITIVE:
+        if config[key] <= 0:
+            problems.append(f'{key}: expected a positive integer, found {config[key]}')
+    saving = config.save_steps > 0 or config.save_every_minutes > 0
+    if saving and not config.checkpoint_dir:
+        problems.append(
+            'checkpoint_dir: expected a directory because save_steps/save_every_minutes is set; '
+            'found none. Pass --checkpoint_dir DIR.'
+        )
+    if problems:
+        raise ValueError('; '.join(problems))
 
 
 def deterministic_wanted(config) -> bool:
-  """'auto' turns deterministic kernels on exactly when the run saves or resumes."""
-  if config.deterministic != 'auto':
-    return config.deterministic == 'true'
-  return bool(config.checkpoint_dir and (config.save_steps or config.save_every_minutes)) \
-      or bool(config.resume_from)
+    """'auto' turns deterministic kernels on exactly when the run saves or resumes."""
+    if config.deterministic != 'auto':
+        return config.deterministic == 'true'
+    return bool(config.checkpoint_dir and (config.save_steps or config.save_every_minutes)) or bool(
+        config.resume_from
+    )

@@ -49,8 +49,9 @@ class TokenStream:
       name: label for messages and the start-up log, e.g. 'train' or 'val'.
     """
 
-    def __init__(self, pattern: str, tokens_per_step: int, seq_len: int, vocab_size: int,
-                 name: str = "train"):
+    def __init__(
+        self, pattern: str, tokens_per_step: int, seq_len: int, vocab_size: int, name: str = "train"
+    ):
         self.name = name
         self.pattern = pattern
         self.tokens_per_step = int(tokens_per_step)
@@ -59,7 +60,8 @@ class TokenStream:
         if self.seq_len <= 0 or self.tokens_per_step <= 0 or self.tokens_per_step % self.seq_len:
             raise DataError(
                 f"{name} data: tokens_per_step: expected a positive multiple of seq_len={self.seq_len}, "
-                f"found {self.tokens_per_step}; set the batch so that tokens per step = rows * seq_len")
+                f"found {self.tokens_per_step}; set the batch so that tokens per step = rows * seq_len"
+            )
         if self.vocab_size <= 0:
             raise DataError(f"{name} data: vocab_size: expected > 0, found {self.vocab_size}")
         self.rows = self.tokens_per_step // self.seq_len
@@ -68,7 +70,8 @@ class TokenStream:
         if not self.paths:
             raise DataError(
                 f"{name} data: pattern {pattern!r} matched no files; check the path (globs such as "
-                f"'dir/*_train_*.bin' are allowed) or leave input_bin unset for the default corpus")
+                f"'dir/*_train_*.bin' are allowed) or leave input_bin unset for the default corpus"
+            )
 
         self.shards = [_read_shard(path) for path in self.paths]
         self.dtype = self.shards[0].dtype
@@ -77,12 +80,14 @@ class TokenStream:
             if tokens.dtype != self.dtype:
                 raise DataError(
                     f"{path}: token dtype: expected {self.dtype} like {self.paths[0]}, found "
-                    f"{tokens.dtype}; do not mix GPT-2 (uint16) and LLaMA-3 (uint32) shards in one pattern")
+                    f"{tokens.dtype}; do not mix GPT-2 (uint16) and LLaMA-3 (uint32) shards in one pattern"
+                )
             if len(tokens) < self.tokens_per_step + 1:
                 raise DataError(
                     f"{path}: ntok: expected at least tokens_per_step + 1 = {self.tokens_per_step + 1} "
                     f"tokens for one {name} window ({self.rows} rows x {self.seq_len}), found {len(tokens)}; "
-                    f"use a smaller batch or sequence length, or remove this shard from the pattern")
+                    f"use a smaller batch or sequence length, or remove this shard from the pattern"
+                )
 
         self.windows_per_shard = [(len(t) - 1) // self.tokens_per_step for t in self.shards]
         # first_window[i] = windows in shards before i; the last entry is the epoch length.
@@ -118,14 +123,15 @@ class TokenStream:
         """
         _, shard, k = self.locate(position)
         start = k * self.tokens_per_step
-        tokens = np.asarray(self.shards[shard][start:start + self.tokens_per_step + 1])
+        tokens = np.asarray(self.shards[shard][start : start + self.tokens_per_step + 1])
         too_big = np.flatnonzero(tokens >= self.vocab_size)
         if too_big.size:
             at = int(too_big[0])
             raise DataError(
                 f"{self.paths[shard]}: token at offset {start + at}: expected id < vocab_size "
                 f"{self.vocab_size}, found {int(tokens[at])}; the shards were tokenized for a different "
-                f"vocabulary than the model's")
+                f"vocabulary than the model's"
+            )
         tokens = tokens.astype(np.int32)
         inputs = tokens[:-1].reshape(self.rows, self.seq_len)
         targets = tokens[1:].reshape(self.rows, self.seq_len)
@@ -142,15 +148,18 @@ class TokenStream:
             raise DataError(
                 f"{self.name} data: windows requested: expected 0..{self.windows_per_epoch} (all that "
                 f"{self.pattern!r} holds at {self.tokens_per_step + 1} tokens per window), found "
-                f"{num_windows}; lower the number of validation steps or the validation batch")
+                f"{num_windows}; lower the number of validation steps or the validation batch"
+            )
         for position in range(num_windows):
             yield self.window(position)
 
     def describe(self) -> str:
         """One line for the start-up log."""
         files = self.paths[0] if len(self.paths) == 1 else f"{len(self.paths)} files ({self.pattern})"
-        return (f"{self.name} data: {files}, {self.total_tokens:,} tokens {self.dtype}, "
-                f"{self.windows_per_epoch:,} windows/epoch of {self.rows}x{self.seq_len} tokens")
+        return (
+            f"{self.name} data: {files}, {self.total_tokens:,} tokens {self.dtype}, "
+            f"{self.windows_per_epoch:,} windows/epoch of {self.rows}x{self.seq_len} tokens"
+        )
 
     def __repr__(self) -> str:
         return f"TokenStream({self.describe()})"

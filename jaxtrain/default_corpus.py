@@ -4,7 +4,7 @@ With no input_bin the trainer still needs real text that exists on every machine
 The stdlib's *.py files (sorted, so the corpus is deterministic for a given Python) are encoded one
 byte per token with GPT-2's byte-level ids, so the real GPT-2 tokenizer (and llm.c's tokenizer file)
 decodes them; each file is preceded by the end-of-text token 50256, as llm.c's fineweb.py does for
-documents. The stream is capped so building takes well under a second and is written once, as
+documents. The stream is capped so building takes about a second and is written once, as
 ordinary llm.c GPT-2 shards (magic 20240520, version 1, uint16), to the cache directory.
 """
 
@@ -19,8 +19,8 @@ import tempfile
 import numpy as np
 
 EOT_TOKEN = 50256
-TRAIN_TOKENS = 3 * 2**20       # 3,145,728: enough that a small model does not memorise it in minutes
-VAL_TOKENS = 2**17             # 131,072: the tail of the capped stream, never seen in training
+TRAIN_TOKENS = 3 * 2**20  # 3,145,728: enough that a small model does not memorise it in minutes
+VAL_TOKENS = 2**17  # 131,072: the tail of the capped stream, never seen in training
 # Bump when the corpus recipe changes, so stale cache files are not reused under the same name.
 CORPUS_VERSION = 1
 
@@ -30,8 +30,11 @@ def _gpt2_byte_order() -> list[int]:
 
     The printable bytes come first, keeping their own order; the rest follow in increasing order.
     """
-    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-                 + list(range(ord("®"), ord("ÿ") + 1)))
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     return printable + [b for b in range(256) if b not in printable]
 
 
@@ -50,8 +53,10 @@ def decode_tokens(ids) -> bytes:
     ids = np.asarray(ids, dtype=np.int64).reshape(-1)
     bad = ids[((ids < 0) | (ids >= 256)) & (ids != EOT_TOKEN)]
     if bad.size:
-        raise ValueError(f"decode_tokens: token id: expected 0..255 (byte tokens) or {EOT_TOKEN} (EOT), "
-                         f"found {int(bad[0])}; only byte-level ids can be decoded without the BPE merges")
+        raise ValueError(
+            f"decode_tokens: token id: expected 0..255 (byte tokens) or {EOT_TOKEN} (EOT), "
+            f"found {int(bad[0])}; only byte-level ids can be decoded without the BPE merges"
+        )
     pieces, start = [], 0
     for eot_at in np.flatnonzero(ids == EOT_TOKEN):
         pieces += [TOKEN_TO_BYTE[ids[start:eot_at]].tobytes(), b"<|endoftext|>"]
@@ -63,8 +68,11 @@ def decode_tokens(ids) -> bytes:
 def stdlib_sources(stdlib_dir: str | None = None) -> list[pathlib.Path]:
     """The stdlib's *.py files sorted by relative path; installed packages are not the stdlib."""
     root = pathlib.Path(stdlib_dir or sysconfig.get_paths()["stdlib"])
-    paths = [p for p in root.rglob("*.py")
-             if not {"site-packages", "dist-packages"} & set(p.relative_to(root).parts)]
+    paths = [
+        p
+        for p in root.rglob("*.py")
+        if not {"site-packages", "dist-packages"} & set(p.relative_to(root).parts)
+    ]
     return sorted(paths, key=lambda p: p.relative_to(root).as_posix())
 
 
@@ -81,7 +89,8 @@ def build_tokens(stdlib_dir: str | None = None, total_tokens: int = TRAIN_TOKENS
     if len(tokens) < total_tokens:
         raise RuntimeError(
             f"default corpus: stdlib tokens: expected {total_tokens:,} from {stdlib_dir or 'the stdlib'}, "
-            f"found {len(tokens):,}; pass input_bin to train on your own llm.c shards")
+            f"found {len(tokens):,}; pass input_bin to train on your own llm.c shards"
+        )
     return tokens
 
 
@@ -115,7 +124,7 @@ def ensure_default_corpus(directory: str | os.PathLike | None = None) -> tuple[s
     Files are named after the Python version and CORPUS_VERSION, since both change the contents.
     """
     directory = pathlib.Path(directory) if directory is not None else cache_dir()
-    stem = "stdlib_py{}{}{}_v{}".format(*sys.version_info[:3], CORPUS_VERSION)
+    stem = "stdlib_py{}.{}.{}_v{}".format(*sys.version_info[:3], CORPUS_VERSION)
     train_path = directory / f"{stem}_train.bin"
     val_path = directory / f"{stem}_val.bin"
     if not (train_path.exists() and val_path.exists()):

@@ -4,6 +4,7 @@
 
 Every key is listed with its meaning by --helpfull (the KEYS table of config_base.py).
 """
+
 import os
 import sys
 import traceback
@@ -15,47 +16,54 @@ from ml_collections import config_flags
 from jaxtrain import flags as key_flags
 
 _DEFAULT_CONFIG = str(Path(__file__).resolve().parents[1] / 'configs' / 'gpt2.py')
-config_flags.DEFINE_config_file('config', _DEFAULT_CONFIG, 'config file, e.g. configs/gpt2.py:tiny',
-                                lock_config=True)
+config_flags.DEFINE_config_file(
+    'config', _DEFAULT_CONFIG, 'config file, e.g. configs/gpt2.py:tiny', lock_config=True
+)
 _VERBOSE = flags.DEFINE_boolean('verbose', False, 'print a traceback with errors')
 _KEY_FLAGS = key_flags.define_key_flags()
 
 
 def _set_xla_flags(deterministic: bool):
-  """Must run before JAX starts its backend; deterministic ops also pin GEMM choices."""
-  if deterministic:
-    current = os.environ.get('XLA_FLAGS', '')
-    if '--xla_gpu_deterministic_ops' not in current:
-      os.environ['XLA_FLAGS'] = (current + ' --xla_gpu_deterministic_ops=true').strip()
+    """Must run before JAX starts its backend; deterministic ops also pin GEMM choices."""
+    if deterministic:
+        current = os.environ.get('XLA_FLAGS', '')
+        if '--xla_gpu_deterministic_ops' not in current:
+            os.environ['XLA_FLAGS'] = (current + ' --xla_gpu_deterministic_ops=true').strip()
 
 
 def main(argv):
-  if len(argv) > 1:
-    print(f'error: unexpected arguments {argv[1:]}; flags look like --KEY VALUE or --config.KEY=VALUE',
-          file=sys.stderr)
-    return 2
-  try:
-    from jaxtrain.config_checks import deterministic_wanted
-    config = flags.FLAGS.config
-    key_flags.apply_key_flags(config, _KEY_FLAGS, warn=print)
-    _set_xla_flags(deterministic_wanted(config))
-    from jaxtrain import train
-    return train.run(config)
-  except KeyboardInterrupt:
-    print('interrupted', file=sys.stderr)
-    return 130
-  except Exception as e:  # one line for people; the traceback on request
-    if _VERBOSE.value:
-      traceback.print_exc()
-    message = str(e).strip().splitlines()[0] if str(e).strip() else ''
-    print(f'error: {message or type(e).__name__} ({type(e).__name__}; --verbose for a traceback)',
-          file=sys.stderr)
-    return 1
+    if len(argv) > 1:
+        print(
+            f'error: unexpected arguments {argv[1:]}; flags look like --KEY VALUE or --config.KEY=VALUE',
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        from jaxtrain.config_checks import deterministic_wanted
+
+        config = flags.FLAGS.config
+        key_flags.apply_key_flags(config, _KEY_FLAGS, warn=print)
+        _set_xla_flags(deterministic_wanted(config))
+        from jaxtrain import train
+
+        return train.run(config)
+    except KeyboardInterrupt:
+        print('interrupted', file=sys.stderr)
+        return 130
+    except Exception as e:  # one line for people; the traceback on request
+        if _VERBOSE.value:
+            traceback.print_exc()
+        message = str(e).strip().splitlines()[0] if str(e).strip() else ''
+        print(
+            f'error: {message or type(e).__name__} ({type(e).__name__}; --verbose for a traceback)',
+            file=sys.stderr,
+        )
+        return 1
 
 
 def entry_point():
-  app.run(lambda argv: sys.exit(main(argv)))
+    app.run(lambda argv: sys.exit(main(argv)))
 
 
 if __name__ == '__main__':
-  entry_point()
+    entry_point()

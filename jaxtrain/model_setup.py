@@ -4,6 +4,7 @@ Order: an llm.c file (`llmc_filepath`: its header sets the shape, its tensors th
 weights), else the named variant with llm.c's random init. (A checkpoint resume
 replaces these weights later; see checkpoint.py.)
 """
+
 import dataclasses
 
 import jax
@@ -19,74 +20,95 @@ DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 
 @dataclasses.dataclass
 class ModelSetup:
-  family: str
-  model_config: object          # GPT2Config | LLaMA3Config
-  graphdef: nnx.GraphDef
-  params: dict                  # pure nested dict of arrays
-  source: str                   # where the weights came from, for the start-up log
-  llmc_file: str = ''
+    family: str
+    model_config: object  # GPT2Config | LLaMA3Config
+    graphdef: nnx.GraphDef
+    params: dict  # pure nested dict of arrays
+    source: str  # where the weights came from, for the start-up log
+    llmc_file: str = ''
 
 
 def _config_from_header(config_cls, header):
-  fields = {f.name for f in dataclasses.fields(config_cls)}
-  return config_cls(**{k: v for k, v in dataclasses.asdict(header).items() if k in fields})
+    fields = {f.name for f in dataclasses.fields(config_cls)}
+    return config_cls(**{k: v for k, v in dataclasses.asdict(header).items() if k in fields})
 
 
 def _load_llmc(config):
-  import llmc_io  # pure NumPy; imported here so the trainer starts without it when unused
-  overrides = {}
-  if config.llmc_ffn_dim_multiplier:
-    overrides['ffn_dim_multiplier'] = config.llmc_ffn_dim_multiplier
-  if config.llmc_norm_eps:
-    overrides['norm_eps'] = config.llmc_norm_eps
-  loader = {'gpt2': llmc_io.load_gpt2, 'llama3': llmc_io.load_llama3}[config.model_family]
-  if config.model_family == 'llama3':
-    return loader(config.llmc_filepath, **overrides)
-  return loader(config.llmc_filepath)
+    import llmc_io  # pure NumPy; imported here so the trainer starts without it when unused
+
+    overrides = {}
+    if config.llmc_ffn_dim_multiplier:
+        overrides['ffn_dim_multiplier'] = config.llmc_ffn_dim_multiplier
+    if config.llmc_norm_eps:
+        overrides['norm_eps'] = config.llmc_norm_eps
+    loader = {'gpt2': llmc_io.load_gpt2, 'llama3': llmc_io.load_llama3}[config.model_family]
+    if config.model_family == 'llama3':
+        return loader(config.llmc_filepath, **overrides)
+    return loader(config.llmc_filepath)
 
 
 def _shape_mismatches(expected: dict, found: dict, prefix=''):
-  problems = []
-  for key in sorted(set(expected) | set(found)):
-    name = f'{prefix}{key}'
-    if key not in found:
-      problems.append(f'{name}: missing')
-    elif key not in expected:
-      problems.append(f'{name}: unexpected')
-    elif isinstance(expected[key], dict):
-      problems += _shape_mismatches(expected[key], found[key], name + '/')
-    elif tuple(expected[key].shape) != tuple(np.shape(found[key])):
-      problems.append(f'{name}: expected shape {tuple(expected[key].shape)}, found {tuple(np.shape(found[key]))}')
-  return problems
+    problems = []
+    for key in sorted(set(expected) | set(found)):
+        name = f'{prefix}{key}'
+        if key not in found:
+            problems.append(f'{name}: missing')
+        elif key not in expected:
+            problems.append(f'{name}: unexpected')
+        elif isinstance(expected[key], dict):
+            problems += _shape_mismatches(expected[key], found[key], name + '/')
+        elif tuple(expected[key].shape) != tuple(np.shape(found[key])):
+            problems.append(
+                f'{name}: expected shape {tuple(expected[key].shape)}, found {tuple(np.shape(found[key]))}'
+            )
+    return problems
 
 
 def setup_model(config) -> ModelSetup:
-  model_cls, config_cls, variants = FAMILIES[config.model_family]
-  dtype = DTYPES[config.dtype]
-  attention = resolve_attention(config.attention, dtype)
+    model_cls, config_cls, variants = FAMILIES[config.model_family]
+    dtype = DTYPES[config.dtype]
+    attention = resolve_attention(config.attention, dtype)
 
-  if config.llmc_filepath:
-    header, file_params = _load_llmc(config)
-    model_config = _config_from_header(config_cls, header)
-    abstract = nnx.eval_shape(lambda: model_cls(model_config, dtype=dtype, attention=attention, rngs=nnx.Rngs(0)))
-    graphdef, abstract_params = nnx.split(abstract, nnx.Param)
-    expected = nnx.to_pure_dict(abstract_params)
-    problems = _shape_mismatches(expected, file_params)
-    if problems:
-      raise ValueError(f'{config.llmc_filepath}: tensors do not fit the model built from its header: '
-                       + '; '.join(problems))
-    params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), file_params)
-    return ModelSetup(config.model_family, model_config, graphdef, params,
-                      f'llm.c file {config.llmc_filepath}', config.llmc_filepath)
+    if config.llmc_filepath:
+        header, file_params = _load_llmc(config)
+        model_config = _config_from_header(config_cls, header)
+        abstract = nnx.eval_shape(
+            lambda: model_cls(model_config, dtype=dtype, attention=attention, rngs=nnx.Rngs(0))
+        )
+        graphdef, abstract_params = nnx.split(abstract, nnx.Param)
+        expected = nnx.to_pure_dict(abstract_params)
+        problems = _shape_mismatches(expected, file_params)
+        if problems:
+            raise ValueError(
+                f'{config.llmc_filepath}: tensors do not fit the model built from its header: '
+                + '; '.join(problems)
+            )
+        params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), file_params)
+        return ModelSetup(
+            config.model_family,
+            model_config,
+            graphdef,
+            params,
+            f'llm.c file {config.llmc_filepath}',
+            config.llmc_filepath,
+        )
 
-  if config.model not in variants:
-    raise ValueError(f"model: expected one of {', '.join(sorted(variants))} for {config.model_family}; "
-                     f'found {config.model!r}')
-  model_config = variants[config.model]
-  init = jax.jit(lambda: nnx.split(model_cls(model_config, dtype=dtype, attention=attention,
-                                             rngs=nnx.Rngs(config.seed)), nnx.Param)[1])
-  graphdef, _ = nnx.split(nnx.eval_shape(
-      lambda: model_cls(model_config, dtype=dtype, attention=attention, rngs=nnx.Rngs(0))), nnx.Param)
-  params = nnx.to_pure_dict(init())
-  return ModelSetup(config.model_family, model_config, graphdef, params,
-                    f'random init (seed {config.seed})')
+    if config.model not in variants:
+        raise ValueError(
+            f"model: expected one of {', '.join(sorted(variants))} for {config.model_family}; "
+            f'found {config.model!r}'
+        )
+    model_config = variants[config.model]
+    init = jax.jit(
+        lambda: nnx.split(
+            model_cls(model_config, dtype=dtype, attention=attention, rngs=nnx.Rngs(config.seed)), nnx.Param
+        )[1]
+    )
+    graphdef, _ = nnx.split(
+        nnx.eval_shape(lambda: model_cls(model_config, dtype=dtype, attention=attention, rngs=nnx.Rngs(0))),
+        nnx.Param,
+    )
+    params = nnx.to_pure_dict(init())
+    return ModelSetup(
+        config.model_family, model_config, graphdef, params, f'random init (seed {config.seed})'
+    )

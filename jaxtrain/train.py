@@ -3,6 +3,7 @@
 Sections, in order: devices and batch geometry / model / data / optimizer and state /
 resume / checkpoints / the loop.
 """
+
 import dataclasses
 import hashlib
 import platform
@@ -25,206 +26,294 @@ from jaxtrain.train_step import TrainState, make_eval_step, make_train_step
 
 
 class TrainingError(Exception):
-  """The run cannot go on (e.g. a non-finite loss); the message is one line."""
+    """The run cannot go on (e.g. a non-finite loss); the message is one line."""
 
 
 def file_sha256(path: str) -> str:
-  digest = hashlib.sha256()
-  with open(path, 'rb') as f:
-    for chunk in iter(lambda: f.read(1 << 24), b''):
-      digest.update(chunk)
-  return digest.hexdigest()
+    digest = hashlib.sha256()
+    with open(path, 'rb') as f:
+        for chunk in iter(lambda: f.read(1 << 24), b''):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def library_versions() -> dict:
-  import flax, optax, orbax.checkpoint
-  return {'python': platform.python_version(), 'jax': jax.__version__, 'flax': flax.__version__,
-          'optax': optax.__version__, 'orbax-checkpoint': orbax.checkpoint.__version__}
+    import flax, optax, orbax.checkpoint
+
+    return {
+        'python': platform.python_version(),
+        'jax': jax.__version__,
+        'flax': flax.__version__,
+        'optax': optax.__version__,
+        'orbax-checkpoint': orbax.checkpoint.__version__,
+    }
 
 
 def _data_paths(config) -> tuple[str, str]:
-  if config.input_bin:
-    return config.input_bin, config.input_val_bin
-  if config.model_family != 'gpt2':
-    raise ValueError('input_bin: expected a glob of LLaMA-3 token shards, found none; the built-in '
-                     'corpus is GPT-2 only. Pass --input_bin PATTERN.')
-  from jaxtrain.default_corpus import ensure_default_corpus
-  train_path, val_path = ensure_default_corpus()
-  return train_path, config.input_val_bin or val_path
+    if config.input_bin:
+        return config.input_bin, config.input_val_bin
+    if config.model_family != 'gpt2':
+        raise ValueError(
+            'input_bin: expected a glob of LLaMA-3 token shards, found none; the built-in '
+            'corpus is GPT-2 only. Pass --input_bin PATTERN.'
+        )
+    from jaxtrain.default_corpus import ensure_default_corpus
+
+    train_path, val_path = ensure_default_corpus()
+    return train_path, config.input_val_bin or val_path
 
 
 def run(config) -> int:
-  log = RunLog(config.metrics_dir)
-  check_config(config)
+    log = RunLog(config.metrics_dir)
+    check_config(config)
 
-  # --- devices and batch geometry ---
-  devices = jax.devices()
-  mesh = jax.sharding.Mesh(np.array(devices), ('data',))
-  replicated = NamedSharding(mesh, P())
-  batch_sharding = NamedSharding(mesh, P(None, 'data'))   # (A, rows, T): rows split over ranks
-  geometry = batch_geometry(config.batch_size, config.sequence_length, config.total_batch_size,
-                            data_parallel=len(devices))
+    # --- devices and batch geometry ---
+    devices = jax.devices()[: config.num_devices] if config.num_devices else jax.devices()
+    if config.num_devices > len(jax.devices()):
+        raise ValueError(
+            f'num_devices: expected at most the {len(jax.devices())} devices present, found {config.num_devices}'
+        )
+    mesh = jax.sharding.Mesh(np.array(devices), ('data',))
+    replicated = NamedSharding(mesh, P())
+    batch_sharding = NamedSharding(mesh, P(None, 'data'))  # (A, rows, T): rows split over ranks
+    geometry = batch_geometry(
+        config.batch_size, config.sequence_length, config.total_batch_size, data_parallel=len(devices)
+    )
 
-  # --- model ---
-  setup = setup_model(config)
-  model_config = setup.model_config
-  if config.sequence_length > model_config.max_seq_len:
-    raise ValueError(f'sequence_length: expected at most the model max_seq_len {model_config.max_seq_len}, '
-                     f'found {config.sequence_length}')
-  llmc_sha256 = file_sha256(setup.llmc_file) if setup.llmc_file else ''
+    # --- model ---
+    setup = setup_model(config)
+    model_config = setup.model_config
+    if config.sequence_length > model_config.max_seq_len:
+        raise ValueError(
+            f'sequence_length: expected at most the model max_seq_len {model_config.max_seq_len}, '
+            f'found {config.sequence_length}'
+        )
+    llmc_sha256 = file_sha256(setup.llmc_file) if setup.llmc_file else ''
 
-  # --- data ---
-  train_pattern, val_pattern = _data_paths(config)
-  stream = TokenStream(train_pattern, geometry.tokens_per_step, config.sequence_length,
-                       model_config.vocab_size, name='train')
-  val_stream = None
-  if config.val_loss_every > 0 and val_pattern:
-    val_stream = TokenStream(val_pattern, geometry.rows_per_micro_step * config.sequence_length,
-                             config.sequence_length, model_config.vocab_size, name='val')
+    # --- data ---
+    train_pattern, val_pattern = _data_paths(config)
+    stream = TokenStream(
+        train_pattern, geometry.tokens_per_step, config.sequence_length, model_config.vocab_size, name='train'
+    )
+    val_stream = None
+    if config.val_loss_every > 0 and val_pattern:
+        val_stream = TokenStream(
+            val_pattern,
+            geometry.rows_per_micro_step * config.sequence_length,
+            config.sequence_length,
+            model_config.vocab_size,
+            name='val',
+        )
 
-  # --- optimizer and state ---
-  tx, schedule = build_optimizer(config)
-  params = jax.device_put(setup.params, replicated)
-  state = TrainState(step=jnp.int32(0), data_position=jnp.int32(0), params=params,
-                     opt_state=jax.device_put(tx.init(params), replicated),
-                     rng=jax.random.key_data(jax.random.PRNGKey(config.seed)))
-  state = jax.device_put(state, replicated)
-
-  # --- resume ---
-  resume_dir, notice = ckpt.resolve_resume(config.resume_from, config.checkpoint_dir)
-  if notice:
-    log.info(notice)
-  training_config = config.to_dict()
-  model_config_dict = dataclasses.asdict(model_config)
-  if resume_dir is not None:
-    saved = ckpt.read_trainer_state(resume_dir)
-    incompatible, changes = ckpt.compare_with_run(saved, model_config_dict, training_config)
-    if incompatible:
-      raise ckpt.CheckpointError(f'{resume_dir}: does not fit this run: ' + '; '.join(incompatible))
-    for change in changes:
-      log.info(f'resume: changed since the checkpoint: {change}')
-    params, opt_state, saved = ckpt.restore(resume_dir, state.params, state.opt_state)
-    if opt_state is None:
-      log.info(f'resume: {resume_dir} has no optimizer state; starting with fresh optimizer moments')
-      opt_state = jax.device_put(ckpt.set_schedule_position(tx.init(params), saved['step']), replicated)
-    state = state.replace(step=jnp.int32(saved['step']), data_position=jnp.int32(saved['data_position']),
-                          params=params, opt_state=opt_state,
-                          rng=jnp.asarray(saved['rng'], dtype=jnp.uint32))
+    # --- optimizer and state ---
+    tx, schedule = build_optimizer(config)
+    params = jax.device_put(setup.params, replicated)
+    state = TrainState(
+        step=jnp.int32(0),
+        data_position=jnp.int32(0),
+        params=params,
+        opt_state=jax.device_put(tx.init(params), replicated),
+        rng=jax.random.key_data(jax.random.PRNGKey(config.seed)),
+    )
     state = jax.device_put(state, replicated)
-    topology_then = saved.get('topology', {})
-    log.info(f"resume: restored step {saved['step']} from {resume_dir} (saved on "
-             f"{topology_then.get('device_count', '?')} {topology_then.get('platform', '?')} device(s), "
-             f'now {len(devices)} {devices[0].platform})')
-  start_step = int(state.step)
-  data_position = int(state.data_position)
 
-  # --- checkpoints ---
-  saving = bool(config.checkpoint_dir) and (config.save_steps > 0 or config.save_every_minutes > 0)
-  checkpointer = None
-  if config.checkpoint_dir:
-    protected = [ckpt.step_of(resume_dir)] if resume_dir is not None and \
-        resume_dir.parent.absolute() == ckpt.Path(config.checkpoint_dir).absolute() else []
-    checkpointer = ckpt.Checkpointer(config.checkpoint_dir, keep_latest=config.max_checkpoint_keep,
-                                     keep_every=config.keep_every_steps, protected_steps=protected)
-    deleted = checkpointer.refuse_later_steps(start_step, config.overwrite_later_checkpoints)
-    if deleted:
-      log.info(f'overwrite_later_checkpoints: deleted steps {deleted} of {checkpointer.root}')
+    # --- resume ---
+    resume_dir, notice = ckpt.resolve_resume(config.resume_from, config.checkpoint_dir)
+    if notice:
+        log.info(notice)
+    training_config = config.to_dict()
+    model_config_dict = dataclasses.asdict(model_config)
+    if resume_dir is not None:
+        saved = ckpt.read_trainer_state(resume_dir)
+        incompatible, changes = ckpt.compare_with_run(saved, model_config_dict, training_config)
+        if incompatible:
+            raise ckpt.CheckpointError(f'{resume_dir}: does not fit this run: ' + '; '.join(incompatible))
+        for change in changes:
+            log.info(f'resume: changed since the checkpoint: {change}')
+        params, opt_state, saved = ckpt.restore(resume_dir, state.params, state.opt_state)
+        if opt_state is None:
+            log.info(f'resume: {resume_dir} has no optimizer state; starting with fresh optimizer moments')
+            opt_state = jax.device_put(ckpt.set_schedule_position(tx.init(params), saved['step']), replicated)
+        state = state.replace(
+            step=jnp.int32(saved['step']),
+            data_position=jnp.int32(saved['data_position']),
+            params=params,
+            opt_state=opt_state,
+            rng=jnp.asarray(saved['rng'], dtype=jnp.uint32),
+        )
+        state = jax.device_put(state, replicated)
+        topology_then = saved.get('topology', {})
+        log.info(
+            f"resume: restored step {saved['step']} from {resume_dir} (saved on "
+            f"{topology_then.get('device_count', '?')} {topology_then.get('platform', '?')} device(s), "
+            f'now {len(devices)} {devices[0].platform})'
+        )
+    start_step = int(state.step)
+    data_position = int(state.data_position)
 
-  def trainer_state_json(step: int, position: int, rng, checksums) -> dict:
-    return {
-        'step': step, 'data_position': position, 'epoch': stream.epoch_of(position),
-        'rng': [int(x) for x in np.asarray(rng)], 'learning_rate': float(schedule(step)),
-        'model_family': config.model_family, 'model_config': model_config_dict,
-        'training_config': training_config, 'dtype': config.dtype,
-        'tokens_per_step': geometry.tokens_per_step,
-        'topology': {'platform': devices[0].platform, 'device_count': len(devices),
-                     'process_count': jax.process_count(), 'mesh': dict(mesh.shape)},
-        'versions': library_versions(), 'llmc_file': setup.llmc_file, 'llmc_sha256': llmc_sha256,
-        'has_optimizer_state': bool(config.save_optimizer_state), 'saved_at': time.time(),
-        'checksums': checksums,
-    }
+    # --- checkpoints ---
+    saving = bool(config.checkpoint_dir) and (config.save_steps > 0 or config.save_every_minutes > 0)
+    checkpointer = None
+    if config.checkpoint_dir:
+        protected = (
+            [ckpt.step_of(resume_dir)]
+            if resume_dir is not None
+            and resume_dir.parent.absolute() == ckpt.Path(config.checkpoint_dir).absolute()
+            else []
+        )
+        checkpointer = ckpt.Checkpointer(
+            config.checkpoint_dir,
+            keep_latest=config.max_checkpoint_keep,
+            keep_every=config.keep_every_steps,
+            protected_steps=protected,
+        )
+        deleted = checkpointer.refuse_later_steps(start_step, config.overwrite_later_checkpoints)
+        if deleted:
+            log.info(f'overwrite_later_checkpoints: deleted steps {deleted} of {checkpointer.root}')
 
-  def save(state) -> float:
-    """Starts an asynchronous save; returns the seconds the loop was blocked."""
-    from jaxtrain.checksums import tensor_checksums
-    began = time.perf_counter()
-    step = int(state.step)
-    opt_state = state.opt_state if config.save_optimizer_state else None
-    checksums = {'params': tensor_checksums(state.params)}
-    if opt_state is not None:
-      checksums['opt_state'] = tensor_checksums(opt_state)
-    checkpointer.save(step, state.params, opt_state,
-                      trainer_state_json(step, int(state.data_position), state.rng, checksums))
-    return time.perf_counter() - began
+    def trainer_state_json(step: int, position: int, rng, checksums) -> dict:
+        return {
+            'step': step,
+            'data_position': position,
+            'epoch': stream.epoch_of(position),
+            'rng': [int(x) for x in np.asarray(rng)],
+            'learning_rate': float(schedule(step)),
+            'model_family': config.model_family,
+            'model_config': model_config_dict,
+            'training_config': training_config,
+            'dtype': config.dtype,
+            'tokens_per_step': geometry.tokens_per_step,
+            'topology': {
+                'platform': devices[0].platform,
+                'device_count': len(devices),
+                'process_count': jax.process_count(),
+                'mesh': dict(mesh.shape),
+            },
+            'versions': library_versions(),
+            'llmc_file': setup.llmc_file,
+            'llmc_sha256': llmc_sha256,
+            'has_optimizer_state': bool(config.save_optimizer_state),
+            'saved_at': time.time(),
+            'checksums': checksums,
+        }
 
-  # --- the loop ---
-  train_step = jax.jit(make_train_step(setup.graphdef, tx, model_config.vocab_size), donate_argnums=0)
-  eval_step = jax.jit(make_eval_step(setup.graphdef, model_config.vocab_size))
-  log.info(f'model: {config.model_family} {model_config} | {model_config.num_parameters:,} parameters | '
-           f'weights: {setup.source}')
-  log.info(f'devices: {len(devices)} x {devices[0].device_kind} ({devices[0].platform}) | dtype '
-           f'{config.dtype} | batch {geometry.batch_size} x {geometry.sequence_length} x DP '
-           f'{geometry.data_parallel} x accumulation {geometry.accumulation} = {geometry.tokens_per_step} '
-           f'tokens/step')
-  log.info(f'data: {stream.describe()}')
-  if start_step >= config.num_iteration:
-    log.info(f'nothing to do: the run is at step {start_step} and num_iteration is {config.num_iteration}')
+    def save(state) -> float:
+        """Starts an asynchronous save; returns the seconds the loop was blocked."""
+        from jaxtrain.checksums import tensor_checksums
 
-  stop = StopRequest().install()
-  last_saved_step, last_save_time = None, time.monotonic()
-  epoch = stream.epoch_of(data_position)
-  step = start_step
-  try:
-    while step < config.num_iteration:
-      inputs, targets = stream.window(data_position)
-      shape = (geometry.accumulation, geometry.rows_per_micro_step, geometry.sequence_length)
-      inputs = jax.device_put(inputs.reshape(shape), batch_sharding)
-      targets = jax.device_put(targets.reshape(shape), batch_sharding)
-      began = time.perf_counter()
-      state, metrics = train_step(state, inputs, targets)
-      loss = float(metrics['loss'])
-      elapsed = time.perf_counter() - began
-      step, data_position = step + 1, data_position + 1
-      if not np.isfinite(loss) or not bool(metrics['params_finite']):
-        last = f'the last saved checkpoint is {checkpointer.step_dir(last_saved_step)}' \
-            if last_saved_step is not None else 'no checkpoint was saved by this run'
-        raise TrainingError(f'step {step}: loss is {loss} (parameters finite: '
-                            f"{bool(metrics['params_finite'])}); stopped without saving; {last}")
-      log.step(step, config.num_iteration, loss, float(schedule(step - 1)), elapsed,
-               geometry.tokens_per_step, geometry.data_parallel,
-               {'grad_norm': float(metrics['grad_norm'])})
-      if stream.epoch_of(data_position) != epoch:
-        epoch = stream.epoch_of(data_position)
-        log.info(f'data: epoch {epoch} begins (the stream wrapped to its start after step {step})')
-      if val_stream is not None and step % config.val_loss_every == 0:
-        losses = [float(eval_step(state.params, jax.device_put(x, NamedSharding(mesh, P('data'))),
-                                  jax.device_put(y, NamedSharding(mesh, P('data')))))
-                  for x, y in val_stream.val_windows(config.val_max_steps)]
-        log.info(f'step {step:4d}/{config.num_iteration} | val loss {np.mean(losses):.6f}')
-        log.record({'step': step, 'val_loss': float(np.mean(losses))})
-      due = saving and ((config.save_steps > 0 and step % config.save_steps == 0)
-                        or step == config.num_iteration
-                        or (config.save_every_minutes > 0
-                            and time.monotonic() - last_save_time >= 60 * config.save_every_minutes))
-      if checkpointer is not None and (due or stop):
-        blocked = save(state)
-        last_saved_step, last_save_time = step, time.monotonic()
-        log.record({'step': step, 'save_blocked_s': blocked})
-      if stop:
-        break
-  finally:
-    stop.restore()
-    if checkpointer is not None:
-      checkpointer.close()   # waits for the last write to be committed
-    log.close()
+        began = time.perf_counter()
+        step = int(state.step)
+        opt_state = state.opt_state if config.save_optimizer_state else None
+        checksums = {'params': tensor_checksums(state.params)}
+        if opt_state is not None:
+            checksums['opt_state'] = tensor_checksums(opt_state)
+        checkpointer.save(
+            step,
+            state.params,
+            opt_state,
+            trainer_state_json(step, int(state.data_position), state.rng, checksums),
+        )
+        return time.perf_counter() - began
 
-  if stop:
-    if last_saved_step == step and checkpointer is not None:
-      log.info(f'{stop.signal_name}: stopped after step {step}; resume with --resume_from '
-               f'{checkpointer.step_dir(step)}')
-      return 0
-    log.info(f'{stop.signal_name}: stopped after step {step}; nothing saved (no checkpoint_dir)')
-    return 128 + {'SIGINT': 2, 'SIGTERM': 15}.get(stop.signal_name, 0)
-  if last_saved_step is not None:
-    log.info(f'saved: {checkpointer.step_dir(last_saved_step)}')
-  return 0
+    # --- the loop ---
+    train_step = jax.jit(make_train_step(setup.graphdef, tx, model_config.vocab_size), donate_argnums=0)
+    eval_step = jax.jit(make_eval_step(setup.graphdef, model_config.vocab_size))
+    log.info(
+        f'model: {config.model_family} {model_config} | {model_config.num_parameters:,} parameters | '
+        f'weights: {setup.source}'
+    )
+    log.info(
+        f'devices: {len(devices)} x {devices[0].device_kind} ({devices[0].platform}) | dtype '
+        f'{config.dtype} | batch {geometry.batch_size} x {geometry.sequence_length} x DP '
+        f'{geometry.data_parallel} x accumulation {geometry.accumulation} = {geometry.tokens_per_step} '
+        f'tokens/step'
+    )
+    log.info(f'data: {stream.describe()}')
+    if start_step >= config.num_iteration:
+        log.info(
+            f'nothing to do: the run is at step {start_step} and num_iteration is {config.num_iteration}'
+        )
+
+    stop = StopRequest().install()
+    last_saved_step, last_save_time = None, time.monotonic()
+    epoch = stream.epoch_of(data_position)
+    step = start_step
+    try:
+        while step < config.num_iteration:
+            inputs, targets = stream.window(data_position)
+            shape = (geometry.accumulation, geometry.rows_per_micro_step, geometry.sequence_length)
+            inputs = jax.device_put(inputs.reshape(shape), batch_sharding)
+            targets = jax.device_put(targets.reshape(shape), batch_sharding)
+            began = time.perf_counter()
+            state, metrics = train_step(state, inputs, targets)
+            loss = float(metrics['loss'])
+            elapsed = time.perf_counter() - began
+            step, data_position = step + 1, data_position + 1
+            if not np.isfinite(loss) or not bool(metrics['params_finite']):
+                last = (
+                    f'the last saved checkpoint is {checkpointer.step_dir(last_saved_step)}'
+                    if last_saved_step is not None
+                    else 'no checkpoint was saved by this run'
+                )
+                raise TrainingError(
+                    f'step {step}: loss is {loss} (parameters finite: '
+                    f"{bool(metrics['params_finite'])}); stopped without saving; {last}"
+                )
+            log.step(
+                step,
+                config.num_iteration,
+                loss,
+                float(schedule(step - 1)),
+                elapsed,
+                geometry.tokens_per_step,
+                geometry.data_parallel,
+                {'grad_norm': float(metrics['grad_norm'])},
+            )
+            if stream.epoch_of(data_position) != epoch:
+                epoch = stream.epoch_of(data_position)
+                log.info(f'data: epoch {epoch} begins (the stream wrapped to its start after step {step})')
+            if val_stream is not None and step % config.val_loss_every == 0:
+                losses = [
+                    float(
+                        eval_step(
+                            state.params,
+                            jax.device_put(x, NamedSharding(mesh, P('data'))),
+                            jax.device_put(y, NamedSharding(mesh, P('data'))),
+                        )
+                    )
+                    for x, y in val_stream.val_windows(config.val_max_steps)
+                ]
+                log.info(f'step {step:4d}/{config.num_iteration} | val loss {np.mean(losses):.6f}')
+                log.record({'step': step, 'val_loss': float(np.mean(losses))})
+            due = saving and (
+                (config.save_steps > 0 and step % config.save_steps == 0)
+                or step == config.num_iteration
+                or (
+                    config.save_every_minutes > 0
+                    and time.monotonic() - last_save_time >= 60 * config.save_every_minutes
+                )
+            )
+            if checkpointer is not None and (due or stop):
+                blocked = save(state)
+                last_saved_step, last_save_time = step, time.monotonic()
+                log.record({'step': step, 'save_blocked_s': blocked})
+            if stop:
+                break
+    finally:
+        stop.restore()
+        if checkpointer is not None:
+            checkpointer.close()  # waits for the last write to be committed
+        log.close()
+
+    if stop:
+        if last_saved_step == step and checkpointer is not None:
+            log.info(
+                f'{stop.signal_name}: stopped after step {step}; resume with --resume_from '
+                f'{checkpointer.step_dir(step)}'
+            )
+            return 0
+        log.info(f'{stop.signal_name}: stopped after step {step}; nothing saved (no checkpoint_dir)')
+        return 128 + {'SIGINT': 2, 'SIGTERM': 15}.get(stop.signal_name, 0)
+    if last_saved_step is not None:
+        log.info(f'saved: {checkpointer.step_dir(last_saved_step)}')
+    return 0

@@ -19,10 +19,20 @@ from llmc_io.model import load_model, model_info
 from llmc_io.shards import ShardInfo, read_shard, shard_info, write_shard
 
 __all__ = [
+    "LAYOUT_INFINITRAIN",
+    "LAYOUT_LLMC",
+    "GPT2Header",
     "LLMCFormatError",
-    "GPT2Header", "LLaMA3Header", "ModelInfo", "ShardInfo",
-    "LAYOUT_INFINITRAIN", "LAYOUT_LLMC",
-    "load_model", "model_info",
-    "load_gpt2", "save_gpt2", "load_llama3", "save_llama3",
-    "read_shard", "write_shard", "shard_info",
+    "LLaMA3Header",
+    "ModelInfo",
+    "ShardInfo",
+    "load_gpt2",
+    "load_llama3",
+    "load_model",
+    "model_info",
+    "read_shard",
+    "save_gpt2",
+    "save_llama3",
+    "shard_info",
+    "write_shard",
 ]

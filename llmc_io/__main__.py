@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-
 from llmc_io import header as hdr
+from llmc_io.dtypes import fp32_repr
 from llmc_io.errors import LLMCFormatError
 from llmc_io.gpt2 import load_gpt2, save_gpt2
 from llmc_io.llama3 import LAYOUT_INFINITRAIN, load_llama3, save_llama3
@@ -26,37 +26,56 @@ _MODEL_MAGICS = (hdr.GPT2_MODEL_MAGIC, hdr.LLAMA3_MODEL_MAGIC)
 
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--verbose", "-v", action="store_true", help="show a traceback on errors")
+    # SUPPRESS: otherwise the subcommand's default would reset `--verbose` given before the command.
+    common.add_argument(
+        "--verbose", "-v", action="store_true", default=argparse.SUPPRESS, help="show a traceback on errors"
+    )
     overrides = argparse.ArgumentParser(add_help=False)
     group = overrides.add_argument_group(
         "LLaMA-3 overrides",
         "values a LLaMA-3 file does not hold: the true floats of a file whose floats llm.c master's "
-        "train_llama3.py truncated to integers, or max_gen_batch_size for the llm.c llama3-branch layout")
+        "train_llama3.py truncated to integers, or max_gen_batch_size for the llm.c llama3-branch layout",
+    )
     group.add_argument("--ffn-dim-multiplier", type=float, help="e.g. 1.4 (3.2-1B) or 1.3 (3.1-8B)")
     group.add_argument("--norm-eps", type=float, help="e.g. 1e-5")
     group.add_argument("--rope-theta", type=float, help="e.g. 500000 (recovered from the file if omitted)")
     group.add_argument("--max-gen-batch-size", type=int, help="default 4 for the llama3-branch layout")
 
     parser = argparse.ArgumentParser(
-        prog="python -m llmc_io", parents=[common],
-        description="Inspect and convert llm.c / InfiniTrain model files and token shards.")
+        prog="python -m llmc_io",
+        parents=[common],
+        description="Inspect and convert llm.c / InfiniTrain model files and token shards.",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     info = commands.add_parser(
-        "info", parents=[common, overrides], help="show what a model file or token shard holds",
+        "info",
+        parents=[common, overrides],
+        help="show what a model file or token shard holds",
         description="Print kind, layout, version, dtype, header fields, parameter count and sizes of a "
-                    "model file, or the token count, dtype and token range of a token shard.")
+        "model file, or the token count, dtype and token range of a token shard.",
+    )
     info.add_argument("file", metavar="FILE")
-    info.add_argument("--check", action="store_true",
-                      help="also read every tensor of a model file (finite values, zero biases)")
+    info.add_argument(
+        "--check",
+        action="store_true",
+        help="also read every tensor of a model file (finite values, zero biases)",
+    )
     convert = commands.add_parser(
-        "convert", parents=[common, overrides], help="rewrite a model file (fp32 <-> bf16, layouts)",
+        "convert",
+        parents=[common, overrides],
+        help="rewrite a model file (fp32 <-> bf16, layouts)",
         description="Read a model file and write it again: GPT-2 as version 3 (fp32) or 5 (bf16); "
-                    "LLaMA-3 (either layout) as InfiniTrain's layout, version 3. With the input's "
-                    "version, the output reproduces an input llmc_io would write byte for byte.")
+        "LLaMA-3 (either layout) as InfiniTrain's layout, version 3. With the input's "
+        "version, the output reproduces an input llmc_io would write byte for byte.",
+    )
     convert.add_argument("input", metavar="IN")
     convert.add_argument("output", metavar="OUT")
-    convert.add_argument("--version", type=int, choices=(3, 5),
-                         help="3 = fp32, 5 = bf16 (GPT-2 only); default: the input's version")
+    convert.add_argument(
+        "--version",
+        type=int,
+        choices=(3, 5),
+        help="3 = fp32, 5 = bf16 (GPT-2 only); default: the input's version",
+    )
     return parser
 
 
@@ -76,28 +95,36 @@ def _info(args) -> None:
     if magic in _SHARD_MAGICS:
         info = shard_info(args.file)
         tokens = read_shard(args.file)
-        _print_rows([
-            ("file", info.path),
-            ("kind", f"{info.kind} token shard (magic {info.magic})"),
-            ("version", info.version),
-            ("dtype", info.dtype),
-            ("tokens", f"{info.num_tokens:,}"),
-            ("token range", f"[{int(tokens.min())}, {int(tokens.max())}]"),
-            ("size", f"{info.actual_size:,} bytes (expected {info.expected_size:,})"),
-        ])
+        _print_rows(
+            [
+                ("file", info.path),
+                ("kind", f"{info.kind} token shard (magic {info.magic})"),
+                ("version", info.version),
+                ("dtype", info.dtype),
+                ("tokens", f"{info.num_tokens:,}"),
+                ("token range", f"[{int(tokens.min())}, {int(tokens.max())}]"),
+                ("size", f"{info.actual_size:,} bytes (expected {info.expected_size:,})"),
+            ]
+        )
         return
     if magic not in _MODEL_MAGICS:
         expected = ", ".join(hdr.describe_magic(m) for m in _MODEL_MAGICS + _SHARD_MAGICS)
         raise LLMCFormatError(args.file, "header[0] magic", f"one of {expected}", hdr.describe_magic(magic))
     info = model_info(args.file, **_overrides(args))
     header = info.header
-    rows = [("file", info.path),
-            ("kind", f"{info.kind} model (magic {int(hdr.read_header(args.file)[0])})"),
-            ("layout", info.layout),
-            ("version", f"{info.version} ({info.dtype})")]
-    rows += [(name, value) for name, value in vars(header).items()]
+    rows = [
+        ("file", info.path),
+        ("kind", f"{info.kind} model (magic {magic})"),
+        ("layout", info.layout),
+        ("version", f"{info.version} ({info.dtype})"),
+    ]
+    rows += [
+        (name, fp32_repr(value) if isinstance(value, float) else value)
+        for name, value in vars(header).items()
+    ]
     if info.kind == "llama3":
-        rows += [("ffn_hidden_dim", header.ffn_hidden_dim), ("major.minor", "%d.%d" % info.major_minor)]
+        major, minor = info.major_minor
+        rows += [("ffn_hidden_dim", header.ffn_hidden_dim), ("major.minor", f"{major}.{minor}")]
     rows.append(("parameters", f"{header.num_parameters:,}"))
     if info.num_stored_values != header.num_parameters:
         rows.append(("stored values", f"{info.num_stored_values:,} (with zero biases)"))
@@ -105,8 +132,13 @@ def _info(args) -> None:
     rows += [("note", note) for note in info.notes]
     if args.check:
         _load(info, args)
-        rows.append(("tensors", "all finite" + (", biases zero" if info.layout != LAYOUT_INFINITRAIN
-                                                 and info.kind == "llama3" else "")))
+        rows.append(
+            (
+                "tensors",
+                "all finite"
+                + (", biases zero" if info.layout != LAYOUT_INFINITRAIN and info.kind == "llama3" else ""),
+            )
+        )
     _print_rows(rows)
 
 
@@ -119,24 +151,39 @@ def _load(info, args):
 def _convert(args) -> None:
     magic = int(hdr.read_header(args.input)[0])
     if magic in _SHARD_MAGICS:
-        raise LLMCFormatError(args.input, "header[0] magic", "a model file", hdr.describe_magic(magic),
-                              "token shards need no conversion")
+        raise LLMCFormatError(
+            args.input,
+            "header[0] magic",
+            "a model file",
+            hdr.describe_magic(magic),
+            "token shards need no conversion",
+        )
     info = model_info(args.input, **_overrides(args))
-    header, params = _load(info, args)
     if info.kind == "gpt2":
         version = args.version or info.version
-        save_gpt2(args.output, header, params, version=version)
         layout = info.layout
     else:
         version = args.version or 3
-        if version != 3:
-            raise LLMCFormatError(args.output, "--version", "3 for a LLaMA-3 file",
-                                  str(version), "InfiniTrain's layout holds fp32 only")
-        save_llama3(args.output, header, params, major_minor=info.major_minor)
         layout = LAYOUT_INFINITRAIN
+        if version != 3:
+            raise LLMCFormatError(
+                args.output,
+                "--version",
+                "3 for a LLaMA-3 file",
+                str(version),
+                "InfiniTrain's layout holds fp32 only",
+            )
+    header, params = _load(info, args)
+    if info.kind == "gpt2":
+        save_gpt2(args.output, header, params, version=version)
+    else:
+        # Slots 14/15 pass through, so converting an InfiniTrain file reproduces it exactly.
+        save_llama3(args.output, header, params, major_minor=info.major_minor)
     out = model_info(args.output)
-    print(f"wrote {args.output}: {info.kind}, {layout} layout, version {version} ({out.dtype}), "
-          f"{out.actual_size:,} bytes")
+    print(
+        f"wrote {args.output}: {info.kind}, {layout} layout, version {version} ({out.dtype}), "
+        f"{out.actual_size:,} bytes"
+    )
 
 
 def main(argv=None) -> int:
@@ -144,7 +191,7 @@ def main(argv=None) -> int:
     try:
         {"info": _info, "convert": _convert}[args.command](args)
     except (LLMCFormatError, OSError) as error:
-        if args.verbose:
+        if getattr(args, "verbose", False):
             raise
         print(f"error: {error}", file=sys.stderr)
         return EXIT_ERROR

@@ -48,6 +48,11 @@ def round_to_fp32(value: float) -> float:
     return float(np.float32(value))
 
 
+def fp32_repr(value: float) -> str:
+    """The shortest decimal that reads back as the same fp32: '1.4', not '1.399999976158142'."""
+    return str(np.float32(value))
+
+
 def is_fp32_subnormal_or_zero(bits: int) -> bool:
     """True when an int32 slot, read as fp32, has a zero exponent: +-0 or a subnormal.
 

@@ -18,8 +18,9 @@ class LLMCFormatError(ValueError):
     The attributes mirror the parts of the message, so callers and tests need not parse it.
     """
 
-    def __init__(self, path: str | os.PathLike, field: str, expected: object, found: object,
-                 hint: str | None = None):
+    def __init__(
+        self, path: str | os.PathLike, field: str, expected: object, found: object, hint: str | None = None
+    ):
         self.path = os.fspath(path)
         self.field = field
         self.expected = expected

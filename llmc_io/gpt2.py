@@ -17,30 +17,39 @@ import numpy as np
 
 from llmc_io import header as hdr
 from llmc_io.errors import LLMCFormatError
-from llmc_io.tensors import (VERSION_DTYPES, check_finite, file_to_tree, read_tensors, resolve,
-                             tree_arrays_for_writing, tree_set, tree_to_file, write_file)
+from llmc_io.tensors import (
+    VERSION_DTYPES,
+    check_finite,
+    file_to_tree,
+    read_tensors,
+    resolve,
+    tree_arrays_for_writing,
+    tree_set,
+    tree_to_file,
+    write_file,
+)
 
 LAYOUT = "llmc-gpt2"
 
 # llm.c name, tree path (PARAMS_SPEC.md), shape in the file. Symbols: Vp padded vocab, T max_seq_len,
 # L layers, C channels. The order is the byte order of the file.
 _TENSORS = (
-    ("wte",      "wte/embedding",        ("Vp", "C")),
-    ("wpe",      "wpe/embedding",        ("T", "C")),
-    ("ln1w",     "h/ln_1/scale",         ("L", "C")),
-    ("ln1b",     "h/ln_1/bias",          ("L", "C")),
-    ("qkvw",     "h/attn/c_attn/kernel", ("L", "3C", "C")),   # rows: Q [0,C), K [C,2C), V [2C,3C)
-    ("qkvb",     "h/attn/c_attn/bias",   ("L", "3C")),
+    ("wte", "wte/embedding", ("Vp", "C")),
+    ("wpe", "wpe/embedding", ("T", "C")),
+    ("ln1w", "h/ln_1/scale", ("L", "C")),
+    ("ln1b", "h/ln_1/bias", ("L", "C")),
+    ("qkvw", "h/attn/c_attn/kernel", ("L", "3C", "C")),  # rows: Q [0,C), K [C,2C), V [2C,3C)
+    ("qkvb", "h/attn/c_attn/bias", ("L", "3C")),
     ("attprojw", "h/attn/c_proj/kernel", ("L", "C", "C")),
-    ("attprojb", "h/attn/c_proj/bias",   ("L", "C")),
-    ("ln2w",     "h/ln_2/scale",         ("L", "C")),
-    ("ln2b",     "h/ln_2/bias",          ("L", "C")),
-    ("fcw",      "h/mlp/c_fc/kernel",    ("L", "4C", "C")),
-    ("fcb",      "h/mlp/c_fc/bias",      ("L", "4C")),
-    ("fcprojw",  "h/mlp/c_proj/kernel",  ("L", "C", "4C")),
-    ("fcprojb",  "h/mlp/c_proj/bias",    ("L", "C")),
-    ("lnfw",     "ln_f/scale",           ("C",)),
-    ("lnfb",     "ln_f/bias",            ("C",)),
+    ("attprojb", "h/attn/c_proj/bias", ("L", "C")),
+    ("ln2w", "h/ln_2/scale", ("L", "C")),
+    ("ln2b", "h/ln_2/bias", ("L", "C")),
+    ("fcw", "h/mlp/c_fc/kernel", ("L", "4C", "C")),
+    ("fcb", "h/mlp/c_fc/bias", ("L", "4C")),
+    ("fcprojw", "h/mlp/c_proj/kernel", ("L", "C", "4C")),
+    ("fcprojb", "h/mlp/c_proj/bias", ("L", "C")),
+    ("lnfw", "ln_f/scale", ("C",)),
+    ("lnfb", "ln_f/bias", ("C",)),
 )
 
 _VERSION_HINTS = {
@@ -53,12 +62,13 @@ _VERSION_HINTS = {
 @dataclasses.dataclass(frozen=True)
 class GPT2Header:
     """The model shape a GPT-2 file header holds (slots 2..7)."""
-    max_seq_len: int          # slot 2, maxT (block size)
-    vocab_size: int           # slot 3, V
-    padded_vocab_size: int    # slot 7, Vp >= V (llm.c: V rounded up to a multiple of 128)
-    num_layers: int           # slot 4, L
-    num_heads: int            # slot 5, NH
-    channels: int             # slot 6, C
+
+    max_seq_len: int  # slot 2, maxT (block size)
+    vocab_size: int  # slot 3, V
+    padded_vocab_size: int  # slot 7, Vp >= V (llm.c: V rounded up to a multiple of 128)
+    num_layers: int  # slot 4, L
+    num_heads: int  # slot 5, NH
+    channels: int  # slot 6, C
 
     @property
     def num_parameters(self) -> int:
@@ -72,25 +82,43 @@ class GPT2Header:
     def problems(self) -> list[tuple[str, str, str]]:
         """(field, expected, found) for every inconsistency; empty when the header is usable."""
         found = []
-        for slot, name in ((2, "max_seq_len"), (3, "vocab_size"), (4, "num_layers"), (5, "num_heads"),
-                           (6, "channels"), (7, "padded_vocab_size")):
+        for slot, name in (
+            (2, "max_seq_len"),
+            (3, "vocab_size"),
+            (4, "num_layers"),
+            (5, "num_heads"),
+            (6, "channels"),
+            (7, "padded_vocab_size"),
+        ):
             value = getattr(self, name)
             if not 0 < value < 2**31:
                 found.append((f"header[{slot}] {name}", "a positive int32", str(value)))
         if found:
             return found
         if self.vocab_size > self.padded_vocab_size:
-            found.append(("header[7] padded_vocab_size", f">= vocab_size ({self.vocab_size})",
-                          str(self.padded_vocab_size)))
+            found.append(
+                (
+                    "header[7] padded_vocab_size",
+                    f">= vocab_size ({self.vocab_size})",
+                    str(self.padded_vocab_size),
+                )
+            )
         if self.channels % self.num_heads:
-            found.append(("header[6] channels", f"a multiple of num_heads ({self.num_heads})",
-                          str(self.channels)))
+            found.append(
+                ("header[6] channels", f"a multiple of num_heads ({self.num_heads})", str(self.channels))
+            )
         return found
 
     def tensor_specs(self):
         C = self.channels
-        dims = {"Vp": self.padded_vocab_size, "T": self.max_seq_len, "L": self.num_layers,
-                "C": C, "3C": 3 * C, "4C": 4 * C}
+        dims = {
+            "Vp": self.padded_vocab_size,
+            "T": self.max_seq_len,
+            "L": self.num_layers,
+            "C": C,
+            "3C": 3 * C,
+            "4C": 4 * C,
+        }
         return resolve(_TENSORS, dims)
 
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -108,24 +136,45 @@ def gpt2_info(path: str | os.PathLike) -> hdr.ModelInfo:
     hdr.check_magic(path, ints, hdr.GPT2_MODEL_MAGIC, hint)
     version = int(ints[1])
     if version not in VERSION_DTYPES:
-        raise LLMCFormatError(path, "header[1] version", "3 (fp32) or 5 (bf16)", str(version),
-                              _VERSION_HINTS.get(version, "not a version llm.c ever wrote"))
-    header = GPT2Header(max_seq_len=int(ints[2]), vocab_size=int(ints[3]), padded_vocab_size=int(ints[7]),
-                        num_layers=int(ints[4]), num_heads=int(ints[5]), channels=int(ints[6]))
+        raise LLMCFormatError(
+            path,
+            "header[1] version",
+            "3 (fp32) or 5 (bf16)",
+            str(version),
+            _VERSION_HINTS.get(version, "not a version llm.c ever wrote"),
+        )
+    header = GPT2Header(
+        max_seq_len=int(ints[2]),
+        vocab_size=int(ints[3]),
+        padded_vocab_size=int(ints[7]),
+        num_layers=int(ints[4]),
+        num_heads=int(ints[5]),
+        channels=int(ints[6]),
+    )
     for field, expected, found in header.problems():
         raise LLMCFormatError(path, field, expected, found)
     dtype_name = VERSION_DTYPES[version][0]
     expected_size = header.file_size(version)
     actual_size = hdr.file_size(path)
-    hdr.check_exact_size(path, expected_size, actual_size,
-                         f"1024-byte header + {header.num_parameters:,} {dtype_name} values")
+    hdr.check_exact_size(
+        path, expected_size, actual_size, f"1024-byte header + {header.num_parameters:,} {dtype_name} values"
+    )
     notes = ()
     if header.padded_vocab_size == header.vocab_size:
         notes = ("no vocabulary padding (Vp == V), as InfiniTrain's SaveAsLLMC writes",)
-    return hdr.ModelInfo(path=path, kind="gpt2", layout=LAYOUT, version=version, dtype=dtype_name,
-                         header=header, data_offset=hdr.HEADER_BYTES,
-                         num_stored_values=header.num_parameters, expected_size=expected_size,
-                         actual_size=actual_size, notes=notes)
+    return hdr.ModelInfo(
+        path=path,
+        kind="gpt2",
+        layout=LAYOUT,
+        version=version,
+        dtype=dtype_name,
+        header=header,
+        data_offset=hdr.HEADER_BYTES,
+        num_stored_values=header.num_parameters,
+        expected_size=expected_size,
+        actual_size=actual_size,
+        notes=notes,
+    )
 
 
 def load_gpt2(path: str | os.PathLike) -> tuple[GPT2Header, dict]:
@@ -146,14 +195,15 @@ def save_gpt2(path: str | os.PathLike, header: GPT2Header, params: dict, version
     """
     path = os.fspath(path)
     if version not in VERSION_DTYPES:
-        raise LLMCFormatError(path, "version", "3 (fp32) or 5 (bf16)", str(version),
-                              _VERSION_HINTS.get(version))
+        raise LLMCFormatError(
+            path, "version", "3 (fp32) or 5 (bf16)", str(version), _VERSION_HINTS.get(version)
+        )
     for field, expected, found in header.problems():
         raise LLMCFormatError(path, field, expected, found)
     specs = header.tensor_specs()
     arrays = tree_arrays_for_writing(
-        path, params, header.param_shapes(),
-        "GPT-2 files have no lm_head: the head is tied to wte/embedding")
+        path, params, header.param_shapes(), "GPT-2 files have no lm_head: the head is tied to wte/embedding"
+    )
     # Refuse to write what load_gpt2 would refuse to read.
     for spec in specs:
         check_finite(path, spec, arrays[spec.tree_path])
@@ -168,7 +218,16 @@ def save_gpt2(path: str | os.PathLike, header: GPT2Header, params: dict, version
             else:
                 yield array
 
-    ints = hdr.pack_header({0: hdr.GPT2_MODEL_MAGIC, 1: version, 2: header.max_seq_len,
-                            3: header.vocab_size, 4: header.num_layers, 5: header.num_heads,
-                            6: header.channels, 7: header.padded_vocab_size})
+    ints = hdr.pack_header(
+        {
+            0: hdr.GPT2_MODEL_MAGIC,
+            1: version,
+            2: header.max_seq_len,
+            3: header.vocab_size,
+            4: header.num_layers,
+            5: header.num_heads,
+            6: header.channels,
+            7: header.padded_vocab_size,
+        }
+    )
     write_file(path, ints, file_arrays(), version)

@@ -48,18 +48,19 @@ class ModelInfo:
     `num_stored_values` counts every value in the file, including the zero biases of the llm.c
     `llama3`-branch layout; `header.num_parameters` counts the tensors llmc_io returns.
     """
+
     path: str
-    kind: str                 # 'gpt2' | 'llama3'
-    layout: str               # see gpt2.LAYOUT / llama3.LAYOUT_*
-    version: int              # header slot 1: 3 = fp32, 5 = bf16
-    dtype: str                # 'float32' | 'bfloat16'
-    header: object            # GPT2Header | LLaMA3Header
-    data_offset: int          # byte where the first tensor starts
+    kind: str  # 'gpt2' | 'llama3'
+    layout: str  # see gpt2.LAYOUT / llama3.LAYOUT_*
+    version: int  # header slot 1: 3 = fp32, 5 = bf16
+    dtype: str  # 'float32' | 'bfloat16'
+    header: object  # GPT2Header | LLaMA3Header
+    data_offset: int  # byte where the first tensor starts
     num_stored_values: int
     expected_size: int
     actual_size: int
     major_minor: tuple[int, int] | None = None  # LLaMA version slots (LLaMA-3 files only)
-    notes: tuple[str, ...] = ()                 # anything a person should know, e.g. overrides used
+    notes: tuple[str, ...] = ()  # anything a person should know, e.g. overrides used
 
 
 def file_size(path: str | os.PathLike) -> int:
@@ -75,8 +76,13 @@ def read_int32s(path: str | os.PathLike, count: int = HEADER_INTS, offset: int =
     size = file_size(path)
     need = offset + 4 * count
     if size < need:
-        raise LLMCFormatError(path, "file size", f"at least {need:,} bytes (the header)",
-                              f"{size:,}", "the file is truncated or not an llm.c file")
+        raise LLMCFormatError(
+            path,
+            "file size",
+            f"at least {need:,} bytes (the header)",
+            f"{size:,}",
+            "the file is truncated or not an llm.c file",
+        )
     with open(path, "rb") as f:
         f.seek(offset)
         raw = f.read(4 * count)
@@ -91,8 +97,9 @@ def read_header(path: str | os.PathLike) -> np.ndarray:
 
 def check_magic(path: str | os.PathLike, header: np.ndarray, expected: int, hint: str = "") -> None:
     if int(header[0]) != expected:
-        raise LLMCFormatError(path, "header[0] magic", describe_magic(expected),
-                              describe_magic(int(header[0])), hint or None)
+        raise LLMCFormatError(
+            path, "header[0] magic", describe_magic(expected), describe_magic(int(header[0])), hint or None
+        )
 
 
 def check_exact_size(path: str | os.PathLike, expected: int, actual: int, what: str) -> None:
@@ -110,7 +117,7 @@ def pack_header(slots: dict[int, int], num_ints: int = HEADER_INTS) -> bytes:
     """A little-endian int32 header with the given slots set and every other slot 0."""
     header = np.zeros(num_ints, dtype=INT32_LE)
     for index, value in slots.items():
-        if not -2**31 <= int(value) < 2**31:
+        if not -(2**31) <= int(value) < 2**31:
             raise ValueError(f"header[{index}]: expected a value that fits int32, found {value}")
         header[index] = int(value)
     return header.tobytes()

@@ -28,11 +28,26 @@ import os
 import numpy as np
 
 from llmc_io import header as hdr
-from llmc_io.dtypes import (float_to_int32_bits, int32_bits_to_float, is_fp32_subnormal_or_zero,
-                            round_to_fp32)
+from llmc_io.dtypes import (
+    float_to_int32_bits,
+    fp32_repr,
+    int32_bits_to_float,
+    is_fp32_subnormal_or_zero,
+    round_to_fp32,
+)
 from llmc_io.errors import LLMCFormatError
-from llmc_io.tensors import (VERSION_DTYPES, check_finite, file_to_tree, read_tensors, resolve,
-                             total_size, tree_arrays_for_writing, tree_set, tree_to_file, write_file)
+from llmc_io.tensors import (
+    VERSION_DTYPES,
+    check_finite,
+    file_to_tree,
+    read_tensors,
+    resolve,
+    total_size,
+    tree_arrays_for_writing,
+    tree_set,
+    tree_to_file,
+    write_file,
+)
 
 LAYOUT_INFINITRAIN = "infinitrain"
 LAYOUT_LLMC = "llmc-llama3-branch"
@@ -45,37 +60,37 @@ DEFAULT_MAJOR_MINOR = (1, 0)
 
 # Symbols: V vocab, L layers, C channels, QKV = C + 2*kv rows of c_attn, H ffn hidden.
 _INFINITRAIN_TENSORS = (
-    ("wte",        "wte/embedding",        ("V", "C")),
-    ("ln_1",       "h/ln_1/scale",         ("L", "C")),
-    ("c_attn",     "h/attn/c_attn/kernel", ("L", "QKV", "C")),  # rows Q [0,C), K [C,C+kv), V [C+kv,C+2kv)
-    ("attn_proj",  "h/attn/c_proj/kernel", ("L", "C", "C")),
-    ("ln_2",       "h/ln_2/scale",         ("L", "C")),
-    ("c_fc",       "h/mlp/c_fc/kernel",    ("L", "H", "C")),    # up (w3)
-    ("c_fc2",      "h/mlp/c_fc2/kernel",   ("L", "H", "C")),    # gate (w1)
-    ("mlp_proj",   "h/mlp/c_proj/kernel",  ("L", "C", "H")),
-    ("ln_f",       "ln_f/scale",           ("C",)),
-    ("lm_head",    "lm_head/kernel",       ("V", "C")),
+    ("wte", "wte/embedding", ("V", "C")),
+    ("ln_1", "h/ln_1/scale", ("L", "C")),
+    ("c_attn", "h/attn/c_attn/kernel", ("L", "QKV", "C")),  # rows Q [0,C), K [C,C+kv), V [C+kv,C+2kv)
+    ("attn_proj", "h/attn/c_proj/kernel", ("L", "C", "C")),
+    ("ln_2", "h/ln_2/scale", ("L", "C")),
+    ("c_fc", "h/mlp/c_fc/kernel", ("L", "H", "C")),  # up (w3)
+    ("c_fc2", "h/mlp/c_fc2/kernel", ("L", "H", "C")),  # gate (w1)
+    ("mlp_proj", "h/mlp/c_proj/kernel", ("L", "C", "H")),
+    ("ln_f", "ln_f/scale", ("C",)),
+    ("lm_head", "lm_head/kernel", ("V", "C")),
 )
 
 # The fc slot holds, per layer, c_fc's H rows then c_fc2's H rows; it is split by name below.
 _FC_PAIR = "h/mlp/c_fc/kernel + h/mlp/c_fc2/kernel"
 _LLMC_TENSORS = (
-    ("wte",      "wte/embedding",        ("V", "C")),
-    ("lm_head",  "lm_head/kernel",       ("V", "C")),           # in GPT-2's wpe slot
-    ("ln1w",     "h/ln_1/scale",         ("L", "C")),
-    ("ln1b",     None,                   ("L", "C")),           # zero biases: checked, then dropped
-    ("qkvw",     "h/attn/c_attn/kernel", ("L", "QKV", "C")),
-    ("qkvb",     None,                   ("L", "QKV")),
+    ("wte", "wte/embedding", ("V", "C")),
+    ("lm_head", "lm_head/kernel", ("V", "C")),  # in GPT-2's wpe slot
+    ("ln1w", "h/ln_1/scale", ("L", "C")),
+    ("ln1b", None, ("L", "C")),  # zero biases: checked, then dropped
+    ("qkvw", "h/attn/c_attn/kernel", ("L", "QKV", "C")),
+    ("qkvb", None, ("L", "QKV")),
     ("attprojw", "h/attn/c_proj/kernel", ("L", "C", "C")),
-    ("attprojb", None,                   ("L", "C")),
-    ("ln2w",     "h/ln_2/scale",         ("L", "C")),
-    ("ln2b",     None,                   ("L", "C")),
-    ("fcw",      _FC_PAIR,               ("L", "2H", "C")),
-    ("fcb",      None,                   ("L", "2H")),
-    ("fcprojw",  "h/mlp/c_proj/kernel",  ("L", "C", "H")),
-    ("fcprojb",  None,                   ("L", "C")),
-    ("lnfw",     "ln_f/scale",           ("C",)),
-    ("lnfb",     None,                   ("C",)),
+    ("attprojb", None, ("L", "C")),
+    ("ln2w", "h/ln_2/scale", ("L", "C")),
+    ("ln2b", None, ("L", "C")),
+    ("fcw", _FC_PAIR, ("L", "2H", "C")),
+    ("fcb", None, ("L", "2H")),
+    ("fcprojw", "h/mlp/c_proj/kernel", ("L", "C", "H")),
+    ("fcprojb", None, ("L", "C")),
+    ("lnfw", "ln_f/scale", ("C",)),
+    ("lnfb", None, ("C",)),
 )
 
 _FLOAT_FIELDS = ("ffn_dim_multiplier", "norm_eps", "rope_theta")
@@ -89,13 +104,14 @@ class LLaMA3Header:
     Float fields are rounded to fp32 on construction: that is all a file can hold, and it makes a
     header equal to itself after a save/load round trip.
     """
+
     max_seq_len: int
     vocab_size: int
     num_layers: int
     num_heads: int
     num_kv_heads: int
     channels: int
-    ffn_dim_multiplier: float   # 0.0 means "none" (InfiniTrain writes 0.0 for an absent multiplier)
+    ffn_dim_multiplier: float  # 0.0 means "none" (InfiniTrain writes 0.0 for an absent multiplier)
     multiple_of: int
     norm_eps: float
     rope_theta: float
@@ -145,8 +161,14 @@ class LLaMA3Header:
 
     def tensor_specs(self, layout: str = LAYOUT_INFINITRAIN):
         H = self.ffn_hidden_dim
-        dims = {"V": self.vocab_size, "L": self.num_layers, "C": self.channels,
-                "QKV": self.channels + 2 * self.kv_dim, "H": H, "2H": 2 * H}
+        dims = {
+            "V": self.vocab_size,
+            "L": self.num_layers,
+            "C": self.channels,
+            "QKV": self.channels + 2 * self.kv_dim,
+            "H": H,
+            "2H": 2 * H,
+        }
         table = {LAYOUT_INFINITRAIN: _INFINITRAIN_TENSORS, LAYOUT_LLMC: _LLMC_TENSORS}[layout]
         return resolve(table, dims)
 
@@ -157,8 +179,15 @@ class LLaMA3Header:
     def problems(self) -> list[tuple[str, str, str]]:
         """(field, expected, found) for every inconsistency; empty when the header is usable."""
         found = []
-        for name in ("max_seq_len", "vocab_size", "num_layers", "num_heads", "num_kv_heads", "channels",
-                     "multiple_of"):
+        for name in (
+            "max_seq_len",
+            "vocab_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "channels",
+            "multiple_of",
+        ):
             value = getattr(self, name)
             if not 0 < value < 2**31:
                 found.append((name, "a positive int32", str(value)))
@@ -175,50 +204,84 @@ class LLaMA3Header:
         if self.channels % self.num_heads:
             found.append(("channels", f"a multiple of num_heads ({self.num_heads})", str(self.channels)))
         elif self.num_heads % self.num_kv_heads:
-            found.append(("num_heads", f"a multiple of num_kv_heads ({self.num_kv_heads})",
-                          str(self.num_heads)))
+            found.append(
+                ("num_heads", f"a multiple of num_kv_heads ({self.num_kv_heads})", str(self.num_heads))
+            )
         elif self.ffn_hidden_dim <= 0:
-            found.append(("ffn_hidden_dim", "> 0 (from channels, ffn_dim_multiplier, multiple_of)",
-                          str(self.ffn_hidden_dim)))
+            found.append(
+                (
+                    "ffn_hidden_dim",
+                    "> 0 (from channels, ffn_dim_multiplier, multiple_of)",
+                    str(self.ffn_hidden_dim),
+                )
+            )
         return found
 
 
 # ---- reading the header --------------------------------------------------------------------------
 
 # Header slot of each field in the two layouts, for error messages.
-_INFINITRAIN_SLOTS = {"max_seq_len": 2, "vocab_size": 3, "num_layers": 4, "num_heads": 5,
-                      "num_kv_heads": 6, "channels": 7, "ffn_dim_multiplier": 8, "multiple_of": 9,
-                      "norm_eps": 10, "rope_theta": 11, "use_scaled_rope": 12, "max_gen_batch_size": 13}
+_INFINITRAIN_SLOTS = {
+    "max_seq_len": 2,
+    "vocab_size": 3,
+    "num_layers": 4,
+    "num_heads": 5,
+    "num_kv_heads": 6,
+    "channels": 7,
+    "ffn_dim_multiplier": 8,
+    "multiple_of": 9,
+    "norm_eps": 10,
+    "rope_theta": 11,
+    "use_scaled_rope": 12,
+    "max_gen_batch_size": 13,
+}
 _INFINITRAIN_LABELS = {name: f"header[{slot}] {name}" for name, slot in _INFINITRAIN_SLOTS.items()}
-_LLMC_LABELS = {"max_seq_len": "int header[2]", "vocab_size": "int header[3]",
-                "num_layers": "int header[4]", "num_heads": "int header[5]",
-                "num_kv_heads": "int header[6]", "channels": "int header[7]",
-                "multiple_of": "int header[8]", "use_scaled_rope": "int header[9]",
-                "ffn_dim_multiplier": "float header[0]", "norm_eps": "float header[1]",
-                "rope_theta": "float header[2]"}
+_LLMC_LABELS = {
+    "max_seq_len": "int header[2]",
+    "vocab_size": "int header[3]",
+    "num_layers": "int header[4]",
+    "num_heads": "int header[5]",
+    "num_kv_heads": "int header[6]",
+    "channels": "int header[7]",
+    "multiple_of": "int header[8]",
+    "use_scaled_rope": "int header[9]",
+    "ffn_dim_multiplier": "float header[0]",
+    "norm_eps": "float header[1]",
+    "rope_theta": "float header[2]",
+}
 _LLMC_LABELS = {name: f"{label} {name}" for name, label in _LLMC_LABELS.items()}
 
 
 @dataclasses.dataclass
 class _Candidate:
     """One reading of the header: the header it gives, or why it gives none."""
+
     layout: str
     header: LLaMA3Header | None
-    problem: str = ""                 # why this layout does not apply, for the size error
+    problem: str = ""  # why this layout does not apply, for the size error
     expected_size: int | None = None
 
 
 def _infinitrain_header(ints: np.ndarray, floats: dict[str, float]) -> LLaMA3Header:
     return LLaMA3Header(
-        max_seq_len=int(ints[2]), vocab_size=int(ints[3]), num_layers=int(ints[4]),
-        num_heads=int(ints[5]), num_kv_heads=int(ints[6]), channels=int(ints[7]),
-        ffn_dim_multiplier=floats["ffn_dim_multiplier"], multiple_of=int(ints[9]),
-        norm_eps=floats["norm_eps"], rope_theta=floats["rope_theta"],
-        use_scaled_rope=bool(ints[12]), max_gen_batch_size=int(ints[13]))
+        max_seq_len=int(ints[2]),
+        vocab_size=int(ints[3]),
+        num_layers=int(ints[4]),
+        num_heads=int(ints[5]),
+        num_kv_heads=int(ints[6]),
+        channels=int(ints[7]),
+        ffn_dim_multiplier=floats["ffn_dim_multiplier"],
+        multiple_of=int(ints[9]),
+        norm_eps=floats["norm_eps"],
+        rope_theta=floats["rope_theta"],
+        use_scaled_rope=bool(ints[12]),
+        max_gen_batch_size=int(ints[13]),
+    )
 
 
-def _candidate(layout: str, header: LLaMA3Header, version: int, scaled_rope_slot: int,
-               labels: dict[str, str]) -> _Candidate:
+def _candidate(
+    layout: str, header: LLaMA3Header, version: int, scaled_rope_slot: int, labels: dict[str, str]
+) -> _Candidate:
     problems = header.problems()
     if scaled_rope_slot not in (0, 1):
         problems.insert(0, ("use_scaled_rope", "0 or 1", str(scaled_rope_slot)))
@@ -234,38 +297,57 @@ def _truncated_floats(ints: np.ndarray) -> bool:
     norm_eps and rope_theta can never be 0 or subnormal; ffn_dim_multiplier may be exactly 0.0
     ("none"), but a nonzero subnormal there is an integer such as int(1.4) = 1.
     """
-    return (is_fp32_subnormal_or_zero(ints[10]) or is_fp32_subnormal_or_zero(ints[11])
-            or (ints[8] != 0 and is_fp32_subnormal_or_zero(ints[8])))
+    return (
+        is_fp32_subnormal_or_zero(ints[10])
+        or is_fp32_subnormal_or_zero(ints[11])
+        or (ints[8] != 0 and is_fp32_subnormal_or_zero(ints[8]))
+    )
 
 
-def _apply_overrides(path: str, header: LLaMA3Header, stored: tuple[str, ...],
-                     overrides: dict) -> LLaMA3Header:
+def _apply_overrides(
+    path: str, header: LLaMA3Header, stored: tuple[str, ...], overrides: dict
+) -> LLaMA3Header:
     """Fill fields the file lacks from `overrides`; an override of a stored value must agree with it.
 
     Silently replacing a value the file does hold would train a different model than the file's.
     """
     for name, value in overrides.items():
         if name in stored:
-            wanted = round_to_fp32(float(value)) if name in _FLOAT_FIELDS else int(value)
-            if wanted != getattr(header, name):
+            is_float = name in _FLOAT_FIELDS
+            held = getattr(header, name)
+            if (round_to_fp32(float(value)) if is_float else int(value)) != held:
+                shown = fp32_repr(held) if is_float else held
                 raise LLMCFormatError(
-                    path, name, f"the file's value {getattr(header, name)!r}", f"override {value!r}",
-                    "overrides only fill values the file lacks or truncated; drop the override")
+                    path,
+                    name,
+                    f"the file's value {shown}",
+                    f"override {value!r}",
+                    "overrides only fill values the file lacks or truncated; drop the override",
+                )
     return dataclasses.replace(header, **{k: v for k, v in overrides.items() if k not in stored})
 
 
-def llama3_info(path: str | os.PathLike, *, ffn_dim_multiplier: float | None = None,
-                norm_eps: float | None = None, rope_theta: float | None = None,
-                max_gen_batch_size: int | None = None) -> hdr.ModelInfo:
+def llama3_info(
+    path: str | os.PathLike,
+    *,
+    ffn_dim_multiplier: float | None = None,
+    norm_eps: float | None = None,
+    rope_theta: float | None = None,
+    max_gen_batch_size: int | None = None,
+) -> hdr.ModelInfo:
     """Read a LLaMA-3 model file's header(s), pick the layout by file size, and check both.
 
     Overrides (None = not given) supply what the file does not hold: the true floats of a file whose
     floats llm.c master truncated, and max_gen_batch_size for the llm.c layout.
     """
     path = os.fspath(path)
-    overrides = {name: value for name, value in dict(
-        ffn_dim_multiplier=ffn_dim_multiplier, norm_eps=norm_eps, rope_theta=rope_theta,
-        max_gen_batch_size=max_gen_batch_size).items() if value is not None}
+    given = {
+        "ffn_dim_multiplier": ffn_dim_multiplier,
+        "norm_eps": norm_eps,
+        "rope_theta": rope_theta,
+        "max_gen_batch_size": max_gen_batch_size,
+    }
+    overrides = {name: value for name, value in given.items() if value is not None}
     ints = hdr.read_header(path)
     hint = ""
     if int(ints[0]) == hdr.GPT2_MODEL_MAGIC:
@@ -281,11 +363,19 @@ def llama3_info(path: str | os.PathLike, *, ffn_dim_multiplier: float | None = N
     if actual_size >= LLMC_HEADER_BYTES:
         floats = np.fromfile(path, dtype="<f4", count=3, offset=hdr.HEADER_BYTES)
         llmc_header = LLaMA3Header(
-            max_seq_len=int(ints[2]), vocab_size=int(ints[3]), num_layers=int(ints[4]),
-            num_heads=int(ints[5]), num_kv_heads=int(ints[6]), channels=int(ints[7]),
-            ffn_dim_multiplier=float(floats[0]), multiple_of=int(ints[8]), norm_eps=float(floats[1]),
-            rope_theta=float(floats[2]), use_scaled_rope=bool(ints[9]),
-            max_gen_batch_size=LLMC_DEFAULT_MAX_GEN_BATCH_SIZE)
+            max_seq_len=int(ints[2]),
+            vocab_size=int(ints[3]),
+            num_layers=int(ints[4]),
+            num_heads=int(ints[5]),
+            num_kv_heads=int(ints[6]),
+            channels=int(ints[7]),
+            ffn_dim_multiplier=float(floats[0]),
+            multiple_of=int(ints[8]),
+            norm_eps=float(floats[1]),
+            rope_theta=float(floats[2]),
+            use_scaled_rope=bool(ints[9]),
+            max_gen_batch_size=LLMC_DEFAULT_MAX_GEN_BATCH_SIZE,
+        )
         llmc = _candidate(LAYOUT_LLMC, llmc_header, version, int(ints[9]), _LLMC_LABELS)
     else:
         llmc = _Candidate(LAYOUT_LLMC, None, f"shorter than its {LLMC_HEADER_BYTES}-byte header")
@@ -295,16 +385,19 @@ def llama3_info(path: str | os.PathLike, *, ffn_dim_multiplier: float | None = N
     infinitrain = _Candidate(LAYOUT_INFINITRAIN, None, "float slots hold truncated integers")
     if not truncated:
         floats = {name: int32_bits_to_float(ints[_INFINITRAIN_SLOTS[name]]) for name in _FLOAT_FIELDS}
-        infinitrain = _candidate(LAYOUT_INFINITRAIN, _infinitrain_header(ints, floats), version,
-                                 int(ints[12]), _INFINITRAIN_LABELS)
+        infinitrain = _candidate(
+            LAYOUT_INFINITRAIN, _infinitrain_header(ints, floats), version, int(ints[12]), _INFINITRAIN_LABELS
+        )
 
     notes: list[str] = []
     if llmc.expected_size == actual_size:
         chosen = llmc
         header = _apply_overrides(path, llmc.header, _FLOAT_FIELDS, overrides)
         major_minor = (int(ints[10]), int(ints[11]))
-        notes.append("llm.c llama3-branch layout: zero biases are dropped; max_gen_batch_size is not "
-                     f"stored ({header.max_gen_batch_size} used)")
+        notes.append(
+            "llm.c llama3-branch layout: zero biases are dropped; max_gen_batch_size is not "
+            f"stored ({header.max_gen_batch_size} used)"
+        )
     elif infinitrain.expected_size == actual_size:
         chosen = infinitrain
         header = _apply_overrides(path, infinitrain.header, _OVERRIDABLE, overrides)
@@ -312,39 +405,66 @@ def llama3_info(path: str | os.PathLike, *, ffn_dim_multiplier: float | None = N
     elif truncated and llmc.header is None:
         chosen, header = _truncated_candidate(path, ints, version, actual_size, overrides)
         major_minor = (int(ints[14]), int(ints[15]))
-        notes.append("float slots were truncated to integers by llm.c master's train_llama3.py; "
-                     "used " + ", ".join(f"{k}={getattr(header, k)!r}" for k in _FLOAT_FIELDS))
+        notes.append(
+            "float slots were truncated to integers by llm.c master's train_llama3.py; "
+            "used " + ", ".join(f"{k}={fp32_repr(getattr(header, k))}" for k in _FLOAT_FIELDS)
+        )
     else:
-        options = [f"{c.expected_size:,} bytes ({c.layout} layout)" if c.header is not None
-                   else f"no size for the {c.layout} layout ({c.problem})" for c in (infinitrain, llmc)]
-        raise LLMCFormatError(path, "file size", " or ".join(options), f"{actual_size:,}",
-                              "the file is truncated, has trailing data, or its header is wrong")
+        options = [
+            f"{c.expected_size:,} bytes ({c.layout} layout)"
+            if c.header is not None
+            else f"no size for the {c.layout} layout ({c.problem})"
+            for c in (infinitrain, llmc)
+        ]
+        hint = "the file is truncated, has trailing data, or its header is wrong"
+        if truncated:
+            hint += (
+                "; if llm.c master's train_llama3.py wrote it, its floats were truncated to int: "
+                "pass the true ffn_dim_multiplier and norm_eps"
+            )
+        raise LLMCFormatError(path, "file size", " or ".join(options), f"{actual_size:,}", hint)
     if chosen.layout == LAYOUT_INFINITRAIN and version == 5:
-        notes.append("bf16 in the 1 KB layout is llm.c master's bf16 export; InfiniTrain reads only "
-                     "version 3 (convert writes it)")
+        notes.append(
+            "bf16 in the 1 KB layout is llm.c master's bf16 export; InfiniTrain reads only "
+            "version 3 (convert writes it)"
+        )
     data_offset = hdr.HEADER_BYTES if chosen.layout == LAYOUT_INFINITRAIN else LLMC_HEADER_BYTES
-    return hdr.ModelInfo(path=path, kind="llama3", layout=chosen.layout, version=version, dtype=dtype_name,
-                         header=header, data_offset=data_offset,
-                         num_stored_values=header.num_stored_values(chosen.layout),
-                         expected_size=header.file_size(chosen.layout, version), actual_size=actual_size,
-                         major_minor=major_minor, notes=tuple(notes))
+    return hdr.ModelInfo(
+        path=path,
+        kind="llama3",
+        layout=chosen.layout,
+        version=version,
+        dtype=dtype_name,
+        header=header,
+        data_offset=data_offset,
+        num_stored_values=header.num_stored_values(chosen.layout),
+        expected_size=header.file_size(chosen.layout, version),
+        actual_size=actual_size,
+        major_minor=major_minor,
+        notes=tuple(notes),
+    )
 
 
-def _truncated_candidate(path: str, ints: np.ndarray, version: int, actual_size: int,
-                         overrides: dict) -> tuple[_Candidate, LLaMA3Header]:
+def _truncated_candidate(
+    path: str, ints: np.ndarray, version: int, actual_size: int, overrides: dict
+) -> tuple[_Candidate, LLaMA3Header]:
     """The header of a 1 KB-layout file whose float slots llm.c master truncated, from overrides."""
     missing = [name for name in ("ffn_dim_multiplier", "norm_eps") if name not in overrides]
     if missing:
         found = ", ".join(f"{name}={int(ints[_INFINITRAIN_SLOTS[name]])}" for name in _FLOAT_FIELDS)
         raise LLMCFormatError(
-            path, "header[8,10,11] float fields", "fp32 bit patterns (1.4f = 0x3FB33333, 1e-5f = 0x3727C5AC)",
+            path,
+            "header[8,10,11] float fields",
+            "fp32 bit patterns (1.4f = 0x3FB33333, 1e-5f = 0x3727C5AC)",
             f"integers {found}",
             "llm.c master's train_llama3.py truncated the floats to int; supply the true values, e.g. "
-            "--config.ffn_dim_multiplier=1.4 --config.norm_eps=1e-5 (3.2-1B; 3.1-8B uses 1.3), "
+            "--config.llmc_ffn_dim_multiplier=1.4 --config.llmc_norm_eps=1e-5 (3.2-1B; 3.1-8B: 1.3), "
             "load_llama3(path, ffn_dim_multiplier=..., norm_eps=...), or repair the file with "
-            "python -m llmc_io convert IN OUT --ffn-dim-multiplier 1.4 --norm-eps 1e-5")
+            "python -m llmc_io convert IN OUT --ffn-dim-multiplier 1.4 --norm-eps 1e-5",
+        )
     # rope_theta survives truncation when it is an integer (500000), so the int is its value.
-    floats = {"rope_theta": float(int(ints[11])), **{k: overrides[k] for k in _FLOAT_FIELDS if k in overrides}}
+    floats = {"rope_theta": float(int(ints[11]))}
+    floats.update({name: overrides[name] for name in _FLOAT_FIELDS if name in overrides})
     header = _infinitrain_header(ints, floats)
     if "max_gen_batch_size" in overrides:
         header = _apply_overrides(path, header, ("max_gen_batch_size",), overrides)
@@ -357,26 +477,43 @@ def _truncated_candidate(path: str, ints: np.ndarray, version: int, actual_size:
         itemsize = VERSION_DTYPES[version][1].itemsize
         per_hidden = 3 * header.num_layers * header.channels * itemsize
         mlp_bytes = actual_size - (expected_size - header.ffn_hidden_dim * per_hidden)
-        implied = (f"the file size implies ffn hidden {mlp_bytes // per_hidden}"
-                   if mlp_bytes > 0 and mlp_bytes % per_hidden == 0 else "no ffn hidden dim fits the file size")
-        raise LLMCFormatError(path, "file size", f"{expected_size:,} bytes (infinitrain layout with "
-                              f"ffn_dim_multiplier={header.ffn_dim_multiplier!r}: ffn hidden "
-                              f"{header.ffn_hidden_dim})", f"{actual_size:,}",
-                              f"{implied}; check the ffn_dim_multiplier override")
+        implied = "no ffn hidden dim fits the file size"
+        if mlp_bytes > 0 and mlp_bytes % per_hidden == 0:
+            implied = f"the file size implies ffn hidden {mlp_bytes // per_hidden}"
+        raise LLMCFormatError(
+            path,
+            "file size",
+            f"{expected_size:,} bytes (infinitrain layout with "
+            f"ffn_dim_multiplier={fp32_repr(header.ffn_dim_multiplier)}: ffn hidden "
+            f"{header.ffn_hidden_dim})",
+            f"{actual_size:,}",
+            f"{implied}; check the ffn_dim_multiplier override",
+        )
     return _Candidate(LAYOUT_INFINITRAIN, header, expected_size=expected_size), header
 
 
 # ---- loading and saving --------------------------------------------------------------------------
 
-def load_llama3(path: str | os.PathLike, *, ffn_dim_multiplier: float | None = None,
-                norm_eps: float | None = None, rope_theta: float | None = None,
-                max_gen_batch_size: int | None = None) -> tuple[LLaMA3Header, dict]:
+
+def load_llama3(
+    path: str | os.PathLike,
+    *,
+    ffn_dim_multiplier: float | None = None,
+    norm_eps: float | None = None,
+    rope_theta: float | None = None,
+    max_gen_batch_size: int | None = None,
+) -> tuple[LLaMA3Header, dict]:
     """(header, params) of a LLaMA-3 file in either layout; bf16 values come back as float32.
 
     Use llama3_info (or llmc_io.model_info) to learn which layout was read.
     """
-    info = llama3_info(path, ffn_dim_multiplier=ffn_dim_multiplier, norm_eps=norm_eps,
-                       rope_theta=rope_theta, max_gen_batch_size=max_gen_batch_size)
+    info = llama3_info(
+        path,
+        ffn_dim_multiplier=ffn_dim_multiplier,
+        norm_eps=norm_eps,
+        rope_theta=rope_theta,
+        max_gen_batch_size=max_gen_batch_size,
+    )
     header: LLaMA3Header = info.header
     specs = header.tensor_specs(info.layout)
     tensors = read_tensors(info.path, specs, info.data_offset, info.version)
@@ -398,14 +535,22 @@ def _check_zero_bias(path: str, name: str, values: np.ndarray) -> None:
     nonzero = np.count_nonzero(values)
     if nonzero:
         raise LLMCFormatError(
-            path, f"tensor {name} (a bias of the llm.c llama3 layout)", "all zeros",
+            path,
+            f"tensor {name} (a bias of the llm.c llama3 layout)",
+            "all zeros",
             f"{nonzero} nonzero values (largest |value| {float(np.abs(values).max()):.6g})",
             "LLaMA-3 has no biases, so these trained biases cannot be kept; train with biases frozen "
-            "at zero or re-export from train_llama3.py")
+            "at zero or re-export from train_llama3.py",
+        )
 
 
-def save_llama3(path: str | os.PathLike, header: LLaMA3Header, params: dict, *,
-                major_minor: tuple[int, int] = DEFAULT_MAJOR_MINOR) -> None:
+def save_llama3(
+    path: str | os.PathLike,
+    header: LLaMA3Header,
+    params: dict,
+    *,
+    major_minor: tuple[int, int] = DEFAULT_MAJOR_MINOR,
+) -> None:
     """Write the InfiniTrain layout (fp32, version 3), floats bit-cast into their int32 slots.
 
     `major_minor` fills slots 14/15, which InfiniTrain ignores; the default 1/0 is what its removed
@@ -419,11 +564,24 @@ def save_llama3(path: str | os.PathLike, header: LLaMA3Header, params: dict, *,
     arrays = tree_arrays_for_writing(path, params, header.param_shapes(), "LLaMA-3 files have no biases")
     for spec in specs:
         check_finite(path, spec, arrays[spec.tree_path])
-    ints = hdr.pack_header({
-        0: hdr.LLAMA3_MODEL_MAGIC, 1: 3, 2: header.max_seq_len, 3: header.vocab_size,
-        4: header.num_layers, 5: header.num_heads, 6: header.num_kv_heads, 7: header.channels,
-        8: float_to_int32_bits(header.ffn_dim_multiplier), 9: header.multiple_of,
-        10: float_to_int32_bits(header.norm_eps), 11: float_to_int32_bits(header.rope_theta),
-        12: int(header.use_scaled_rope), 13: header.max_gen_batch_size,
-        14: major_minor[0], 15: major_minor[1]})
+    ints = hdr.pack_header(
+        {
+            0: hdr.LLAMA3_MODEL_MAGIC,
+            1: 3,
+            2: header.max_seq_len,
+            3: header.vocab_size,
+            4: header.num_layers,
+            5: header.num_heads,
+            6: header.num_kv_heads,
+            7: header.channels,
+            8: float_to_int32_bits(header.ffn_dim_multiplier),
+            9: header.multiple_of,
+            10: float_to_int32_bits(header.norm_eps),
+            11: float_to_int32_bits(header.rope_theta),
+            12: int(header.use_scaled_rope),
+            13: header.max_gen_batch_size,
+            14: major_minor[0],
+            15: major_minor[1],
+        }
+    )
     write_file(path, ints, (tree_to_file(arrays[s.tree_path], s.tree_path) for s in specs), version=3)

@@ -15,14 +15,21 @@ def _family(path: str | os.PathLike, overrides: dict) -> str:
     if magic == hdr.GPT2_MODEL_MAGIC:
         given = sorted(name for name, value in overrides.items() if value is not None)
         if given:
-            raise LLMCFormatError(path, "overrides", "none for a GPT-2 model file (they fill LLaMA-3 "
-                                  "header floats)", ", ".join(given))
+            raise LLMCFormatError(
+                path,
+                "overrides",
+                "none for a GPT-2 model file (they fill LLaMA-3 header floats)",
+                ", ".join(given),
+            )
         return "gpt2"
     if magic == hdr.LLAMA3_MODEL_MAGIC:
         return "llama3"
     expected = f"{hdr.describe_magic(hdr.GPT2_MODEL_MAGIC)} or {hdr.describe_magic(hdr.LLAMA3_MODEL_MAGIC)}"
-    hint = ("token shards are read with read_shard"
-            if magic in (hdr.GPT2_SHARD_MAGIC, hdr.LLAMA3_SHARD_MAGIC) else None)
+    hint = (
+        "token shards are read with read_shard"
+        if magic in (hdr.GPT2_SHARD_MAGIC, hdr.LLAMA3_SHARD_MAGIC)
+        else None
+    )
     raise LLMCFormatError(path, "header[0] magic", expected, hdr.describe_magic(magic), hint)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import tempfile
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 
@@ -24,9 +24,9 @@ VERSION_DTYPES = {3: ("float32", np.dtype("<f4")), 5: ("bfloat16", np.dtype("<u2
 
 @dataclasses.dataclass(frozen=True)
 class TensorSpec:
-    name: str                  # llm.c's name, used in error messages
-    tree_path: str | None      # where the tensor lives in the params tree; None: not kept
-    shape: tuple[int, ...]     # shape in the file, (out, in) for linear weights
+    name: str  # llm.c's name, used in error messages
+    tree_path: str | None  # where the tensor lives in the params tree; None: not kept
+    shape: tuple[int, ...]  # shape in the file, (out, in) for linear weights
 
     @property
     def size(self) -> int:
@@ -37,8 +37,9 @@ class TensorSpec:
         return transposed_shape(self.shape) if is_kernel(self.tree_path) else self.shape
 
 
-def resolve(table: Iterable[tuple[str, str | None, tuple[str, ...]]],
-            dims: Mapping[str, int]) -> list[TensorSpec]:
+def resolve(
+    table: Iterable[tuple[str, str | None, tuple[str, ...]]], dims: Mapping[str, int]
+) -> list[TensorSpec]:
     """Turn a symbolic table into concrete TensorSpecs using `dims` (symbol -> size)."""
     return [TensorSpec(name, path, tuple(int(dims[s]) for s in shape)) for name, path, shape in table]
 
@@ -56,9 +57,10 @@ def transposed_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def file_to_tree(array: np.ndarray, tree_path: str) -> np.ndarray:
-    """(…, out, in) -> (…, in, out) for kernels; a C-contiguous copy either way."""
+    """(…, out, in) -> (…, in, out) for kernels; always a fresh, writable, C-contiguous float32 copy,
+    so the tree never shares memory with a memory-mapped file."""
     if is_kernel(tree_path):
-        return np.ascontiguousarray(np.swapaxes(array, -1, -2))
+        array = np.swapaxes(array, -1, -2)
     return np.array(array, dtype=np.float32, copy=True, order="C")
 
 
@@ -68,30 +70,27 @@ def tree_to_file(array: np.ndarray, tree_path: str) -> np.ndarray:
 
 # ---- reading -------------------------------------------------------------------------------------
 
-def read_tensors(path: str | os.PathLike, specs: list[TensorSpec], data_offset: int,
-                 version: int) -> dict[str, np.ndarray]:
-    """Every tensor of `specs`, in file orientation, as float32 arrays independent of the file.
 
-    The file is memory-mapped, so only the bytes of each tensor are touched while it is copied out.
+def read_tensors(
+    path: str | os.PathLike, specs: list[TensorSpec], data_offset: int, version: int
+) -> dict[str, np.ndarray]:
+    """Every tensor of `specs`, in file orientation, as float32 arrays.
+
+    The file is memory-mapped: fp32 tensors come back as read-only views of the map (file_to_tree
+    then makes the one copy the tree needs, transposing on the way), bf16 tensors as upcast copies.
     Non-finite values are rejected here, with the tensor named: a NaN checkpoint is never a valid
     starting point, and finding out at load time beats finding out as a NaN loss.
     """
     _, disk_dtype = VERSION_DTYPES[version]
-    count = total_size(specs)
-    data = np.memmap(path, dtype=disk_dtype, mode="r", offset=data_offset, shape=(count,))
+    data = np.memmap(path, dtype=disk_dtype, mode="r", offset=data_offset, shape=(total_size(specs),))
     tensors = {}
     start = 0
-    try:
-        for spec in specs:
-            raw = data[start:start + spec.size].reshape(spec.shape)
-            start += spec.size
-            values = bf16_bits_to_fp32(raw) if version == 5 else np.array(raw, dtype=np.float32)
-            check_finite(path, spec, values)
-            tensors[spec.name] = values
-    finally:
-        # Release the mapping now rather than at garbage collection (matters on Windows and for
-        # a caller that overwrites the file it just read).
-        del data
+    for spec in specs:
+        raw = data[start : start + spec.size].reshape(spec.shape)
+        start += spec.size
+        values = bf16_bits_to_fp32(raw) if version == 5 else raw.astype(np.float32, copy=False)
+        check_finite(path, spec, values)
+        tensors[spec.name] = values
     return tensors
 
 
@@ -104,12 +103,16 @@ def check_finite(path: str | os.PathLike, spec: TensorSpec, values: np.ndarray) 
     first = tuple(int(i) for i in np.argwhere(bad)[0])
     where = f"tensor {spec.name}" + (f" ({spec.tree_path})" if spec.tree_path else "")
     raise LLMCFormatError(
-        path, where, "finite values",
+        path,
+        where,
+        "finite values",
         f"{num_nan} NaN and {int(bad.sum()) - num_nan} inf, the first at index {first}",
-        "the run that wrote it diverged or the file is corrupt; use an earlier checkpoint")
+        "the run that wrote it diverged or the file is corrupt; use an earlier checkpoint",
+    )
 
 
 # ---- parameter trees -----------------------------------------------------------------------------
+
 
 def tree_set(tree: dict, tree_path: str, value: np.ndarray) -> None:
     *parents, leaf = tree_path.split("/")
@@ -130,9 +133,12 @@ def tree_leaves(tree: Mapping, prefix: str = "") -> dict[str, object]:
     return leaves
 
 
-def tree_arrays_for_writing(path: str | os.PathLike, params: Mapping,
-                            expected_shapes: Mapping[str, tuple[int, ...]],
-                            extra_hint: str = "") -> dict[str, np.ndarray]:
+def tree_arrays_for_writing(
+    path: str | os.PathLike,
+    params: Mapping,
+    expected_shapes: Mapping[str, tuple[int, ...]],
+    extra_hint: str = "",
+) -> dict[str, np.ndarray]:
     """The float32 arrays of `params`, checked to have exactly the expected paths and shapes.
 
     Accepts anything np.asarray understands (NumPy, JAX arrays, bf16 via ml_dtypes), so the
@@ -141,24 +147,38 @@ def tree_arrays_for_writing(path: str | os.PathLike, params: Mapping,
     leaves = tree_leaves(params)
     for tree_path in expected_shapes:
         if tree_path not in leaves:
-            raise LLMCFormatError(path, f"params[{tree_path}]", "an array", "nothing",
-                                  "the parameter tree is missing this entry")
+            raise LLMCFormatError(
+                path,
+                f"params[{tree_path}]",
+                "an array",
+                "nothing",
+                "the parameter tree is missing this entry",
+            )
     for tree_path in leaves:
         if tree_path not in expected_shapes:
-            raise LLMCFormatError(path, f"params[{tree_path}]", "no such entry",
-                                  "an array", extra_hint or "the file format has no place for it")
+            raise LLMCFormatError(
+                path,
+                f"params[{tree_path}]",
+                "no such entry",
+                "an array",
+                extra_hint or "the file format has no place for it",
+            )
     arrays = {}
     for tree_path, shape in expected_shapes.items():
         array = np.asarray(leaves[tree_path], dtype=np.float32)
         if array.shape != tuple(shape):
-            hint = "kernels are (in, out), the transpose of llm.c's (out, in)" if is_kernel(tree_path) else None
-            raise LLMCFormatError(path, f"params[{tree_path}]", f"shape {tuple(shape)}",
-                                  f"shape {array.shape}", hint)
+            hint = None
+            if is_kernel(tree_path):
+                hint = "kernels are (in, out), the transpose of llm.c's (out, in)"
+            raise LLMCFormatError(
+                path, f"params[{tree_path}]", f"shape {tuple(shape)}", f"shape {array.shape}", hint
+            )
         arrays[tree_path] = array
     return arrays
 
 
 # ---- writing -------------------------------------------------------------------------------------
+
 
 def write_file(path: str | os.PathLike, header: bytes, arrays: Iterable[np.ndarray], version: int) -> None:
     """Header, then each array in order in the dtype of `version`, written atomically.

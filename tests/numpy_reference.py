@@ -43,6 +43,7 @@ def _causal_attention(q_BxTxHxD, k_BxTxHxD, v_BxTxHxD) -> np.ndarray:
 
 # ---- GPT-2 ----------------------------------------------------------------------------------------
 
+
 def layer_norm(x, scale, bias, eps: float = 1e-5):
     mean = x.mean(-1, keepdims=True)
     var = ((x - mean) ** 2).mean(-1, keepdims=True)  # population variance, as llm.c and torch
@@ -66,7 +67,7 @@ def gpt2_logits(params, num_heads: int, tokens) -> np.ndarray:
         p = lambda name: _param(params, "h/" + name)[l]  # noqa: E731  (this layer's slice)
         h = layer_norm(x_BxTxC, p("ln_1/scale"), p("ln_1/bias"))
         qkv_BxTx3C = h @ p("attn/c_attn/kernel") + p("attn/c_attn/bias")
-        q, k, v = (qkv_BxTx3C[..., i * C:(i + 1) * C].reshape(B, T, num_heads, D) for i in range(3))
+        q, k, v = (qkv_BxTx3C[..., i * C : (i + 1) * C].reshape(B, T, num_heads, D) for i in range(3))
         x_BxTxC = x_BxTxC + _causal_attention(q, k, v) @ p("attn/c_proj/kernel") + p("attn/c_proj/bias")
         h = layer_norm(x_BxTxC, p("ln_2/scale"), p("ln_2/bias"))
         h_BxTxF = gelu_tanh(h @ p("mlp/c_fc/kernel") + p("mlp/c_fc/bias"))
@@ -76,6 +77,7 @@ def gpt2_logits(params, num_heads: int, tokens) -> np.ndarray:
 
 
 # ---- LLaMA-3 --------------------------------------------------------------------------------------
+
 
 def rms_norm(x, scale, eps: float):
     return x / np.sqrt((x**2).mean(-1, keepdims=True) + eps) * scale
@@ -91,7 +93,7 @@ def rope_frequencies(head_dim: int, theta: float, use_scaled_rope: bool = False)
     if not use_scaled_rope:
         return freqs
     factor, low_freq_factor, high_freq_factor, old_context = 8.0, 1.0, 4.0, 8192.0
-    low_freq_wavelen = old_context / low_freq_factor    # 8192: longer wavelengths are slowed by 8
+    low_freq_wavelen = old_context / low_freq_factor  # 8192: longer wavelengths are slowed by 8
     high_freq_wavelen = old_context / high_freq_factor  # 2048: shorter wavelengths are kept
     scaled = []
     for f in freqs:
@@ -119,8 +121,15 @@ def apply_rope(x_BxTxHxD, freqs_D2) -> np.ndarray:
     return out
 
 
-def llama3_logits(params, num_heads: int, num_kv_heads: int, tokens, rope_theta: float,
-                  norm_eps: float, use_scaled_rope: bool = False) -> np.ndarray:
+def llama3_logits(
+    params,
+    num_heads: int,
+    num_kv_heads: int,
+    tokens,
+    rope_theta: float,
+    norm_eps: float,
+    use_scaled_rope: bool = False,
+) -> np.ndarray:
     """(B, T, V) logits of llm.c's LLaMA-3: RMSNorm, interleaved RoPE, GQA, SwiGLU, untied lm_head."""
     tokens_BxT = np.asarray(tokens)
     B, T = tokens_BxT.shape
@@ -137,8 +146,8 @@ def llama3_logits(params, num_heads: int, num_kv_heads: int, tokens, rope_theta:
         h = rms_norm(x_BxTxC, p("ln_1/scale"), norm_eps)
         qkv = h @ p("attn/c_attn/kernel")
         q_BxTxHxD = apply_rope(qkv[..., :C].reshape(B, T, num_heads, D), freqs)
-        k_BxTxKxD = apply_rope(qkv[..., C:C + kv].reshape(B, T, num_kv_heads, D), freqs)
-        v_BxTxKxD = qkv[..., C + kv:].reshape(B, T, num_kv_heads, D)
+        k_BxTxKxD = apply_rope(qkv[..., C : C + kv].reshape(B, T, num_kv_heads, D), freqs)
+        v_BxTxKxD = qkv[..., C + kv :].reshape(B, T, num_kv_heads, D)
         # Query head h reads kv head h // group: repeat each kv head `group` times, adjacent.
         k_BxTxHxD = np.repeat(k_BxTxKxD, group, axis=2)
         v_BxTxHxD = np.repeat(v_BxTxKxD, group, axis=2)
@@ -151,6 +160,7 @@ def llama3_logits(params, num_heads: int, num_kv_heads: int, tokens, rope_theta:
 
 
 # ---- loss -----------------------------------------------------------------------------------------
+
 
 def cross_entropy(logits, targets, vocab_size: int) -> float:
     """Mean next-token cross-entropy over the first vocab_size columns (GPT-2's Vp padding is ignored)."""

@@ -51,7 +51,10 @@ def write_log(path: Path, steps, total_steps: int, loss_of=reference_loss, extra
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [PYTHON, "-m", "jaxtrain.compare_loss", *map(str, args)],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
     )
 
@@ -134,7 +137,9 @@ def test_appended_log_uses_last_occurrence_and_says_so(tmp_path, capsys):
     base = write_log(tmp_path / "base" / "gpt2_1.log", range(1, 11), 10)
     # A first attempt logged steps 1-6 with wrong losses, crashed, and the resumed run
     # (from the step-4 checkpoint) appended steps 5-10 with the right ones.
-    first_attempt = [infinitrain_line(s, 10, f"{reference_loss(s) + (0.5 if s > 4 else 0):.6f}") for s in range(1, 7)]
+    first_attempt = [
+        infinitrain_line(s, 10, f"{reference_loss(s) + (0.5 if s > 4 else 0):.6f}") for s in range(1, 7)
+    ]
     resumed = [infinitrain_line(s, 10, f"{reference_loss(s):.6f}") for s in range(5, 11)]
     test = tmp_path / "test" / "gpt2_1.log"
     test.parent.mkdir()
@@ -188,14 +193,20 @@ def test_directories_pair_by_basename_and_report_unpaired(tmp_path, capsys):
     (test_dir / "only_test.log").unlink()
     assert compare_loss.main([str(base_dir), str(test_dir)]) == 0
     out = capsys.readouterr().out
-    table_rows = [line for line in out.splitlines() if line.startswith(("gpt2_1.log", "llama3_1_bfloat16.log"))]
+    table_rows = [
+        line for line in out.splitlines() if line.startswith(("gpt2_1.log", "llama3_1_bfloat16.log"))
+    ]
     assert len(table_rows) == 2 and all("10/10" in row and "PASS" in row for row in table_rows)
 
 
 def test_nan_loss_is_reported_as_mismatch(tmp_path, capsys):
     base = write_log(tmp_path / "base" / "gpt2_1.log", range(1, 11), 10)
-    test = write_log(tmp_path / "test" / "gpt2_1.log", range(1, 11), 10,
-                     loss_of=lambda s: "nan" if s >= 8 else reference_loss(s))
+    test = write_log(
+        tmp_path / "test" / "gpt2_1.log",
+        range(1, 11),
+        10,
+        loss_of=lambda s: "nan" if s >= 8 else reference_loss(s),
+    )
     assert compare_loss.main([str(base), str(test)]) == 1
     out = capsys.readouterr().out
     assert "Step 8: 4.203426 vs nan MISMATCH (non-finite loss)" in out
@@ -204,8 +215,12 @@ def test_nan_loss_is_reported_as_mismatch(tmp_path, capsys):
 
 def test_json_output_parses(tmp_path, capsys):
     base = write_log(tmp_path / "base" / "gpt2_1.log", range(1, 101), 100)
-    test = write_log(tmp_path / "test" / "gpt2_1.log", range(41, 101), 100,
-                     loss_of=lambda s: "nan" if s == 100 else reference_loss(s))
+    test = write_log(
+        tmp_path / "test" / "gpt2_1.log",
+        range(41, 101),
+        100,
+        loss_of=lambda s: "nan" if s == 100 else reference_loss(s),
+    )
     assert compare_loss.main([str(base), str(test), "--json"]) == 1
     document = json.loads(capsys.readouterr().out)
     (file_result,) = document["files"]
@@ -220,8 +235,12 @@ def test_json_output_parses(tmp_path, capsys):
 def test_plot_writes_png(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     base = write_log(tmp_path / "base" / "gpt2_1.log", range(1, 101), 100)
-    test = write_log(tmp_path / "test" / "gpt2_1.log", range(41, 101), 100,
-                     loss_of=lambda s: reference_loss(s) + (1e-4 if s == 50 else 0) if s < 99 else "nan")
+    test = write_log(
+        tmp_path / "test" / "gpt2_1.log",
+        range(41, 101),
+        100,
+        loss_of=lambda s: reference_loss(s) + (1e-4 if s == 50 else 0) if s < 99 else "nan",
+    )
     plot_path = tmp_path / "loss.png"
     assert compare_loss.main([str(base), str(test), "--plot", str(plot_path)]) == 1
     assert f"Plot written to {plot_path}" in capsys.readouterr().out
@@ -281,8 +300,9 @@ def test_cli_end_to_end(tmp_path):
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["files"][0]["matched_steps"] == 60
 
-    changed = write_log(tmp_path / "changed" / "gpt2_1.log", range(1, 101), 100,
-                        loss_of=lambda s: reference_loss(s) + 2e-5)
+    changed = write_log(
+        tmp_path / "changed" / "gpt2_1.log", range(1, 101), 100, loss_of=lambda s: reference_loss(s) + 2e-5
+    )
     assert run_cli(base, changed).returncode == 1
 
 

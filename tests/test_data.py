@@ -26,7 +26,7 @@ def write_shard(path, tokens, kind=GPT2, magic=None):
 
 def llmc_batch(tokens, b, B, T):
     """llm.c's unshuffled batch b, written from FORMATS.md §3 rather than from TokenStream."""
-    chunk = np.asarray(tokens[b * B * T:(b + 1) * B * T + 1], np.int32)
+    chunk = np.asarray(tokens[b * B * T : (b + 1) * B * T + 1], np.int32)
     return chunk[:-1].reshape(B, T), chunk[1:].reshape(B, T)
 
 
@@ -46,7 +46,9 @@ def test_windows_are_llmc_batches_in_shard_order(two_shards):
     # (41 - 1) // 8 = 5 windows, then (33 - 1) // 8 = 4.
     assert stream.windows_per_shard == [5, 4]
     assert stream.windows_per_epoch == 9
-    expected = [llmc_batch(first, b, 2, 4) for b in range(5)] + [llmc_batch(second, b, 2, 4) for b in range(4)]
+    expected = [llmc_batch(first, b, 2, 4) for b in range(5)] + [
+        llmc_batch(second, b, 2, 4) for b in range(4)
+    ]
     for position, (want_x, want_y) in enumerate(expected):
         x, y = stream.window(position)
         assert x.dtype == np.int32 and y.dtype == np.int32
@@ -133,8 +135,9 @@ def test_llama3_uint32_shards(tmp_path):
 
 def test_val_windows_are_the_first_windows(two_shards):
     tmp_path, first, _ = two_shards
-    stream = TokenStream(str(tmp_path / "data_*.bin"), tokens_per_step=8, seq_len=4, vocab_size=2000,
-                         name="val")
+    stream = TokenStream(
+        str(tmp_path / "data_*.bin"), tokens_per_step=8, seq_len=4, vocab_size=2000, name="val"
+    )
     windows = list(stream.val_windows(3))
     assert len(windows) == 3
     for b, (x, y) in enumerate(windows):
@@ -154,6 +157,7 @@ def test_describe_names_files_tokens_and_dtype(two_shards):
 
 
 # ---- errors ---------------------------------------------------------------------------------------
+
 
 def test_empty_glob_names_the_pattern(tmp_path):
     pattern = str(tmp_path / "nothing_*.bin")

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 
 from jaxtrain import default_corpus
-from jaxtrain.default_corpus import (EOT_TOKEN, VAL_TOKENS, decode_tokens, encode_bytes,
-                                     ensure_default_corpus)
+from jaxtrain.default_corpus import EOT_TOKEN, VAL_TOKENS, decode_tokens, encode_bytes, ensure_default_corpus
 
 
 def read_header_and_tokens(path):
@@ -22,8 +21,20 @@ def read_header_and_tokens(path):
 
 
 def test_byte_ids_match_gpt2_vocabulary():
-    facts = {b"!": 0, b'"': 1, b"A": 32, b"~": 93, b"\xa1": 94, b"\xae": 106, b"\xff": 187,
-             b"\x00": 188, b"\n": 198, b" ": 220, b"\x7f": 221, b"\xad": 255}
+    facts = {
+        b"!": 0,
+        b'"': 1,
+        b"A": 32,
+        b"~": 93,
+        b"\xa1": 94,
+        b"\xae": 106,
+        b"\xff": 187,
+        b"\x00": 188,
+        b"\n": 198,
+        b" ": 220,
+        b"\x7f": 221,
+        b"\xad": 255,
+    }
     for byte, token in facts.items():
         assert int(encode_bytes(byte)[0]) == token, byte
     assert sorted(encode_bytes(bytes(range(256))).tolist()) == list(range(256))  # a permutation
@@ -57,7 +68,8 @@ def test_build_cache_and_reuse(tmp_path, monkeypatch):
     assert first == default_corpus.stdlib_sources()[0].read_bytes()
     # No temp files are left behind.
     assert sorted(os.listdir(tmp_path / "cache")) == sorted(
-        [os.path.basename(train_path), os.path.basename(val_path)])
+        [os.path.basename(train_path), os.path.basename(val_path)]
+    )
 
     # Present files are reused, not rebuilt.
     built = os.stat(train_path).st_mtime_ns

@@ -1,4 +1,5 @@
 """The Flax models against the independent NumPy reference (tests/numpy_reference.py)."""
+
 import dataclasses
 
 import jax
@@ -12,138 +13,164 @@ from jaxtrain.loss import cross_entropy
 from jaxtrain.models.gpt2 import GPT2, GPT2Config
 from jaxtrain.models.llama3 import LLaMA3, LLaMA3Config, rope_frequencies, apply_rope
 
-GPT2_SMALL = GPT2Config(max_seq_len=16, vocab_size=50, padded_vocab_size=64, num_layers=2, num_heads=2, channels=16)
-LLAMA_SMALL = LLaMA3Config(max_seq_len=16, vocab_size=48, num_layers=2, num_heads=4, num_kv_heads=2,
-                           channels=16, ffn_dim_multiplier=1.3, multiple_of=8, norm_eps=1e-5,
-                           rope_theta=10000.0, use_scaled_rope=False)
+GPT2_SMALL = GPT2Config(
+    max_seq_len=16, vocab_size=50, padded_vocab_size=64, num_layers=2, num_heads=2, channels=16
+)
+LLAMA_SMALL = LLaMA3Config(
+    max_seq_len=16,
+    vocab_size=48,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    channels=16,
+    ffn_dim_multiplier=1.3,
+    multiple_of=8,
+    norm_eps=1e-5,
+    rope_theta=10000.0,
+    use_scaled_rope=False,
+)
 
 
 def _randomize(params, seed):
-  """Random values everywhere (biases and norm scales too) so no term can hide."""
-  leaves, treedef = jax.tree.flatten(params)
-  rng = np.random.default_rng(seed)
-  return jax.tree.unflatten(treedef, [rng.normal(0, 0.3, np.shape(x)).astype(np.float32) for x in leaves])
+    """Random values everywhere (biases and norm scales too) so no term can hide."""
+    leaves, treedef = jax.tree.flatten(params)
+    rng = np.random.default_rng(seed)
+    return jax.tree.unflatten(treedef, [rng.normal(0, 0.3, np.shape(x)).astype(np.float32) for x in leaves])
 
 
 def _model_and_params(cls, config, seed=0):
-  model = cls(config, rngs=nnx.Rngs(0))
-  graphdef, state = nnx.split(model, nnx.Param)
-  params = _randomize(nnx.to_pure_dict(state), seed)
-  return graphdef, params
+    model = cls(config, rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split(model, nnx.Param)
+    params = _randomize(nnx.to_pure_dict(state), seed)
+    return graphdef, params
 
 
 def _logits(graphdef, params, tokens):
-  return np.asarray(nnx.merge(graphdef, nnx.State(jax.tree.map(jnp.asarray, params)))(jnp.asarray(tokens)))
+    return np.asarray(nnx.merge(graphdef, nnx.State(jax.tree.map(jnp.asarray, params)))(jnp.asarray(tokens)))
 
 
 def test_gpt2_logits_match_numpy_reference():
-  graphdef, params = _model_and_params(GPT2, GPT2_SMALL)
-  tokens = np.random.default_rng(1).integers(0, GPT2_SMALL.vocab_size, (3, 12))
-  expected = ref.gpt2_logits(params, GPT2_SMALL.num_heads, tokens)
-  np.testing.assert_allclose(_logits(graphdef, params, tokens), expected, atol=1e-5, rtol=1e-5)
+    graphdef, params = _model_and_params(GPT2, GPT2_SMALL)
+    tokens = np.random.default_rng(1).integers(0, GPT2_SMALL.vocab_size, (3, 12))
+    expected = ref.gpt2_logits(params, GPT2_SMALL.num_heads, tokens)
+    np.testing.assert_allclose(_logits(graphdef, params, tokens), expected, atol=1e-5, rtol=1e-5)
 
 
 def test_gpt2_head_is_tied_to_wte():
-  graphdef, params = _model_and_params(GPT2, GPT2_SMALL)
-  assert 'lm_head' not in params and set(params) == {'wte', 'wpe', 'h', 'ln_f'}
-  tokens = np.zeros((1, 4), np.int64)
-  bumped = jax.tree.map(np.copy, params)
-  bumped['wte']['embedding'][7] += 1.0     # an unused token's row still changes its logit
-  diff = _logits(graphdef, bumped, tokens) - _logits(graphdef, params, tokens)
-  assert np.abs(diff[..., 7]).max() > 1e-3
-  assert np.abs(np.delete(diff, 7, axis=-1)).max() < 1e-6
+    graphdef, params = _model_and_params(GPT2, GPT2_SMALL)
+    assert 'lm_head' not in params and set(params) == {'wte', 'wpe', 'h', 'ln_f'}
+    tokens = np.zeros((1, 4), np.int64)
+    bumped = jax.tree.map(np.copy, params)
+    bumped['wte']['embedding'][7] += 1.0  # an unused token's row still changes its logit
+    diff = _logits(graphdef, bumped, tokens) - _logits(graphdef, params, tokens)
+    assert np.abs(diff[..., 7]).max() > 1e-3
+    assert np.abs(np.delete(diff, 7, axis=-1)).max() < 1e-6
 
 
 def test_gpt2_random_init_padding_rows_are_zero():
-  _, state = nnx.split(GPT2(GPT2_SMALL, rngs=nnx.Rngs(3)), nnx.Param)
-  wte = np.asarray(nnx.to_pure_dict(state)['wte']['embedding'])
-  assert wte.shape == (64, 16)
-  assert not wte[GPT2_SMALL.vocab_size:].any() and wte[:GPT2_SMALL.vocab_size].std() > 0.01
+    _, state = nnx.split(GPT2(GPT2_SMALL, rngs=nnx.Rngs(3)), nnx.Param)
+    wte = np.asarray(nnx.to_pure_dict(state)['wte']['embedding'])
+    assert wte.shape == (64, 16)
+    assert not wte[GPT2_SMALL.vocab_size :].any() and wte[: GPT2_SMALL.vocab_size].std() > 0.01
 
 
 def test_gpt2_parameter_count_matches_llmc_formula():
-  _, state = nnx.split(nnx.eval_shape(lambda: GPT2(GPT2Config(), rngs=nnx.Rngs(0))), nnx.Param)
-  count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.to_pure_dict(state)))
-  assert count == GPT2Config().num_parameters == 124_475_904   # FORMATS.md §1
+    _, state = nnx.split(nnx.eval_shape(lambda: GPT2(GPT2Config(), rngs=nnx.Rngs(0))), nnx.Param)
+    count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.to_pure_dict(state)))
+    assert count == GPT2Config().num_parameters == 124_475_904  # FORMATS.md §1
 
 
 @pytest.mark.parametrize('use_scaled_rope', [False, True])
 def test_llama3_logits_match_numpy_reference(use_scaled_rope):
-  config = dataclasses.replace(LLAMA_SMALL, use_scaled_rope=use_scaled_rope, rope_theta=500000.0)
-  graphdef, params = _model_and_params(LLaMA3, config)
-  tokens = np.random.default_rng(2).integers(0, config.vocab_size, (2, 16))
-  expected = ref.llama3_logits(params, config.num_heads, config.num_kv_heads, tokens,
-                               rope_theta=config.rope_theta, norm_eps=config.norm_eps,
-                               use_scaled_rope=use_scaled_rope)
-  np.testing.assert_allclose(_logits(graphdef, params, tokens), expected, atol=1e-5, rtol=1e-5)
+    config = dataclasses.replace(LLAMA_SMALL, use_scaled_rope=use_scaled_rope, rope_theta=500000.0)
+    graphdef, params = _model_and_params(LLaMA3, config)
+    tokens = np.random.default_rng(2).integers(0, config.vocab_size, (2, 16))
+    expected = ref.llama3_logits(
+        params,
+        config.num_heads,
+        config.num_kv_heads,
+        tokens,
+        rope_theta=config.rope_theta,
+        norm_eps=config.norm_eps,
+        use_scaled_rope=use_scaled_rope,
+    )
+    np.testing.assert_allclose(_logits(graphdef, params, tokens), expected, atol=1e-5, rtol=1e-5)
 
 
 def test_llama3_shapes_and_untied_head():
-  _, params = _model_and_params(LLaMA3, LLAMA_SMALL)
-  F = LLAMA_SMALL.ffn_hidden_dim
-  assert F == 56   # 4C=64 -> 2/3 -> 42 -> x1.3 -> 54 -> rounded up to a multiple of 8 -> 56
-  assert params['lm_head']['kernel'].shape == (16, 48)
-  assert params['h']['attn']['c_attn']['kernel'].shape == (2, 16, 16 + 2 * 2 * 4)
-  assert params['h']['mlp']['c_fc2']['kernel'].shape == (2, 16, F)
+    _, params = _model_and_params(LLaMA3, LLAMA_SMALL)
+    F = LLAMA_SMALL.ffn_hidden_dim
+    assert F == 56  # 4C=64 -> 2/3 -> 42 -> x1.3 -> 54 -> rounded up to a multiple of 8 -> 56
+    assert params['lm_head']['kernel'].shape == (16, 48)
+    assert params['h']['attn']['c_attn']['kernel'].shape == (2, 16, 16 + 2 * 2 * 4)
+    assert params['h']['mlp']['c_fc2']['kernel'].shape == (2, 16, F)
 
 
 def test_llama_ffn_hidden_of_released_configs():
-  # FORMATS.md §2c: 1B -> 8192, 3B -> 8192, 8B -> 14336.
-  assert LLaMA3Config().ffn_hidden_dim == 8192
-  assert LLaMA3Config(channels=3072, num_heads=24, ffn_dim_multiplier=1.0).ffn_hidden_dim == 8192
-  assert LLaMA3Config(channels=4096, ffn_dim_multiplier=1.3).ffn_hidden_dim == 14336
-  assert LLaMA3Config().num_parameters == 1_498_482_688   # as stored, with a separate lm_head
+    # FORMATS.md §2c: 1B -> 8192, 3B -> 8192, 8B -> 14336.
+    assert LLaMA3Config().ffn_hidden_dim == 8192
+    assert LLaMA3Config(channels=3072, num_heads=24, ffn_dim_multiplier=1.0).ffn_hidden_dim == 8192
+    assert LLaMA3Config(channels=4096, ffn_dim_multiplier=1.3).ffn_hidden_dim == 14336
+    assert LLaMA3Config().num_parameters == 1_498_482_688  # as stored, with a separate lm_head
 
 
 def test_rope_hand_computed():
-  # head dim 4, theta 100: freqs 1 and 0.1; position 1 rotates pair 0 by 1 rad, pair 1 by 0.1 rad.
-  np.testing.assert_allclose(rope_frequencies(4, 100.0, False), [1.0, 0.1])
-  x = jnp.array([1.0, 0.0, 0.0, 2.0]).reshape(1, 1, 1, 4)
-  angles = np.array([[1.0, 0.1]])
-  out = np.asarray(apply_rope(jnp.concatenate([x, x], axis=1), np.cos(np.r_[[[0, 0]], angles]),
-                              np.sin(np.r_[[[0, 0]], angles])))
-  np.testing.assert_allclose(out[0, 0, 0], [1, 0, 0, 2], atol=1e-7)
-  np.testing.assert_allclose(out[0, 1, 0], [np.cos(1), np.sin(1), -2 * np.sin(0.1), 2 * np.cos(0.1)], atol=1e-6)
+    # head dim 4, theta 100: freqs 1 and 0.1; position 1 rotates pair 0 by 1 rad, pair 1 by 0.1 rad.
+    np.testing.assert_allclose(rope_frequencies(4, 100.0, False), [1.0, 0.1])
+    x = jnp.array([1.0, 0.0, 0.0, 2.0]).reshape(1, 1, 1, 4)
+    angles = np.array([[1.0, 0.1]])
+    out = np.asarray(
+        apply_rope(
+            jnp.concatenate([x, x], axis=1), np.cos(np.r_[[[0, 0]], angles]), np.sin(np.r_[[[0, 0]], angles])
+        )
+    )
+    np.testing.assert_allclose(out[0, 0, 0], [1, 0, 0, 2], atol=1e-7)
+    np.testing.assert_allclose(
+        out[0, 1, 0], [np.cos(1), np.sin(1), -2 * np.sin(0.1), 2 * np.cos(0.1)], atol=1e-6
+    )
 
 
 def test_rope_scaling_keeps_high_and_divides_low_frequencies():
-  freqs = rope_frequencies(64, 500000.0, False)
-  scaled = rope_frequencies(64, 500000.0, True)
-  wavelen = 2 * np.pi / freqs
-  np.testing.assert_allclose(scaled[wavelen < 2048], freqs[wavelen < 2048])
-  np.testing.assert_allclose(scaled[wavelen > 8192], freqs[wavelen > 8192] / 8)
+    freqs = rope_frequencies(64, 500000.0, False)
+    scaled = rope_frequencies(64, 500000.0, True)
+    wavelen = 2 * np.pi / freqs
+    np.testing.assert_allclose(scaled[wavelen < 2048], freqs[wavelen < 2048])
+    np.testing.assert_allclose(scaled[wavelen > 8192], freqs[wavelen > 8192] / 8)
 
 
 def test_gqa_query_heads_share_kv_heads_in_order():
-  # 4 query heads, 2 kv heads: heads 0,1 read kv head 0 and heads 2,3 read kv head 1.
-  from jaxtrain.models.attention import causal_attention
-  rng = np.random.default_rng(0)
-  q = rng.normal(size=(1, 5, 4, 8)).astype(np.float32)
-  k = rng.normal(size=(1, 5, 2, 8)).astype(np.float32)
-  v = rng.normal(size=(1, 5, 2, 8)).astype(np.float32)
-  out = np.asarray(causal_attention(q, k, v, 'xla'))
-  repeated = np.asarray(causal_attention(q, np.repeat(k, 2, axis=2), np.repeat(v, 2, axis=2), 'xla'))
-  np.testing.assert_allclose(out, repeated, atol=1e-6)
-  single = np.asarray(causal_attention(q[:, :, 3:4], k[:, :, 1:2], v[:, :, 1:2], 'xla'))
-  np.testing.assert_allclose(out[:, :, 3:4], single, atol=1e-6)
+    # 4 query heads, 2 kv heads: heads 0,1 read kv head 0 and heads 2,3 read kv head 1.
+    from jaxtrain.models.attention import causal_attention
+
+    rng = np.random.default_rng(0)
+    q = rng.normal(size=(1, 5, 4, 8)).astype(np.float32)
+    k = rng.normal(size=(1, 5, 2, 8)).astype(np.float32)
+    v = rng.normal(size=(1, 5, 2, 8)).astype(np.float32)
+    out = np.asarray(causal_attention(q, k, v, 'xla'))
+    repeated = np.asarray(causal_attention(q, np.repeat(k, 2, axis=2), np.repeat(v, 2, axis=2), 'xla'))
+    np.testing.assert_allclose(out, repeated, atol=1e-6)
+    single = np.asarray(causal_attention(q[:, :, 3:4], k[:, :, 1:2], v[:, :, 1:2], 'xla'))
+    np.testing.assert_allclose(out[:, :, 3:4], single, atol=1e-6)
 
 
 @pytest.mark.parametrize('cls,config', [(GPT2, GPT2_SMALL), (LLaMA3, LLAMA_SMALL)])
 def test_causality_future_tokens_do_not_change_past_logits(cls, config):
-  graphdef, params = _model_and_params(cls, config)
-  tokens = np.random.default_rng(4).integers(0, config.vocab_size, (1, 10))
-  changed = tokens.copy()
-  changed[0, 6:] = (changed[0, 6:] + 1) % config.vocab_size
-  a, b = _logits(graphdef, params, tokens), _logits(graphdef, params, changed)
-  np.testing.assert_array_equal(a[:, :6], b[:, :6])
-  assert np.abs(a[:, 6:] - b[:, 6:]).max() > 1e-4
+    graphdef, params = _model_and_params(cls, config)
+    tokens = np.random.default_rng(4).integers(0, config.vocab_size, (1, 10))
+    changed = tokens.copy()
+    changed[0, 6:] = (changed[0, 6:] + 1) % config.vocab_size
+    a, b = _logits(graphdef, params, tokens), _logits(graphdef, params, changed)
+    np.testing.assert_array_equal(a[:, :6], b[:, :6])
+    assert np.abs(a[:, 6:] - b[:, 6:]).max() > 1e-4
 
 
 def test_cross_entropy_ignores_padded_columns():
-  rng = np.random.default_rng(5)
-  logits = rng.normal(size=(2, 3, 64)).astype(np.float32)
-  targets = rng.integers(0, 50, (2, 3))
-  huge_padding = logits.copy()
-  huge_padding[..., 50:] = 1e4
-  expected = ref.cross_entropy(logits, targets, 50)
-  assert float(cross_entropy(jnp.asarray(huge_padding), jnp.asarray(targets), 50)) == pytest.approx(expected, rel=1e-6)
+    rng = np.random.default_rng(5)
+    logits = rng.normal(size=(2, 3, 64)).astype(np.float32)
+    targets = rng.integers(0, 50, (2, 3))
+    huge_padding = logits.copy()
+    huge_padding[..., 50:] = 1e4
+    expected = ref.cross_entropy(logits, targets, 50)
+    assert float(cross_entropy(jnp.asarray(huge_padding), jnp.asarray(targets), 50)) == pytest.approx(
+        expected, rel=1e-6
+    )

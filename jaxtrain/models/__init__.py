@@ -1,4 +1,5 @@
 """The two model families and a single way to build either from a config."""
+
 from jaxtrain.models.gpt2 import GPT2, GPT2Config
 from jaxtrain.models.llama3 import LLaMA3, LLaMA3Config
 from jaxtrain.models import gpt2, llama3

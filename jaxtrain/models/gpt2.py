@@ -11,6 +11,7 @@ The L blocks are created stacked (each parameter has a leading L axis, like llm.
 layout) and applied with `lax.scan`: one compiled block, and deterministic cuDNN
 attention on GPU (unrolled layers break it on jax 0.11.2).
 """
+
 import dataclasses
 import math
 
@@ -23,32 +24,33 @@ from jaxtrain.models.attention import causal_attention
 
 @dataclasses.dataclass(frozen=True)
 class GPT2Config:
-  """Hyperparameters; field names match llmc_io.GPT2Header so a file header maps 1:1."""
-  max_seq_len: int = 1024
-  vocab_size: int = 50257
-  padded_vocab_size: int = 50304
-  num_layers: int = 12
-  num_heads: int = 12
-  channels: int = 768
+    """Hyperparameters; field names match llmc_io.GPT2Header so a file header maps 1:1."""
 
-  def __post_init__(self):
-    if self.channels % self.num_heads:
-      raise ValueError(f'channels ({self.channels}) must be a multiple of num_heads ({self.num_heads})')
-    if self.padded_vocab_size < self.vocab_size:
-      raise ValueError(f'padded_vocab_size ({self.padded_vocab_size}) < vocab_size ({self.vocab_size})')
+    max_seq_len: int = 1024
+    vocab_size: int = 50257
+    padded_vocab_size: int = 50304
+    num_layers: int = 12
+    num_heads: int = 12
+    channels: int = 768
 
-  @property
-  def num_parameters(self) -> int:
-    C, L = self.channels, self.num_layers
-    return self.padded_vocab_size * C + self.max_seq_len * C + L * (12 * C * C + 13 * C) + 2 * C
+    def __post_init__(self):
+        if self.channels % self.num_heads:
+            raise ValueError(f'channels ({self.channels}) must be a multiple of num_heads ({self.num_heads})')
+        if self.padded_vocab_size < self.vocab_size:
+            raise ValueError(f'padded_vocab_size ({self.padded_vocab_size}) < vocab_size ({self.vocab_size})')
 
-  def flops_per_token(self, seq_len: int) -> int:
-    """llm.c's count: 6N for the matmuls with the weights plus 6·L·C·T for attention."""
-    return 6 * self.num_parameters + 6 * self.num_layers * self.channels * seq_len
+    @property
+    def num_parameters(self) -> int:
+        C, L = self.channels, self.num_layers
+        return self.padded_vocab_size * C + self.max_seq_len * C + L * (12 * C * C + 13 * C) + 2 * C
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """llm.c's count: 6N for the matmuls with the weights plus 6·L·C·T for attention."""
+        return 6 * self.num_parameters + 6 * self.num_layers * self.channels * seq_len
 
 
 def _padded(vocab_size: int) -> int:
-  return 128 * math.ceil(vocab_size / 128)
+    return 128 * math.ceil(vocab_size / 128)
 
 
 VARIANTS = {
@@ -56,97 +58,93 @@ VARIANTS = {
     'tiny': GPT2Config(max_seq_len=256, num_layers=2, num_heads=4, channels=64),
     # The default offline run: big enough to learn visibly on 2 CPU cores in minutes.
     'small': GPT2Config(max_seq_len=1024, num_layers=4, num_heads=4, channels=256),
-    'd12': GPT2Config(num_layers=12, num_heads=12, channels=768),     # 124M
-    'd24': GPT2Config(num_layers=24, num_heads=16, channels=1024),    # 350M
-    'd36': GPT2Config(num_layers=36, num_heads=20, channels=1280),    # 774M
-    'd48': GPT2Config(num_layers=48, num_heads=25, channels=1600),    # 1558M
+    'd12': GPT2Config(num_layers=12, num_heads=12, channels=768),  # 124M
+    'd24': GPT2Config(num_layers=24, num_heads=16, channels=1024),  # 350M
+    'd36': GPT2Config(num_layers=36, num_heads=20, channels=1280),  # 774M
+    'd48': GPT2Config(num_layers=48, num_heads=25, channels=1600),  # 1558M
 }
 VARIANTS['gpt2'] = VARIANTS['d12']
 
 
 def _normal(std):
-  return nnx.initializers.normal(stddev=std)
+    return nnx.initializers.normal(stddev=std)
 
 
 class CausalSelfAttention(nnx.Module):
+    def __init__(self, config: GPT2Config, dtype, attention: str, rngs: nnx.Rngs):
+        C = config.channels
+        # llm.c scales the init of residual projections by 1/sqrt(2L).
+        proj_std = 0.02 / math.sqrt(2 * config.num_layers)
+        self.c_attn = nnx.Linear(C, 3 * C, kernel_init=_normal(0.02), dtype=dtype, rngs=rngs)
+        self.c_proj = nnx.Linear(C, C, kernel_init=_normal(proj_std), dtype=dtype, rngs=rngs)
+        self.num_heads = config.num_heads
+        self.attention = attention
 
-  def __init__(self, config: GPT2Config, dtype, attention: str, rngs: nnx.Rngs):
-    C = config.channels
-    # llm.c scales the init of residual projections by 1/sqrt(2L).
-    proj_std = 0.02 / math.sqrt(2 * config.num_layers)
-    self.c_attn = nnx.Linear(C, 3 * C, kernel_init=_normal(0.02), dtype=dtype, rngs=rngs)
-    self.c_proj = nnx.Linear(C, C, kernel_init=_normal(proj_std), dtype=dtype, rngs=rngs)
-    self.num_heads = config.num_heads
-    self.attention = attention
-
-  def __call__(self, x_BxTxC):
-    B, T, C = x_BxTxC.shape
-    N = self.num_heads
-    q_BxTxC, k_BxTxC, v_BxTxC = jnp.split(self.c_attn(x_BxTxC), 3, axis=-1)
-    heads = lambda t: t.reshape(B, T, N, C // N)
-    y_BxTxNxH = causal_attention(heads(q_BxTxC), heads(k_BxTxC), heads(v_BxTxC), self.attention)
-    return self.c_proj(y_BxTxNxH.reshape(B, T, C))
+    def __call__(self, x_BxTxC):
+        B, T, C = x_BxTxC.shape
+        N = self.num_heads
+        q_BxTxC, k_BxTxC, v_BxTxC = jnp.split(self.c_attn(x_BxTxC), 3, axis=-1)
+        heads = lambda t: t.reshape(B, T, N, C // N)
+        y_BxTxNxH = causal_attention(heads(q_BxTxC), heads(k_BxTxC), heads(v_BxTxC), self.attention)
+        return self.c_proj(y_BxTxNxH.reshape(B, T, C))
 
 
 class MLP(nnx.Module):
+    def __init__(self, config: GPT2Config, dtype, rngs: nnx.Rngs):
+        C = config.channels
+        proj_std = 0.02 / math.sqrt(2 * config.num_layers)
+        self.c_fc = nnx.Linear(C, 4 * C, kernel_init=_normal(0.02), dtype=dtype, rngs=rngs)
+        self.c_proj = nnx.Linear(4 * C, C, kernel_init=_normal(proj_std), dtype=dtype, rngs=rngs)
 
-  def __init__(self, config: GPT2Config, dtype, rngs: nnx.Rngs):
-    C = config.channels
-    proj_std = 0.02 / math.sqrt(2 * config.num_layers)
-    self.c_fc = nnx.Linear(C, 4 * C, kernel_init=_normal(0.02), dtype=dtype, rngs=rngs)
-    self.c_proj = nnx.Linear(4 * C, C, kernel_init=_normal(proj_std), dtype=dtype, rngs=rngs)
-
-  def __call__(self, x_BxTxC):
-    return self.c_proj(jax.nn.gelu(self.c_fc(x_BxTxC), approximate=True))
+    def __call__(self, x_BxTxC):
+        return self.c_proj(jax.nn.gelu(self.c_fc(x_BxTxC), approximate=True))
 
 
 class Block(nnx.Module):
+    def __init__(self, config: GPT2Config, dtype, attention: str, rngs: nnx.Rngs):
+        C = config.channels
+        # LayerNorm statistics in fp32 even in bf16 runs, as llm.c's kernels do.
+        self.ln_1 = nnx.LayerNorm(C, epsilon=1e-5, dtype=jnp.float32, rngs=rngs)
+        self.attn = CausalSelfAttention(config, dtype, attention, rngs)
+        self.ln_2 = nnx.LayerNorm(C, epsilon=1e-5, dtype=jnp.float32, rngs=rngs)
+        self.mlp = MLP(config, dtype, rngs)
+        self.dtype = dtype
 
-  def __init__(self, config: GPT2Config, dtype, attention: str, rngs: nnx.Rngs):
-    C = config.channels
-    # LayerNorm statistics in fp32 even in bf16 runs, as llm.c's kernels do.
-    self.ln_1 = nnx.LayerNorm(C, epsilon=1e-5, dtype=jnp.float32, rngs=rngs)
-    self.attn = CausalSelfAttention(config, dtype, attention, rngs)
-    self.ln_2 = nnx.LayerNorm(C, epsilon=1e-5, dtype=jnp.float32, rngs=rngs)
-    self.mlp = MLP(config, dtype, rngs)
-    self.dtype = dtype
-
-  def __call__(self, x_BxTxC):
-    x_BxTxC = x_BxTxC + self.attn(self.ln_1(x_BxTxC).astype(self.dtype))
-    return x_BxTxC + self.mlp(self.ln_2(x_BxTxC).astype(self.dtype))
+    def __call__(self, x_BxTxC):
+        x_BxTxC = x_BxTxC + self.attn(self.ln_1(x_BxTxC).astype(self.dtype))
+        return x_BxTxC + self.mlp(self.ln_2(x_BxTxC).astype(self.dtype))
 
 
 class GPT2(nnx.Module):
-  """Returns logits over the padded vocabulary Vp; `loss.py` masks columns V..Vp-1."""
+    """Returns logits over the padded vocabulary Vp; `loss.py` masks columns V..Vp-1."""
 
-  def __init__(self, config: GPT2Config, *, dtype=jnp.float32, attention: str = 'xla',
-               rngs: nnx.Rngs):
-    self.config = config
-    C, V = config.channels, config.padded_vocab_size
-    self.wte = nnx.Embed(V, C, embedding_init=_normal(0.02), dtype=dtype, rngs=rngs)
-    # llm.c leaves the padding rows at zero; their gradient is zero, so they stay there.
-    self.wte.embedding[...] = self.wte.embedding[...].at[config.vocab_size:].set(0.0)
-    self.wpe = nnx.Embed(config.max_seq_len, C, embedding_init=_normal(0.02), dtype=dtype, rngs=rngs)
+    def __init__(self, config: GPT2Config, *, dtype=jnp.float32, attention: str = 'xla', rngs: nnx.Rngs):
+        self.config = config
+        C, V = config.channels, config.padded_vocab_size
+        self.wte = nnx.Embed(V, C, embedding_init=_normal(0.02), dtype=dtype, rngs=rngs)
+        # llm.c leaves the padding rows at zero; their gradient is zero, so they stay there.
+        self.wte.embedding[...] = self.wte.embedding[...].at[config.vocab_size :].set(0.0)
+        self.wpe = nnx.Embed(config.max_seq_len, C, embedding_init=_normal(0.02), dtype=dtype, rngs=rngs)
 
-    @nnx.split_rngs(splits=config.num_layers)
-    @nnx.vmap(in_axes=(0,), out_axes=0)
-    def stacked_blocks(rngs):
-      return Block(config, dtype, attention, rngs)
+        @nnx.split_rngs(splits=config.num_layers)
+        @nnx.vmap(in_axes=(0,), out_axes=0)
+        def stacked_blocks(rngs):
+            return Block(config, dtype, attention, rngs)
 
-    self.h = stacked_blocks(rngs)
-    self.ln_f = nnx.LayerNorm(C, epsilon=1e-5, dtype=jnp.float32, rngs=rngs)
-    self.dtype = dtype
+        self.h = stacked_blocks(rngs)
+        self.ln_f = nnx.LayerNorm(C, epsilon=1e-5, dtype=jnp.float32, rngs=rngs)
+        self.dtype = dtype
 
-  def __call__(self, tokens_BxT):
-    T = tokens_BxT.shape[1]
-    if T > self.config.max_seq_len:
-      raise ValueError(f'sequence_length {T} exceeds the model max_seq_len {self.config.max_seq_len}')
-    x_BxTxC = self.wte(tokens_BxT) + self.wpe(jnp.arange(T))[None]
-    block_def, block_params = nnx.split(self.h)
+    def __call__(self, tokens_BxT):
+        T = tokens_BxT.shape[1]
+        if T > self.config.max_seq_len:
+            raise ValueError(f'sequence_length {T} exceeds the model max_seq_len {self.config.max_seq_len}')
+        x_BxTxC = self.wte(tokens_BxT) + self.wpe(jnp.arange(T))[None]
+        block_def, block_params = nnx.split(self.h)
 
-    def apply_block(x_BxTxC, layer_params):
-      return nnx.merge(block_def, layer_params)(x_BxTxC), None
+        def apply_block(x_BxTxC, layer_params):
+            return nnx.merge(block_def, layer_params)(x_BxTxC), None
 
-    x_BxTxC, _ = jax.lax.scan(apply_block, x_BxTxC, block_params)
-    x_BxTxC = self.ln_f(x_BxTxC).astype(self.dtype)
-    return self.wte.attend(x_BxTxC)
+        x_BxTxC, _ = jax.lax.scan(apply_block, x_BxTxC, block_params)
+        x_BxTxC = self.ln_f(x_BxTxC).astype(self.dtype)
+        return self.wte.attend(x_BxTxC)

@@ -1,0 +1,197 @@
+"""`python -m llmc_io info|convert` on hand-built small files.
+
+A handful of runs go through a real subprocess, as a user would start it (exit codes, stderr, no
+traceback); the rest call the same main() in-process, since each interpreter start costs ~0.4 s here.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_llmc_gpt2 import TINY, gpt2_header_bytes, tiny_file
+from test_llmc_llama3 import model_tensors, write_infinitrain, write_llmc_branch
+
+import llmc_io
+from llmc_io.__main__ import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cli(*args):
+    """A real `python -m llmc_io` process."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", "llmc_io", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        check=False,
+    )
+
+
+@pytest.fixture
+def run(capsys):
+    """main() in-process, with the same (returncode, stdout, stderr) as cli()."""
+
+    def run_main(*args):
+        try:
+            returncode = main([str(a) for a in args])
+        except SystemExit as exit_:
+            returncode = exit_.code
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(args, returncode, out, err)
+
+    return run_main
+
+
+def test_help_in_a_subprocess():
+    result = cli("--help")
+    assert result.returncode == 0 and result.stdout.startswith("usage: python -m llmc_io")
+    assert "info" in result.stdout and "convert" in result.stdout
+
+
+@pytest.mark.parametrize("command", ["info", "convert"])
+def test_help_of_each_command(run, command):
+    result = run(command, "--help")
+    assert result.returncode == 0 and result.stdout.startswith(f"usage: python -m llmc_io {command}")
+    assert "--ffn-dim-multiplier" in result.stdout and "--verbose" in result.stdout
+    if command == "convert":
+        assert "--version {3,5}" in result.stdout
+
+
+def test_info_on_a_gpt2_model(tmp_path):
+    path, _ = tiny_file(tmp_path)
+    result = cli("info", path)
+    assert result.returncode == 0, result.stderr
+    rows = dict(line.split(None, 1) for line in result.stdout.splitlines() if " " in line)
+    assert rows["kind"] == "gpt2 model (magic 20240326)" and rows["layout"] == "llmc-gpt2"
+    assert rows["version"] == "3 (float32)" and rows["padded_vocab_size"] == "16"
+    assert rows["parameters"] == "1,920"  # 16*8 + 4*8 + 2*(12*64 + 13*8) + 2*8, by hand
+    assert rows["size"] == "8,704 bytes (expected 8,704)"  # 1024 + 4*1920
+
+
+def test_info_on_llama3_models_of_both_layouts(tmp_path, run):
+    branch = write_llmc_branch(tmp_path / "branch.bin", model_tensors())
+    result = run("info", branch, "--check")
+    assert result.returncode == 0, result.stderr
+    assert "llmc-llama3-branch" in result.stdout and "ffn_hidden_dim      28" in result.stdout
+    assert "ffn_dim_multiplier  1.3\n" in result.stdout
+    assert "tensors             all finite, biases zero" in result.stdout
+    master = write_infinitrain(tmp_path / "master.bin", model_tensors(), float_slots=(1, 0, 500000))
+    result = run("info", master, "--ffn-dim-multiplier", 1.3, "--norm-eps", 1e-5)
+    assert result.returncode == 0, result.stderr
+    assert "layout              infinitrain" in result.stdout and "truncated" in result.stdout
+
+
+def test_info_on_a_token_shard(tmp_path):
+    path = tmp_path / "shard.bin"
+    llmc_io.write_shard(path, [7, 50256, 3, 9], kind="gpt2")
+    result = cli("info", path)
+    assert result.returncode == 0, result.stderr
+    assert "gpt2 token shard (magic 20240520)" in result.stdout
+    assert "dtype        uint16" in result.stdout and "tokens       4" in result.stdout
+    assert "token range  [3, 50256]" in result.stdout
+    assert "size         1,032 bytes (expected 1,032)" in result.stdout
+
+
+def test_convert_gpt2_same_version_is_byte_exact_in_a_subprocess(tmp_path):
+    path, _ = tiny_file(tmp_path)
+    result = cli("convert", path, tmp_path / "same.bin")
+    assert result.returncode == 0 and result.stderr == ""
+    assert result.stdout == (
+        f"wrote {tmp_path / 'same.bin'}: gpt2, llmc-gpt2 layout, version 3 (float32), 8,704 bytes\n"
+    )
+    assert (tmp_path / "same.bin").read_bytes() == Path(path).read_bytes()
+
+
+def test_convert_gpt2_bf16_round_trips(tmp_path, run):
+    path, _ = tiny_file(tmp_path)
+    result = run("convert", path, tmp_path / "bf16.bin", "--version", 5)
+    assert result.returncode == 0 and "version 5 (bfloat16), 4,864 bytes" in result.stdout
+    assert run("convert", tmp_path / "bf16.bin", tmp_path / "bf16b.bin").returncode == 0
+    assert (tmp_path / "bf16b.bin").read_bytes() == (tmp_path / "bf16.bin").read_bytes()
+    assert run("convert", tmp_path / "bf16.bin", tmp_path / "back.bin", "--version", 3).returncode == 0
+    _, original = llmc_io.load_gpt2(path)
+    _, back = llmc_io.load_gpt2(tmp_path / "back.bin")
+    np.testing.assert_allclose(
+        back["h"]["mlp"]["c_fc"]["kernel"], original["h"]["mlp"]["c_fc"]["kernel"], rtol=2**-8
+    )
+
+
+def test_convert_llama3_branch_and_truncated_files_to_infinitrain(tmp_path, run):
+    t = model_tensors()
+    branch = write_llmc_branch(tmp_path / "branch.bin", t)
+    assert run("convert", branch, tmp_path / "out.bin").returncode == 0
+    expected = write_infinitrain(tmp_path / "expected.bin", t, major_minor=(3, 2))
+    assert (tmp_path / "out.bin").read_bytes() == Path(expected).read_bytes()
+    # Repairing llm.c master's truncated floats gives the file InfiniTrain can read.
+    master = write_infinitrain(tmp_path / "master.bin", t, float_slots=(1, 0, 500000), major_minor=(3, 2))
+    assert (
+        run(
+            "convert", master, tmp_path / "fixed.bin", "--ffn-dim-multiplier", 1.3, "--norm-eps", 1e-5
+        ).returncode
+        == 0
+    )
+    assert (tmp_path / "fixed.bin").read_bytes() == Path(expected).read_bytes()
+    # And converting an InfiniTrain file with the same version reproduces it.
+    assert run("convert", expected, tmp_path / "again.bin").returncode == 0
+    assert (tmp_path / "again.bin").read_bytes() == Path(expected).read_bytes()
+
+
+def _one_line_error(result):
+    assert result.returncode == 2 and result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr
+    return lines[0]
+
+
+def test_errors_are_one_line_with_exit_code_2_in_a_subprocess(tmp_path):
+    bad = tmp_path / "bad.bin"
+    bad.write_bytes(gpt2_header_bytes(4, **TINY))
+    line = _one_line_error(cli("info", bad))
+    assert (
+        line == f"error: {bad}: header[1] version: expected 3 (fp32) or 5 (bf16), found 4; "
+        "version 4 (mixed bf16) is no longer written or read by llm.c; re-export as version 3 or 5"
+    )
+
+
+def test_errors_of_each_kind(tmp_path, run):
+    master = write_infinitrain(tmp_path / "master.bin", model_tensors(), float_slots=(1, 0, 500000))
+    assert "truncated the floats" in _one_line_error(run("convert", master, tmp_path / "x.bin"))
+    assert "InfiniTrain's layout holds fp32 only" in _one_line_error(
+        run(
+            "convert",
+            write_llmc_branch(tmp_path / "b.bin", model_tensors()),
+            tmp_path / "x.bin",
+            "--version",
+            5,
+        )
+    )
+    assert "nothing at that path" in _one_line_error(run("info", tmp_path / "missing.bin"))
+    shard = tmp_path / "shard.bin"
+    llmc_io.write_shard(shard, [1, 2])
+    assert "token shards need no conversion" in _one_line_error(run("convert", shard, tmp_path / "x.bin"))
+    tokenizer = tmp_path / "tok.bin"
+    tokenizer.write_bytes(np.array([20240328, 2, 50257, 50256] + [0] * 252, "<i4").tobytes())
+    assert "found 20240328 (tokenizer file)" in _one_line_error(run("info", tokenizer))
+    gpt2, _ = tiny_file(tmp_path)
+    assert "overrides: expected none for a GPT-2 model file" in _one_line_error(
+        run("info", gpt2, "--norm-eps", 1e-5)
+    )
+    assert not (tmp_path / "x.bin").exists()
+
+
+def test_verbose_shows_the_traceback(tmp_path):
+    bad = tmp_path / "bad.bin"
+    bad.write_bytes(b"\0" * 10)
+    result = cli("info", bad, "--verbose")
+    assert result.returncode != 0 and "Traceback" in result.stderr and "LLMCFormatError" in result.stderr
+
+
+def test_usage_errors_exit_2(run):
+    result = run("convert", "only-one-argument")
+    assert result.returncode == 2 and "usage:" in result.stderr
