@@ -10,7 +10,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 from jaxtrain import flags as key_flags
@@ -38,6 +38,9 @@ def main(argv):
             file=sys.stderr,
         )
         return 2
+    if not flags.FLAGS['verbosity'].present:
+        # JAX and Orbax log every compile and save at INFO; our own lines are enough.
+        logging.set_verbosity(logging.WARNING)
     try:
         from jaxtrain.config_checks import deterministic_wanted
 

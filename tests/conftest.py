@@ -1,5 +1,8 @@
-"""Tests run on the CPU backend with 8 fake devices (set before JAX is imported)."""
+"""Tests run on the CPU backend with 8 fake devices (set before JAX is imported).
 
+The trainer's runs in these tests compile the same few programs again and again, so a
+persistent XLA compilation cache for the session cuts minutes off the suite.
+"""
 import os
 import sys
 from pathlib import Path
@@ -9,5 +12,8 @@ if '--xla_force_host_platform_device_count' not in os.environ.get('XLA_FLAGS', '
     os.environ['XLA_FLAGS'] = (
         os.environ.get('XLA_FLAGS', '') + ' --xla_force_host_platform_device_count=8'
     ).strip()
+_CACHE = Path(__file__).resolve().parents[1] / '.pytest_cache' / 'xla-compilation'
+os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', str(_CACHE))
+os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # numpy_reference, helpers
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # numpy_reference, trainer_runs

@@ -5,7 +5,7 @@ import jax
 import numpy as np
 import pytest
 
-from trainer_runs import load_config, random_shard, restore_params, train
+from trainer_runs import load_config, random_shard, restore_params, tiny_llmc_model, train
 
 CASES = {
     'gpt2-fp32': dict(family='gpt2'),
@@ -20,8 +20,10 @@ def test_resumed_run_matches_uninterrupted_bitwise(tmp_path, case):
     options = dict(CASES[case])
     family = options.pop('family')
     shard = random_shard(tmp_path / 'train.bin', kind=family)
+    model = tiny_llmc_model(tmp_path / 'model.bin', family)
     common = dict(
         input_bin=shard,
+        llmc_filepath=model,
         num_iteration=9,
         save_steps=3,
         max_checkpoint_keep=10,

@@ -22,8 +22,10 @@ def write_shard(path, tokens, kind='gpt2'):
     return str(path)
 
 
-def random_shard(path, num_tokens=40_000, vocab=512, kind='gpt2', seed=0):
-    return write_shard(path, np.random.default_rng(seed).integers(0, vocab, num_tokens), kind)
+def random_shard(path, num_tokens=40_000, vocab=512, kind='gpt2', seed=0, period=331):
+    """A random phrase of `period` tokens repeated: a model can learn it, so losses fall."""
+    phrase = np.random.default_rng(seed).integers(0, vocab, period)
+    return write_shard(path, np.resize(phrase, num_tokens), kind)
 
 
 def load_config(family='gpt2', variant='tiny', **overrides):
@@ -57,3 +59,42 @@ def restore_params(step_dir):
     import orbax.checkpoint as ocp
 
     return ocp.StandardCheckpointer().restore(Path(step_dir) / 'params')
+
+
+def tiny_llmc_model(path, family='gpt2', vocab=512, seed=0):
+    """A small-vocabulary llm.c model file (fast to train on CPU) with random weights."""
+    import dataclasses
+
+    import jax
+    from flax import nnx
+
+    import llmc_io
+    from jaxtrain.models import FAMILIES
+
+    model_cls, config_cls, _ = FAMILIES[family]
+    if family == 'gpt2':
+        config = config_cls(max_seq_len=128, vocab_size=vocab, padded_vocab_size=vocab,
+                            num_layers=2, num_heads=2, channels=32)
+        header = llmc_io.GPT2Header(**dataclasses.asdict(config))
+        save = llmc_io.save_gpt2
+    else:
+        config = config_cls(max_seq_len=128, vocab_size=vocab, num_layers=2, num_heads=4, num_kv_heads=2,
+                            channels=32, ffn_dim_multiplier=1.0, multiple_of=16, norm_eps=1e-5,
+                            rope_theta=10000.0, use_scaled_rope=False, max_gen_batch_size=4)
+        header = llmc_io.LLaMA3Header(**dataclasses.asdict(config))
+        save = llmc_io.save_llama3
+    # NumPy init from the abstract shapes: eager Flax init costs seconds on a busy CPU.
+    _, abstract = nnx.split(nnx.eval_shape(lambda: model_cls(config, rngs=nnx.Rngs(0))), nnx.Param)
+    rng = np.random.default_rng(seed)
+
+    def init(path, leaf):
+        name = jax.tree_util.keystr(path)
+        if 'scale' in name:
+            return np.ones(leaf.shape, np.float32)
+        if 'bias' in name:
+            return np.zeros(leaf.shape, np.float32)
+        return rng.normal(0, 0.02, leaf.shape).astype(np.float32)
+
+    params = jax.tree_util.tree_map_with_path(init, nnx.to_pure_dict(abstract))
+    save(str(path), header, params)
+    return str(path)

@@ -53,7 +53,8 @@ class LLaMA3Config:
     def ffn_hidden_dim(self) -> int:
         """FORMATS §2c: 4C, then 2/3 of it, times the multiplier, rounded up to multiple_of."""
         hidden = int(2 * (4 * self.channels) / 3)
-        hidden = int(self.ffn_dim_multiplier * hidden)
+        if self.ffn_dim_multiplier > 0:  # 0 means "no multiplier", as InfiniTrain writes it
+            hidden = int(self.ffn_dim_multiplier * hidden)
         return self.multiple_of * ((hidden + self.multiple_of - 1) // self.multiple_of)
 
     @property

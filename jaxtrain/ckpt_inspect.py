@@ -1,0 +1,404 @@
+"""Reading checkpoints without the trainer: list a root, restore items as NumPy, verify, compare.
+
+Nothing here builds or runs a model. Arrays are restored as host NumPy arrays through the Orbax
+metadata, so a checkpoint saved on any number of devices reads on one CPU; shapes, dtypes and the
+sharding an array was saved with come from the same metadata without reading data. Tensor names are
+those of jaxtrain.checksums ('h/attn/c_attn/kernel', '0/mu/wte/embedding'), the names under which
+trainer_state records a checksum. Every problem that stops a command is a CheckpointError (one line).
+"""
+
+import dataclasses
+import os
+import re
+from pathlib import Path
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from jaxtrain.checkpoint import (
+    STEP_PREFIX,
+    TRAINER_STATE_FILE,
+    CheckpointError,
+    committed_steps,
+    is_committed,
+    read_trainer_state,
+    step_dir_name,
+    step_of,
+)
+from jaxtrain.checksums import checksum_mismatches, path_name, tensor_checksums
+
+ARRAY_ITEMS = ('params', 'opt_state')
+# Orbax writes a step into `<final name>.orbax-checkpoint-tmp-<n>` and renames it when complete.
+_TMP_STEP_DIR = re.compile(rf'^{STEP_PREFIX}_(\d+)\.orbax-checkpoint-tmp')
+
+
+# --- where the checkpoints are --------------------------------------------------------
+
+
+@dataclasses.dataclass
+class StepEntry:
+    """One checkpoint directory under a root, as `ls` shows it."""
+
+    step: int
+    path: Path
+    committed: bool
+    status: str  # committed | uncommitted: Orbax temporary directory | incomplete: no trainer_state
+    size_bytes: int
+    written_at: float  # seconds since the epoch
+    written_from: str  # trainer_state (its saved_at) | mtime (no readable trainer state)
+    has_optimizer_state: bool
+
+
+def _size_on_disk(path: Path) -> int:
+    return sum((Path(folder) / name).lstat().st_size for folder, _, names in os.walk(path) for name in names)
+
+
+def _step_entry(path: Path, step: int, temporary: bool) -> StepEntry:
+    committed = not temporary and is_committed(path)
+    written_at, written_from = path.stat().st_mtime, 'mtime'
+    has_optimizer_state = (path / 'opt_state').is_dir()
+    if committed:
+        try:
+            state = read_trainer_state(path)
+            written_at, written_from = float(state['saved_at']), 'trainer_state'
+            has_optimizer_state = bool(state.get('has_optimizer_state', has_optimizer_state))
+        except (CheckpointError, KeyError, TypeError, ValueError):
+            pass  # listed from the directory alone; `verify` says what is wrong
+    if temporary:
+        status = 'uncommitted: Orbax temporary directory'
+    elif not committed:
+        status = f'incomplete: no {TRAINER_STATE_FILE}'
+    else:
+        status = 'committed'
+    return StepEntry(
+        step, path, committed, status, _size_on_disk(path), written_at, written_from, has_optimizer_state
+    )
+
+
+def list_checkpoints(root) -> tuple[list[StepEntry], int | None]:
+    """(every step directory, finished or not, by step; the step `--resume_from latest` would pick)."""
+    root = Path(root)
+    if not root.exists():
+        raise CheckpointError(f'{root}: expected a checkpoint root directory, found nothing there')
+    if not root.is_dir():
+        raise CheckpointError(f'{root}: expected a checkpoint root directory, found a file')
+    if step_of(root) is not None or _TMP_STEP_DIR.match(root.name):
+        raise CheckpointError(
+            f'{root}: expected a checkpoint root, found a step directory; list its parent {root.parent}'
+        )
+    entries = []
+    for path in root.iterdir():
+        temporary = _TMP_STEP_DIR.match(path.name)
+        step = int(temporary.group(1)) if temporary else step_of(path)
+        if step is not None and path.is_dir():
+            entries.append(_step_entry(path, step, bool(temporary)))
+    if not entries:
+        raise CheckpointError(
+            f'{root}: expected a checkpoint root holding {STEP_PREFIX}_NNNNNN directories, found none'
+        )
+    entries.sort(key=lambda e: (e.step, e.committed))
+    steps = committed_steps(root)
+    return entries, (steps[-1] if steps else None)
+
+
+def find_step_dir(path) -> Path:
+    """`path` itself when it is one checkpoint step; otherwise a CheckpointError that says what it is."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f'{path}: expected a {STEP_PREFIX}_NNNNNN directory, found nothing there')
+    if not path.is_dir():
+        raise CheckpointError(f'{path}: expected a {STEP_PREFIX}_NNNNNN directory, found a file')
+    holds_items = any((path / item).exists() for item in (*ARRAY_ITEMS, 'trainer_state'))
+    if step_of(path) is not None or _TMP_STEP_DIR.match(path.name) or holds_items:
+        return path
+    steps = committed_steps(path)
+    if steps:
+        names = ', '.join(step_dir_name(s) for s in steps)
+        raise CheckpointError(
+            f'{path}: expected a step directory, found a checkpoint root holding {names}; '
+            f'pass one of them, e.g. {path / step_dir_name(steps[-1])}'
+        )
+    raise CheckpointError(
+        f'{path}: expected a {STEP_PREFIX}_NNNNNN directory (params/, trainer_state/ inside), '
+        'found a directory that is not a checkpoint'
+    )
+
+
+def is_temporary(step_dir: Path) -> bool:
+    return bool(_TMP_STEP_DIR.match(Path(step_dir).name))
+
+
+def find_finished_step_dir(path) -> Path:
+    """find_step_dir, refusing an Orbax temporary directory (a save that never finished)."""
+    step_dir = find_step_dir(path)
+    if is_temporary(step_dir):
+        raise CheckpointError(
+            f'{step_dir}: expected a committed checkpoint, found an Orbax temporary directory (a save '
+            f'that never finished); pick a committed step (python -m jaxtrain.ckpt ls {step_dir.parent})'
+        )
+    return step_dir
+
+
+# --- the arrays ------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class TensorLayout:
+    shape: tuple[int, ...]
+    dtype: str
+    sharding: str  # as saved, e.g. "mesh(data=8) P('data',)"; 'n/a' when Orbax recorded none
+
+
+def _item_dir(step_dir: Path, item: str) -> Path:
+    item_dir = Path(step_dir) / item
+    if not item_dir.is_dir():
+        raise CheckpointError(f'{item_dir}: expected the {item} item (an Orbax directory), found nothing')
+    return item_dir
+
+
+def flatten(tree) -> dict:
+    """{tensor name: leaf}, named as jaxtrain.checksums names them."""
+    return {path_name(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _metadata_tree(item_dir: Path):
+    try:
+        metadata = ocp.PyTreeCheckpointer().metadata(item_dir).item_metadata
+    except Exception as e:  # Orbax raises many kinds for a damaged directory
+        raise CheckpointError(f'{item_dir}: could not read the Orbax metadata: {first_line(e)}') from e
+    if metadata is None:  # what Orbax returns when _METADATA is missing or unreadable
+        raise CheckpointError(f'{item_dir}: expected Orbax tree metadata (_METADATA), found none readable')
+    return metadata.tree
+
+
+def restore_item(step_dir, item: str):
+    """The item's tree with every array as NumPy on the host, whatever devices saved it."""
+    item_dir = _item_dir(step_dir, item)
+    metadata = _metadata_tree(item_dir)
+    as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), metadata)
+    try:
+        return ocp.PyTreeCheckpointer().restore(item_dir, args=ocp.args.PyTreeRestore(restore_args=as_numpy))
+    except Exception as e:
+        raise CheckpointError(f'{item_dir}: could not restore the saved arrays: {first_line(e)}') from e
+
+
+def read_tensors(step_dir, item: str) -> dict[str, np.ndarray]:
+    return flatten(restore_item(step_dir, item))
+
+
+def _describe_sharding(sharding) -> str:
+    if sharding is None:
+        return 'n/a'
+    if hasattr(sharding, 'axis_names') and hasattr(sharding, 'partition_spec'):
+        mesh = ','.join(f'{name}={int(size)}' for name, size in zip(sharding.axis_names, sharding.shape))
+        spec = ', '.join(repr(axis) for axis in sharding.partition_spec)
+        return f'mesh({mesh}) P({spec})'
+    if hasattr(sharding, 'device_str'):
+        return f'single device {sharding.device_str}'
+    return type(sharding).__name__
+
+
+def tensor_layouts(step_dir, item: str) -> dict[str, TensorLayout]:
+    """Shape, dtype and saved sharding of every array, from the metadata alone."""
+    layouts = {}
+    for name, meta in flatten(_metadata_tree(_item_dir(step_dir, item))).items():
+        dtype = getattr(meta, 'dtype', None)
+        layouts[name] = TensorLayout(
+            tuple(int(n) for n in getattr(meta, 'shape', ())),
+            np.dtype(dtype).name if dtype is not None else 'n/a',
+            _describe_sharding(getattr(meta, 'sharding', None)),
+        )
+    return layouts
+
+
+def tensor_stats(array: np.ndarray) -> dict[str, float | None]:
+    if array.size == 0:
+        return dict.fromkeys(('min', 'max', 'mean', 'std'))
+    values = np.asarray(array, np.float64)
+    return {
+        'min': float(values.min()),
+        'max': float(values.max()),
+        'mean': float(values.mean()),
+        'std': float(values.std()),
+    }
+
+
+def recomputed_checksums(tensors: dict[str, np.ndarray]) -> dict[str, str]:
+    return tensor_checksums(tensors) if tensors else {}
+
+
+# --- what the model config implies -----------------------------------------------------
+
+
+def model_config_object(family: str, model_config: dict):
+    """The frozen config dataclass of the family, built from trainer_state's model_config."""
+    from jaxtrain.models import FAMILIES  # with flax: slow to import, and only verify/export need it
+
+    if family not in FAMILIES:
+        raise CheckpointError(
+            f"trainer_state: model_family: expected one of {', '.join(sorted(FAMILIES))}, found {family!r}"
+        )
+    config_cls = FAMILIES[family][1]
+    fields = [f.name for f in dataclasses.fields(config_cls)]
+    if not isinstance(model_config, dict) or sorted(model_config) != sorted(fields):
+        raise CheckpointError(
+            f"trainer_state: model_config: expected the fields of {config_cls.__name__} ({', '.join(fields)}), "
+            f'found {model_config!r}'
+        )
+    try:
+        return config_cls(**model_config)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f'trainer_state: model_config: {first_line(e)}') from None
+
+
+def expected_param_layouts(family: str, model_config: dict) -> dict[str, tuple[tuple[int, ...], str]]:
+    """{name: (shape, dtype)} of the parameters the trainer would restore into. nnx.eval_shape
+    traces the constructor abstractly: no memory for the weights, no compilation."""
+    from flax import nnx
+
+    from jaxtrain.models import FAMILIES  # with flax: slow to import, and only verify/export need it
+
+    config = model_config_object(family, model_config)
+    model_cls = FAMILIES[family][0]
+    abstract = nnx.eval_shape(lambda: model_cls(config, rngs=nnx.Rngs(0)))
+    params = nnx.to_pure_dict(nnx.split(abstract, nnx.Param)[1])
+    return {name: (tuple(x.shape), np.dtype(x.dtype).name) for name, x in flatten(params).items()}
+
+
+# --- verify ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Verification:
+    problems: list[str]
+    checked: list[str]  # what was found good, for the report
+
+
+def _shape_problems(tensors: dict[str, np.ndarray], family: str, model_config: dict) -> list[str]:
+    expected = expected_param_layouts(family, model_config)
+    problems = []
+    for name in sorted(set(expected) | set(tensors)):
+        if name not in tensors:
+            problems.append(f'params/{name}: expected by the model config, not in the checkpoint')
+        elif name not in expected:
+            problems.append(f'params/{name}: in the checkpoint, not a parameter of the {family} model')
+        else:
+            found = (tuple(tensors[name].shape), tensors[name].dtype.name)
+            if found != expected[name]:
+                problems.append(
+                    f'params/{name}: expected shape {expected[name][0]} {expected[name][1]} for the '
+                    f'model config, found {found[0]} {found[1]}'
+                )
+    return problems
+
+
+def verify(step_dir) -> Verification:
+    """Every item present and readable, every checksum equal, params shaped as the model config says."""
+    step_dir = Path(step_dir)
+    problems, checked = [], []
+    if is_temporary(step_dir):
+        problems.append(f'{step_dir}: an Orbax temporary directory (the save never finished)')
+    try:
+        state = read_trainer_state(step_dir)
+        checked.append('trainer_state JSON readable')
+    except CheckpointError as e:
+        problems.append(str(e))
+        state = None
+    if state is not None and not isinstance(state, dict):
+        problems.append(
+            f'{step_dir / TRAINER_STATE_FILE}: expected a JSON object, found {type(state).__name__}'
+        )
+        state = None
+    recorded = (state or {}).get('checksums', {})
+    for item in ARRAY_ITEMS:
+        required = item == 'params' or bool((state or {}).get('has_optimizer_state'))
+        if not (step_dir / item).is_dir():
+            if required:
+                why = ' (trainer_state says has_optimizer_state: true)' if item == 'opt_state' else ''
+                problems.append(f'{step_dir / item}: expected the {item} item{why}, found nothing')
+            continue
+        try:
+            tensors = read_tensors(step_dir, item)
+        except CheckpointError as e:
+            problems.append(str(e))
+            continue
+        if state is None:
+            checked.append(
+                f'{item}: {len(tensors)} tensors readable (checksums not checked: no trainer state)'
+            )
+            continue
+        if item not in recorded:
+            problems.append(
+                f'{step_dir / TRAINER_STATE_FILE}: checksums.{item}: expected per-tensor checksums, found none'
+            )
+        else:
+            mismatches = checksum_mismatches(tensors, recorded[item], item)
+            problems += mismatches
+            if not mismatches:
+                checked.append(f'{item}: {len(tensors)} tensors, checksums good')
+        if item == 'params':
+            try:
+                shape_problems = _shape_problems(
+                    tensors, state.get('model_family'), state.get('model_config')
+                )
+            except CheckpointError as e:
+                shape_problems = [str(e)]
+            problems += shape_problems
+            if not shape_problems:
+                checked.append(f"params: shapes fit the {state.get('model_family')} model config")
+    return Verification(problems, checked)
+
+
+# --- diff ------------------------------------------------------------------------------
+
+_ABSENT = '(absent)'
+
+
+def config_differences(a: dict, b: dict) -> list[tuple[str, object, object]]:
+    """(field, A's value, B's value) for every differing field of the two trainer states."""
+    differences = []
+    for key in ('model_family', 'step', 'data_position', 'epoch'):
+        if a.get(key, _ABSENT) != b.get(key, _ABSENT):
+            differences.append((key, a.get(key, _ABSENT), b.get(key, _ABSENT)))
+    for section in ('model_config', 'training_config'):
+        first, second = a.get(section) or {}, b.get(section) or {}
+        for key in sorted(set(first) | set(second)):
+            if first.get(key, _ABSENT) != second.get(key, _ABSENT):
+                differences.append((f'{section}.{key}', first.get(key, _ABSENT), second.get(key, _ABSENT)))
+    return differences
+
+
+def _bit_equal(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal bit patterns: NaN equals the same NaN, 0.0 differs from -0.0 (what == gets wrong)."""
+    return a.tobytes() == b.tobytes()
+
+
+def compare_tensors(item: str, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> list[dict]:
+    """One row per tensor name on either side: status, and max abs / max relative difference.
+    Relative difference is |a-b| / max(|a|, |b|) elementwise: 0 where both are 0, 2 at most."""
+    rows = []
+    for name in sorted(set(a) | set(b)):
+        row = {'name': f'{item}/{name}'}
+        if name not in b or name not in a:
+            row['status'] = 'only in A' if name in a else 'only in B'
+        elif a[name].shape != b[name].shape or a[name].dtype != b[name].dtype:
+            row['status'] = (
+                f'shape/dtype differ: A {a[name].shape} {a[name].dtype}, B {b[name].shape} {b[name].dtype}'
+            )
+        else:
+            x, y = np.asarray(a[name], np.float64), np.asarray(b[name], np.float64)
+            abs_diff = np.abs(x - y)
+            scale = np.maximum(np.abs(x), np.abs(y))
+            relative = np.divide(abs_diff, scale, out=np.zeros_like(abs_diff), where=scale > 0)
+            equal = _bit_equal(a[name], b[name])
+            row['status'] = 'identical' if equal else 'different'
+            row['max_abs_diff'] = float(abs_diff.max()) if abs_diff.size else 0.0
+            row['max_rel_diff'] = float(relative.max()) if relative.size else 0.0
+        rows.append(row)
+    return rows

@@ -1,0 +1,52 @@
+"""The benchmark's CI smoke run: `python -m jaxtrain.bench --smoke` on the CPU, in a child
+process (it owns its flags and XLA backend), gives sane numbers and survives a save/restore."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_smoke_run_reports_speed_losses_and_checkpoint_costs(tmp_path):
+    out = tmp_path / 'bench.json'
+    # One CPU device: the 8 fake devices of conftest.py would time the mesh, not the step.
+    env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': ''}
+    command = [sys.executable, '-m', 'jaxtrain.bench', '--config=configs/gpt2.py:tiny', '--smoke']
+    done = subprocess.run(
+        [*command, '--json', str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    result = json.loads(out.read_text())
+    assert (result['devices'], result['deterministic']) == (1, False)
+    assert result['timed_steps'] == 2 and len(result['step_ms']) == 2
+    assert result['median_step_ms'] > 0 and result['tokens_per_s'] > 0 and result['compile_s'] > 0
+    assert result['tokens_per_s'] == result['tokens_per_step'] / (result['median_step_ms'] / 1e3)
+    assert result['peak_flops'] > 0 and result['sustained_flops'] > 0 and result['mfu'] > 0
+    assert math.isfinite(result['first_loss']) and math.isfinite(result['last_loss'])
+    # A random-init GPT-2 starts near ln(50257) = 10.8.
+    assert abs(result['first_loss'] - math.log(50257)) < 0.5
+
+    # --smoke saves once to warm up, then after each of the 2 steps of its saving phase, then
+    # restores the newest; a save's blocked time is the sum of its timed parts.
+    assert len(result['saved_steps']) == 2 and len(result['save_blocked_ms']) == 2
+    assert all(ms > 0 for ms in result['save_blocked_ms']) and result['warmup_save_blocked_ms'] > 0
+    for i, blocked in enumerate(result['save_blocked_ms']):
+        parts = [result[k][i] for k in ('save_checksums_ms', 'save_previous_write_ms', 'save_orbax_ms')]
+        assert min(parts) >= 0 and math.isclose(sum(parts), blocked, rel_tol=1e-9)
+    assert result['restore_s'] > 0 and result['checkpoint_bytes'] > 0
+    assert result['phase_tokens_per_s_with_saves'] > 0 and result['phase_tokens_per_s_without_saves'] > 0
+    assert math.isfinite(result['saving_last_loss'])
+
+    # The printed block names the mode and the XLA flags, so two runs can be compared by eye.
+    assert 'mode        fast' in done.stdout and "XLA_FLAGS=''" in done.stdout

@@ -1,0 +1,166 @@
+"""Checkpoint policy and resume behaviour of the real trainer on a tiny model."""
+import json
+import shutil
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from jaxtrain import checkpoint as ckpt
+from trainer_runs import load_config, random_shard, tiny_llmc_model, train
+
+
+@pytest.fixture(scope='module')
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp('files')
+    return {
+        'input_bin': random_shard(root / 'train.bin'),
+        'llmc_filepath': tiny_llmc_model(root / 'model.bin'),
+    }
+
+
+def config(files, tmp_path, name, **overrides):
+    settings = dict(files, checkpoint_dir=str(tmp_path / name), metrics_dir=str(tmp_path / f'{name}-metrics'),
+                    learning_rate=1e-3)
+    settings.update(overrides)
+    return load_config('gpt2', **settings)
+
+
+def steps_in(path):
+    return ckpt.committed_steps(path)
+
+
+def test_rotation_keeps_newest_k_and_every_multiple(files, tmp_path):
+    code, _, _ = train(config(files, tmp_path, 'ck', num_iteration=11, save_steps=2,
+                              max_checkpoint_keep=2, keep_every_steps=4))
+    assert code == 0
+    # newest two (10, 11: the last step is always saved) plus multiples of 4 (4, 8)
+    assert steps_in(tmp_path / 'ck') == [4, 8, 10, 11]
+
+
+def test_save_steps_zero_writes_nothing(files, tmp_path):
+    code, losses, _ = train(config(files, tmp_path, 'ck', num_iteration=3, save_steps=0))
+    assert code == 0 and len(losses) == 3
+    assert steps_in(tmp_path / 'ck') == []
+
+
+def test_last_step_is_saved(files, tmp_path):
+    assert train(config(files, tmp_path, 'ck', num_iteration=7, save_steps=5))[0] == 0
+    assert steps_in(tmp_path / 'ck') == [5, 7]
+
+
+def test_checkpoint_contents(files, tmp_path):
+    train(config(files, tmp_path, 'ck', num_iteration=2, save_steps=2, save_optimizer_state=False))
+    step_dir = tmp_path / 'ck' / 'checkpoint_step_000002'
+    state = json.loads((step_dir / 'trainer_state' / 'metadata').read_text())
+    assert state['step'] == 2 and state['data_position'] == 2
+    assert state['model_config']['vocab_size'] == 512 and state['model_family'] == 'gpt2'
+    assert state['llmc_file'] == files['llmc_filepath'] and len(state['llmc_sha256']) == 64
+    assert state['has_optimizer_state'] is False and not (step_dir / 'opt_state').exists()
+    assert 'h/attn/c_attn/kernel' in state['checksums']['params']
+    assert state['topology']['device_count'] == 1 and state['versions']['jax'] == jax.__version__
+
+
+def test_params_only_checkpoint_resumes_with_fresh_moments(files, tmp_path):
+    train(config(files, tmp_path, 'a', num_iteration=2, save_steps=2, save_optimizer_state=False))
+    code, losses, out = train(config(files, tmp_path, 'b', num_iteration=4,
+                                     resume_from=str(tmp_path / 'a' / 'checkpoint_step_000002')))
+    assert code == 0 and sorted(losses) == [3, 4]
+    assert out.count('fresh optimizer moments') == 1
+
+
+def test_latest_resumes_in_place_and_matches_uninterrupted(files, tmp_path):
+    _, full, _ = train(config(files, tmp_path, 'full', num_iteration=6, save_steps=3))
+    train(config(files, tmp_path, 'ck', num_iteration=3, save_steps=3))
+    code, resumed, out = train(config(files, tmp_path, 'ck', num_iteration=6, save_steps=3, resume_from='latest',
+                                      metrics_dir=str(tmp_path / 'resumed-metrics')))
+    assert code == 0 and 'restored step 3' in out
+    assert [resumed[s] for s in (4, 5, 6)] == [full[s] for s in (4, 5, 6)]
+    assert steps_in(tmp_path / 'ck') == [3, 6]
+
+
+def test_latest_with_no_checkpoint_starts_fresh_with_notice(files, tmp_path):
+    code, losses, out = train(config(files, tmp_path, 'ck', num_iteration=1, resume_from='latest'))
+    assert code == 0 and sorted(losses) == [1]
+    assert 'no committed checkpoint' in out and 'starting fresh' in out
+
+
+def test_incompatible_checkpoint_lists_every_field(files, tmp_path):
+    train(config(files, tmp_path, 'a', num_iteration=1, save_steps=1))
+    step_dir = str(tmp_path / 'a' / 'checkpoint_step_000001')
+    other_model = tiny_llmc_model(tmp_path / 'other.bin', vocab=256)
+    with pytest.raises(ckpt.CheckpointError) as error:
+        train(config(files, tmp_path, 'b', num_iteration=3, resume_from=step_dir, llmc_filepath=other_model,
+                     sequence_length=32, total_batch_size=128, optimizer='sgd'))
+    message = str(error.value)
+    for field in ('model_config.vocab_size: checkpoint 512, now 256', "optimizer: checkpoint 'adamw', now 'sgd'",
+                  'sequence_length: checkpoint 64, now 32', 'total_batch_size: checkpoint 256, now 128'):
+        assert field in message
+    assert '\n' not in message
+
+
+def test_allowed_changes_are_reported(files, tmp_path):
+    train(config(files, tmp_path, 'a', num_iteration=1, save_steps=1))
+    code, _, out = train(config(files, tmp_path, 'b', num_iteration=2, learning_rate=5e-4,
+                                resume_from=str(tmp_path / 'a' / 'checkpoint_step_000001')))
+    assert code == 0
+    assert 'learning_rate: checkpoint 0.001, now 0.0005' in out
+    assert 'num_iteration: checkpoint 1, now 2' in out
+
+
+def test_resume_into_dir_with_later_steps_is_refused_then_overwritten(files, tmp_path):
+    train(config(files, tmp_path, 'ck', num_iteration=4, save_steps=2))
+    early = str(tmp_path / 'ck' / 'checkpoint_step_000002')
+    with pytest.raises(ckpt.CheckpointError, match='checkpoint_step_000004') as error:
+        train(config(files, tmp_path, 'ck', num_iteration=4, save_steps=2, resume_from=early))
+    assert 'overwrite_later_checkpoints' in str(error.value)
+    assert steps_in(tmp_path / 'ck') == [2, 4]   # nothing touched
+    code, _, _ = train(config(files, tmp_path, 'ck', num_iteration=3, save_steps=2, resume_from=early,
+                              overwrite_later_checkpoints=True))
+    assert code == 0 and steps_in(tmp_path / 'ck') == [2, 3]
+
+
+def test_fresh_run_into_used_dir_is_refused(files, tmp_path):
+    train(config(files, tmp_path, 'ck', num_iteration=2, save_steps=2))
+    with pytest.raises(ckpt.CheckpointError, match='expected no checkpoints after step 0'):
+        train(config(files, tmp_path, 'ck', num_iteration=2, save_steps=2))
+
+
+def test_uncommitted_save_is_never_latest_and_is_cleaned(files, tmp_path):
+    train(config(files, tmp_path, 'ck', num_iteration=2, save_steps=2))
+    root = tmp_path / 'ck'
+    # What a save killed half-way leaves: Orbax's temporary directory, never renamed.
+    partial = root / 'checkpoint_step_000003.orbax-checkpoint-tmp-1234'
+    shutil.copytree(root / 'checkpoint_step_000002', partial)
+    (partial / 'trainer_state' / 'metadata').unlink()
+    assert steps_in(root) == [2]
+    assert ckpt.resolve_resume('latest', str(root))[0].name == 'checkpoint_step_000002'
+    code, _, out = train(config(files, tmp_path, 'ck', num_iteration=3, save_steps=1, resume_from='latest'))
+    assert code == 0 and 'restored step 2' in out
+    assert not partial.exists() and steps_in(root) == [2, 3]
+
+
+def test_corrupted_tensor_fails_its_checksum_naming_it(files, tmp_path):
+    train(config(files, tmp_path, 'ck', num_iteration=2, save_steps=2))
+    step_dir = tmp_path / 'ck' / 'checkpoint_step_000002'
+    params = ocp.StandardCheckpointer().restore(step_dir / 'params')
+    params['h']['mlp']['c_fc']['kernel'] = np.asarray(params['h']['mlp']['c_fc']['kernel']).copy()
+    params['h']['mlp']['c_fc']['kernel'][0, 1, 2] += 1e-3
+    shutil.rmtree(step_dir / 'params')
+    with ocp.StandardCheckpointer() as writer:
+        writer.save(step_dir / 'params', params)
+    with pytest.raises(ckpt.CheckpointError, match='params/h/mlp/c_fc/kernel: checksum expected'):
+        train(config(files, tmp_path, 'b', num_iteration=3, resume_from=str(step_dir)))
+
+
+@pytest.mark.parametrize('resume_from,expected', [
+    ('{tmp}/nowhere', 'found nothing there'),
+    ('{tmp}/ck', 'found a checkpoint root holding checkpoint_step_000001'),
+    ('{tmp}/not-a-checkpoint', 'not a checkpoint'),
+])
+def test_bad_resume_paths(files, tmp_path, resume_from, expected):
+    train(config(files, tmp_path, 'ck', num_iteration=1, save_steps=1))
+    (tmp_path / 'not-a-checkpoint').mkdir()
+    with pytest.raises(ckpt.CheckpointError, match=expected):
+        train(config(files, tmp_path, 'b', num_iteration=2, resume_from=resume_from.format(tmp=tmp_path)))
