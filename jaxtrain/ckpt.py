@@ -133,10 +133,9 @@ def _tensor_rows(step_dir, state: dict) -> list[dict]:
     rows = []
     recorded_all = state.get('checksums', {})
     for item in ckpt_inspect.ARRAY_ITEMS:
-        if not (step_dir / item).is_dir():
-            continue
-        tensors = ckpt_inspect.read_tensors(step_dir, item)
-        layouts = ckpt_inspect.tensor_layouts(step_dir, item)
+        saved = (step_dir / item).is_dir()  # if not, its recorded tensors are listed as missing
+        tensors = ckpt_inspect.read_tensors(step_dir, item) if saved else {}
+        layouts = ckpt_inspect.tensor_layouts(step_dir, item) if saved else {}
         found = ckpt_inspect.recomputed_checksums(tensors)
         recorded = recorded_all.get(item, {})
         for name in sorted(set(tensors) | set(recorded)):

@@ -104,6 +104,11 @@ def run(config) -> int:
             model_config.vocab_size,
             name='val',
         )
+        if config.val_max_steps > val_stream.windows_per_epoch:
+            raise ValueError(
+                f'val_max_steps: expected at most the {val_stream.windows_per_epoch} batches '
+                f'{val_pattern} holds at this batch geometry, found {config.val_max_steps}'
+            )
 
     # --- optimizer and state ---
     tx, schedule = build_optimizer(config)

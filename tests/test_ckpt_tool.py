@@ -1,9 +1,9 @@
 """python -m jaxtrain.ckpt (ls / show / diff / verify / export) on checkpoints of real training runs.
 
 One module fixture trains a tiny GPT-2 (an llm.c file with V=256, L=2, C=32 written here with
-llmc_io) twice with the same settings, 4 steps saving at steps 2 and 4. A persistent XLA cache
-makes every later run reuse the first run's compiled step (about 15 s of compilation on 2 CPU
-cores, paid once). Expectations come from outside the tool: the header the model was written
+llmc_io) twice with the same settings, 4 steps saving at steps 2 and 4; every run here has the
+same compiled step, so conftest.py's persistent XLA cache pays its compilation (about 15 s on 2
+CPU cores) once. Expectations come from outside the tool: the header the model was written
 with, arrays read back through Orbax's StandardCheckpointer, jaxtrain.checkpoint's own idea of
 `latest`, and the trainer's loss. A LLaMA-3 checkpoint is written through jaxtrain.checkpoint's
 Checkpointer with its params sharded over the 8 fake CPU devices, and read back in a 1-device
@@ -77,25 +77,6 @@ def run_json(capsys, *argv):
 # --- fixtures --------------------------------------------------------------------------
 
 
-@pytest.fixture(scope='module')
-def compile_cache(tmp_path_factory):
-    """A persistent XLA compilation cache for this module only, restored afterwards."""
-    from jax.experimental.compilation_cache import compilation_cache
-
-    settings = {
-        'jax_compilation_cache_dir': str(tmp_path_factory.mktemp('xla_cache')),
-        'jax_persistent_cache_min_compile_time_secs': 0.0,
-    }
-    saved = {name: getattr(jax.config, name) for name in settings}
-    for name, value in settings.items():
-        jax.config.update(name, value)
-    compilation_cache.reset_cache()  # JAX decides once per process whether the cache is on
-    yield
-    for name, value in saved.items():
-        jax.config.update(name, value)
-    compilation_cache.reset_cache()
-
-
 @dataclasses.dataclass
 class Runs:
     work: Path
@@ -123,7 +104,7 @@ def train_tiny(work: Path, name: str, **overrides) -> dict:
 
 
 @pytest.fixture(scope='module')
-def runs(tmp_path_factory, compile_cache):
+def runs(tmp_path_factory):
     work = tmp_path_factory.mktemp('ckpt_tool')
     model = str(work / 'tiny_gpt2.bin')
     llmc_io.save_gpt2(model, TINY_GPT2, random_params(TINY_GPT2.param_shapes(), seed=0))
@@ -193,7 +174,8 @@ def llama_checkpoint(tmp_path_factory):
         'topology': {'platform': 'cpu', 'device_count': 8, 'process_count': 1, 'mesh': {'data': 8}},
         'has_optimizer_state': False,
         'saved_at': time.time(),
-        'checksums': {'params': tensor_checksums(sharded)},
+        # Checksums do not depend on sharding (checksums.py); the flat form matches what the tool sums.
+        'checksums': {'params': tensor_checksums(flat(params))},
     }
     root = tmp_path_factory.mktemp('llama')
     checkpointer = Checkpointer(str(root), keep_latest=0, keep_every=0)
