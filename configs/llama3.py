@@ -5,7 +5,7 @@ needs LLaMA-3 token shards (magic 20240801, uint32): there is no offline LLaMA-3
 tokenizer to build a default corpus with. A random-init tiny model starts near
 ln(128256) ≈ 11.8 and its loss falls every step on a repeated corpus.
 
-Variants: configs/llama3.py:tiny|llama3.2-1b|llama3-8b. With --llmc_filepath the file's
+Variants: configs/llama3.py:tiny|small|llama3.2-1b|llama3-8b. With --llmc_filepath the file's
 header sets the shape.
 """
 

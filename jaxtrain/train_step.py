@@ -68,7 +68,7 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, vo
         )
         metrics = {
             'loss': loss,
-            'grad_norm': optax.global_norm(grads),
+            'grad_norm': optax.tree.norm(grads),
             'params_finite': jnp.all(
                 jnp.array([jnp.all(jnp.isfinite(p)) for p in jax.tree.leaves(new_state.params)])
             ),

@@ -80,6 +80,11 @@ VARIANTS = {
         multiple_of=32,
         use_scaled_rope=False,
     ),
+    # A quick GPU-sized member of the family (about 155M parameters, most in wte and lm_head).
+    'small': LLaMA3Config(
+        max_seq_len=2048, num_layers=8, num_heads=8, num_kv_heads=2, channels=512,
+        ffn_dim_multiplier=1.0, multiple_of=256, use_scaled_rope=False,
+    ),
     'llama3.2-1b': LLaMA3Config(),
     'llama3-8b': LLaMA3Config(
         num_layers=32,

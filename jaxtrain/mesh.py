@@ -1,0 +1,86 @@
+"""The device mesh a run trains on, from the config keys mesh_data, mesh_fsdp, mesh_tensor.
+
+Axes, in this order (the slowest-varying first, so `data` spans hosts and `tensor` stays
+inside one):
+  data    plain data parallelism: parameters replicated, the batch split
+  fsdp    fully sharded data parallelism: the batch split and parameters and optimizer
+          state sharded (sharding.py)
+  tensor  tensor parallelism inside the MLP and attention projections (sharding.py); the
+          batch is not split over it
+One size may be -1: it takes the devices the others leave. The defaults (data -1, fsdp 1,
+tensor 1) are plain data parallelism over every device, so one GPU box needs nothing set.
+
+Axes are `AxisType.Auto`: the compiler propagates shardings through the step (jax.make_mesh
+would make them Explicit, which asks every operation for a sharding rule).
+"""
+
+import math
+
+import jax
+from jax.sharding import AxisType, Mesh
+
+AXES = ('data', 'fsdp', 'tensor')
+BATCH_AXES = ('data', 'fsdp')  # the batch rows are split over these; see batch_geometry.py
+
+
+def select_devices(num_devices: int) -> list:
+    """The first `num_devices` devices (0 = all). With several processes every device takes
+    part: a subset would leave some processes without a device in the mesh."""
+    available = jax.devices()
+    if num_devices > len(available):
+        raise ValueError(
+            f'num_devices: expected at most the {len(available)} devices present, found {num_devices}'
+        )
+    if jax.process_count() > 1 and num_devices not in (0, len(available)):
+        raise ValueError(
+            f'num_devices: expected 0 (all) or {len(available)} with {jax.process_count()} processes, '
+            f'found {num_devices}; every process must own devices of the mesh'
+        )
+    return available[:num_devices] if num_devices else available
+
+
+def mesh_shape(device_count: int, data: int, fsdp: int, tensor: int) -> dict[str, int]:
+    """{'data': ..., 'fsdp': ..., 'tensor': ...} with a -1 filled in; the sizes multiply to
+    `device_count`."""
+    sizes = {'data': data, 'fsdp': fsdp, 'tensor': tensor}
+    for axis, size in sizes.items():
+        if size == 0 or size < -1:
+            raise ValueError(f'mesh_{axis}: expected a positive size or -1 (fill), found {size}')
+    fill = [axis for axis, size in sizes.items() if size == -1]
+    if len(fill) > 1:
+        raise ValueError(
+            f"mesh: expected at most one size -1, found {len(fill)} ({', '.join('mesh_' + a for a in fill)}); "
+            'set all but one of them'
+        )
+    fixed = math.prod(size for size in sizes.values() if size != -1)
+    if fill:
+        if device_count % fixed:
+            raise ValueError(
+                f'mesh_{fill[0]}: -1 fills {device_count} devices, but the other sizes multiply to '
+                f'{fixed}, which does not divide {device_count}; change the sizes or num_devices'
+            )
+        sizes[fill[0]] = device_count // fixed
+    elif fixed != device_count:
+        raise ValueError(
+            f'mesh: expected mesh_data × mesh_fsdp × mesh_tensor = {device_count} devices, found '
+            f'{data} × {fsdp} × {tensor} = {fixed}; set one of them to -1 to fill the rest'
+        )
+    return sizes
+
+
+def build_mesh(config) -> Mesh:
+    devices = select_devices(config.num_devices)
+    sizes = mesh_shape(len(devices), config.mesh_data, config.mesh_fsdp, config.mesh_tensor)
+    return jax.make_mesh(
+        tuple(sizes[a] for a in AXES), AXES, axis_types=(AxisType.Auto,) * len(AXES), devices=devices
+    )
+
+
+def data_parallel_size(mesh: Mesh) -> int:
+    """Ranks the batch is split over (data × fsdp): `batch_size` rows go to each."""
+    return math.prod(mesh.shape[a] for a in BATCH_AXES)
+
+
+def describe(mesh: Mesh) -> str:
+    """'data 2 × fsdp 4 × tensor 1' for the log and the trainer state."""
+    return ' × '.join(f'{axis} {mesh.shape[axis]}' for axis in AXES)

@@ -1,0 +1,116 @@
+"""Where every array of the training state and the batch lives on the mesh (mesh.py).
+
+Parameters (names as in PARAMS_SPEC.md; `h/...` tensors carry the layer axis L first):
+  tensor  Megatron's split of the MLP and of the attention output: c_fc and c_fc2 by
+          output column, the MLP's c_proj and attention's c_proj by input row, so each
+          block needs one all-reduce per projection pair and the elementwise GELU/SwiGLU
+          in between stays local. c_attn stays whole over `tensor`: its fused Q|K|V
+          columns would cut across the Q/K/V boundaries (and across heads) for most sizes.
+  fsdp    every tensor of two or more dimensions (not counting L) is split over `fsdp`
+          on its largest axis that the fsdp size divides and `tensor` does not use; the
+          compiler gathers it for the forward pass. L is never split: the layer scan
+          would gather it every iteration. Vectors (biases, norm scales) are replicated.
+  data    parameters are replicated over it.
+The optimizer state gets its parameter's sharding wherever it holds a copy of the
+parameter tree (Adam's mu and nu); its counters are replicated.
+
+The batch (A micro-steps, B rows, T) is split on B over data × fsdp and replicated over
+tensor. With one process the host's global batch is `device_put`; with several, every
+process holds the same host value (the data stream is a pure function of its position)
+and hands each of its devices only that device's slice.
+"""
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from jaxtrain.mesh import BATCH_AXES
+
+# Parameter-name suffix -> axis of the per-layer tensor that `tensor` splits.
+TENSOR_PARALLEL_AXIS = {
+    'attn/c_proj/kernel': 0,  # rows = heads × head dim: row-parallel
+    'mlp/c_fc/kernel': 1,  # columns: column-parallel
+    'mlp/c_fc/bias': 0,  # follows c_fc's columns
+    'mlp/c_fc2/kernel': 1,  # LLaMA-3's gate, like c_fc
+    'mlp/c_proj/kernel': 0,  # rows: row-parallel
+}
+LAYER_STACKED_PREFIX = 'h/'  # these tensors carry the layer axis first
+
+
+def _dict_path(path) -> str:
+    """'h/attn/c_attn/kernel' from the trailing dictionary keys of a key path (the part
+    that names a parameter, also inside the optimizer state)."""
+    names = []
+    for key in reversed(path):
+        if not isinstance(key, jax.tree_util.DictKey):
+            break
+        names.append(str(key.key))
+    return '/'.join(reversed(names))
+
+
+def parameter_spec(name: str, shape: tuple, mesh: Mesh) -> P:
+    """The PartitionSpec of the parameter `name` of `shape` on `mesh` (rules above)."""
+    spec = [None] * len(shape)
+    first = 1 if name.startswith(LAYER_STACKED_PREFIX) else 0  # skip the layer axis
+    tensor, fsdp = mesh.shape['tensor'], mesh.shape['fsdp']
+    suffix = next((s for s in TENSOR_PARALLEL_AXIS if name.endswith(s)), None)
+    if tensor > 1 and suffix is not None:
+        axis = first + TENSOR_PARALLEL_AXIS[suffix]
+        if shape[axis] % tensor == 0:
+            spec[axis] = 'tensor'
+    if fsdp > 1 and len(shape) - first >= 2:
+        free = [a for a in range(first, len(shape)) if spec[a] is None and shape[a] % fsdp == 0]
+        if free:
+            spec[max(free, key=lambda a: (shape[a], -a))] = 'fsdp'
+    return P(*spec)
+
+
+def parameter_shardings(params, mesh: Mesh):
+    """A tree like `params` of NamedShardings."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: NamedSharding(mesh, parameter_spec(_dict_path(path), x.shape, mesh)), params
+    )
+
+
+def opt_state_shardings(opt_state, params, mesh: Mesh):
+    """A tree like `opt_state`: a leaf that is a copy of a parameter (same name at the end
+    of its path, same shape) gets that parameter's sharding; everything else is replicated.
+    `opt_state` may be abstract (jax.eval_shape)."""
+    shapes = {
+        _dict_path(path): tuple(x.shape) for path, x in jax.tree_util.tree_flatten_with_path(params)[0]
+    }
+
+    def sharding(path, x):
+        name = _dict_path(path)
+        if shapes.get(name) == tuple(x.shape):
+            return NamedSharding(mesh, parameter_spec(name, tuple(x.shape), mesh))
+        return NamedSharding(mesh, P())
+
+    return jax.tree_util.tree_map_with_path(sharding, opt_state)
+
+
+def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
+    """(A, B, T) or (B, T): B split over data × fsdp."""
+    return NamedSharding(mesh, P(*([None] * (ndim - 2)), BATCH_AXES, None))
+
+
+def put_global(tree, shardings):
+    """Host values -> global arrays with `shardings` (a matching tree, or one sharding for
+    all). Every process must pass the same values; each supplies only its devices' slices."""
+    if jax.process_count() == 1:
+        return jax.device_put(tree, shardings)
+
+    def put(x, sharding):
+        host = np.asarray(x)
+        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+    if isinstance(shardings, jax.sharding.Sharding):
+        return jax.tree.map(lambda x: put(x, shardings), tree)
+    return jax.tree.map(put, tree, shardings)
+
+
+def describe_sharded(shardings) -> str:
+    """'12 of 16 parameter tensors sharded' for the start-up log."""
+    specs = [s.spec for s in jax.tree.leaves(shardings)]
+    sharded = sum(1 for spec in specs if any(axis is not None for axis in spec))
+    return f'{sharded} of {len(specs)} parameter tensors sharded'
