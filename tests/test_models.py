@@ -174,3 +174,12 @@ def test_cross_entropy_ignores_padded_columns():
     assert float(cross_entropy(jnp.asarray(huge_padding), jnp.asarray(targets), 50)) == pytest.approx(
         expected, rel=1e-6
     )
+
+
+@pytest.mark.parametrize('cls,config', [(GPT2, GPT2_SMALL), (LLaMA3, LLAMA_SMALL)])
+def test_unrolled_layers_give_the_same_logits(cls, config):
+    graphdef, params = _model_and_params(cls, config)
+    tokens = np.random.default_rng(6).integers(0, config.vocab_size, (2, 9))
+    expected = _logits(graphdef, params, tokens)
+    unrolled_def, _ = nnx.split(cls(config, rngs=nnx.Rngs(0), scan_layers=False), nnx.Param)
+    np.testing.assert_allclose(_logits(unrolled_def, params, tokens), expected, atol=1e-6, rtol=1e-6)

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxtrain.models.attention import causal_attention
+from jaxtrain.models.layer_stack import apply_blocks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +119,15 @@ class Block(nnx.Module):
 class GPT2(nnx.Module):
     """Returns logits over the padded vocabulary Vp; `loss.py` masks columns V..Vp-1."""
 
-    def __init__(self, config: GPT2Config, *, dtype=jnp.float32, attention: str = 'xla', rngs: nnx.Rngs):
+    def __init__(
+        self,
+        config: GPT2Config,
+        *,
+        dtype=jnp.float32,
+        attention: str = 'xla',
+        scan_layers: bool = True,
+        rngs: nnx.Rngs,
+    ):
         self.config = config
         C, V = config.channels, config.padded_vocab_size
         self.wte = nnx.Embed(V, C, embedding_init=_normal(0.02), dtype=dtype, rngs=rngs)
@@ -134,17 +143,13 @@ class GPT2(nnx.Module):
         self.h = stacked_blocks(rngs)
         self.ln_f = nnx.LayerNorm(C, epsilon=1e-5, dtype=jnp.float32, rngs=rngs)
         self.dtype = dtype
+        self.scan_layers = scan_layers
 
     def __call__(self, tokens_BxT):
         T = tokens_BxT.shape[1]
         if T > self.config.max_seq_len:
             raise ValueError(f'sequence_length {T} exceeds the model max_seq_len {self.config.max_seq_len}')
         x_BxTxC = self.wte(tokens_BxT) + self.wpe(jnp.arange(T))[None]
-        block_def, block_params = nnx.split(self.h)
-
-        def apply_block(x_BxTxC, layer_params):
-            return nnx.merge(block_def, layer_params)(x_BxTxC), None
-
-        x_BxTxC, _ = jax.lax.scan(apply_block, x_BxTxC, block_params)
+        x_BxTxC = apply_blocks(self.h, x_BxTxC, scan=self.scan_layers)
         x_BxTxC = self.ln_f(x_BxTxC).astype(self.dtype)
         return self.wte.attend(x_BxTxC)

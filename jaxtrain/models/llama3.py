@@ -18,6 +18,7 @@ import numpy as np
 from flax import nnx
 
 from jaxtrain.models.attention import causal_attention
+from jaxtrain.models.layer_stack import apply_blocks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,8 +83,14 @@ VARIANTS = {
     ),
     # A quick GPU-sized member of the family (about 155M parameters, most in wte and lm_head).
     'small': LLaMA3Config(
-        max_seq_len=2048, num_layers=8, num_heads=8, num_kv_heads=2, channels=512,
-        ffn_dim_multiplier=1.0, multiple_of=256, use_scaled_rope=False,
+        max_seq_len=2048,
+        num_layers=8,
+        num_heads=8,
+        num_kv_heads=2,
+        channels=512,
+        ffn_dim_multiplier=1.0,
+        multiple_of=256,
+        use_scaled_rope=False,
     ),
     'llama3.2-1b': LLaMA3Config(),
     'llama3-8b': LLaMA3Config(
@@ -185,7 +192,15 @@ class Block(nnx.Module):
 class LLaMA3(nnx.Module):
     """Returns logits over the vocabulary V (LLaMA-3's 128256 needs no padding)."""
 
-    def __init__(self, config: LLaMA3Config, *, dtype=jnp.float32, attention: str = 'xla', rngs: nnx.Rngs):
+    def __init__(
+        self,
+        config: LLaMA3Config,
+        *,
+        dtype=jnp.float32,
+        attention: str = 'xla',
+        scan_layers: bool = True,
+        rngs: nnx.Rngs,
+    ):
         self.config = config
         C, V = config.channels, config.vocab_size
         self.wte = nnx.Embed(V, C, embedding_init=nnx.initializers.normal(0.02), dtype=dtype, rngs=rngs)
@@ -199,6 +214,7 @@ class LLaMA3(nnx.Module):
         self.ln_f = RMSNorm(C, config.norm_eps)
         self.lm_head = _linear(C, V, dtype, rngs)
         self.dtype = dtype
+        self.scan_layers = scan_layers
 
     def __call__(self, tokens_BxT):
         T = tokens_BxT.shape[1]
@@ -211,10 +227,5 @@ class LLaMA3(nnx.Module):
         sin_TxH2 = jnp.asarray(np.sin(angles_TxH2), jnp.float32)
 
         x_BxTxC = self.wte(tokens_BxT)
-        block_def, block_params = nnx.split(self.h)
-
-        def apply_block(x_BxTxC, layer_params):
-            return nnx.merge(block_def, layer_params)(x_BxTxC, cos_TxH2, sin_TxH2), None
-
-        x_BxTxC, _ = jax.lax.scan(apply_block, x_BxTxC, block_params)
+        x_BxTxC = apply_blocks(self.h, x_BxTxC, cos_TxH2, sin_TxH2, scan=self.scan_layers)
         return self.lm_head(self.ln_f(x_BxTxC).astype(self.dtype))
