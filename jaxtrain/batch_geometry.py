@@ -1,9 +1,11 @@
 """How a step's tokens split into micro-steps and data-parallel ranks.
 
 total_batch_size = batch_size × sequence_length × data_parallel × accumulation, as in
-InfiniTrain. A step always consumes the same contiguous `total_batch_size + 1` token
-window of the stream (data.py), whatever the device count: only how its rows are split
-over micro-steps and devices changes.
+InfiniTrain, where data_parallel is the mesh's data × fsdp size (mesh.py; tensor-parallel
+devices share their rows). A step always consumes the same contiguous `total_batch_size + 1`
+token window of the stream (data.py), whatever the device count: its rows are split first
+over micro-steps, then over the data-parallel ranks, so `--batch_size 1 --total_batch_size
+512` trains on the same tokens per step on 8, 4 or 1 device, with 8× more accumulation on 1.
 """
 
 import dataclasses
@@ -13,7 +15,7 @@ import dataclasses
 class BatchGeometry:
     batch_size: int  # rows per data-parallel rank per micro-step
     sequence_length: int  # T
-    data_parallel: int  # ranks the batch is split over
+    data_parallel: int  # ranks the batch is split over (mesh data × fsdp)
     accumulation: int  # micro-steps per optimizer step
 
     @property
@@ -38,7 +40,8 @@ def batch_geometry(
     tokens_per_micro_step = batch_size * sequence_length * data_parallel
     if total_batch_size % tokens_per_micro_step:
         raise ValueError(
-            f'total_batch_size: expected a multiple of batch_size × sequence_length × data_parallel = '
+            f'total_batch_size: expected a multiple of batch_size × sequence_length × data_parallel '
+            f'(mesh data × fsdp) = '
             f'{batch_size} × {sequence_length} × {data_parallel} = {tokens_per_micro_step}; found '
             f'{total_batch_size}. Change total_batch_size or batch_size.'
         )

@@ -12,6 +12,12 @@ killed save never looks committed; leftovers are removed when a manager opens th
 
 Resume order (train.py): an explicit `resume_from` step directory, or `latest` (newest
 committed step in checkpoint_dir), else the llmc file, else random init.
+
+Topology: arrays are saved sharded as they live on the mesh, and restored onto the
+current run's shardings whatever the saving mesh was (8 devices -> 1, 1 -> 8, FSDP ->
+data parallel); the trainer state records the saving topology and the resume line names
+what changed. With many processes every process calls save and restore (Orbax writes
+each process's shards and process 0 the metadata); only process 0 deletes directories.
 """
 
 import dataclasses
@@ -135,6 +141,9 @@ _MAY_CHANGE = (
     'attention',
     'deterministic',
     'num_devices',
+    'mesh_data',
+    'mesh_fsdp',
+    'mesh_tensor',
     'val_loss_every',
     'input_val_bin',
 )
@@ -161,6 +170,24 @@ def compare_with_run(saved: dict, model_config: dict, training_config: dict) -> 
     return incompatible, changes
 
 
+def describe_topology(topology: dict) -> str:
+    """'8 cpu devices in 1 process, mesh data 2 × fsdp 4 × tensor 1' (fields may be missing
+    in older checkpoints: '?')."""
+    mesh = ' × '.join(f'{axis} {size}' for axis, size in topology.get('mesh', {}).items()) or '?'
+    return (
+        f"{topology.get('device_count', '?')} {topology.get('platform', '?')} device(s) in "
+        f"{topology.get('process_count', '?')} process(es), mesh {mesh}"
+    )
+
+
+def topology_change(saved: dict, now: dict) -> str:
+    """One clause for the resume line: 'same topology (...)' or 'topology changed: ... -> ...'."""
+    fields = ('platform', 'device_count', 'process_count', 'mesh')
+    if all(saved.get(f) == now.get(f) for f in fields):
+        return f'same topology ({describe_topology(now)})'
+    return f'topology changed: saved on {describe_topology(saved)}, now {describe_topology(now)}'
+
+
 # --- rotation ---------------------------------------------------------------------
 
 
@@ -183,6 +210,14 @@ class _KeepPolicy:
 
 
 # --- the manager ------------------------------------------------------------------
+
+
+def _barrier(name: str):
+    """Waits for every process (nothing to wait for with one)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
 
 
 class Checkpointer:
@@ -212,8 +247,12 @@ class Checkpointer:
                 'Choose another --checkpoint_dir, resume from the newest one (--resume_from latest), or pass '
                 '--config.overwrite_later_checkpoints=true to delete them.'
             )
-        for step in later:
-            shutil.rmtree(self.root / step_dir_name(step))
+        # Every process has listed the steps before process 0 deletes any, and sees them gone after.
+        _barrier('jaxtrain: later checkpoints listed')
+        if jax.process_index() == 0:
+            for step in later:
+                shutil.rmtree(self.root / step_dir_name(step))
+        _barrier('jaxtrain: later checkpoints deleted')
         if later:
             self.manager.reload()
         return later

@@ -13,6 +13,7 @@ CHOICES = {
 }
 NON_NEGATIVE = (
     'num_devices',
+    'num_processes',
     'num_iteration',
     'save_steps',
     'max_checkpoint_keep',
@@ -28,6 +29,7 @@ NON_NEGATIVE = (
     'llmc_norm_eps',
 )
 POSITIVE = ('batch_size', 'sequence_length', 'total_batch_size')
+MESH_AXES = ('mesh_data', 'mesh_fsdp', 'mesh_tensor')  # a size, or -1 to fill (mesh.py)
 
 
 def check_config(config):
@@ -41,6 +43,13 @@ def check_config(config):
     for key in POSITIVE:
         if config[key] <= 0:
             problems.append(f'{key}: expected a positive integer, found {config[key]}')
+    for key in MESH_AXES:
+        if config[key] == 0 or config[key] < -1:
+            problems.append(f'{key}: expected a positive size or -1 (fill), found {config[key]}')
+    if config.process_id < -1:
+        problems.append(
+            f'process_id: expected a value >= 0, or -1 (from the environment), found {config.process_id}'
+        )
     saving = config.save_steps > 0 or config.save_every_minutes > 0
     if saving and not config.checkpoint_dir:
         problems.append(

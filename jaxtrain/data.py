@@ -38,6 +38,20 @@ def _read_shard(path: str) -> np.ndarray:
     return read_shard(path)
 
 
+def _check_family(path: str, dtype: np.dtype, model_family: str) -> None:
+    from llmc_io.shards import SHARD_KINDS
+
+    expected = SHARD_KINDS[model_family]
+    if dtype != expected.dtype:
+        found = next(kind for kind in SHARD_KINDS.values() if kind.dtype == dtype)
+        raise DataError(
+            f"{path}: shard kind: expected a {model_family} shard (magic {expected.magic}, "
+            f"{expected.dtype.name} tokens) for a {model_family} model, found a {found.name} shard "
+            f"(magic {found.magic}, {found.dtype.name} tokens); tokenize the data for this model, "
+            f"or train a {found.name} model (--config=configs/{found.name}.py)"
+        )
+
+
 class TokenStream:
     """llm.c token shards as a sequence of step-sized windows indexed by an integer position.
 
@@ -47,10 +61,18 @@ class TokenStream:
       seq_len: row length T; tokens_per_step must be a multiple of it.
       vocab_size: every token id must be below this (the unpadded vocabulary of the model).
       name: label for messages and the start-up log, e.g. 'train' or 'val'.
+      model_family: 'gpt2' or 'llama3' to insist on that family's shards ('' = either). Ids of the
+        other family's tokenizer may all be below vocab_size and would train without a complaint.
     """
 
     def __init__(
-        self, pattern: str, tokens_per_step: int, seq_len: int, vocab_size: int, name: str = "train"
+        self,
+        pattern: str,
+        tokens_per_step: int,
+        seq_len: int,
+        vocab_size: int,
+        name: str = "train",
+        model_family: str = "",
     ):
         self.name = name
         self.pattern = pattern
@@ -75,6 +97,8 @@ class TokenStream:
 
         self.shards = [_read_shard(path) for path in self.paths]
         self.dtype = self.shards[0].dtype
+        if model_family:
+            _check_family(self.paths[0], self.dtype, model_family)
         for path, tokens in zip(self.paths, self.shards):
             # llm.c's llama3 dataloader.h also insists on one token width for the whole set.
             if tokens.dtype != self.dtype:

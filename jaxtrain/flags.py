@@ -3,7 +3,16 @@ name changed: `--input_bin X`, `--num_iteration 100`, `--save_optimizer_state tr
 
 They apply after `--config.KEY=VALUE` overrides. Booleans take a value (gflags style:
 `--flag true|false|1|0`), because a bare absl boolean would read `--flag false` as true.
+
+`parse_command_line` is the parser main.py gives absl's app.run: a mistyped key, a value
+of the wrong type or a config file that is not there is reported on one line, like every
+other error of the trainer, with the closest key suggested for a typo.
 """
+
+import difflib
+import re
+import sys
+import traceback
 
 from absl import flags
 
@@ -51,3 +60,92 @@ def apply_key_flags(config, keys, warn) -> None:
         elif isinstance(config[key], float):
             value = float(value)
         config[key] = value
+
+
+# --- the command line as a whole --------------------------------------------------
+
+_VERBOSE_SPELLINGS = ('--verbose', '--verbose=true', '--verbose=1')
+_EXPECTED_BY_PARSER = {
+    'IntegerParser': 'an integer',
+    'FloatParser': 'a number',
+    'BooleanParser': 'true or false',
+}
+
+
+def _did_you_mean(name: str, candidates, prefix: str = '--') -> str:
+    """'; did you mean --X?' for the nearest candidate, '' when none is near."""
+    match = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return f'; did you mean {prefix}{match[0]}?' if match else ''
+
+
+def _unknown_config_key(argv) -> str | None:
+    """The first `--config.KEY` whose KEY the config does not have, as a message
+    (ml_collections would stop with a traceback). The config is flat: KEY is one name."""
+    known = [key for key, _, _ in KEYS]
+    for arg in argv[1:]:
+        match = re.match(r'^--?(?:no)?config\.([^=]+)', arg)
+        if match and match.group(1) not in known:
+            key = match.group(1)
+            return (
+                f'--config.{key}: expected one of the config keys, found {key!r}'
+                f"{_did_you_mean(key, known, '--config.')} (--helpfull lists every key)"
+            )
+    return None
+
+
+def _flag_error_message(error: flags.Error) -> str:
+    if isinstance(error, flags.UnrecognizedFlagError):
+        name = error.flagname
+        return (
+            f'--{name}: expected a known flag, found {name!r}'
+            f'{_did_you_mean(name, flags.FLAGS)} (--helpfull lists every key)'
+        )
+    text = str(error).strip()
+    # absl: 'flag --batch_size=abc: invalid literal for int() with base 10: ...'
+    match = re.match(r'^flag --([\w.]+)=(.*?): ', text, re.DOTALL)
+    if match and match.group(1) in flags.FLAGS:
+        name, value = match.groups()
+        parser = type(flags.FLAGS[name].parser).__name__
+        if parser in _EXPECTED_BY_PARSER:
+            return f'--{name}: expected {_EXPECTED_BY_PARSER[parser]}, found {value!r}'
+        reason = text[match.end() :].strip().splitlines()
+        return f'--{name}: could not use {value!r}: ' + (reason[-1] if reason else type(error).__name__)
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _config_file_problem() -> str | None:
+    """ml_collections keeps a config file it could not load as an object that raises on
+    first use; asking here names the file instead of failing later without its name."""
+    if 'config' not in flags.FLAGS:
+        return None
+    flag = flags.FLAGS['config']
+    try:
+        flag.value.get('model_family')
+    except OSError:
+        path = flag.config_filename.split(':', 1)[0]
+        return f'--config: expected a config file such as configs/gpt2.py[:variant], found nothing at {path}'
+    return None
+
+
+def _fail(message: str, verbose: bool):
+    if verbose:
+        traceback.print_exc()
+    print(f'error: {message}', file=sys.stderr)
+    sys.exit(1)
+
+
+def parse_command_line(argv: list[str]) -> list[str]:
+    """absl's flag parsing with every mistake on one line on stderr and exit status 1
+    (a traceback too with --verbose). Returns the arguments left after the flags."""
+    verbose = any(arg in _VERBOSE_SPELLINGS for arg in argv)
+    problem = _unknown_config_key(argv)
+    if problem:
+        _fail(problem, verbose=False)
+    try:
+        remaining = flags.FLAGS(argv)
+    except flags.Error as error:
+        _fail(_flag_error_message(error), verbose)
+    problem = _config_file_problem()
+    if problem:
+        _fail(problem, verbose=False)
+    return remaining

@@ -2,6 +2,9 @@
 
   python -m jaxtrain.main --config=configs/gpt2.py[:variant] [--config.KEY=VALUE] [--KEY VALUE]
 
+Flags -> config -> XLA flags -> distributed init (distributed.py; a no-op for one process)
+-> train.run(config). On many hosts launch/ starts one of these per process.
+
 Every key is listed with its meaning by --helpfull (the KEYS table of config_base.py).
 """
 
@@ -52,12 +55,18 @@ def main(argv):
         # JAX and Orbax log every compile and save at INFO; our own lines are enough.
         logging.set_verbosity(logging.WARNING)
     try:
+        import jax
+
+        from jaxtrain import distributed
         from jaxtrain.config_checks import deterministic_wanted
 
         config = flags.FLAGS.config
         key_flags.apply_key_flags(config, _KEY_FLAGS, warn=print)
         _set_xla_flags(deterministic_wanted(config))
         _enable_compilation_cache()
+        joined = distributed.initialize(config)  # before anything asks JAX for devices
+        if joined and jax.process_index() == 0:
+            print(joined, flush=True)
         from jaxtrain import train
 
         return train.run(config)

@@ -6,6 +6,7 @@ replaces these weights later; see checkpoint.py.)
 """
 
 import dataclasses
+import os
 
 import jax
 import jax.numpy as jnp
@@ -68,13 +69,22 @@ def setup_model(config) -> ModelSetup:
     model_cls, config_cls, variants = FAMILIES[config.model_family]
     dtype = DTYPES[config.dtype]
     attention = resolve_attention(config.attention, dtype)
+    if attention == 'cudnn' and not config.scan_layers and 'deterministic_ops=true' in os.environ.get('XLA_FLAGS', ''):
+        raise ValueError(
+            'scan_layers: expected true with deterministic GPU kernels (jax 0.11.2 breaks deterministic '
+            'cuDNN attention in unrolled layers); found false. Pass --scan_layers true, or --deterministic '
+            'false if this run need not resume exactly.'
+        )
+    options = dict(
+        dtype=dtype,
+        attention=attention,
+        scan_layers=config.scan_layers,
+    )
 
     if config.llmc_filepath:
         header, file_params = _load_llmc(config)
         model_config = _config_from_header(config_cls, header)
-        abstract = nnx.eval_shape(
-            lambda: model_cls(model_config, dtype=dtype, attention=attention, rngs=nnx.Rngs(0))
-        )
+        abstract = nnx.eval_shape(lambda: model_cls(model_config, **options, rngs=nnx.Rngs(0)))
         graphdef, abstract_params = nnx.split(abstract, nnx.Param)
         expected = nnx.to_pure_dict(abstract_params)
         problems = _shape_mismatches(expected, file_params)
@@ -100,12 +110,10 @@ def setup_model(config) -> ModelSetup:
         )
     model_config = variants[config.model]
     init = jax.jit(
-        lambda: nnx.split(
-            model_cls(model_config, dtype=dtype, attention=attention, rngs=nnx.Rngs(config.seed)), nnx.Param
-        )[1]
+        lambda: nnx.split(model_cls(model_config, **options, rngs=nnx.Rngs(config.seed)), nnx.Param)[1]
     )
     graphdef, _ = nnx.split(
-        nnx.eval_shape(lambda: model_cls(model_config, dtype=dtype, attention=attention, rngs=nnx.Rngs(0))),
+        nnx.eval_shape(lambda: model_cls(model_config, **options, rngs=nnx.Rngs(0))),
         nnx.Param,
     )
     params = nnx.to_pure_dict(init())

@@ -1,15 +1,19 @@
 """Where every array of the training state and the batch lives on the mesh (mesh.py).
 
-Parameters (names as in PARAMS_SPEC.md; `h/...` tensors carry the layer axis L first):
+Parameters (names as in PARAMS_SPEC.md; `h/...` tensors carry the layer axis L first,
+and the axes below are counted after it). One table, RULES, names the axes:
   tensor  Megatron's split of the MLP and of the attention output: c_fc and c_fc2 by
-          output column, the MLP's c_proj and attention's c_proj by input row, so each
-          block needs one all-reduce per projection pair and the elementwise GELU/SwiGLU
-          in between stays local. c_attn stays whole over `tensor`: its fused Q|K|V
-          columns would cut across the Q/K/V boundaries (and across heads) for most sizes.
-  fsdp    every tensor of two or more dimensions (not counting L) is split over `fsdp`
-          on its largest axis that the fsdp size divides and `tensor` does not use; the
-          compiler gathers it for the forward pass. L is never split: the layer scan
-          would gather it every iteration. Vectors (biases, norm scales) are replicated.
+          output column, the MLP's c_proj and attention's c_proj by input row (heads), so
+          each block needs one all-reduce per projection pair and the GELU/SwiGLU between
+          stays local. c_attn stays whole over `tensor`: its fused Q|K|V columns would cut
+          across the Q/K/V boundaries (and across heads) for most sizes.
+  fsdp    every matrix is split on its model-width axis C (MaxText's 'embed' -> fsdp), so
+          it never competes with `tensor` for an axis and the vocabulary tables never pull
+          the logits (B, T, V) off the batch split; the compiler gathers each layer's
+          matrices inside the layer scan. A 2-D+ tensor the table does not name, or whose
+          C the fsdp size does not divide, is split on its largest axis that it divides.
+          L is never split (the scan would gather it every iteration); vectors (biases,
+          norm scales) are replicated.
   data    parameters are replicated over it.
 The optimizer state gets its parameter's sharding wherever it holds a copy of the
 parameter tree (Adam's mu and nu); its counters are replicated.
@@ -22,17 +26,22 @@ and hands each of its devices only that device's slice.
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jaxtrain.mesh import BATCH_AXES
 
-# Parameter-name suffix -> axis of the per-layer tensor that `tensor` splits.
-TENSOR_PARALLEL_AXIS = {
-    'attn/c_proj/kernel': 0,  # rows = heads × head dim: row-parallel
-    'mlp/c_fc/kernel': 1,  # columns: column-parallel
-    'mlp/c_fc/bias': 0,  # follows c_fc's columns
-    'mlp/c_fc2/kernel': 1,  # LLaMA-3's gate, like c_fc
-    'mlp/c_proj/kernel': 0,  # rows: row-parallel
+# Parameter-name suffix -> (axis `tensor` splits, axis `fsdp` splits), None for neither.
+RULES = {
+    'wte/embedding': (None, 1),  # (V, C)
+    'wpe/embedding': (None, 1),  # (maxT, C)
+    'lm_head/kernel': (None, 0),  # (C, V)
+    'attn/c_attn/kernel': (None, 0),  # (C, Q|K|V)
+    'attn/c_proj/kernel': (0, 1),  # (heads × H, C): row-parallel
+    'mlp/c_fc/kernel': (1, 0),  # (C, 4C or H): column-parallel
+    'mlp/c_fc/bias': (0, None),  # follows c_fc's columns
+    'mlp/c_fc2/kernel': (1, 0),  # LLaMA-3's gate, like c_fc
+    'mlp/c_proj/kernel': (0, 1),  # (4C or H, C): row-parallel
 }
 LAYER_STACKED_PREFIX = 'h/'  # these tensors carry the layer axis first
 
@@ -53,15 +62,19 @@ def parameter_spec(name: str, shape: tuple, mesh: Mesh) -> P:
     spec = [None] * len(shape)
     first = 1 if name.startswith(LAYER_STACKED_PREFIX) else 0  # skip the layer axis
     tensor, fsdp = mesh.shape['tensor'], mesh.shape['fsdp']
-    suffix = next((s for s in TENSOR_PARALLEL_AXIS if name.endswith(s)), None)
-    if tensor > 1 and suffix is not None:
-        axis = first + TENSOR_PARALLEL_AXIS[suffix]
-        if shape[axis] % tensor == 0:
-            spec[axis] = 'tensor'
+    rule = next((RULES[suffix] for suffix in RULES if name.endswith(suffix)), (None, None))
+    tensor_axis, fsdp_axis = (None if a is None else first + a for a in rule)
+    if tensor > 1 and tensor_axis is not None and shape[tensor_axis] % tensor == 0:
+        spec[tensor_axis] = 'tensor'
     if fsdp > 1 and len(shape) - first >= 2:
-        free = [a for a in range(first, len(shape)) if spec[a] is None and shape[a] % fsdp == 0]
-        if free:
-            spec[max(free, key=lambda a: (shape[a], -a))] = 'fsdp'
+        if fsdp_axis is not None and spec[fsdp_axis] is None and shape[fsdp_axis] % fsdp == 0:
+            spec[fsdp_axis] = 'fsdp'
+        else:
+            free = [a for a in range(first, len(shape)) if spec[a] is None and shape[a] % fsdp == 0]
+            if free:
+                spec[max(free, key=lambda a: (shape[a], -a))] = 'fsdp'
+    while spec and spec[-1] is None:  # P() for a replicated tensor, as Orbax and ckpt show it
+        spec.pop()
     return P(*spec)
 
 
@@ -76,9 +89,7 @@ def opt_state_shardings(opt_state, params, mesh: Mesh):
     """A tree like `opt_state`: a leaf that is a copy of a parameter (same name at the end
     of its path, same shape) gets that parameter's sharding; everything else is replicated.
     `opt_state` may be abstract (jax.eval_shape)."""
-    shapes = {
-        _dict_path(path): tuple(x.shape) for path, x in jax.tree_util.tree_flatten_with_path(params)[0]
-    }
+    shapes = {_dict_path(path): tuple(x.shape) for path, x in jax.tree_util.tree_flatten_with_path(params)[0]}
 
     def sharding(path, x):
         name = _dict_path(path)
@@ -89,9 +100,10 @@ def opt_state_shardings(opt_state, params, mesh: Mesh):
     return jax.tree_util.tree_map_with_path(sharding, opt_state)
 
 
-def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
-    """(A, B, T) or (B, T): B split over data × fsdp."""
-    return NamedSharding(mesh, P(*([None] * (ndim - 2)), BATCH_AXES, None))
+def batch_sharding(mesh: Mesh, micro_steps: bool) -> NamedSharding:
+    """B split over data × fsdp, for (A, B, T) with `micro_steps`, else for B first (B, T),
+    (B, T, V), ..."""
+    return NamedSharding(mesh, P(None, BATCH_AXES) if micro_steps else P(BATCH_AXES))
 
 
 def put_global(tree, shardings):

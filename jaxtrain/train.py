@@ -1,7 +1,11 @@
 """The training run: set up, maybe resume, loop, save. `run(config)` returns an exit code.
 
-Sections, in order: devices and batch geometry / model / data / optimizer and state /
+Sections, in order: mesh and batch geometry / model / data / optimizer and state /
 resume / checkpoints / the loop.
+
+The state lives sharded on the mesh (mesh.py, sharding.py) and the train step is jitted
+once with those shardings in and out, so a step never moves parameters between layouts.
+With several processes every process runs this same function on the same config.
 """
 
 import dataclasses
@@ -10,14 +14,17 @@ import platform
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jaxtrain import checkpoint as ckpt
+from jaxtrain import mesh as mesh_lib
+from jaxtrain import sharding
 from jaxtrain.batch_geometry import batch_geometry
 from jaxtrain.config_checks import check_config
 from jaxtrain.data import TokenStream
+from jaxtrain.distributed import agree_on_step_end
 from jaxtrain.model_setup import setup_model
 from jaxtrain.optim import build_optimizer
 from jaxtrain.run_log import RunLog
@@ -38,7 +45,9 @@ def file_sha256(path: str) -> str:
 
 
 def library_versions() -> dict:
-    import flax, optax, orbax.checkpoint
+    import flax
+    import optax
+    import orbax.checkpoint
 
     return {
         'python': platform.python_version(),
@@ -67,18 +76,24 @@ def run(config) -> int:
     log = RunLog(config.metrics_dir)
     check_config(config)
 
-    # --- devices and batch geometry ---
-    devices = jax.devices()[: config.num_devices] if config.num_devices else jax.devices()
-    if config.num_devices > len(jax.devices()):
-        raise ValueError(
-            f'num_devices: expected at most the {len(jax.devices())} devices present, found {config.num_devices}'
-        )
-    mesh = jax.sharding.Mesh(np.array(devices), ('data',))
+    # --- mesh and batch geometry ---
+    mesh = mesh_lib.build_mesh(config)
+    devices = list(mesh.devices.flat)
     replicated = NamedSharding(mesh, P())
-    batch_sharding = NamedSharding(mesh, P(None, 'data'))  # (A, rows, T): rows split over ranks
+    train_batch_sharding = sharding.batch_sharding(mesh, micro_steps=True)  # (A, rows, T)
+    val_batch_sharding = sharding.batch_sharding(mesh, micro_steps=False)  # (rows, T)
     geometry = batch_geometry(
-        config.batch_size, config.sequence_length, config.total_batch_size, data_parallel=len(devices)
+        config.batch_size,
+        config.sequence_length,
+        config.total_batch_size,
+        data_parallel=mesh_lib.data_parallel_size(mesh),
     )
+    topology = {
+        'platform': devices[0].platform,
+        'device_count': len(devices),
+        'process_count': jax.process_count(),
+        'mesh': dict(mesh.shape),
+    }
 
     # --- model ---
     setup = setup_model(config)
@@ -112,15 +127,23 @@ def run(config) -> int:
 
     # --- optimizer and state ---
     tx, schedule = build_optimizer(config)
-    params = jax.device_put(setup.params, replicated)
-    state = TrainState(
-        step=jnp.int32(0),
-        data_position=jnp.int32(0),
-        params=params,
-        opt_state=jax.device_put(tx.init(params), replicated),
-        rng=jax.random.key_data(jax.random.PRNGKey(config.seed)),
+    param_shardings = sharding.parameter_shardings(setup.params, mesh)
+    params = sharding.put_global(setup.params, param_shardings)
+    opt_shardings = sharding.opt_state_shardings(jax.eval_shape(tx.init, params), params, mesh)
+    state_shardings = TrainState(
+        step=replicated,
+        data_position=replicated,
+        params=param_shardings,
+        opt_state=opt_shardings,
+        rng=replicated,
     )
-    state = jax.device_put(state, replicated)
+    state = TrainState(
+        step=sharding.put_global(np.int32(0), replicated),
+        data_position=sharding.put_global(np.int32(0), replicated),
+        params=params,
+        opt_state=jax.jit(tx.init, out_shardings=opt_shardings)(params),
+        rng=sharding.put_global(np.asarray(jax.random.key_data(jax.random.PRNGKey(config.seed))), replicated),
+    )
 
     # --- resume ---
     resume_dir, notice = ckpt.resolve_resume(config.resume_from, config.checkpoint_dir)
@@ -135,23 +158,22 @@ def run(config) -> int:
             raise ckpt.CheckpointError(f'{resume_dir}: does not fit this run: ' + '; '.join(incompatible))
         for change in changes:
             log.info(f'resume: changed since the checkpoint: {change}')
+        # Restored straight onto this run's shardings, whatever mesh saved them.
         params, opt_state, saved = ckpt.restore(resume_dir, state.params, state.opt_state)
         if opt_state is None:
             log.info(f'resume: {resume_dir} has no optimizer state; starting with fresh optimizer moments')
-            opt_state = jax.device_put(ckpt.set_schedule_position(tx.init(params), saved['step']), replicated)
+            fresh = lambda p: ckpt.set_schedule_position(tx.init(p), saved['step'])
+            opt_state = jax.jit(fresh, out_shardings=opt_shardings)(params)
         state = state.replace(
-            step=jnp.int32(saved['step']),
-            data_position=jnp.int32(saved['data_position']),
+            step=sharding.put_global(np.int32(saved['step']), replicated),
+            data_position=sharding.put_global(np.int32(saved['data_position']), replicated),
             params=params,
             opt_state=opt_state,
-            rng=jnp.asarray(saved['rng'], dtype=jnp.uint32),
+            rng=sharding.put_global(np.asarray(saved['rng'], dtype=np.uint32), replicated),
         )
-        state = jax.device_put(state, replicated)
-        topology_then = saved.get('topology', {})
         log.info(
-            f"resume: restored step {saved['step']} from {resume_dir} (saved on "
-            f"{topology_then.get('device_count', '?')} {topology_then.get('platform', '?')} device(s), "
-            f'now {len(devices)} {devices[0].platform})'
+            f"resume: restored step {saved['step']} from {resume_dir} "
+            f"({ckpt.topology_change(saved.get('topology', {}), topology)})"
         )
     start_step = int(state.step)
     data_position = int(state.data_position)
@@ -188,12 +210,7 @@ def run(config) -> int:
             'training_config': training_config,
             'dtype': config.dtype,
             'tokens_per_step': geometry.tokens_per_step,
-            'topology': {
-                'platform': devices[0].platform,
-                'device_count': len(devices),
-                'process_count': jax.process_count(),
-                'mesh': dict(mesh.shape),
-            },
+            'topology': topology,
             'versions': library_versions(),
             'llmc_file': setup.llmc_file,
             'llmc_sha256': llmc_sha256,
@@ -221,17 +238,29 @@ def run(config) -> int:
         return time.perf_counter() - began
 
     # --- the loop ---
-    train_step = jax.jit(make_train_step(setup.graphdef, tx, model_config.vocab_size), donate_argnums=0)
-    eval_step = jax.jit(make_eval_step(setup.graphdef, model_config.vocab_size))
+    train_step = jax.jit(
+        make_train_step(setup.graphdef, tx, model_config.vocab_size),
+        in_shardings=(state_shardings, train_batch_sharding, train_batch_sharding),
+        out_shardings=(state_shardings, replicated),
+        donate_argnums=0,
+    )
+    eval_step = jax.jit(
+        make_eval_step(setup.graphdef, model_config.vocab_size),
+        in_shardings=(param_shardings, val_batch_sharding, val_batch_sharding),
+        out_shardings=replicated,
+    )
     log.info(
         f'model: {config.model_family} {model_config} | {model_config.num_parameters:,} parameters | '
         f'weights: {setup.source}'
     )
     log.info(
-        f'devices: {len(devices)} x {devices[0].device_kind} ({devices[0].platform}) | dtype '
-        f'{config.dtype} | batch {geometry.batch_size} x {geometry.sequence_length} x DP '
-        f'{geometry.data_parallel} x accumulation {geometry.accumulation} = {geometry.tokens_per_step} '
-        f'tokens/step'
+        f'devices: {len(devices)} x {devices[0].device_kind} ({devices[0].platform}) in '
+        f'{jax.process_count()} process(es) | mesh {mesh_lib.describe(mesh)} | '
+        f'{sharding.describe_sharded(param_shardings)} | dtype {config.dtype}'
+    )
+    log.info(
+        f'batch: {geometry.batch_size} x {geometry.sequence_length} x DP {geometry.data_parallel} '
+        f'(data x fsdp) x accumulation {geometry.accumulation} = {geometry.tokens_per_step} tokens/step'
     )
     log.info(f'data: {stream.describe()}')
     if start_step >= config.num_iteration:
@@ -240,15 +269,19 @@ def run(config) -> int:
         )
 
     stop = StopRequest().install()
+    stopping = False  # `stop` as all processes agree on it (agree_on_step_end)
     last_saved_step, last_save_time = None, time.monotonic()
     epoch = stream.epoch_of(data_position)
     step = start_step
     try:
         while step < config.num_iteration:
+            # Every process reads the whole window (a pure function of the position) and
+            # supplies its own devices' rows of it.
             inputs, targets = stream.window(data_position)
             shape = (geometry.accumulation, geometry.rows_per_micro_step, geometry.sequence_length)
-            inputs = jax.device_put(inputs.reshape(shape), batch_sharding)
-            targets = jax.device_put(targets.reshape(shape), batch_sharding)
+            inputs, targets = sharding.put_global(
+                (inputs.reshape(shape), targets.reshape(shape)), train_batch_sharding
+            )
             began = time.perf_counter()
             state, metrics = train_step(state, inputs, targets)
             loss = float(metrics['loss'])
@@ -279,30 +312,26 @@ def run(config) -> int:
                 log.info(f'data: epoch {epoch} begins (the stream wrapped to its start after step {step})')
             if val_stream is not None and step % config.val_loss_every == 0:
                 losses = [
-                    float(
-                        eval_step(
-                            state.params,
-                            jax.device_put(x, NamedSharding(mesh, P('data'))),
-                            jax.device_put(y, NamedSharding(mesh, P('data'))),
-                        )
-                    )
+                    float(eval_step(state.params, *sharding.put_global((x, y), val_batch_sharding)))
                     for x, y in val_stream.val_windows(config.val_max_steps)
                 ]
                 log.info(f'step {step:4d}/{config.num_iteration} | val loss {np.mean(losses):.6f}')
                 log.record({'step': step, 'val_loss': float(np.mean(losses))})
+            stopping, due_by_clock = agree_on_step_end(
+                bool(stop),
+                config.save_every_minutes > 0
+                and time.monotonic() - last_save_time >= 60 * config.save_every_minutes,
+            )
             due = saving and (
                 (config.save_steps > 0 and step % config.save_steps == 0)
                 or step == config.num_iteration
-                or (
-                    config.save_every_minutes > 0
-                    and time.monotonic() - last_save_time >= 60 * config.save_every_minutes
-                )
+                or due_by_clock
             )
-            if checkpointer is not None and (due or stop):
+            if checkpointer is not None and (due or stopping):
                 blocked = save(state)
                 last_saved_step, last_save_time = step, time.monotonic()
                 log.record({'step': step, 'save_blocked_s': blocked})
-            if stop:
+            if stopping:
                 break
     finally:
         stop.restore()
@@ -310,14 +339,15 @@ def run(config) -> int:
             checkpointer.close()  # waits for the last write to be committed
         log.close()
 
-    if stop:
+    if stopping:
+        signal_name = stop.signal_name or 'a signal to another process'
         if last_saved_step == step and checkpointer is not None:
             log.info(
-                f'{stop.signal_name}: stopped after step {step}; resume with --resume_from '
+                f'{signal_name}: stopped after step {step}; resume with --resume_from '
                 f'{checkpointer.step_dir(step)}'
             )
             return 0
-        log.info(f'{stop.signal_name}: stopped after step {step}; nothing saved (no checkpoint_dir)')
+        log.info(f'{signal_name}: stopped after step {step}; nothing saved (no checkpoint_dir)')
         return 128 + {'SIGINT': 2, 'SIGTERM': 15}.get(stop.signal_name, 0)
     if last_saved_step is not None:
         log.info(f'saved: {checkpointer.step_dir(last_saved_step)}')

@@ -132,7 +132,10 @@ def gpt2_info(path: str | os.PathLike) -> hdr.ModelInfo:
     ints = hdr.read_header(path)
     hint = ""
     if int(ints[0]) == hdr.LLAMA3_MODEL_MAGIC:
-        hint = "this is a LLaMA-3 model file; use load_llama3 or load_model"
+        hint = (
+            "this is a LLaMA-3 model file; use load_llama3 or load_model "
+            "(to train it: --config=configs/llama3.py)"
+        )
     hdr.check_magic(path, ints, hdr.GPT2_MODEL_MAGIC, hint)
     version = int(ints[1])
     if version not in VERSION_DTYPES:

@@ -239,7 +239,7 @@ def test_show_trainer_state_and_tensors(runs, capsys):
     assert {name: tuple(r['shape']) for name, r in params.items()} == TINY_GPT2.param_shapes()
     saved = flat(restore_params(step_dir))  # read through Orbax's StandardCheckpointer
     for name, row in params.items():
-        assert (row['dtype'], row['sharding']) == ('float32', 'mesh(data=1) P()')
+        assert (row['dtype'], row['sharding']) == ('float32', 'mesh(data=1,fsdp=1,tensor=1) P()')
         assert (row['min'], row['max']) == (float(saved[name].min()), float(saved[name].max()))
         assert row['mean'] == pytest.approx(float(saved[name].mean()), abs=1e-7)
         assert row['std'] == pytest.approx(float(saved[name].std()), rel=1e-5)
