@@ -20,6 +20,7 @@ what changed. With many processes every process calls save and restore (Orbax wr
 each process's shards and process 0 the metadata); only process 0 deletes directories.
 """
 
+import contextlib
 import dataclasses
 import json
 import re
@@ -37,6 +38,8 @@ STEP_PREFIX = 'checkpoint_step'
 STEP_DIGITS = 6
 _STEP_DIR = re.compile(rf'^{STEP_PREFIX}_(\d{{{STEP_DIGITS},}})$')
 TRAINER_STATE_FILE = Path('trainer_state') / 'metadata'  # where Orbax's JsonSave puts it
+_UNFINISHED_SAVE = '.orbax-checkpoint-tmp'  # in the name of a step Orbax is still writing
+DAMAGED = 'the checkpoint is damaged: resume from an earlier step (python -m jaxtrain.ckpt ls lists them)'
 
 
 class CheckpointError(Exception):
@@ -77,11 +80,23 @@ def resolve_resume(resume_from: str, checkpoint_dir: str) -> tuple[Path | None, 
         steps = committed_steps(checkpoint_dir)
         if not steps:
             return None, f'resume_from=latest: no committed checkpoint in {checkpoint_dir}; starting fresh'
-        return Path(checkpoint_dir) / step_dir_name(steps[-1]), ''
-    path = Path(resume_from)
+        # Absolute: Orbax refuses relative paths, and the README's commands use them.
+        return Path(checkpoint_dir).absolute() / step_dir_name(steps[-1]), ''
+    path = Path(resume_from).absolute()
     if not path.exists():
         raise CheckpointError(
             f'resume_from: {path}: expected a {STEP_PREFIX}_NNNNNN directory, found nothing there'
+        )
+    if _UNFINISHED_SAVE in path.name:
+        steps = committed_steps(path.parent)
+        pick = (
+            f'Pick a committed step instead: {", ".join(step_dir_name(s) for s in steps)}'
+            if steps
+            else f'{path.parent} holds no committed step to pick instead'
+        )
+        raise CheckpointError(
+            f'resume_from: {path}: expected a committed checkpoint, found an unfinished save (the '
+            f'temporary name Orbax writes under until a save completes). {pick}.'
         )
     if step_of(path) is not None:
         if not is_committed(path):
@@ -109,9 +124,24 @@ def read_trainer_state(step_dir) -> dict:
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
-        raise CheckpointError(f'{path}: expected the trainer state JSON, found no file') from None
+        raise CheckpointError(f'{path}: expected the trainer state JSON, found no file; {DAMAGED}') from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f'{path}: expected JSON, found unreadable content ({e})') from None
+        raise CheckpointError(f'{path}: expected JSON, found unreadable content ({e}); {DAMAGED}') from None
+
+
+def check_resumable(trainer_state: dict, step_dir) -> None:
+    """The fields a resume uses, checked before anything is restored, so that an edited or
+    damaged trainer state is named here rather than failing later without its file."""
+    path = Path(step_dir) / TRAINER_STATE_FILE
+    for key in ('step', 'data_position'):
+        value = trainer_state.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            found = 'none' if key not in trainer_state else repr(value)
+            raise CheckpointError(f'{path}: {key}: expected an integer >= 0, found {found}; {DAMAGED}')
+    rng = trainer_state.get('rng')
+    if not (isinstance(rng, list) and rng and all(isinstance(x, int) and 0 <= x < 2**32 for x in rng)):
+        found = 'none' if 'rng' not in trainer_state else repr(rng)
+        raise CheckpointError(f'{path}: rng: expected a list of uint32 key words, found {found}; {DAMAGED}')
 
 
 # --- compatibility between a checkpoint and the current run -------------------------
@@ -220,6 +250,15 @@ def _barrier(name: str):
         multihost_utils.sync_global_devices(name)
 
 
+_WRITE_ERRORS = (
+    'No space left on device',
+    'Disk quota exceeded',
+    'File too large',
+    'Read-only file system',
+    'Permission denied',
+)
+
+
 class Checkpointer:
     """Asynchronous, rotating saves of the training state into one checkpoint root."""
 
@@ -236,6 +275,7 @@ class Checkpointer:
         self.manager = ocp.CheckpointManager(
             self.root, options=options, item_names=('params', 'opt_state', 'trainer_state')
         )
+        self._writing = None  # the step of the last save started
 
     def refuse_later_steps(self, start_step: int, overwrite: bool) -> list[int]:
         """Orbax skips saving a step ≤ its latest, so later steps would silently win."""
@@ -262,14 +302,45 @@ class Checkpointer:
         if opt_state is not None:
             items['opt_state'] = ocp.args.StandardSave(opt_state)
         # Returns once the arrays are copied off the device; the write continues in the background.
-        self.manager.save(step, args=ocp.args.Composite(**items), force=True)
+        # A failed background write is raised here (by the next save) or by wait()/close().
+        try:
+            self.manager.save(step, args=ocp.args.Composite(**items), force=True)
+        except Exception as e:
+            raise self._save_failed(e, step) from e
+        self._writing = step
 
     def wait(self):
-        self.manager.wait_until_finished()
+        try:
+            self.manager.wait_until_finished()
+        except Exception as e:
+            raise self._save_failed(e, self._writing) from e
 
     def close(self):
-        self.manager.wait_until_finished()
+        try:
+            self.wait()
+        except CheckpointError:
+            with contextlib.suppress(Exception):  # it would raise the same failure again
+                self.manager.close()
+            raise
         self.manager.close()
+
+    def _save_failed(self, error: Exception, step) -> CheckpointError:
+        """One line: which save failed and why, what is still there, what to do. Orbax
+        commits a step only when all of it is written and rotates only after a commit, so
+        the committed steps are untouched."""
+        text = ' '.join(str(error).split())
+        named = re.search(rf'{STEP_PREFIX}_\d{{{STEP_DIGITS},}}', text)  # Orbax names the directory
+        if named:
+            failed = named.group(0)
+        else:
+            failed = step_dir_name(step) if step is not None else 'a checkpoint'
+        reason = next((r for r in _WRITE_ERRORS if r in text), None) or (text[:160] or type(error).__name__)
+        steps = committed_steps(self.root)
+        kept = f'{step_dir_name(steps[-1])} and earlier are intact' if steps else 'no step was committed'
+        return CheckpointError(
+            f'checkpoint_dir: {self.root}: could not save {failed}: {reason}; {kept}. Free space, '
+            'then resume with --resume_from latest.'
+        )
 
     def step_dir(self, step: int) -> Path:
         return self.root / step_dir_name(step)
@@ -283,24 +354,37 @@ def restore(step_dir: Path, params_like, opt_state_like):
     """Restores (params, opt_state or None, trainer_state) onto the shardings of the
     given live trees; the optimizer state is restored against its abstract tree so
     optax's namedtuples come back as namedtuples. Checksums are verified."""
-    step_dir = Path(step_dir)
+    step_dir = Path(step_dir).absolute()  # Orbax refuses relative paths
     trainer_state = read_trainer_state(step_dir)
-    checkpointer = ocp.StandardCheckpointer()
-    try:
-        params = checkpointer.restore(step_dir / 'params', _abstract(params_like))
-        opt_state = None
-        if (step_dir / 'opt_state').is_dir():
-            opt_state = checkpointer.restore(step_dir / 'opt_state', _abstract(opt_state_like))
-    except (ValueError, FileNotFoundError, KeyError) as e:
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f'{step_dir}: could not restore the saved arrays: {first_line}') from e
+    check_resumable(trainer_state, step_dir)
+    has_opt_state = (step_dir / 'opt_state').is_dir()
+    if trainer_state.get('has_optimizer_state') and not has_opt_state:
+        raise CheckpointError(
+            f'{step_dir}: opt_state: expected the optimizer state (the trainer state says '
+            f'has_optimizer_state), found no opt_state directory; {DAMAGED}'
+        )
+    params = _restore_item(step_dir, 'params', params_like)
+    opt_state = _restore_item(step_dir, 'opt_state', opt_state_like) if has_opt_state else None
     checksums = trainer_state.get('checksums', {})
     problems = checksum_mismatches(params, checksums.get('params', {}), 'params')
     if opt_state is not None:
         problems += checksum_mismatches(opt_state, checksums.get('opt_state', {}), 'opt_state')
     if problems:
-        raise CheckpointError(f'{step_dir}: checksum verification failed: ' + '; '.join(problems))
+        raise CheckpointError(
+            f'{step_dir}: checksum verification failed: ' + '; '.join(problems) + f'; {DAMAGED}'
+        )
     return params, opt_state, trainer_state
+
+
+def _restore_item(step_dir: Path, item: str, like):
+    try:
+        return ocp.StandardCheckpointer().restore(step_dir / item, _abstract(like))
+    except Exception as e:  # Orbax and TensorStore raise many kinds for a damaged item
+        text = ' '.join(str(e).split()).split(' See full TensorStore details')[0] or type(e).__name__
+        reason = text if len(text) <= 160 else text[:157] + '...'
+        raise CheckpointError(
+            f'{step_dir}: {item}: could not restore the saved arrays ({reason}); {DAMAGED}'
+        ) from e
 
 
 def set_schedule_position(opt_state, step: int):

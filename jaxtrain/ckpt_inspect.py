@@ -151,7 +151,7 @@ class TensorLayout:
 
 
 def _item_dir(step_dir: Path, item: str) -> Path:
-    item_dir = Path(step_dir) / item
+    item_dir = Path(step_dir).absolute() / item  # Orbax refuses relative paths
     if not item_dir.is_dir():
         raise CheckpointError(f'{item_dir}: expected the {item} item (an Orbax directory), found nothing')
     return item_dir

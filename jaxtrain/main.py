@@ -8,6 +8,7 @@ Flags -> config -> XLA flags -> distributed init (distributed.py; a no-op for on
 Every key is listed with its meaning by --helpfull (the KEYS table of config_base.py).
 """
 
+import logging as std_logging
 import os
 import sys
 import traceback
@@ -44,6 +45,17 @@ def _enable_compilation_cache():
         jax.config.update('jax_compilation_cache_dir', str(cache_dir() / 'xla'))
 
 
+class _WithoutOrbaxErrors(std_logging.Filter):
+    """Orbax logs a failed background save with its tracebacks before raising it to the
+    loop, which reports it in one line (checkpoint.py); the tracebacks need --verbose."""
+
+    def filter(self, record):
+        return record.levelno < std_logging.ERROR or '/orbax/' not in record.pathname.replace('\\', '/')
+
+
+_HIDE_ORBAX_ERRORS = _WithoutOrbaxErrors()
+
+
 def main(argv):
     if len(argv) > 1:
         print(
@@ -54,6 +66,10 @@ def main(argv):
     if not flags.FLAGS['verbosity'].present:
         # JAX and Orbax log every compile and save at INFO; our own lines are enough.
         logging.set_verbosity(logging.WARNING)
+    if _VERBOSE.value:
+        logging.get_absl_logger().removeFilter(_HIDE_ORBAX_ERRORS)
+    else:
+        logging.get_absl_logger().addFilter(_HIDE_ORBAX_ERRORS)
     try:
         import jax
 
@@ -85,7 +101,7 @@ def main(argv):
 
 
 def entry_point():
-    app.run(lambda argv: sys.exit(main(argv)))
+    app.run(lambda argv: sys.exit(main(argv)), flags_parser=key_flags.parse_command_line)
 
 
 if __name__ == '__main__':

@@ -69,7 +69,11 @@ def setup_model(config) -> ModelSetup:
     model_cls, config_cls, variants = FAMILIES[config.model_family]
     dtype = DTYPES[config.dtype]
     attention = resolve_attention(config.attention, dtype)
-    if attention == 'cudnn' and not config.scan_layers and 'deterministic_ops=true' in os.environ.get('XLA_FLAGS', ''):
+    if (
+        attention == 'cudnn'
+        and not config.scan_layers
+        and 'deterministic_ops=true' in os.environ.get('XLA_FLAGS', '')
+    ):
         raise ValueError(
             'scan_layers: expected true with deterministic GPU kernels (jax 0.11.2 breaks deterministic '
             'cuDNN attention in unrolled layers); found false. Pass --scan_layers true, or --deterministic '

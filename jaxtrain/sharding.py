@@ -63,7 +63,8 @@ def parameter_spec(name: str, shape: tuple, mesh: Mesh) -> P:
     first = 1 if name.startswith(LAYER_STACKED_PREFIX) else 0  # skip the layer axis
     tensor, fsdp = mesh.shape['tensor'], mesh.shape['fsdp']
     rule = next((RULES[suffix] for suffix in RULES if name.endswith(suffix)), (None, None))
-    tensor_axis, fsdp_axis = (None if a is None else first + a for a in rule)
+    # A tensor without the rule's axis (another layout) falls back to the generic fsdp rule.
+    tensor_axis, fsdp_axis = (None if a is None or first + a >= len(shape) else first + a for a in rule)
     if tensor > 1 and tensor_axis is not None and shape[tensor_axis] % tensor == 0:
         spec[tensor_axis] = 'tensor'
     if fsdp > 1 and len(shape) - first >= 2:

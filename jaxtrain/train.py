@@ -108,7 +108,12 @@ def run(config) -> int:
     # --- data ---
     train_pattern, val_pattern = _data_paths(config)
     stream = TokenStream(
-        train_pattern, geometry.tokens_per_step, config.sequence_length, model_config.vocab_size, name='train'
+        train_pattern,
+        geometry.tokens_per_step,
+        config.sequence_length,
+        model_config.vocab_size,
+        name='train',
+        model_family=config.model_family,
     )
     val_stream = None
     if config.val_loss_every > 0 and val_pattern:
@@ -118,6 +123,7 @@ def run(config) -> int:
             config.sequence_length,
             model_config.vocab_size,
             name='val',
+            model_family=config.model_family,
         )
         if config.val_max_steps > val_stream.windows_per_epoch:
             raise ValueError(
@@ -155,7 +161,12 @@ def run(config) -> int:
         saved = ckpt.read_trainer_state(resume_dir)
         incompatible, changes = ckpt.compare_with_run(saved, model_config_dict, training_config)
         if incompatible:
-            raise ckpt.CheckpointError(f'{resume_dir}: does not fit this run: ' + '; '.join(incompatible))
+            raise ckpt.CheckpointError(
+                f'{resume_dir}: does not fit this run: '
+                + '; '.join(incompatible)
+                + '. Resume it with the settings it was saved with (python -m jaxtrain.ckpt show '
+                f'{resume_dir} lists them), or start a new run without --resume_from.'
+            )
         for change in changes:
             log.info(f'resume: changed since the checkpoint: {change}')
         # Restored straight onto this run's shardings, whatever mesh saved them.
@@ -288,10 +299,13 @@ def run(config) -> int:
             elapsed = time.perf_counter() - began
             step, data_position = step + 1, data_position + 1
             if not np.isfinite(loss) or not bool(metrics['params_finite']):
+                # The last good state on disk: this run's last save, else the one it resumed.
+                good = checkpointer.step_dir(last_saved_step) if last_saved_step is not None else resume_dir
                 last = (
-                    f'the last saved checkpoint is {checkpointer.step_dir(last_saved_step)}'
-                    if last_saved_step is not None
-                    else 'no checkpoint was saved by this run'
+                    f'the last good checkpoint is {good}; resume from it with a lower --learning_rate '
+                    'or a --grad_clip'
+                    if good is not None
+                    else 'there is no checkpoint of this run'
                 )
                 raise TrainingError(
                     f'step {step}: loss is {loss} (parameters finite: '

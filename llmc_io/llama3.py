@@ -352,8 +352,7 @@ def llama3_info(
     hint = ""
     if int(ints[0]) == hdr.GPT2_MODEL_MAGIC:
         hint = (
-            "this is a GPT-2 model file; use load_gpt2 or load_model "
-            "(to train it: --config=configs/gpt2.py)"
+            "this is a GPT-2 model file; use load_gpt2 or load_model (to train it: --config=configs/gpt2.py)"
         )
     hdr.check_magic(path, ints, hdr.LLAMA3_MODEL_MAGIC, hint)
     version = int(ints[1])

@@ -3,6 +3,7 @@
 The trainer's runs in these tests compile the same few programs again and again, so a
 persistent XLA compilation cache for the session cuts minutes off the suite.
 """
+
 import os
 import sys
 from pathlib import Path

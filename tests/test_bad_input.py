@@ -6,8 +6,6 @@ do; no traceback (that needs --verbose); and nothing on disk changed (the digest
 input file and checkpoint is the same before and after). The llmc_io-level messages have
 their own tests (test_llmc_*.py); these check what a user of the trainer sees.
 
-Cases marked `needs lead change` are behaviour that needs an edit in a file another
-change owns (main.py, train.py, checkpoint.py); they are strict xfails until it lands.
 """
 
 import dataclasses
@@ -21,7 +19,6 @@ import numpy as np
 import pytest
 
 from cli_runs import run_cli, tree_digest
-from jaxtrain.flags import parse_command_line
 from trainer_runs import random_shard, tiny_llmc_model, write_shard
 
 HEADER_BYTES = 1024
@@ -174,16 +171,7 @@ class Case:
     command: Callable[[Files, Path], list]  # builds the bad input under tmp_path; returns the flags
     expected: tuple[str, ...]  # what the error line must hold: the file or key, expected, found, what to do
     config: str = GPT2
-    needs: str = ''  # the lead change this case waits for (a strict xfail until then)
 
-
-_PARSER = 'main.py: app.run(..., flags_parser=key_flags.parse_command_line)'
-_RESTORE = 'checkpoint.py: restore() names the item that fails and says to pick an earlier step'
-_TRAINER_STATE = 'checkpoint.py: check_resumable() checks the trainer state before a restore'
-_OPT_STATE = 'checkpoint.py: restore() refuses a missing opt_state the trainer state says was saved'
-_MISMATCH = 'train.py: the does-not-fit message says what to do'
-_UNFINISHED = 'checkpoint.py: resolve_resume() recognises an Orbax temporary directory'
-_SHARD_KIND = 'train.py: TokenStream(..., model_family=config.model_family)'
 
 CASES = {
     # llm.c model files (--llmc_filepath)
@@ -306,7 +294,6 @@ CASES = {
     'shard: LLaMA-3 shards for a GPT-2 model': Case(
         lambda f, t: f.gpt2('--input_bin', f.llama3_shard, '--num_iteration', 1),
         ('llama3_train.bin', 'expected a gpt2 shard', 'found a llama3 shard', '--config=configs/llama3.py'),
-        needs=_SHARD_KIND,
     ),
     'shard: too few validation batches': Case(
         lambda f, t: f.gpt2('--input_val_bin', f.gpt2_shard, '--val_loss_every', 1, '--val_max_steps', 100),
@@ -316,12 +303,10 @@ CASES = {
     'checkpoint: params item missing': Case(
         lambda f, t: f.gpt2('--resume_from', without(f, t, 'params')),
         ('damaged/checkpoint_step_000002', 'params', 'earlier step'),
-        needs=_RESTORE,
     ),
     'checkpoint: opt_state item missing though saved': Case(
         lambda f, t: f.gpt2('--resume_from', without(f, t, 'opt_state')),
         ('damaged/checkpoint_step_000002', 'opt_state', 'has_optimizer_state', 'earlier step'),
-        needs=_OPT_STATE,
     ),
     'checkpoint: trainer_state item missing': Case(
         lambda f, t: f.gpt2('--resume_from', without(f, t, 'trainer_state')),
@@ -335,7 +320,6 @@ CASES = {
     'checkpoint: truncated tensor file': Case(
         lambda f, t: f.gpt2('--resume_from', tensor_file_truncated(f, t)),
         ('damaged/checkpoint_step_000002', 'params', 'earlier step'),
-        needs=_RESTORE,
     ),
     'checkpoint: trainer state is not JSON': Case(
         lambda f, t: f.gpt2(
@@ -348,12 +332,10 @@ CASES = {
             'found unreadable content',
             'earlier step',
         ),
-        needs=_TRAINER_STATE,
     ),
     'checkpoint: trainer state without its rng': Case(
         lambda f, t: f.gpt2('--resume_from', trainer_state_edited(f, t, lambda s: s.pop('rng'))),
         ('damaged/checkpoint_step_000002/trainer_state/metadata', 'rng', 'found none', 'earlier step'),
-        needs=_TRAINER_STATE,
     ),
     'checkpoint: trainer state with a text step': Case(
         lambda f, t: f.gpt2('--resume_from', trainer_state_edited(f, t, lambda s: s.update(step='two'))),
@@ -363,19 +345,16 @@ CASES = {
             'expected an integer',
             "found 'two'",
         ),
-        needs=_TRAINER_STATE,
     ),
     'checkpoint: trainer state with a negative data position': Case(
         lambda f, t: f.gpt2(
             '--resume_from', trainer_state_edited(f, t, lambda s: s.update(data_position=-5))
         ),
         ('damaged/checkpoint_step_000002/trainer_state/metadata', 'data_position', 'found -5'),
-        needs=_TRAINER_STATE,
     ),
     'checkpoint: checksum mismatch': Case(
         lambda f, t: f.gpt2('--resume_from', trainer_state_edited(f, t, checksum_changed)),
         ('damaged/checkpoint_step_000002', 'checksum expected 00000000:00000000', 'found', 'earlier step'),
-        needs=_RESTORE,
     ),
     'checkpoint: saved for another model': Case(
         lambda f, t: f.gpt2('--resume_from', f.step(2), '--llmc_filepath', f.other_model),
@@ -384,7 +363,6 @@ CASES = {
             'model_config.vocab_size: checkpoint 512, now 256',
             'without --resume_from',
         ),
-        needs=_MISMATCH,
     ),
     'checkpoint: model config edited in the trainer state': Case(
         lambda f, t: f.gpt2(
@@ -395,7 +373,6 @@ CASES = {
             'model_config.num_layers: checkpoint 3, now 2',
             'without --resume_from',
         ),
-        needs=_MISMATCH,
     ),
     'checkpoint: latest in a directory saved for another model': Case(
         lambda f, t: f.gpt2(
@@ -413,7 +390,6 @@ CASES = {
             'model_config.vocab_size: checkpoint 512, now 256',
             'without --resume_from',
         ),
-        needs=_MISMATCH,
     ),
     'checkpoint: nothing at the path': Case(
         lambda f, t: f.gpt2('--resume_from', t / 'checkpoint_step_000009'),
@@ -440,7 +416,6 @@ CASES = {
     'checkpoint: an unfinished save': Case(
         lambda f, t: f.gpt2('--resume_from', unfinished_save(f, t)),
         ('resume_from', 'orbax-checkpoint-tmp-1234', 'expected a committed checkpoint', 'unfinished save'),
-        needs=_UNFINISHED,
     ),
     'checkpoint: latest without a checkpoint_dir': Case(
         lambda f, t: f.gpt2('--resume_from', 'latest'),
@@ -497,33 +472,21 @@ CASES = {
     'config: a typo in a --config key': Case(
         lambda f, t: f.gpt2('--config.batch_sise=8'),
         ('--config.batch_sise', 'expected one of the config keys', 'did you mean --config.batch_size?'),
-        needs=_PARSER,
     ),
     'config: a typo in a plain key': Case(
         lambda f, t: f.gpt2('--checkpoint_dri', t / 'ck'),
         ('--checkpoint_dri', 'expected a known flag', 'did you mean --checkpoint_dir?'),
-        needs=_PARSER,
     ),
     'config: text for an integer key': Case(
         lambda f, t: f.gpt2('--num_iteration', '10k'),
         ('--num_iteration', 'expected an integer', "found '10k'"),
-        needs=_PARSER,
     ),
     'config: a config file that is not there': Case(
         lambda f, t: f.gpt2(),
         ('--config', 'expected a config file', 'found nothing at', 'configs/gtp2.py'),
         config='configs/gtp2.py',
-        needs=_PARSER,
     ),
 }
-
-_PARSER_CASES = [name for name, case in CASES.items() if case.needs == _PARSER]
-
-
-def _param(name):
-    case = CASES[name]
-    marks = [pytest.mark.xfail(strict=True, reason=f'needs lead change: {case.needs}')] if case.needs else []
-    return pytest.param(name, marks=marks, id=name)
 
 
 def run_case(files, tmp_path, name, *extra, flags_parser=None):
@@ -549,15 +512,9 @@ def test_the_corpus_is_large_enough():
     assert len(CASES) >= 30
 
 
-@pytest.mark.parametrize('name', [_param(name) for name in CASES])
+@pytest.mark.parametrize('name', list(CASES))
 def test_bad_input_gives_one_clear_line(files, tmp_path, name):
     assert_one_clear_line(*run_case(files, tmp_path, name))
-
-
-@pytest.mark.parametrize('name', _PARSER_CASES)
-def test_flag_mistakes_with_the_one_line_parser(files, tmp_path, name):
-    """The same cases through jaxtrain.flags.parse_command_line, the parser main.py is to use."""
-    assert_one_clear_line(*run_case(files, tmp_path, name, flags_parser=parse_command_line))
 
 
 @pytest.mark.parametrize(

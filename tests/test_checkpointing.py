@@ -1,4 +1,5 @@
 """Checkpoint policy and resume behaviour of the real trainer on a tiny model."""
+
 import json
 import shutil
 
@@ -21,8 +22,12 @@ def files(tmp_path_factory):
 
 
 def config(files, tmp_path, name, **overrides):
-    settings = dict(files, checkpoint_dir=str(tmp_path / name), metrics_dir=str(tmp_path / f'{name}-metrics'),
-                    learning_rate=1e-3)
+    settings = dict(
+        files,
+        checkpoint_dir=str(tmp_path / name),
+        metrics_dir=str(tmp_path / f'{name}-metrics'),
+        learning_rate=1e-3,
+    )
     settings.update(overrides)
     return load_config('gpt2', **settings)
 
@@ -32,8 +37,11 @@ def steps_in(path):
 
 
 def test_rotation_keeps_newest_k_and_every_multiple(files, tmp_path):
-    code, _, _ = train(config(files, tmp_path, 'ck', num_iteration=11, save_steps=2,
-                              max_checkpoint_keep=2, keep_every_steps=4))
+    code, _, _ = train(
+        config(
+            files, tmp_path, 'ck', num_iteration=11, save_steps=2, max_checkpoint_keep=2, keep_every_steps=4
+        )
+    )
     assert code == 0
     # newest two (10, 11: the last step is always saved) plus multiples of 4 (4, 8)
     assert steps_in(tmp_path / 'ck') == [4, 8, 10, 11]
@@ -64,8 +72,11 @@ def test_checkpoint_contents(files, tmp_path):
 
 def test_params_only_checkpoint_resumes_with_fresh_moments(files, tmp_path):
     train(config(files, tmp_path, 'a', num_iteration=2, save_steps=2, save_optimizer_state=False))
-    code, losses, out = train(config(files, tmp_path, 'b', num_iteration=4,
-                                     resume_from=str(tmp_path / 'a' / 'checkpoint_step_000002')))
+    code, losses, out = train(
+        config(
+            files, tmp_path, 'b', num_iteration=4, resume_from=str(tmp_path / 'a' / 'checkpoint_step_000002')
+        )
+    )
     assert code == 0 and sorted(losses) == [3, 4]
     assert out.count('fresh optimizer moments') == 1
 
@@ -73,8 +84,17 @@ def test_params_only_checkpoint_resumes_with_fresh_moments(files, tmp_path):
 def test_latest_resumes_in_place_and_matches_uninterrupted(files, tmp_path):
     _, full, _ = train(config(files, tmp_path, 'full', num_iteration=6, save_steps=3))
     train(config(files, tmp_path, 'ck', num_iteration=3, save_steps=3))
-    code, resumed, out = train(config(files, tmp_path, 'ck', num_iteration=6, save_steps=3, resume_from='latest',
-                                      metrics_dir=str(tmp_path / 'resumed-metrics')))
+    code, resumed, out = train(
+        config(
+            files,
+            tmp_path,
+            'ck',
+            num_iteration=6,
+            save_steps=3,
+            resume_from='latest',
+            metrics_dir=str(tmp_path / 'resumed-metrics'),
+        )
+    )
     assert code == 0 and 'restored step 3' in out
     assert [resumed[s] for s in (4, 5, 6)] == [full[s] for s in (4, 5, 6)]
     assert steps_in(tmp_path / 'ck') == [3, 6]
@@ -91,19 +111,42 @@ def test_incompatible_checkpoint_lists_every_field(files, tmp_path):
     step_dir = str(tmp_path / 'a' / 'checkpoint_step_000001')
     other_model = tiny_llmc_model(tmp_path / 'other.bin', vocab=256)
     with pytest.raises(ckpt.CheckpointError) as error:
-        train(config(files, tmp_path, 'b', num_iteration=3, resume_from=step_dir, llmc_filepath=other_model,
-                     sequence_length=32, total_batch_size=128, optimizer='sgd'))
+        train(
+            config(
+                files,
+                tmp_path,
+                'b',
+                num_iteration=3,
+                resume_from=step_dir,
+                llmc_filepath=other_model,
+                sequence_length=32,
+                total_batch_size=128,
+                optimizer='sgd',
+            )
+        )
     message = str(error.value)
-    for field in ('model_config.vocab_size: checkpoint 512, now 256', "optimizer: checkpoint 'adamw', now 'sgd'",
-                  'sequence_length: checkpoint 64, now 32', 'total_batch_size: checkpoint 256, now 128'):
+    for field in (
+        'model_config.vocab_size: checkpoint 512, now 256',
+        "optimizer: checkpoint 'adamw', now 'sgd'",
+        'sequence_length: checkpoint 64, now 32',
+        'total_batch_size: checkpoint 256, now 128',
+    ):
         assert field in message
     assert '\n' not in message
 
 
 def test_allowed_changes_are_reported(files, tmp_path):
     train(config(files, tmp_path, 'a', num_iteration=1, save_steps=1))
-    code, _, out = train(config(files, tmp_path, 'b', num_iteration=2, learning_rate=5e-4,
-                                resume_from=str(tmp_path / 'a' / 'checkpoint_step_000001')))
+    code, _, out = train(
+        config(
+            files,
+            tmp_path,
+            'b',
+            num_iteration=2,
+            learning_rate=5e-4,
+            resume_from=str(tmp_path / 'a' / 'checkpoint_step_000001'),
+        )
+    )
     assert code == 0
     assert 'learning_rate: checkpoint 0.001, now 0.0005' in out
     assert 'num_iteration: checkpoint 1, now 2' in out
@@ -115,9 +158,18 @@ def test_resume_into_dir_with_later_steps_is_refused_then_overwritten(files, tmp
     with pytest.raises(ckpt.CheckpointError, match='checkpoint_step_000004') as error:
         train(config(files, tmp_path, 'ck', num_iteration=4, save_steps=2, resume_from=early))
     assert 'overwrite_later_checkpoints' in str(error.value)
-    assert steps_in(tmp_path / 'ck') == [2, 4]   # nothing touched
-    code, _, _ = train(config(files, tmp_path, 'ck', num_iteration=3, save_steps=2, resume_from=early,
-                              overwrite_later_checkpoints=True))
+    assert steps_in(tmp_path / 'ck') == [2, 4]  # nothing touched
+    code, _, _ = train(
+        config(
+            files,
+            tmp_path,
+            'ck',
+            num_iteration=3,
+            save_steps=2,
+            resume_from=early,
+            overwrite_later_checkpoints=True,
+        )
+    )
     assert code == 0 and steps_in(tmp_path / 'ck') == [2, 3]
 
 
@@ -154,11 +206,14 @@ def test_corrupted_tensor_fails_its_checksum_naming_it(files, tmp_path):
         train(config(files, tmp_path, 'b', num_iteration=3, resume_from=str(step_dir)))
 
 
-@pytest.mark.parametrize('resume_from,expected', [
-    ('{tmp}/nowhere', 'found nothing there'),
-    ('{tmp}/ck', 'found a checkpoint root holding checkpoint_step_000001'),
-    ('{tmp}/not-a-checkpoint', 'not a checkpoint'),
-])
+@pytest.mark.parametrize(
+    'resume_from,expected',
+    [
+        ('{tmp}/nowhere', 'found nothing there'),
+        ('{tmp}/ck', 'found a checkpoint root holding checkpoint_step_000001'),
+        ('{tmp}/not-a-checkpoint', 'not a checkpoint'),
+    ],
+)
 def test_bad_resume_paths(files, tmp_path, resume_from, expected):
     train(config(files, tmp_path, 'ck', num_iteration=1, save_steps=1))
     (tmp_path / 'not-a-checkpoint').mkdir()

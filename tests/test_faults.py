@@ -347,11 +347,6 @@ def test_full_disk_stops_the_run_and_keeps_every_checkpoint(disk_full):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason='needs lead change: checkpoint.py names a failed save in one line; '
-    'main.py keeps Orbax from logging its tracebacks without --verbose',
-)
 def test_full_disk_is_one_line_saying_what_to_do(disk_full):
     reason, _, _, err, root = disk_full
     steps = ckpt.committed_steps(root)
@@ -401,10 +396,6 @@ def test_non_finite_loss_stops_naming_step_and_last_checkpoint(tiny_files, tmp_p
     assert ckpt_tool.main(['verify', str(root / 'checkpoint_step_000001')]) == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason='needs lead change: train.py names the newest committed checkpoint when this run saved none',
-)
 def test_non_finite_loss_after_resume_names_the_checkpoint_resumed(tiny_files, tmp_path):
     root = tmp_path / 'ck'
     assert run_cli(*tiny_files, '--num_iteration', 2, '--save_steps', 2, '--checkpoint_dir', root).code == 0
@@ -421,11 +412,6 @@ def test_non_finite_loss_after_resume_names_the_checkpoint_resumed(tiny_files, t
 # --- relative paths -------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason='needs lead change: checkpoint.py resolves relative step directories '
-    '(Orbax refuses relative paths)',
-)
 @pytest.mark.parametrize('resume_from', ['ck/checkpoint_step_000002', 'latest'])
 def test_relative_checkpoint_paths_resume(tiny_files, tmp_path, monkeypatch, resume_from):
     """The README's own seed commands use relative paths."""
@@ -437,10 +423,6 @@ def test_relative_checkpoint_paths_resume(tiny_files, tmp_path, monkeypatch, res
     assert 'restored step 2' in result.out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason='needs lead change: ckpt_inspect.py makes item paths absolute (Orbax refuses relative paths)',
-)
 def test_relative_path_for_the_checkpoint_tool(tiny_files, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert run_cli(*tiny_files, '--num_iteration', 1, '--save_steps', 1, '--checkpoint_dir', 'ck').code == 0

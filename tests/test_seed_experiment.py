@@ -1,6 +1,7 @@
 """The seed's acceptance experiment, verbatim, as real processes: train 100 steps saving
 every 20, resume a second run from step 40, and InfiniTrain's loss comparison of steps
 41-100 finds zero difference. Then the same for signals and a kill during saves."""
+
 import os
 import signal
 import subprocess
@@ -20,7 +21,7 @@ def trainer(config_file, *args, log=None):
     """Starts the trainer; its output goes to `log` or a temporary file (a pipe nobody
     reads would fill up and stall it)."""
     command = [sys.executable, '-m', 'jaxtrain.main', f'--config={config_file}', *map(str, args)]
-    env = dict(os.environ, XLA_FLAGS='')   # one CPU device, as a user would run it
+    env = dict(os.environ, XLA_FLAGS='')  # one CPU device, as a user would run it
     out = log or tempfile.TemporaryFile('w+')
     process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, text=True)
     process.output = lambda: (out.seek(0), out.read())[1]
@@ -32,28 +33,69 @@ def test_seed_commands_match_from_step_41(tmp_path, family, dtype):
     train_bin = random_shard(tmp_path / 'TRAIN.bin', kind=family, num_tokens=60_000)
     model_bin = tiny_llmc_model(tmp_path / 'MODEL.bin', family)
     suffix = '_bfloat16' if dtype == 'bfloat16' else ''
-    common = ['--input_bin', train_bin, '--llmc_filepath', model_bin, '--num_iteration', 100, '--save_steps', 20,
-              '--save_optimizer_state', 'true', '--max_checkpoint_keep', 10, '--dtype', dtype]
+    common = [
+        '--input_bin',
+        train_bin,
+        '--llmc_filepath',
+        model_bin,
+        '--num_iteration',
+        100,
+        '--save_steps',
+        20,
+        '--save_optimizer_state',
+        'true',
+        '--max_checkpoint_keep',
+        10,
+        '--dtype',
+        dtype,
+    ]
     (tmp_path / 'base').mkdir(), (tmp_path / 'test').mkdir()
     config_file = f'configs/{family}.py'
     with open(tmp_path / 'base' / f'{family}{suffix}.log', 'w') as log:
         first = trainer(config_file, *common, '--checkpoint_dir', tmp_path / 'ck' / 'noresume', log=log)
         assert first.wait(timeout=600) == 0
     with open(tmp_path / 'test' / f'{family}{suffix}.log', 'w') as log:
-        second = trainer(config_file, *common, '--checkpoint_dir', tmp_path / 'ck' / 'resumefrom40',
-                         '--resume_from', tmp_path / 'ck' / 'noresume' / 'checkpoint_step_000040', log=log)
+        second = trainer(
+            config_file,
+            *common,
+            '--checkpoint_dir',
+            tmp_path / 'ck' / 'resumefrom40',
+            '--resume_from',
+            tmp_path / 'ck' / 'noresume' / 'checkpoint_step_000040',
+            log=log,
+        )
         assert second.wait(timeout=600) == 0
     assert ckpt.committed_steps(tmp_path / 'ck' / 'noresume') == [20, 40, 60, 80, 100]
     assert ckpt.committed_steps(tmp_path / 'ck' / 'resumefrom40') == [60, 80, 100]
     compare = subprocess.run(
-        [sys.executable, '-m', 'jaxtrain.compare_loss', tmp_path / 'base', tmp_path / 'test',
-         '--threshold-fp32', '0', '--threshold-bf16', '0'], capture_output=True, text=True)
+        [
+            sys.executable,
+            '-m',
+            'jaxtrain.compare_loss',
+            tmp_path / 'base',
+            tmp_path / 'test',
+            '--threshold-fp32',
+            '0',
+            '--threshold-bf16',
+            '0',
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert compare.returncode == 0, compare.stdout
     assert '60/60' in compare.stdout
-    diff = subprocess.run([sys.executable, '-m', 'jaxtrain.ckpt', 'diff',
-                           tmp_path / 'ck' / 'noresume' / 'checkpoint_step_000100',
-                           tmp_path / 'ck' / 'resumefrom40' / 'checkpoint_step_000100'],
-                          capture_output=True, text=True)
+    diff = subprocess.run(
+        [
+            sys.executable,
+            '-m',
+            'jaxtrain.ckpt',
+            'diff',
+            tmp_path / 'ck' / 'noresume' / 'checkpoint_step_000100',
+            tmp_path / 'ck' / 'resumefrom40' / 'checkpoint_step_000100',
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert diff.returncode == 0, diff.stdout + diff.stderr
 
 
@@ -69,8 +111,12 @@ def _wait_for_step(metrics_path, step, process, timeout=300):
 
 def _losses(metrics_path):
     import json
-    return {row['step']: row['loss'] for row in map(json.loads, metrics_path.read_text().splitlines())
-            if 'loss' in row}
+
+    return {
+        row['step']: row['loss']
+        for row in map(json.loads, metrics_path.read_text().splitlines())
+        if 'loss' in row
+    }
 
 
 @pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT])
@@ -78,24 +124,48 @@ def test_signal_saves_current_step_and_resume_is_exact(tmp_path, signum):
     train_bin = random_shard(tmp_path / 'train.bin')
     model_bin = tiny_llmc_model(tmp_path / 'model.bin')
     common = ['--input_bin', train_bin, '--llmc_filepath', model_bin, '--learning_rate', 1e-3]
-    run = trainer('configs/gpt2.py', *common, '--num_iteration', 100000, '--checkpoint_dir', tmp_path / 'ck',
-                  '--metrics_dir', tmp_path / 'm1')
+    run = trainer(
+        'configs/gpt2.py',
+        *common,
+        '--num_iteration',
+        100000,
+        '--checkpoint_dir',
+        tmp_path / 'ck',
+        '--metrics_dir',
+        tmp_path / 'm1',
+    )
     _wait_for_step(tmp_path / 'm1' / 'metrics.jsonl', 5, run)
     run.send_signal(signum)
     run.wait(timeout=120)
     out = run.output()
     assert run.returncode == 0, out
     saved = ckpt.committed_steps(tmp_path / 'ck')
-    assert len(saved) == 1 and f'resume with --resume_from {tmp_path / "ck" / ckpt.step_dir_name(saved[0])}' in out
+    assert (
+        len(saved) == 1
+        and f'resume with --resume_from {tmp_path / "ck" / ckpt.step_dir_name(saved[0])}' in out
+    )
     stopped_at = saved[0]
     assert max(_losses(tmp_path / 'm1' / 'metrics.jsonl')) == stopped_at
 
     end = stopped_at + 3
-    resumed = trainer('configs/gpt2.py', *common, '--num_iteration', end, '--checkpoint_dir', tmp_path / 'ck',
-                      '--resume_from', 'latest', '--metrics_dir', tmp_path / 'm2')
+    resumed = trainer(
+        'configs/gpt2.py',
+        *common,
+        '--num_iteration',
+        end,
+        '--checkpoint_dir',
+        tmp_path / 'ck',
+        '--resume_from',
+        'latest',
+        '--metrics_dir',
+        tmp_path / 'm2',
+    )
     full = trainer('configs/gpt2.py', *common, '--num_iteration', end, '--metrics_dir', tmp_path / 'm3')
     assert resumed.wait(timeout=300) == 0 and full.wait(timeout=300) == 0
-    resumed_losses, full_losses = _losses(tmp_path / 'm2' / 'metrics.jsonl'), _losses(tmp_path / 'm3' / 'metrics.jsonl')
+    resumed_losses, full_losses = (
+        _losses(tmp_path / 'm2' / 'metrics.jsonl'),
+        _losses(tmp_path / 'm3' / 'metrics.jsonl'),
+    )
     assert sorted(resumed_losses) == list(range(stopped_at + 1, end + 1))
     assert all(resumed_losses[s] == full_losses[s] for s in resumed_losses)
 
@@ -104,8 +174,18 @@ def test_kill_during_saves_leaves_only_committed_checkpoints(tmp_path):
     """kill -9 while a save every step is in flight: `latest` is always a complete checkpoint."""
     train_bin = random_shard(tmp_path / 'train.bin')
     model_bin = tiny_llmc_model(tmp_path / 'model.bin')
-    common = ['--input_bin', train_bin, '--llmc_filepath', model_bin, '--checkpoint_dir', tmp_path / 'ck',
-              '--save_steps', 1, '--max_checkpoint_keep', 3]
+    common = [
+        '--input_bin',
+        train_bin,
+        '--llmc_filepath',
+        model_bin,
+        '--checkpoint_dir',
+        tmp_path / 'ck',
+        '--save_steps',
+        1,
+        '--max_checkpoint_keep',
+        3,
+    ]
     run = trainer('configs/gpt2.py', *common, '--num_iteration', 100000, '--metrics_dir', tmp_path / 'm')
     _wait_for_step(tmp_path / 'm' / 'metrics.jsonl', 8, run)
     run.kill()

@@ -1,4 +1,5 @@
 """The jitted train step on its own: accumulation, learning, and the optimizer's llm.c rules."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,15 +12,22 @@ from jaxtrain.optim import build_optimizer
 from jaxtrain.train_step import TrainState, make_train_step
 from trainer_runs import load_config
 
-CONFIG = GPT2Config(max_seq_len=16, vocab_size=40, padded_vocab_size=48, num_layers=2, num_heads=2, channels=16)
+CONFIG = GPT2Config(
+    max_seq_len=16, vocab_size=40, padded_vocab_size=48, num_layers=2, num_heads=2, channels=16
+)
 
 
 def _setup(**overrides):
     graphdef, state = nnx.split(GPT2(CONFIG, rngs=nnx.Rngs(0)), nnx.Param)
     params = nnx.to_pure_dict(state)
     tx, _ = build_optimizer(load_config('gpt2', learning_rate=1e-2, **overrides))
-    train_state = TrainState(step=jnp.int32(0), data_position=jnp.int32(0), params=params,
-                             opt_state=tx.init(params), rng=jax.random.key_data(jax.random.PRNGKey(0)))
+    train_state = TrainState(
+        step=jnp.int32(0),
+        data_position=jnp.int32(0),
+        params=params,
+        opt_state=tx.init(params),
+        rng=jax.random.key_data(jax.random.PRNGKey(0)),
+    )
     return jax.jit(make_train_step(graphdef, tx, CONFIG.vocab_size)), train_state
 
 
@@ -31,7 +39,7 @@ def _batch(rows, seed=0):
 def test_accumulated_step_equals_one_big_step():
     step, state = _setup()
     inputs, targets = _batch(4)
-    big_state, big = step(state, inputs[None], targets[None])             # 1 micro-step of 4 rows
+    big_state, big = step(state, inputs[None], targets[None])  # 1 micro-step of 4 rows
     acc_state, acc = step(state, inputs.reshape(2, 2, 8), targets.reshape(2, 2, 8))  # 2 of 2 rows
     assert float(acc['loss']) == pytest.approx(float(big['loss']), rel=1e-6)
     for a, b in zip(jax.tree.leaves(acc_state.params), jax.tree.leaves(big_state.params)):
@@ -47,7 +55,7 @@ def test_loss_falls_on_a_repeated_batch():
     for _ in range(30):
         state, metrics = step(state, inputs[None], targets[None])
         losses.append(float(metrics['loss']))
-    assert losses[0] == pytest.approx(np.log(CONFIG.vocab_size), abs=0.3)   # starts near uniform
+    assert losses[0] == pytest.approx(np.log(CONFIG.vocab_size), abs=0.3)  # starts near uniform
     assert losses[-1] < 0.5 * losses[0] and all(np.isfinite(losses))
 
 
@@ -82,8 +90,16 @@ def test_sgd_is_plain_gradient_descent():
 
 
 def test_cosine_schedule_warms_up_then_decays():
-    _, schedule = build_optimizer(load_config('gpt2', lr_schedule='cosine', warmup_steps=10, num_iteration=110,
-                                              learning_rate=1.0, min_lr_ratio=0.1))
+    _, schedule = build_optimizer(
+        load_config(
+            'gpt2',
+            lr_schedule='cosine',
+            warmup_steps=10,
+            num_iteration=110,
+            learning_rate=1.0,
+            min_lr_ratio=0.1,
+        )
+    )
     assert float(schedule(0)) == 0.0 and float(schedule(10)) == pytest.approx(1.0)
-    assert float(schedule(60)) == pytest.approx(0.55, abs=1e-3)      # half way down the cosine
+    assert float(schedule(60)) == pytest.approx(0.55, abs=1e-3)  # half way down the cosine
     assert float(schedule(110)) == pytest.approx(0.1, abs=1e-6)

@@ -73,14 +73,26 @@ def tiny_llmc_model(path, family='gpt2', vocab=512, seed=0):
 
     model_cls, config_cls, _ = FAMILIES[family]
     if family == 'gpt2':
-        config = config_cls(max_seq_len=128, vocab_size=vocab, padded_vocab_size=vocab,
-                            num_layers=2, num_heads=2, channels=32)
+        config = config_cls(
+            max_seq_len=128, vocab_size=vocab, padded_vocab_size=vocab, num_layers=2, num_heads=2, channels=32
+        )
         header = llmc_io.GPT2Header(**dataclasses.asdict(config))
         save = llmc_io.save_gpt2
     else:
-        config = config_cls(max_seq_len=128, vocab_size=vocab, num_layers=2, num_heads=4, num_kv_heads=2,
-                            channels=32, ffn_dim_multiplier=1.0, multiple_of=16, norm_eps=1e-5,
-                            rope_theta=10000.0, use_scaled_rope=False, max_gen_batch_size=4)
+        config = config_cls(
+            max_seq_len=128,
+            vocab_size=vocab,
+            num_layers=2,
+            num_heads=4,
+            num_kv_heads=2,
+            channels=32,
+            ffn_dim_multiplier=1.0,
+            multiple_of=16,
+            norm_eps=1e-5,
+            rope_theta=10000.0,
+            use_scaled_rope=False,
+            max_gen_batch_size=4,
+        )
         header = llmc_io.LLaMA3Header(**dataclasses.asdict(config))
         save = llmc_io.save_llama3
     # NumPy init from the abstract shapes: eager Flax init costs seconds on a busy CPU.
