@@ -13,6 +13,8 @@ out=$1; config=$2; shift 2
 steps=${STEPS:-100}; save=${SAVE:-20}; resume=${RESUME:-40}; threshold=${THRESHOLD:-0}
 mkdir -p "$out/base" "$out/test"
 name=$(basename "${config%%:*}" .py)
+# InfiniTrain's compare_loss.py picks the bf16 threshold by a `_bfloat16` in the log name.
+[[ " $* " == *" bfloat16 "* || " $* " == *"=bfloat16 "* ]] && name="${name}_bfloat16"
 common=(--num_iteration "$steps" --save_steps "$save" --save_optimizer_state true --max_checkpoint_keep 10 "$@")
 
 python -m jaxtrain.main --config="$config" "${common[@]}" --checkpoint_dir "$out/ck/noresume" \
