@@ -12,6 +12,9 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 if '--xla_force_host_platform_device_count' not in os.environ.get('XLA_FLAGS', ''):
     os.environ['XLA_FLAGS'] = (
         os.environ.get('XLA_FLAGS', '') + ' --xla_force_host_platform_device_count=8'
+        # 8 fake devices on 2 busy cores can keep a collective waiting past XLA's default 40 s,
+        # which aborts the whole test process; a starved CI machine is not a deadlock.
+        + ' --xla_cpu_collective_call_terminate_timeout_seconds=600'
     ).strip()
 _CACHE = Path(__file__).resolve().parents[1] / '.pytest_cache' / 'xla-compilation'
 os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', str(_CACHE))
