@@ -25,6 +25,7 @@ config_flags.DEFINE_config_file(
 )
 _VERBOSE = flags.DEFINE_boolean('verbose', False, 'print a traceback with errors')
 _KEY_FLAGS = key_flags.define_key_flags()
+flags.adopt_module_key_flags(key_flags)  # so --help lists every training key, not only --config
 
 
 def _set_xla_flags(deterministic: bool):
