@@ -3,7 +3,7 @@
 GPT-2 goes to llm.c's layout (version 3 fp32 or 5 bf16; the head is tied to wte, so there is no
 lm_head to write), LLaMA-3 to InfiniTrain's layout (version 3 only: save_llama3 writes fp32). The
 header comes from trainer_state's model_config: the config dataclasses and the llmc_io headers
-share their field names (PARAMS_SPEC.md). The params are verified against their recorded checksums
+share their field names (llmc_io/PARAMS_SPEC.md). The params are verified against their recorded checksums
 before anything is written, so damaged weights are never exported.
 """
 

@@ -1,7 +1,7 @@
 """GPT-2 model files of llm.c (FORMATS.md §1): version 3 (fp32) and 5 (bf16), read and written.
 
 File: a 1024-byte int32 header, then the 16 tensors of _TENSORS, stacked over layers, no padding.
-Tree: nested dicts of float32 arrays laid out as PARAMS_SPEC.md says. There is no lm_head: the output
+Tree: nested dicts of float32 arrays laid out as llmc_io/PARAMS_SPEC.md says. There is no lm_head: the output
 projection is tied to `wte/embedding` (Vp, C), a single array. Its rows V..Vp-1 are llm.c's vocabulary
 padding; they are returned as read and always written as zeros (their gradient is zero in llm.c,
 so a trained llm.c file has zeros there too, and writing zeros keeps the file loss-equivalent).
@@ -31,7 +31,7 @@ from llmc_io.tensors import (
 
 LAYOUT = "llmc-gpt2"
 
-# llm.c name, tree path (PARAMS_SPEC.md), shape in the file. Symbols: Vp padded vocab, T max_seq_len,
+# llm.c name, tree path (llmc_io/PARAMS_SPEC.md), shape in the file. Symbols: Vp padded vocab, T max_seq_len,
 # L layers, C channels. The order is the byte order of the file.
 _TENSORS = (
     ("wte", "wte/embedding", ("Vp", "C")),
@@ -122,7 +122,7 @@ class GPT2Header:
         return resolve(_TENSORS, dims)
 
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
-        """{tree path: shape} of the parameter tree for this header (PARAMS_SPEC.md)."""
+        """{tree path: shape} of the parameter tree for this header (llmc_io/PARAMS_SPEC.md)."""
         return {spec.tree_path: spec.tree_shape for spec in self.tensor_specs()}
 
 

@@ -15,7 +15,7 @@ llm.c master's write_model stores the float fields into an int32 tensor, truncat
 which read as fp32 are zero or subnormal) and can only be read when the true values are supplied
 as overrides.
 
-Tree (PARAMS_SPEC.md): wte/embedding (V, C), h/… stacked over L with kernels as (in, out),
+Tree (llmc_io/PARAMS_SPEC.md): wte/embedding (V, C), h/… stacked over L with kernels as (in, out),
 ln_f/scale (C,), lm_head/kernel (C, V). No biases.
 """
 
@@ -173,7 +173,7 @@ class LLaMA3Header:
         return resolve(table, dims)
 
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
-        """{tree path: shape} of the parameter tree for this header (PARAMS_SPEC.md)."""
+        """{tree path: shape} of the parameter tree for this header (llmc_io/PARAMS_SPEC.md)."""
         return {spec.tree_path: spec.tree_shape for spec in self.tensor_specs(LAYOUT_INFINITRAIN)}
 
     def problems(self) -> list[tuple[str, str, str]]:

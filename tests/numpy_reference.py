@@ -2,7 +2,7 @@
 
 Written from FORMATS.md (§1, §2c) and llm.c's semantics, not from the Flax models, so that model tests
 compare two implementations rather than one implementation with itself. Parameters are the trees of
-PARAMS_SPEC.md: nested dicts (or flat dicts keyed 'h/ln_1/scale'), Linear kernels (in, out), per-layer
+llmc_io/PARAMS_SPEC.md: nested dicts (or flat dicts keyed 'h/ln_1/scale'), Linear kernels (in, out), per-layer
 tensors stacked over L on axis 0.
 
 Axis letters: B batch, T time, C channels, H heads, K kv heads, D head dim, F MLP hidden, V vocab.

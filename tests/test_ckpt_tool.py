@@ -41,7 +41,7 @@ PERTURBED = ('h/mlp/c_fc/kernel', (1, 3, 5), 0.25)  # tensor, element, added val
 
 
 def random_params(shapes: dict, seed: int) -> dict:
-    """A nested params tree (PARAMS_SPEC.md) with N(0, 0.02) weights, unit norm scales, zero biases."""
+    """A nested params tree (llmc_io/PARAMS_SPEC.md) with N(0, 0.02) weights, unit norm scales, zero biases."""
     rng = np.random.default_rng(seed)
     params = {}
     for path, shape in shapes.items():

@@ -17,7 +17,7 @@ from llmc_io import GPT2Header, LLMCFormatError, load_gpt2, save_gpt2
 GPT2_MAGIC = 20240326
 TINY = {"maxT": 4, "V": 10, "Vp": 16, "L": 2, "NH": 2, "C": 8}
 
-# PARAMS_SPEC.md's GPT-2 tree, written out for TINY (C=8, L=2, Vp=16, maxT=4).
+# llmc_io/PARAMS_SPEC.md's GPT-2 tree, written out for TINY (C=8, L=2, Vp=16, maxT=4).
 TINY_TREE_SHAPES = {
     "wte/embedding": (16, 8),
     "wpe/embedding": (4, 8),
