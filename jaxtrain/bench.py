@@ -56,7 +56,6 @@ from jaxtrain import checkpoint as ckpt
 from jaxtrain import flags as key_flags
 from jaxtrain import train
 from jaxtrain.batch_geometry import batch_geometry
-from jaxtrain.checksums import tensor_checksums
 from jaxtrain.config_checks import check_config, deterministic_wanted
 from jaxtrain.model_setup import DTYPES, setup_model
 from jaxtrain.models.attention import resolve_attention
@@ -287,52 +286,39 @@ def make_save(subject: Subject, checkpointer: ckpt.Checkpointer, versions: dict)
     stream), an async Orbax save. The wait for a previous write, which Orbax's save does
     first anyway, is made explicit to be timed apart."""
     config, model_config = subject.config, subject.setup.model_config
-    training_config = config.to_dict()
     model_config_dict = dataclasses.asdict(model_config)
     llmc_sha256 = train.file_sha256(subject.setup.llmc_file) if subject.setup.llmc_file else ''
-
-    def trainer_state_json(step: int, position: int, rng, checksums) -> dict:
-        return {
-            'step': step,
-            'data_position': position,
-            'epoch': 0,
-            'rng': [int(x) for x in np.asarray(rng)],
-            'learning_rate': float(subject.schedule(step)),
-            'model_family': config.model_family,
-            'model_config': model_config_dict,
-            'training_config': training_config,
-            'dtype': config.dtype,
-            'tokens_per_step': subject.geometry.tokens_per_step,
-            'topology': {
-                'platform': subject.devices[0].platform,
-                'device_count': len(subject.devices),
-                'process_count': jax.process_count(),
-                'mesh': dict(subject.mesh.shape),
-            },
-            'versions': versions,
-            'llmc_file': subject.setup.llmc_file,
-            'llmc_sha256': llmc_sha256,
-            'has_optimizer_state': bool(config.save_optimizer_state),
-            'saved_at': time.time(),
-            'checksums': checksums,
-        }
+    topology = {
+        'platform': subject.devices[0].platform,
+        'device_count': len(subject.devices),
+        'process_count': jax.process_count(),
+        'mesh': dict(subject.mesh.shape),
+    }
 
     def save(state) -> SaveTiming:
         began = time.perf_counter()
         step = int(state.step)
         opt_state = state.opt_state if config.save_optimizer_state else None
-        checksums = {'params': tensor_checksums(state.params)}
-        if opt_state is not None:
-            checksums['opt_state'] = tensor_checksums(opt_state)
+        checksums = ckpt.state_checksums(state.params, opt_state)
         summed = time.perf_counter()
         checkpointer.wait()
         waited = time.perf_counter()
-        checkpointer.save(
-            step,
-            state.params,
-            opt_state,
-            trainer_state_json(step, int(state.data_position), state.rng, checksums),
+        record = ckpt.trainer_state_record(
+            config,
+            step=step,
+            data_position=int(state.data_position),
+            epoch=0,
+            rng=state.rng,
+            learning_rate=float(subject.schedule(step)),
+            model_config=model_config_dict,
+            tokens_per_step=subject.geometry.tokens_per_step,
+            topology=topology,
+            versions=versions,
+            llmc_file=subject.setup.llmc_file,
+            llmc_sha256=llmc_sha256,
+            checksums=checksums,
         )
+        checkpointer.save(step, state.params, opt_state, record)
         return SaveTiming(step, summed - began, waited - summed, time.perf_counter() - waited)
 
     return save

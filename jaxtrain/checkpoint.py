@@ -25,6 +25,7 @@ import dataclasses
 import json
 import re
 import shutil
+import time
 from pathlib import Path
 
 import jax
@@ -32,7 +33,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
-from jaxtrain.checksums import checksum_mismatches
+from jaxtrain.checksums import checksum_mismatches, tensor_checksums
 
 STEP_PREFIX = 'checkpoint_step'
 STEP_DIGITS = 6
@@ -142,6 +143,52 @@ def check_resumable(trainer_state: dict, step_dir) -> None:
     if not (isinstance(rng, list) and rng and all(isinstance(x, int) and 0 <= x < 2**32 for x in rng)):
         found = 'none' if 'rng' not in trainer_state else repr(rng)
         raise CheckpointError(f'{path}: rng: expected a list of uint32 key words, found {found}; {DAMAGED}')
+
+
+def state_checksums(params, opt_state) -> dict:
+    """{'params': {...}, 'opt_state': {...}}: what the trainer state records and restore checks."""
+    checksums = {'params': tensor_checksums(params)}
+    if opt_state is not None:
+        checksums['opt_state'] = tensor_checksums(opt_state)
+    return checksums
+
+
+def trainer_state_record(
+    config,
+    *,
+    step: int,
+    data_position: int,
+    epoch: int,
+    rng,
+    learning_rate: float,
+    model_config: dict,
+    tokens_per_step: int,
+    topology: dict,
+    versions: dict,
+    llmc_file: str,
+    llmc_sha256: str,
+    checksums: dict,
+) -> dict:
+    """The trainer_state JSON of one checkpoint (every field `ckpt show` prints)."""
+    return {
+        'step': step,
+        'data_position': data_position,
+        'epoch': epoch,
+        'rng': [int(x) for x in np.asarray(rng)],
+        'learning_rate': learning_rate,
+        'model_family': config.model_family,
+        'model_config': model_config,
+        'training_config': config.to_dict(),
+        'dtype': config.dtype,
+        'tokens_per_step': tokens_per_step,
+        'topology': topology,
+        'versions': versions,
+        'llmc_file': llmc_file,
+        'llmc_sha256': llmc_sha256,
+        'has_optimizer_state': bool(config.save_optimizer_state),
+        'saved_at': time.time(),
+        'checksums': checksums,
+    }
 
 
 # --- compatibility between a checkpoint and the current run -------------------------

@@ -209,43 +209,29 @@ def run(config) -> int:
         if deleted:
             log.info(f'overwrite_later_checkpoints: deleted steps {deleted} of {checkpointer.root}')
 
-    def trainer_state_json(step: int, position: int, rng, checksums) -> dict:
-        return {
-            'step': step,
-            'data_position': position,
-            'epoch': stream.epoch_of(position),
-            'rng': [int(x) for x in np.asarray(rng)],
-            'learning_rate': float(schedule(step)),
-            'model_family': config.model_family,
-            'model_config': model_config_dict,
-            'training_config': training_config,
-            'dtype': config.dtype,
-            'tokens_per_step': geometry.tokens_per_step,
-            'topology': topology,
-            'versions': library_versions(),
-            'llmc_file': setup.llmc_file,
-            'llmc_sha256': llmc_sha256,
-            'has_optimizer_state': bool(config.save_optimizer_state),
-            'saved_at': time.time(),
-            'checksums': checksums,
-        }
+    versions = library_versions()
 
     def save(state) -> float:
         """Starts an asynchronous save; returns the seconds the loop was blocked."""
-        from jaxtrain.checksums import tensor_checksums
-
         began = time.perf_counter()
-        step = int(state.step)
+        step, position = int(state.step), int(state.data_position)
         opt_state = state.opt_state if config.save_optimizer_state else None
-        checksums = {'params': tensor_checksums(state.params)}
-        if opt_state is not None:
-            checksums['opt_state'] = tensor_checksums(opt_state)
-        checkpointer.save(
-            step,
-            state.params,
-            opt_state,
-            trainer_state_json(step, int(state.data_position), state.rng, checksums),
+        record = ckpt.trainer_state_record(
+            config,
+            step=step,
+            data_position=position,
+            epoch=stream.epoch_of(position),
+            rng=state.rng,
+            learning_rate=float(schedule(step)),
+            model_config=model_config_dict,
+            tokens_per_step=geometry.tokens_per_step,
+            topology=topology,
+            versions=versions,
+            llmc_file=setup.llmc_file,
+            llmc_sha256=llmc_sha256,
+            checksums=ckpt.state_checksums(state.params, opt_state),
         )
+        checkpointer.save(step, state.params, opt_state, record)
         return time.perf_counter() - began
 
     # --- the loop ---
