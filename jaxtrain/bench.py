@@ -14,12 +14,14 @@ measured in the same process by a bf16 matmul (8192^3 on GPU, 1024^3 on CPU), so
 shared machine moves both numbers together. The peak is the burst rate, as in ANCHORS.md;
 the sustained rate (lower on an H200: power-limited) is printed beside it.
 
+--profile_steps N traces N more steps with jax.profiler after the timed phases and prints
+the device time per kernel and per kind (matmul, attention, fusion, copy): kernel_profile.py.
+
 --save_every N adds a second timed phase of --steps steps that starts an asynchronous
-Orbax save every N steps (the trainer's Checkpointer, checksums and trainer-state JSON)
-into a temporary directory, after one untimed warm-up save. It reports how long each save
-blocked the loop (checksums + waiting for the previous save's write + Orbax's copies off
-the device), how long one write takes in the background, the throughput with saves
-against the phase without, and the time to restore the newest. Saves closer together
+save every N steps (the trainer's Checkpointer: device snapshot, checksums, Orbax, the
+trainer-state JSON) into a temporary directory, after one untimed warm-up save. It reports
+how long each save blocked the loop, how long one write takes in the background, the
+throughput with saves against the phase without, and the time to restore the newest. Saves closer together
 than one write wait for each other: on an H200, d12 writes its 1.4 GB in about 1 s, i.e.
 20 steps of 50 ms, so measure the steady state there with e.g. --steps 90 --save_every 30.
 
@@ -54,7 +56,7 @@ from ml_collections import config_flags
 
 from jaxtrain import checkpoint as ckpt
 from jaxtrain import flags as key_flags
-from jaxtrain import train
+from jaxtrain import kernel_profile, train
 from jaxtrain.batch_geometry import batch_geometry
 from jaxtrain.config_checks import check_config, deterministic_wanted
 from jaxtrain.model_setup import DTYPES, setup_model
@@ -78,6 +80,9 @@ _MATMUL_SIZE = flags.DEFINE_integer(
     'matmul_size', 0, 'n of the n^3 bf16 matmul that measures peak FLOP/s (0 = 8192 on GPU, 1024 else)'
 )
 _JSON = flags.DEFINE_string('json', None, 'also write every number to this JSON file')
+_PROFILE_STEPS = flags.DEFINE_integer(
+    'profile_steps', 0, 'also trace this many steps with jax.profiler and print the device time per kernel'
+)
 _SMOKE = flags.DEFINE_boolean(
     'smoke', False, 'CI: tiny model, 1 warmup + 2 steps, save_every 1, 256^3 matmul (explicit flags win)'
 )
@@ -106,6 +111,7 @@ class Settings:
     save_dir: str
     matmul_size: int
     smoke: bool
+    profile_steps: int = 0
 
 
 def _settings() -> Settings:
@@ -123,11 +129,19 @@ def _settings() -> Settings:
         save_dir=_SAVE_DIR.value,
         matmul_size=value('matmul_size', _MATMUL_SIZE),
         smoke=_SMOKE.value,
+        profile_steps=_PROFILE_STEPS.value,
     )
-    if settings.warmup < 0 or settings.steps < 1 or settings.save_every < 0 or settings.matmul_size < 0:
+    numbers = (
+        settings.warmup,
+        settings.steps,
+        settings.save_every,
+        settings.matmul_size,
+        settings.profile_steps,
+    )
+    if min(numbers) < 0 or settings.steps < 1:
         raise BenchError(
-            f'expected --warmup >= 0, --steps >= 1, --save_every >= 0, --matmul_size >= 0; found '
-            f'{settings.warmup}, {settings.steps}, {settings.save_every}, {settings.matmul_size}'
+            'expected --warmup >= 0, --steps >= 1, --save_every >= 0, --matmul_size >= 0, '
+            f'--profile_steps >= 0; found {", ".join(map(str, numbers))}'
         )
     if settings.save_every > settings.steps:
         raise BenchError(
@@ -269,22 +283,15 @@ def build(config) -> Subject:
 
 @dataclasses.dataclass
 class SaveTiming:
-    """Where one save blocked the loop."""
+    """How long one save blocked the loop: the whole Checkpointer.save call."""
 
     step: int
-    checksums_s: float  # the per-tensor checksums, computed on the device and fetched
-    previous_write_s: float  # waiting for the previous save's background write to finish
-    orbax_s: float  # Orbax's blocking part: device-to-host copies, directories
-
-    @property
-    def blocked_s(self) -> float:
-        return self.checksums_s + self.previous_write_s + self.orbax_s
+    blocked_s: float
 
 
 def make_save(subject: Subject, checkpointer: ckpt.Checkpointer, versions: dict):
-    """train.run's save(state): checksums, its trainer-state JSON (epoch 0: there is no data
-    stream), an async Orbax save. The wait for a previous write, which Orbax's save does
-    first anyway, is made explicit to be timed apart."""
+    """train.run's save(state): its trainer-state JSON (epoch 0: there is no data stream)
+    and the Checkpointer's asynchronous save, timed as the loop sees it."""
     config, model_config = subject.config, subject.setup.model_config
     model_config_dict = dataclasses.asdict(model_config)
     llmc_sha256 = train.file_sha256(subject.setup.llmc_file) if subject.setup.llmc_file else ''
@@ -295,20 +302,15 @@ def make_save(subject: Subject, checkpointer: ckpt.Checkpointer, versions: dict)
         'mesh': dict(subject.mesh.shape),
     }
 
-    def save(state) -> SaveTiming:
+    def save(state, step: int) -> SaveTiming:
+        """As the trainer, which knows the step on the host: the state has no data stream, so
+        its data position is its step."""
         began = time.perf_counter()
-        step = int(state.step)
-        opt_state = state.opt_state if config.save_optimizer_state else None
-        checksums = ckpt.state_checksums(state.params, opt_state)
-        summed = time.perf_counter()
-        checkpointer.wait()
-        waited = time.perf_counter()
         record = ckpt.trainer_state_record(
             config,
             step=step,
-            data_position=int(state.data_position),
+            data_position=step,
             epoch=0,
-            rng=state.rng,
             learning_rate=float(subject.schedule(step)),
             model_config=model_config_dict,
             tokens_per_step=subject.geometry.tokens_per_step,
@@ -316,10 +318,10 @@ def make_save(subject: Subject, checkpointer: ckpt.Checkpointer, versions: dict)
             versions=versions,
             llmc_file=subject.setup.llmc_file,
             llmc_sha256=llmc_sha256,
-            checksums=checksums,
         )
-        checkpointer.save(step, state.params, opt_state, record)
-        return SaveTiming(step, summed - began, waited - summed, time.perf_counter() - waited)
+        opt_state = state.opt_state if config.save_optimizer_state else None
+        checkpointer.save(step, state.params, opt_state, state.rng, record)
+        return SaveTiming(step, time.perf_counter() - began)
 
     return save
 
@@ -337,6 +339,7 @@ class Phase:
 def timed_steps(step_fn, state, subject: Subject, count: int, save_every=0, save=None):
     """Runs `count` steps, each timed to block_until_ready; saves after every save_every-th."""
     step_seconds, step_metrics, saves = [], [], []
+    first_step = int(state.step)  # the host's step counter, as the trainer keeps one
     phase_began = time.perf_counter()
     for i in range(count):
         began = time.perf_counter()
@@ -345,7 +348,7 @@ def timed_steps(step_fn, state, subject: Subject, count: int, save_every=0, save
         step_seconds.append(time.perf_counter() - began)
         step_metrics.append(metrics)
         if save_every and (i + 1) % save_every == 0:
-            saves.append(save(state))
+            saves.append(save(state, first_step + i + 1))
     wall = time.perf_counter() - phase_began
     # Read after the phase, so that the host copies are not timed.
     losses = [float(m['loss']) for m in step_metrics]
@@ -369,7 +372,7 @@ def measure_checkpoints(subject, step_fn, state, settings: Settings, baseline: P
         save = make_save(subject, checkpointer, versions)
         # The first save compiles the checksum kernels and allocates host buffers: a one-off,
         # timed apart. Waiting for its write gives the background write time of one checkpoint.
-        warmup = save(state)
+        warmup = save(state, int(state.step))
         began = time.perf_counter()
         checkpointer.wait()
         write_seconds = time.perf_counter() - began
@@ -401,9 +404,7 @@ def measure_checkpoints(subject, step_fn, state, settings: Settings, baseline: P
         'saved_steps': [s.step for s in saving.saves],
         'save_blocked_ms': ms('blocked_s'),
         'save_blocked_pct_of_step': [100 * s.blocked_s / median_step for s in saving.saves],
-        'save_checksums_ms': ms('checksums_s'),
-        'save_previous_write_ms': ms('previous_write_s'),
-        'save_orbax_ms': ms('orbax_s'),
+        'blocking_saves': checkpointer.blocking_saves,
         'saving_median_step_ms': 1e3 * statistics.median(saving.step_seconds),
         'phase_tokens_per_s_without_saves': tokens / baseline.wall_seconds,
         'phase_tokens_per_s_with_saves': tokens / saving.wall_seconds,
@@ -442,7 +443,13 @@ def run_benchmark(config, settings: Settings, deterministic: bool) -> dict:
         'weights': subject.setup.source,
         'num_parameters': model_config.num_parameters,
         'dtype': config.dtype,
-        'attention': resolve_attention(config.attention, DTYPES[config.dtype]),
+        'attention': resolve_attention(
+            config.attention,
+            DTYPES[config.dtype],
+            deterministic=deterministic,
+            scan_layers=config.scan_layers,
+            seq_len=config.sequence_length,
+        ),
         'devices': len(devices),
         'device_kind': devices[0].device_kind,
         'platform': devices[0].platform,
@@ -469,6 +476,19 @@ def run_benchmark(config, settings: Settings, deterministic: bool) -> dict:
     if settings.save_every:
         state, numbers = measure_checkpoints(subject, step_fn, state, settings, plain, versions)
         result.update(numbers)
+    if settings.profile_steps:
+
+        def run_steps(count):
+            nonlocal state
+            for _ in range(count):
+                state, _ = step_fn(state, subject.inputs_AxBxT, subject.targets_AxBxT)
+            jax.block_until_ready(state)
+
+        kernels = kernel_profile.profile(run_steps, settings.profile_steps)
+        result['profile_steps'] = settings.profile_steps
+        result['kernel_ms_per_step'] = kernels.ms_per_step
+        result['kernel_calls_per_step'] = kernels.calls_per_step
+        result['kernel_lines'] = kernels.lines()
 
     # Peak FLOP/s last, with the training state gone: its buffers must not count in the
     # training memory peak, nor the state crowd the matmul.
@@ -528,18 +548,18 @@ def summary(r: dict) -> str:
         f'memory      {memory}',
         f"loss        first timed {r['first_loss']:.6f}, last timed {r['last_loss']:.6f}",
     ]
+    lines += r.get('kernel_lines', [])
     if 'save_every' in r:
         lines.append(
             f"checkpoints every {r['save_every']} step(s), async Orbax, "
             f"{r['checkpoint_bytes'] / 1e6:,.1f} MB each, under {r['save_dir']}"
         )
-        parts = ('save_blocked_ms', 'save_blocked_pct_of_step', 'save_checksums_ms', 'save_previous_write_ms')
-        for step, blocked, pct, checksums, previous, orbax in zip(
-            r['saved_steps'], *(r[k] for k in parts), r['save_orbax_ms']
-        ):
+        for step, blocked, pct in zip(r['saved_steps'], r['save_blocked_ms'], r['save_blocked_pct_of_step']):
+            lines.append(f'  step {step:<6d}blocked {blocked:8.1f} ms ({pct:.1f}% of a step)')
+        if r['blocking_saves']:
             lines.append(
-                f'  step {step:<6d}blocked {blocked:8.1f} ms ({pct:.0f}% of a step) = checksums '
-                f'{checksums:.1f} + previous write {previous:.1f} + Orbax {orbax:.1f}'
+                f"  {r['blocking_saves']} save(s) had no device memory for a snapshot and copied off the "
+                'device while the loop waited'
             )
         lines += [
             (

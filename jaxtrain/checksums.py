@@ -37,13 +37,23 @@ def path_name(path) -> str:
     return '/'.join(parts)
 
 
-def tensor_checksums(tree) -> dict[str, str]:
-    """{'h/attn/c_attn/kernel': '1a2b3c4d:5e6f7a8b', ...} for every array leaf of `tree`."""
-    sums = jax.device_get(_tensor_sums(tree))
+def start_tensor_sums(tree):
+    """The checksums as device arrays, dispatched without waiting (for format_checksums)."""
+    return _tensor_sums(tree)
+
+
+def format_checksums(sums) -> dict[str, str]:
+    """Fetches what start_tensor_sums dispatched, as tensor_checksums returns it."""
+    sums = jax.device_get(sums)
     return {
         path_name(path): f'{int(s[0]):08x}:{int(s[1]):08x}'
         for path, s in jax.tree_util.tree_flatten_with_path(sums)[0]
     }
+
+
+def tensor_checksums(tree) -> dict[str, str]:
+    """{'h/attn/c_attn/kernel': '1a2b3c4d:5e6f7a8b', ...} for every array leaf of `tree`."""
+    return format_checksums(start_tensor_sums(tree))
 
 
 def checksum_mismatches(tree, expected: dict[str, str], item: str) -> list[str]:

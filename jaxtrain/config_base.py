@@ -20,7 +20,7 @@ KEYS = (
     ),
     ('llmc_norm_eps', 0.0, 'LLaMA-3: true norm_eps when the file stored it truncated (0 = file)'),
     ('dtype', 'float32', 'float32 | bfloat16: compute dtype; params and optimizer state stay fp32'),
-    ('scan_layers', True, 'scan over layers (fast compile, needed for deterministic cuDNN) or unroll them'),
+    ('scan_layers', True, 'scan over layers (fast compile) or unroll them (false: faster GPU steps)'),
     ('num_devices', 0, 'devices to train on (0 = all); the mesh_* keys arrange them'),
     ('mesh_data', -1, 'mesh axis data: replicated parameters, batch split (-1 = the devices left)'),
     ('mesh_fsdp', 1, 'mesh axis fsdp: batch split, parameters and optimizer state sharded (-1 = fill)'),
@@ -32,7 +32,12 @@ KEYS = (
     ),
     ('num_processes', 0, 'many processes: how many in all (0 = JAX_NUM_PROCESSES, SLURM, or 1)'),
     ('process_id', -1, "many processes: this process's index (-1 = JAX_PROCESS_ID or SLURM)"),
-    ('attention', 'auto', 'auto | xla | cudnn (auto: cuDNN flash attention on GPU in bf16, else XLA)'),
+    (
+        'attention',
+        'auto',
+        'auto | xla | cudnn | pallas (auto: on GPU in bf16 cuDNN, or Pallas when deterministic and '
+        'unrolled; else XLA)',
+    ),
     ('input_bin', '', "glob of llm.c token shards ('' = built-in stdlib corpus, GPT-2 only)"),
     ('input_val_bin', '', "glob of validation shards ('' = none, or the built-in corpus's val shard)"),
     ('val_loss_every', 0, 'validation loss every N steps (0 = never)'),

@@ -1,6 +1,7 @@
 """Refuses a bad config before anything is built: one line naming the key, what was
 expected and what was found."""
 
+from jaxtrain.models.attention import IMPLEMENTATIONS
 from jaxtrain.optim import OPTIMIZERS, SCHEDULES
 
 CHOICES = {
@@ -8,7 +9,7 @@ CHOICES = {
     'dtype': ('float32', 'bfloat16'),
     'optimizer': OPTIMIZERS,
     'lr_schedule': SCHEDULES,
-    'attention': ('auto', 'xla', 'cudnn'),
+    'attention': IMPLEMENTATIONS,
     'deterministic': ('auto', 'true', 'false'),
 }
 NON_NEGATIVE = (

@@ -65,24 +65,29 @@ def _shape_mismatches(expected: dict, found: dict, prefix=''):
     return problems
 
 
+def deterministic_kernels() -> bool:
+    """Whether XLA runs deterministic kernels in this process (main.py sets the flag)."""
+    return 'xla_gpu_deterministic_ops=true' in os.environ.get('XLA_FLAGS', '')
+
+
 def setup_model(config) -> ModelSetup:
     model_cls, config_cls, variants = FAMILIES[config.model_family]
     dtype = DTYPES[config.dtype]
-    attention = resolve_attention(config.attention, dtype)
-    if (
-        attention == 'cudnn'
-        and not config.scan_layers
-        and 'deterministic_ops=true' in os.environ.get('XLA_FLAGS', '')
-    ):
-        raise ValueError(
-            'scan_layers: expected true with deterministic GPU kernels (jax 0.11.2 breaks deterministic '
-            'cuDNN attention in unrolled layers); found false. Pass --scan_layers true, or --deterministic '
-            'false if this run need not resume exactly.'
-        )
+    deterministic = deterministic_kernels()
+    attention = resolve_attention(
+        config.attention,
+        dtype,
+        deterministic=deterministic,
+        scan_layers=config.scan_layers,
+        seq_len=config.sequence_length,
+    )
     options = dict(
         dtype=dtype,
         attention=attention,
         scan_layers=config.scan_layers,
+        # Only a GPU's scatter-add is nondeterministic. Elsewhere the same op in both modes
+        # keeps a run with checkpoints bitwise equal to one without (deterministic is 'auto').
+        deterministic=deterministic and jax.default_backend() == 'gpu',
     )
 
     if config.llmc_filepath:

@@ -211,17 +211,16 @@ def run(config) -> int:
 
     versions = library_versions()
 
-    def save(state) -> float:
-        """Starts an asynchronous save; returns the seconds the loop was blocked."""
+    def save(state, step: int, position: int) -> float:
+        """Starts an asynchronous save of `state`, which is at (host-side) `step` and data
+        `position`; returns the seconds the loop was blocked."""
         began = time.perf_counter()
-        step, position = int(state.step), int(state.data_position)
         opt_state = state.opt_state if config.save_optimizer_state else None
         record = ckpt.trainer_state_record(
             config,
             step=step,
             data_position=position,
             epoch=stream.epoch_of(position),
-            rng=state.rng,
             learning_rate=float(schedule(step)),
             model_config=model_config_dict,
             tokens_per_step=geometry.tokens_per_step,
@@ -229,9 +228,8 @@ def run(config) -> int:
             versions=versions,
             llmc_file=setup.llmc_file,
             llmc_sha256=llmc_sha256,
-            checksums=ckpt.state_checksums(state.params, opt_state),
         )
-        checkpointer.save(step, state.params, opt_state, record)
+        checkpointer.save(step, state.params, opt_state, state.rng, record)
         return time.perf_counter() - began
 
     # --- the loop ---
@@ -328,7 +326,7 @@ def run(config) -> int:
                 or due_by_clock
             )
             if checkpointer is not None and (due or stopping):
-                blocked = save(state)
+                blocked = save(state, step, data_position)
                 last_saved_step, last_save_time = step, time.monotonic()
                 log.record({'step': step, 'save_blocked_s': blocked})
             if stopping:

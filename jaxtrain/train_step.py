@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from jaxtrain.loss import cross_entropy
+from jaxtrain.lm_head_loss import lm_head_cross_entropy
 
 
 @flax.struct.dataclass
@@ -29,7 +29,10 @@ def make_loss_fn(graphdef: nnx.GraphDef, vocab_size: int):
 
     def loss_fn(params, inputs_BxT, targets_BxT):
         model = nnx.merge(graphdef, nnx.State(params))
-        return cross_entropy(model(inputs_BxT), targets_BxT, vocab_size)
+        head_weight, vocab_axis = model.head_weight()
+        return lm_head_cross_entropy(
+            model.features(inputs_BxT), head_weight, targets_BxT, vocab_size, vocab_axis
+        )
 
     return loss_fn
 

@@ -30,7 +30,7 @@ from trainer_runs import load_config, random_shard, restore_params, train, write
 import llmc_io
 from jaxtrain import ckpt
 from jaxtrain.checkpoint import Checkpointer, resolve_resume
-from jaxtrain.checksums import path_name, tensor_checksums
+from jaxtrain.checksums import path_name
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_GPT2 = llmc_io.GPT2Header(
@@ -174,12 +174,11 @@ def llama_checkpoint(tmp_path_factory):
         'topology': {'platform': 'cpu', 'device_count': 8, 'process_count': 1, 'mesh': {'data': 8}},
         'has_optimizer_state': False,
         'saved_at': time.time(),
-        # Checksums do not depend on sharding (checksums.py); the flat form matches what the tool sums.
-        'checksums': {'params': tensor_checksums(flat(params))},
+        # The Checkpointer adds the rng words and the checksums (of the sharded arrays).
     }
     root = tmp_path_factory.mktemp('llama')
     checkpointer = Checkpointer(str(root), keep_latest=0, keep_every=0)
-    checkpointer.save(7, sharded, None, trainer_state)
+    checkpointer.save(7, sharded, None, np.array([0, 7], np.uint32), trainer_state)
     checkpointer.close()
     return root / 'checkpoint_step_000007', params
 

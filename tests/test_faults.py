@@ -337,8 +337,10 @@ def test_full_disk_stops_the_run_and_keeps_every_checkpoint(disk_full):
     assert last_line.startswith('error: ') and reason in last_line, err[-2000:]
     steps = ckpt.committed_steps(root)
     logged = [int(s) for s in re.findall(r'^step +(\d+)/', out, re.MULTILINE)]
-    # Stopped at the save that failed (or the one after it, which reports it), not later.
-    assert steps and max(logged) <= steps[-1] + 2, (steps, logged)
+    # Stopped at the save after the one that failed, which reports it; or, where the failed
+    # write was still running then, at the save after that (its hand-off waits for the write
+    # in the background), not later.
+    assert steps and max(logged) <= steps[-1] + 3, (steps, logged)
     # Nothing was rotated away for the failed save: both steps that keep 2 holds are there.
     assert steps == [steps[-1] - 1, steps[-1]], steps
     for step in steps:

@@ -1,38 +1,108 @@
 """Causal self-attention shared by GPT-2 and LLaMA-3, and the choice of kernel.
 
 Axis letters: B batch, T time, N query heads, K key/value heads, H head dim.
+
+Three kernels, measured on an H200 at GPT-2 124M, batch 16 x 1024 (BENCHMARKS.md):
+- 'cudnn': cuDNN flash attention, the fastest (4.5 ms of a 35 ms step). With
+  `--xla_gpu_deterministic_ops` XLA makes its backward deterministic, but on jax 0.11.2 a
+  module holding more than one cuDNN attention call then fails at run time (IndexError
+  from an absl hash map), so deterministic cuDNN needs `lax.scan` over the layers, which
+  costs about 14 ms a step in extra copies.
+- 'pallas': JAX's Triton flash attention (jax.experimental.pallas.ops.gpu.attention). Its
+  backward writes dq, dk and dv block by block without atomics, so it is deterministic
+  with no flag at all, and unrolled layers keep their speed: the deterministic step is
+  0.91x the fast one instead of 0.72x.
+- 'xla': plain softmax(QK^T)V, for CPU and fp32 (5x slower than cuDNN on GPU).
 """
+
+import math
+import warnings
 
 import jax
 import jax.numpy as jnp
 
+IMPLEMENTATIONS = ('auto', 'xla', 'cudnn', 'pallas')
+# The Pallas kernel tiles time in blocks of this many steps (measured best of 32/64/128).
+PALLAS_BLOCK = 64
 
-def resolve_attention(requested: str, compute_dtype) -> str:
-    """Picks the attention kernel for `requested` in {'auto', 'xla', 'cudnn'}.
 
-    cuDNN flash attention only exists on NVIDIA GPUs and only for bf16/fp16, so 'auto'
-    takes it exactly there and XLA's reference attention everywhere else (CPU, fp32).
+def resolve_attention(
+    requested: str, compute_dtype, *, deterministic: bool = False, scan_layers: bool = True, seq_len=None
+) -> str:
+    """Picks the attention kernel for `requested` in IMPLEMENTATIONS.
+
+    The flash kernels exist only on NVIDIA GPUs and only for bf16/fp16. 'auto' takes
+    cuDNN there, except deterministic runs with unrolled layers, which take Pallas (see
+    the module docstring); XLA's reference attention everywhere else (CPU, fp32).
     """
-    if requested not in ('auto', 'xla', 'cudnn'):
-        raise ValueError(f"attention: expected one of auto, xla, cudnn; found {requested!r}")
+    if requested not in IMPLEMENTATIONS:
+        raise ValueError(f"attention: expected one of {', '.join(IMPLEMENTATIONS)}; found {requested!r}")
     half = jnp.dtype(compute_dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
     on_gpu = jax.default_backend() == 'gpu'
     if requested == 'auto':
-        return 'cudnn' if (on_gpu and half) else 'xla'
-    if requested == 'cudnn' and not (on_gpu and half):
+        if not (on_gpu and half):
+            return 'xla'
+        return 'pallas' if (deterministic and not scan_layers) else 'cudnn'
+    if requested in ('cudnn', 'pallas') and not (on_gpu and half):
         raise ValueError(
-            'attention: cudnn needs a GPU and dtype bfloat16; found backend '
+            f'attention: {requested} needs a GPU and dtype bfloat16; found backend '
             f"{jax.default_backend()!r} and dtype {jnp.dtype(compute_dtype).name}. Use attention='xla'."
         )
+    if requested == 'cudnn' and deterministic and not scan_layers:
+        raise ValueError(
+            'attention: cudnn with deterministic kernels needs scan_layers=true (jax 0.11.2 fails on '
+            'more than one deterministic cuDNN attention call in a step); found scan_layers=false. '
+            "Use attention='auto' or 'pallas', or --scan_layers true."
+        )
+    if requested == 'pallas' and seq_len is not None and seq_len > PALLAS_BLOCK and seq_len % PALLAS_BLOCK:
+        raise ValueError(
+            f'attention: pallas needs sequence_length <= {PALLAS_BLOCK} or a multiple of it; found '
+            f"{seq_len}. Use attention='cudnn' with --scan_layers true."
+        )
     return requested
+
+
+def _pallas_attention(q_BxTxNxH, k_BxTxNxH, v_BxTxNxH):
+    with warnings.catch_warnings():
+        # jax 0.11 marks the module deprecated in favour of tokamax, which the GPU stack lacks.
+        warnings.simplefilter('ignore', DeprecationWarning)
+        from jax.experimental.pallas.ops.gpu import attention as pallas_mha
+
+    T = q_BxTxNxH.shape[1]
+    block = min(PALLAS_BLOCK, T)
+    sizes = pallas_mha.BlockSizes(
+        block_q=block,
+        block_k=block,
+        block_q_dkv=block,
+        block_kv_dkv=block,
+        block_q_dq=block,
+        block_kv_dq=block,
+    )
+    return pallas_mha.mha(
+        q_BxTxNxH,
+        k_BxTxNxH,
+        v_BxTxNxH,
+        None,
+        sm_scale=1 / math.sqrt(q_BxTxNxH.shape[-1]),
+        causal=True,
+        block_sizes=sizes,
+        # Off a GPU the kernel runs in Pallas' interpreter: slow, but it lets CPU tests check it.
+        interpret=jax.default_backend() != 'gpu',
+    )
 
 
 def causal_attention(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, implementation: str):
     """Causal softmax attention scaled by 1/sqrt(H); K may divide N (grouped-query).
 
-    jax.nn.dot_product_attention groups query head n with kv head n // (N/K), which is
-    LLaMA's repeat-interleave order.
+    Query head n reads kv head n // (N/K), LLaMA's repeat-interleave order (as
+    jax.nn.dot_product_attention groups them).
     """
+    if implementation == 'pallas':
+        group = q_BxTxNxH.shape[2] // k_BxTxKxH.shape[2]
+        # The Pallas kernel wants one kv head per query head.
+        k_BxTxNxH = jnp.repeat(k_BxTxKxH, group, axis=2)
+        v_BxTxNxH = jnp.repeat(v_BxTxKxH, group, axis=2)
+        return _pallas_attention(q_BxTxNxH, k_BxTxNxH, v_BxTxNxH)
     return jax.nn.dot_product_attention(
         q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, is_causal=True, implementation=implementation
     )

@@ -8,8 +8,9 @@ head tied to `wte` *by construction*: logits are `wte.attend(h)`, so there is on
 parameter and a resumed run cannot drift apart from an untied copy (InfiniTrain's bug).
 
 The L blocks are created stacked (each parameter has a leading L axis, like llm.c's file
-layout) and applied with `lax.scan`: one compiled block, and deterministic cuDNN
-attention on GPU (unrolled layers break it on jax 0.11.2).
+layout) and applied with `lax.scan` (one compiled block) or unrolled (faster steps); see
+layer_stack.py. The training loss does not call the model: it takes `features` and
+`head_weight` into lm_head_loss.py, which never materialises the full logits.
 """
 
 import dataclasses
@@ -20,6 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxtrain.models.attention import causal_attention
+from jaxtrain.models.embedding import embedding_lookup
 from jaxtrain.models.layer_stack import apply_blocks
 
 
@@ -126,6 +128,7 @@ class GPT2(nnx.Module):
         dtype=jnp.float32,
         attention: str = 'xla',
         scan_layers: bool = True,
+        deterministic: bool = True,
         rngs: nnx.Rngs,
     ):
         self.config = config
@@ -144,12 +147,24 @@ class GPT2(nnx.Module):
         self.ln_f = nnx.LayerNorm(C, epsilon=1e-5, dtype=jnp.float32, rngs=rngs)
         self.dtype = dtype
         self.scan_layers = scan_layers
+        # Bitwise-reproducible gradients where a kernel choice decides it (the embedding's).
+        self.deterministic = deterministic
 
-    def __call__(self, tokens_BxT):
+    def features(self, tokens_BxT):
+        """The final hidden states (after ln_f) in the compute dtype."""
         T = tokens_BxT.shape[1]
         if T > self.config.max_seq_len:
             raise ValueError(f'sequence_length {T} exceeds the model max_seq_len {self.config.max_seq_len}')
-        x_BxTxC = self.wte(tokens_BxT) + self.wpe(jnp.arange(T))[None]
+        # Not nnx.Embed's gather: see embedding.py for the deterministic gradient. Positions
+        # are a slice, whose gradient is a plain sum over the batch.
+        x_BxTxC = embedding_lookup(self.wte.embedding[...], tokens_BxT, self.deterministic).astype(self.dtype)
+        x_BxTxC = x_BxTxC + self.wpe.embedding[:T].astype(self.dtype)[None]
         x_BxTxC = apply_blocks(self.h, x_BxTxC, scan=self.scan_layers)
-        x_BxTxC = self.ln_f(x_BxTxC).astype(self.dtype)
-        return self.wte.attend(x_BxTxC)
+        return self.ln_f(x_BxTxC).astype(self.dtype)
+
+    def head_weight(self):
+        """(weight, vocab_axis) of the output head: wte itself, (Vp, C)."""
+        return self.wte.embedding[...], 0
+
+    def __call__(self, tokens_BxT):
+        return self.wte.attend(self.features(tokens_BxT))

@@ -18,6 +18,7 @@ import numpy as np
 from flax import nnx
 
 from jaxtrain.models.attention import causal_attention
+from jaxtrain.models.embedding import embedding_lookup
 from jaxtrain.models.layer_stack import apply_blocks
 
 
@@ -199,6 +200,7 @@ class LLaMA3(nnx.Module):
         dtype=jnp.float32,
         attention: str = 'xla',
         scan_layers: bool = True,
+        deterministic: bool = True,
         rngs: nnx.Rngs,
     ):
         self.config = config
@@ -215,8 +217,11 @@ class LLaMA3(nnx.Module):
         self.lm_head = _linear(C, V, dtype, rngs)
         self.dtype = dtype
         self.scan_layers = scan_layers
+        # Bitwise-reproducible gradients where a kernel choice decides it (the embedding's).
+        self.deterministic = deterministic
 
-    def __call__(self, tokens_BxT):
+    def features(self, tokens_BxT):
+        """The final hidden states (after ln_f) in the compute dtype."""
         T = tokens_BxT.shape[1]
         if T > self.config.max_seq_len:
             raise ValueError(f'sequence_length {T} exceeds the model max_seq_len {self.config.max_seq_len}')
@@ -226,6 +231,14 @@ class LLaMA3(nnx.Module):
         cos_TxH2 = jnp.asarray(np.cos(angles_TxH2), jnp.float32)
         sin_TxH2 = jnp.asarray(np.sin(angles_TxH2), jnp.float32)
 
-        x_BxTxC = self.wte(tokens_BxT)
+        # Not nnx.Embed's gather: see embedding.py for the deterministic gradient.
+        x_BxTxC = embedding_lookup(self.wte.embedding[...], tokens_BxT, self.deterministic).astype(self.dtype)
         x_BxTxC = apply_blocks(self.h, x_BxTxC, cos_TxH2, sin_TxH2, scan=self.scan_layers)
-        return self.lm_head(self.ln_f(x_BxTxC).astype(self.dtype))
+        return self.ln_f(x_BxTxC).astype(self.dtype)
+
+    def head_weight(self):
+        """(weight, vocab_axis) of the output head: lm_head's kernel, (C, V)."""
+        return self.lm_head.kernel[...], 1
+
+    def __call__(self, tokens_BxT):
+        return self.lm_head(self.features(tokens_BxT))

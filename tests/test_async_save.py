@@ -1,0 +1,94 @@
+"""Checkpointer.save returns before the device copy and survives the next donating step."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from jaxtrain import checkpoint as ckpt
+
+RECORD = {'step': 1, 'data_position': 1, 'epoch': 0, 'has_optimizer_state': True}
+RNG = jnp.array([0, 42], jnp.uint32)
+
+
+def _state():
+    params = {'w': jnp.arange(12.0).reshape(3, 4), 'b': jnp.ones((4,))}
+    tx = optax.adam(1e-2)
+    return tx, params, tx.init(params)
+
+
+@jax.jit
+def _add_one(tree):
+    return jax.tree.map(lambda x: x + 1, tree)
+
+
+_donating_step = jax.jit(_add_one.__wrapped__, donate_argnums=0)
+
+
+@pytest.mark.parametrize('room_on_device', [True, False])
+def test_saved_values_are_those_at_save_time_even_after_donation(tmp_path, monkeypatch, room_on_device):
+    monkeypatch.setattr(ckpt, '_room_for_snapshot', lambda needed: room_on_device)
+    _, params, opt_state = _state()
+    expected = jax.tree.map(
+        lambda x: np.array(x, copy=True), (params, opt_state)
+    )  # no view: views block donation
+    checkpointer = ckpt.Checkpointer(str(tmp_path), keep_latest=0, keep_every=0)
+    checkpointer.save(1, params, opt_state, RNG, dict(RECORD))
+    # The trainer's next step donates (deletes) the live buffers right after save() returns.
+    new_params, new_opt_state = _donating_step((params, opt_state))
+    # Nothing of the save holds the live buffers when it works from a snapshot. (The
+    # blocking path finishes with them before save() returns; on CPU, Orbax's host copy may
+    # stay a view, which makes JAX copy instead of donating.)
+    assert params['w'].is_deleted() or not room_on_device
+    checkpointer.close()
+    assert checkpointer.blocking_saves == (0 if room_on_device else 1)
+
+    restored, restored_opt, record = ckpt.restore(
+        tmp_path / 'checkpoint_step_000001', new_params, new_opt_state
+    )
+    for got, want in zip(jax.tree.leaves((restored, restored_opt)), jax.tree.leaves(expected)):
+        np.testing.assert_array_equal(got, want)
+    # Checksums were added to the record (and verified by restore).
+    assert set(record['checksums']) == {'params', 'opt_state'} and 'w' in record['checksums']['params']
+    assert record['step'] == 1 and record['rng'] == [0, 42]
+
+
+def test_snapshot_is_a_separate_buffer():
+    tree = {'w': jnp.arange(6.0)}
+    copy, sums = ckpt._snapshot(tree)
+    assert sums.shape == (1, 2)  # the two checksums of checksums.py, per leaf
+    assert copy['w'].unsafe_buffer_pointer() != tree['w'].unsafe_buffer_pointer()
+    np.testing.assert_array_equal(copy['w'], tree['w'])
+
+
+def test_room_for_snapshot_reads_device_memory(monkeypatch):
+    tree = {'w': jnp.zeros((1000,), jnp.float32)}  # 4000 bytes
+    device = tree['w'].devices().pop()
+
+    class Stats:
+        def __init__(self, free):
+            self.free = free
+
+        def __call__(self):
+            return {'bytes_limit': 10_000, 'bytes_in_use': 10_000 - self.free}
+
+    monkeypatch.setattr(type(device), 'memory_stats', lambda self: Stats(6000)())
+    needed = ckpt._bytes_per_device(tree)
+    assert needed == {device: 4000}
+    assert ckpt._room_for_snapshot(needed)  # 6000 free >= 1.25 x 4000
+    monkeypatch.setattr(type(device), 'memory_stats', lambda self: Stats(4500)())
+    assert not ckpt._room_for_snapshot(needed)
+
+
+def test_a_failed_handoff_surfaces_at_wait(tmp_path, monkeypatch):
+    _, params, opt_state = _state()
+    checkpointer = ckpt.Checkpointer(str(tmp_path), keep_latest=0, keep_every=0)
+
+    def broken_save(*args, **kwargs):
+        raise OSError('No space left on device')
+
+    monkeypatch.setattr(checkpointer.manager, 'save', broken_save)
+    checkpointer.save(1, params, opt_state, RNG, dict(RECORD))  # returns: the failure is in the thread
+    with pytest.raises(ckpt.CheckpointError, match='could not save checkpoint_step_000001: No space left'):
+        checkpointer.wait()
