@@ -50,19 +50,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags, logging
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 from ml_collections import config_flags
 
 from jaxtrain import checkpoint as ckpt
 from jaxtrain import flags as key_flags
-from jaxtrain import kernel_profile, train
-from jaxtrain.batch_geometry import batch_geometry
-from jaxtrain.config_checks import check_config, deterministic_wanted
-from jaxtrain.model_setup import DTYPES, setup_model
+from jaxtrain import kernel_profile, sharding, train
+from jaxtrain.config_checks import deterministic_wanted
+from jaxtrain.model_setup import DTYPES
 from jaxtrain.models.attention import resolve_attention
-from jaxtrain.optim import build_optimizer
-from jaxtrain.train_step import TrainState, make_train_step
+from jaxtrain.train_step import TrainState
+from jaxtrain.trainer_setup import TrainerSetup, build_trainer
 
 _DEFAULT_CONFIG = str(Path(__file__).resolve().parents[1] / 'configs' / 'gpt2.py')
 config_flags.DEFINE_config_file(
@@ -213,72 +210,42 @@ def _directory_bytes(path: Path) -> int:
 
 @dataclasses.dataclass
 class Subject:
-    """The trainer's pieces, built as train.run builds them, and one synthetic batch."""
+    """The trainer's pieces (trainer_setup.py) and one synthetic batch."""
 
     config: object
-    devices: list
-    mesh: jax.sharding.Mesh
-    geometry: object  # BatchGeometry
-    setup: object  # ModelSetup
-    schedule: object
-    train_step: object  # jitted, state donated
-    state: TrainState
+    parts: TrainerSetup
+    state: TrainState | None  # None once the first step has taken (donated) it
     inputs_AxBxT: jax.Array
     targets_AxBxT: jax.Array
 
+    @property
+    def devices(self):
+        return self.parts.devices
+
+    @property
+    def geometry(self):
+        return self.parts.geometry
+
+    @property
+    def setup(self):
+        return self.parts.setup
+
 
 def build(config) -> Subject:
-    """train.run's sections 'devices and batch geometry', 'model', 'optimizer and state', and
-    its jitted step; the data section is replaced by one window of random ids (reused)."""
-    check_config(config)
-    devices = jax.devices()[: config.num_devices] if config.num_devices else jax.devices()
-    if config.num_devices > len(jax.devices()):
-        raise BenchError(
-            f'num_devices: expected at most the {len(jax.devices())} devices present, '
-            f'found {config.num_devices}'
-        )
-    mesh = jax.sharding.Mesh(np.array(devices), ('data',))
-    replicated = NamedSharding(mesh, P())
-    batch_sharding = NamedSharding(mesh, P(None, 'data'))  # (A, rows, T): rows split over ranks
-    geometry = batch_geometry(
-        config.batch_size, config.sequence_length, config.total_batch_size, data_parallel=len(devices)
-    )
-    setup = setup_model(config)
-    model_config = setup.model_config
-    if config.sequence_length > model_config.max_seq_len:
-        raise BenchError(
-            f'sequence_length: expected at most the model max_seq_len {model_config.max_seq_len}, '
-            f'found {config.sequence_length}'
-        )
-    tx, schedule = build_optimizer(config)
-    params = jax.device_put(setup.params, replicated)
-    state = TrainState(
-        step=jnp.int32(0),
-        data_position=jnp.int32(0),
-        params=params,
-        opt_state=jax.device_put(tx.init(params), replicated),
-        rng=jax.random.key_data(jax.random.PRNGKey(config.seed)),
-    )
-    state = jax.device_put(state, replicated)
-    train_step = jax.jit(make_train_step(setup.graphdef, tx, model_config.vocab_size), donate_argnums=0)
-
+    """What train.run builds (trainer_setup.build_trainer: mesh, model, optimizer, state,
+    the jitted step); the data is one window of random ids, reused every step."""
+    parts = build_trainer(config)
+    state, parts.state = parts.state, None
+    geometry, model_config = parts.geometry, parts.setup.model_config
     # Ids below the real vocabulary, shifted by one into targets as data.py's window is.
     tokens = np.random.default_rng(config.seed).integers(
         0, model_config.vocab_size, geometry.tokens_per_step + 1, dtype=np.int32
     )
     shape = (geometry.accumulation, geometry.rows_per_micro_step, geometry.sequence_length)
-    return Subject(
-        config,
-        devices,
-        mesh,
-        geometry,
-        setup,
-        schedule,
-        train_step,
-        state,
-        jax.device_put(tokens[:-1].reshape(shape), batch_sharding),
-        jax.device_put(tokens[1:].reshape(shape), batch_sharding),
+    inputs, targets = sharding.put_global(
+        (tokens[:-1].reshape(shape), tokens[1:].reshape(shape)), parts.train_batch_sharding
     )
+    return Subject(config, parts, state, inputs, targets)
 
 
 @dataclasses.dataclass
@@ -295,12 +262,6 @@ def make_save(subject: Subject, checkpointer: ckpt.Checkpointer, versions: dict)
     config, model_config = subject.config, subject.setup.model_config
     model_config_dict = dataclasses.asdict(model_config)
     llmc_sha256 = train.file_sha256(subject.setup.llmc_file) if subject.setup.llmc_file else ''
-    topology = {
-        'platform': subject.devices[0].platform,
-        'device_count': len(subject.devices),
-        'process_count': jax.process_count(),
-        'mesh': dict(subject.mesh.shape),
-    }
 
     def save(state, step: int) -> SaveTiming:
         """As the trainer, which knows the step on the host: the state has no data stream, so
@@ -311,10 +272,10 @@ def make_save(subject: Subject, checkpointer: ckpt.Checkpointer, versions: dict)
             step=step,
             data_position=step,
             epoch=0,
-            learning_rate=float(subject.schedule(step)),
+            learning_rate=float(subject.parts.schedule(step)),
             model_config=model_config_dict,
             tokens_per_step=subject.geometry.tokens_per_step,
-            topology=topology,
+            topology=subject.parts.topology,
             versions=versions,
             llmc_file=subject.setup.llmc_file,
             llmc_sha256=llmc_sha256,
@@ -421,7 +382,7 @@ def run_benchmark(config, settings: Settings, deterministic: bool) -> dict:
     geometry, model_config, devices = subject.geometry, subject.setup.model_config, subject.devices
 
     began = time.perf_counter()
-    lowered = subject.train_step.lower(subject.state, subject.inputs_AxBxT, subject.targets_AxBxT)
+    lowered = subject.parts.train_step.lower(subject.state, subject.inputs_AxBxT, subject.targets_AxBxT)
     lowered_at = time.perf_counter()
     step_fn = lowered.compile()
     compiled_at = time.perf_counter()
@@ -449,6 +410,7 @@ def run_benchmark(config, settings: Settings, deterministic: bool) -> dict:
             deterministic=deterministic,
             scan_layers=config.scan_layers,
             seq_len=config.sequence_length,
+            num_devices=len(devices),
         ),
         'devices': len(devices),
         'device_kind': devices[0].device_kind,
@@ -558,8 +520,8 @@ def summary(r: dict) -> str:
             lines.append(f'  step {step:<6d}blocked {blocked:8.1f} ms ({pct:.1f}% of a step)')
         if r['blocking_saves']:
             lines.append(
-                f"  {r['blocking_saves']} save(s) had no device memory for a snapshot and copied off the "
-                'device while the loop waited'
+                f"  {r['blocking_saves']} save(s) copied off the device while the loop waited (no device "
+                'memory for a snapshot, or several processes)'
             )
         lines += [
             (

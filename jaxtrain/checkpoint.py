@@ -332,8 +332,9 @@ class Checkpointer:
     background thread, which gives them to Orbax. Orbax's own part that blocks its caller
     (the device-to-host copy, 80-100 ms for GPT-2 124M with AdamW on an H200) thus runs
     beside training, and its write continues in Orbax's background as before. Where the
-    device has no room for the copy, save() does the hand-off itself (the old blocking
-    behaviour). Failures of either stage surface at the next save(), wait() or close().
+    device has no room for the copy, or the run has several processes, save() does the
+    hand-off itself (`blocking_saves` counts these). Failures of either stage surface at
+    the next save(), wait() or close().
     """
 
     def __init__(self, checkpoint_dir: str, *, keep_latest: int, keep_every: int, protected_steps=()):
@@ -352,7 +353,7 @@ class Checkpointer:
         self._writing = None  # the step of the last save started
         self._handoff = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='jaxtrain-save')
         self._pending = None  # the Future of the last hand-off to Orbax
-        self.blocking_saves = 0  # saves made without a device snapshot (no room for it)
+        self.blocking_saves = 0  # saves handed to Orbax on the loop's thread
         self._snapshot_bytes = None  # per device, measured at the first save
         # The hand-off thread and Orbax's writers run Python beside the training loop; by
         # default a thread waits up to 5 ms for the GIL, which the loop would feel at every
@@ -393,7 +394,11 @@ class Checkpointer:
             items['opt_state'] = opt_state
         if self._snapshot_bytes is None:  # the state's layout never changes within a run
             self._snapshot_bytes = _bytes_per_device(items)
-        if _room_for_snapshot(self._snapshot_bytes):
+        # With several processes Orbax's save runs collectives of its own (broadcasts that
+        # agree on names and steps); issued from a thread they could interleave with the
+        # train steps' collectives in a different order on each process and deadlock, so
+        # there the hand-off stays on the loop's thread.
+        if jax.process_count() == 1 and _room_for_snapshot(self._snapshot_bytes):
             snapshot, sums = _snapshot(items)
             self._pending = self._handoff.submit(self._hand_to_orbax, step, snapshot, sums, trainer_state)
         else:

@@ -80,6 +80,7 @@ def setup_model(config) -> ModelSetup:
         deterministic=deterministic,
         scan_layers=config.scan_layers,
         seq_len=config.sequence_length,
+        num_devices=config.num_devices or jax.device_count(),
     )
     options = dict(
         dtype=dtype,

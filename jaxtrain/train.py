@@ -1,7 +1,7 @@
 """The training run: set up, maybe resume, loop, save. `run(config)` returns an exit code.
 
-Sections, in order: mesh and batch geometry / model / data / optimizer and state /
-resume / checkpoints / the loop.
+Sections, in order: what trainer_setup.py builds (mesh and batch geometry, model,
+optimizer and state, the jitted steps) / data / resume / checkpoints / the loop.
 
 The state lives sharded on the mesh (mesh.py, sharding.py) and the train step is jitted
 once with those shardings in and out, so a step never moves parameters between layouts.
@@ -15,21 +15,15 @@ import time
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from jaxtrain import checkpoint as ckpt
 from jaxtrain import mesh as mesh_lib
 from jaxtrain import sharding
-from jaxtrain.batch_geometry import batch_geometry
-from jaxtrain.config_checks import check_config
 from jaxtrain.data import TokenStream
 from jaxtrain.distributed import agree_on_step_end
-from jaxtrain.model_setup import setup_model
-from jaxtrain.optim import build_optimizer
 from jaxtrain.run_log import RunLog
 from jaxtrain.stop_signal import StopRequest
-from jaxtrain.train_step import TrainState, make_eval_step, make_train_step
+from jaxtrain.trainer_setup import build_trainer
 
 
 class TrainingError(Exception):
@@ -74,35 +68,12 @@ def _data_paths(config) -> tuple[str, str]:
 
 def run(config) -> int:
     log = RunLog(config.metrics_dir)
-    check_config(config)
-
-    # --- mesh and batch geometry ---
-    mesh = mesh_lib.build_mesh(config)
-    devices = list(mesh.devices.flat)
-    replicated = NamedSharding(mesh, P())
-    train_batch_sharding = sharding.batch_sharding(mesh, micro_steps=True)  # (A, rows, T)
-    val_batch_sharding = sharding.batch_sharding(mesh, micro_steps=False)  # (rows, T)
-    geometry = batch_geometry(
-        config.batch_size,
-        config.sequence_length,
-        config.total_batch_size,
-        data_parallel=mesh_lib.data_parallel_size(mesh),
-    )
-    topology = {
-        'platform': devices[0].platform,
-        'device_count': len(devices),
-        'process_count': jax.process_count(),
-        'mesh': dict(mesh.shape),
-    }
-
-    # --- model ---
-    setup = setup_model(config)
+    parts = build_trainer(config)  # mesh, geometry, model, optimizer, state, jitted steps
+    mesh, devices, replicated = parts.mesh, parts.devices, parts.replicated
+    geometry, topology, setup = parts.geometry, parts.topology, parts.setup
+    tx, schedule, state = parts.tx, parts.schedule, parts.state
+    parts.state = None  # a resume replaces it: no second reference may keep it in memory
     model_config = setup.model_config
-    if config.sequence_length > model_config.max_seq_len:
-        raise ValueError(
-            f'sequence_length: expected at most the model max_seq_len {model_config.max_seq_len}, '
-            f'found {config.sequence_length}'
-        )
     llmc_sha256 = file_sha256(setup.llmc_file) if setup.llmc_file else ''
 
     # --- data ---
@@ -131,26 +102,6 @@ def run(config) -> int:
                 f'{val_pattern} holds at this batch geometry, found {config.val_max_steps}'
             )
 
-    # --- optimizer and state ---
-    tx, schedule = build_optimizer(config)
-    param_shardings = sharding.parameter_shardings(setup.params, mesh)
-    params = sharding.put_global(setup.params, param_shardings)
-    opt_shardings = sharding.opt_state_shardings(jax.eval_shape(tx.init, params), params, mesh)
-    state_shardings = TrainState(
-        step=replicated,
-        data_position=replicated,
-        params=param_shardings,
-        opt_state=opt_shardings,
-        rng=replicated,
-    )
-    state = TrainState(
-        step=sharding.put_global(np.int32(0), replicated),
-        data_position=sharding.put_global(np.int32(0), replicated),
-        params=params,
-        opt_state=jax.jit(tx.init, out_shardings=opt_shardings)(params),
-        rng=sharding.put_global(np.asarray(jax.random.key_data(jax.random.PRNGKey(config.seed))), replicated),
-    )
-
     # --- resume ---
     resume_dir, notice = ckpt.resolve_resume(config.resume_from, config.checkpoint_dir)
     if notice:
@@ -174,7 +125,7 @@ def run(config) -> int:
         if opt_state is None:
             log.info(f'resume: {resume_dir} has no optimizer state; starting with fresh optimizer moments')
             fresh = lambda p: ckpt.set_schedule_position(tx.init(p), saved['step'])
-            opt_state = jax.jit(fresh, out_shardings=opt_shardings)(params)
+            opt_state = jax.jit(fresh, out_shardings=parts.opt_shardings)(params)
         state = state.replace(
             step=sharding.put_global(np.int32(saved['step']), replicated),
             data_position=sharding.put_global(np.int32(saved['data_position']), replicated),
@@ -233,17 +184,7 @@ def run(config) -> int:
         return time.perf_counter() - began
 
     # --- the loop ---
-    train_step = jax.jit(
-        make_train_step(setup.graphdef, tx, model_config.vocab_size),
-        in_shardings=(state_shardings, train_batch_sharding, train_batch_sharding),
-        out_shardings=(state_shardings, replicated),
-        donate_argnums=0,
-    )
-    eval_step = jax.jit(
-        make_eval_step(setup.graphdef, model_config.vocab_size),
-        in_shardings=(param_shardings, val_batch_sharding, val_batch_sharding),
-        out_shardings=replicated,
-    )
+    train_step, eval_step = parts.train_step, parts.eval_step
     log.info(
         f'model: {config.model_family} {model_config} | {model_config.num_parameters:,} parameters | '
         f'weights: {setup.source}'
@@ -251,7 +192,7 @@ def run(config) -> int:
     log.info(
         f'devices: {len(devices)} x {devices[0].device_kind} ({devices[0].platform}) in '
         f'{jax.process_count()} process(es) | mesh {mesh_lib.describe(mesh)} | '
-        f'{sharding.describe_sharded(param_shardings)} | dtype {config.dtype}'
+        f'{sharding.describe_sharded(parts.param_shardings)} | dtype {config.dtype}'
     )
     log.info(
         f'batch: {geometry.batch_size} x {geometry.sequence_length} x DP {geometry.data_parallel} '
@@ -275,7 +216,7 @@ def run(config) -> int:
             inputs, targets = stream.window(data_position)
             shape = (geometry.accumulation, geometry.rows_per_micro_step, geometry.sequence_length)
             inputs, targets = sharding.put_global(
-                (inputs.reshape(shape), targets.reshape(shape)), train_batch_sharding
+                (inputs.reshape(shape), targets.reshape(shape)), parts.train_batch_sharding
             )
             began = time.perf_counter()
             state, metrics = train_step(state, inputs, targets)
@@ -310,7 +251,7 @@ def run(config) -> int:
                 log.info(f'data: epoch {epoch} begins (the stream wrapped to its start after step {step})')
             if val_stream is not None and step % config.val_loss_every == 0:
                 losses = [
-                    float(eval_step(state.params, *sharding.put_global((x, y), val_batch_sharding)))
+                    float(eval_step(state.params, *sharding.put_global((x, y), parts.val_batch_sharding)))
                     for x, y in val_stream.val_windows(config.val_max_steps)
                 ]
                 log.info(f'step {step:4d}/{config.num_iteration} | val loss {np.mean(losses):.6f}')

@@ -65,5 +65,12 @@ def test_unusable_combinations_are_refused_with_the_way_out(monkeypatch):
     with pytest.raises(ValueError, match='multiple of it; found 1000'):
         resolve_attention('pallas', jnp.bfloat16, seq_len=1000)
     assert resolve_attention('pallas', jnp.bfloat16, seq_len=1024) == 'pallas'
+    # XLA cannot split the Pallas call over a mesh: more than one device is refused, 'auto' too.
+    with pytest.raises(ValueError, match='pallas runs on one device only; found 2.*--scan_layers true'):
+        resolve_attention('auto', jnp.bfloat16, deterministic=True, scan_layers=False, num_devices=2)
+    assert (
+        resolve_attention('auto', jnp.bfloat16, deterministic=True, scan_layers=True, num_devices=2)
+        == 'cudnn'
+    )
     with pytest.raises(ValueError, match="expected one of auto, xla, cudnn, pallas; found 'flash'"):
         resolve_attention('flash', jnp.bfloat16)

@@ -27,13 +27,22 @@ PALLAS_BLOCK = 64
 
 
 def resolve_attention(
-    requested: str, compute_dtype, *, deterministic: bool = False, scan_layers: bool = True, seq_len=None
+    requested: str,
+    compute_dtype,
+    *,
+    deterministic: bool = False,
+    scan_layers: bool = True,
+    seq_len=None,
+    num_devices: int = 1,
 ) -> str:
     """Picks the attention kernel for `requested` in IMPLEMENTATIONS.
 
     The flash kernels exist only on NVIDIA GPUs and only for bf16/fp16. 'auto' takes
     cuDNN there, except deterministic runs with unrolled layers, which take Pallas (see
     the module docstring); XLA's reference attention everywhere else (CPU, fp32).
+
+    The Pallas kernel is one device's: XLA cannot split its call over a mesh and would
+    gather the whole batch onto every device, so it is refused on more than one.
     """
     if requested not in IMPLEMENTATIONS:
         raise ValueError(f"attention: expected one of {', '.join(IMPLEMENTATIONS)}; found {requested!r}")
@@ -42,7 +51,10 @@ def resolve_attention(
     if requested == 'auto':
         if not (on_gpu and half):
             return 'xla'
-        return 'pallas' if (deterministic and not scan_layers) else 'cudnn'
+        if deterministic and not scan_layers:
+            requested = 'pallas'  # checked below like an explicit choice
+        else:
+            return 'cudnn'
     if requested in ('cudnn', 'pallas') and not (on_gpu and half):
         raise ValueError(
             f'attention: {requested} needs a GPU and dtype bfloat16; found backend '
@@ -53,6 +65,11 @@ def resolve_attention(
             'attention: cudnn with deterministic kernels needs scan_layers=true (jax 0.11.2 fails on '
             'more than one deterministic cuDNN attention call in a step); found scan_layers=false. '
             "Use attention='auto' or 'pallas', or --scan_layers true."
+        )
+    if requested == 'pallas' and num_devices > 1:
+        raise ValueError(
+            f'attention: pallas runs on one device only; found {num_devices}. For deterministic runs on '
+            "several devices use --scan_layers true (deterministic cuDNN attention) or attention='xla'."
         )
     if requested == 'pallas' and seq_len is not None and seq_len > PALLAS_BLOCK and seq_len % PALLAS_BLOCK:
         raise ValueError(
