@@ -53,8 +53,8 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from jaxtrain import checkpoint as ckpt
+from jaxtrain import deterministic_flag, kernel_profile, sharding, train
 from jaxtrain import flags as key_flags
-from jaxtrain import kernel_profile, sharding, train
 from jaxtrain.config_checks import deterministic_wanted
 from jaxtrain.model_setup import DTYPES
 from jaxtrain.models.attention import resolve_attention
@@ -93,7 +93,6 @@ _KEY_FLAGS = key_flags.define_key_flags()
 
 _SMOKE_SETTINGS = {'warmup': 1, 'steps': 2, 'save_every': 1, 'matmul_size': 256}
 _MATMUL_SAMPLES = 5  # burst samples
-_DETERMINISTIC_FLAG = '--xla_gpu_deterministic_ops'
 
 
 class BenchError(Exception):
@@ -146,15 +145,6 @@ def _settings() -> Settings:
             f'least once; found {settings.save_every}. Raise --steps or lower --save_every.'
         )
     return settings
-
-
-def _set_xla_flags(deterministic: bool):
-    """As jaxtrain.main does (importing main would define its flags twice). XLA reads XLA_FLAGS
-    when the backend starts (the first jax.devices()), not at `import jax`, so this still counts."""
-    if deterministic:
-        current = os.environ.get('XLA_FLAGS', '')
-        if _DETERMINISTIC_FLAG not in current:
-            os.environ['XLA_FLAGS'] = (current + f' {_DETERMINISTIC_FLAG}=true').strip()
 
 
 # --- measurements -----------------------------------------------------------------------------
@@ -564,7 +554,7 @@ def compare_deterministic(argv: list[str]) -> dict:
     env = dict(os.environ)
     # The fast child must not inherit the flag; each child sets it from --deterministic.
     env['XLA_FLAGS'] = ' '.join(
-        f for f in env.get('XLA_FLAGS', '').split() if not f.startswith(_DETERMINISTIC_FLAG)
+        f for f in env.get('XLA_FLAGS', '').split() if not f.startswith(deterministic_flag.FLAG)
     )
     repo = str(Path(__file__).resolve().parents[1])
     env['PYTHONPATH'] = os.pathsep.join(p for p in (repo, env.get('PYTHONPATH', '')) if p)
@@ -634,9 +624,9 @@ def main(argv):
             key_flags.apply_key_flags(config, _KEY_FLAGS, warn=print)
             if settings.smoke:
                 config.model, config.llmc_filepath = 'tiny', ''
-            _set_xla_flags(deterministic_wanted(config))
+            deterministic_flag.request(deterministic_wanted(config))
             # What runs is what XLA_FLAGS says: an inherited flag wins over the config.
-            deterministic = f'{_DETERMINISTIC_FLAG}=true' in os.environ.get('XLA_FLAGS', '')
+            deterministic = deterministic_flag.in_effect()
             if deterministic != deterministic_wanted(config):
                 print(
                     f'warning: config.deterministic={config.deterministic}, but the inherited XLA_FLAGS '

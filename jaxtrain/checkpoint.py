@@ -298,13 +298,18 @@ _WRITE_ERRORS = (
 )
 
 
+def _stacked_sums(tree):
+    """The checksums (checksums.py) of every leaf as one (leaves, 2) array: one output
+    instead of one per leaf, since the loop waits for the dispatch."""
+    return jnp.stack(jax.tree.leaves(start_tensor_sums(tree)))
+
+
 @jax.jit
 def _snapshot(tree):
     """A copy on the device, which the next (donating) train step cannot take away, and
-    its checksums (checksums.py) stacked into one (leaves, 2) array: one dispatch with as
-    few outputs as can be, since the loop waits for it."""
+    its _stacked_sums, in one dispatch."""
     copy = jax.tree.map(jnp.copy, tree)
-    return copy, jnp.stack(jax.tree.leaves(start_tensor_sums(copy)))
+    return copy, _stacked_sums(copy)
 
 
 def _bytes_per_device(tree) -> dict:
@@ -403,8 +408,7 @@ class Checkpointer:
             self._pending = self._handoff.submit(self._hand_to_orbax, step, snapshot, sums, trainer_state)
         else:
             self.blocking_saves += 1
-            sums = jnp.stack(jax.tree.leaves(start_tensor_sums(items)))
-            self._hand_to_orbax(step, items, sums, trainer_state)
+            self._hand_to_orbax(step, items, _stacked_sums(items), trainer_state)
         self._writing = step
 
     def _hand_to_orbax(self, step: int, items: dict, sums_Nx2, trainer_state: dict):

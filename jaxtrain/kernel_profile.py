@@ -26,7 +26,6 @@ CATEGORIES = (
 
 @dataclasses.dataclass
 class KernelSummary:
-    steps: int
     ms_per_step: dict  # kernel name -> ms per step
     calls_per_step: dict  # kernel name -> calls per step
 
@@ -73,7 +72,6 @@ def summarize_trace(trace: dict, steps: int) -> KernelSummary:
             time_us[e['name']] += e['dur']
             calls[e['name']] += 1
     return KernelSummary(
-        steps,
         {name: us / 1e3 / steps for name, us in time_us.items()},
         {name: n / steps for name, n in calls.items()},
     )

@@ -17,6 +17,7 @@ from pathlib import Path
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from jaxtrain import deterministic_flag
 from jaxtrain import flags as key_flags
 
 _DEFAULT_CONFIG = str(Path(__file__).resolve().parents[1] / 'configs' / 'gpt2.py')
@@ -26,14 +27,6 @@ config_flags.DEFINE_config_file(
 _VERBOSE = flags.DEFINE_boolean('verbose', False, 'print a traceback with errors')
 _KEY_FLAGS = key_flags.define_key_flags()
 flags.adopt_module_key_flags(key_flags)  # so --help lists every training key, not only --config
-
-
-def _set_xla_flags(deterministic: bool):
-    """Must run before JAX starts its backend; deterministic ops also pin GEMM choices."""
-    if deterministic:
-        current = os.environ.get('XLA_FLAGS', '')
-        if '--xla_gpu_deterministic_ops' not in current:
-            os.environ['XLA_FLAGS'] = (current + ' --xla_gpu_deterministic_ops=true').strip()
 
 
 def _enable_compilation_cache():
@@ -79,7 +72,7 @@ def main(argv):
 
         config = flags.FLAGS.config
         key_flags.apply_key_flags(config, _KEY_FLAGS, warn=print)
-        _set_xla_flags(deterministic_wanted(config))
+        deterministic_flag.request(deterministic_wanted(config))
         _enable_compilation_cache()
         joined = distributed.initialize(config)  # before anything asks JAX for devices
         if joined and jax.process_index() == 0:

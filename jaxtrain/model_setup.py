@@ -6,13 +6,13 @@ replaces these weights later; see checkpoint.py.)
 """
 
 import dataclasses
-import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxtrain import deterministic_flag
 from jaxtrain.models import FAMILIES
 from jaxtrain.models.attention import resolve_attention
 
@@ -65,15 +65,10 @@ def _shape_mismatches(expected: dict, found: dict, prefix=''):
     return problems
 
 
-def deterministic_kernels() -> bool:
-    """Whether XLA runs deterministic kernels in this process (main.py sets the flag)."""
-    return 'xla_gpu_deterministic_ops=true' in os.environ.get('XLA_FLAGS', '')
-
-
 def setup_model(config) -> ModelSetup:
     model_cls, config_cls, variants = FAMILIES[config.model_family]
     dtype = DTYPES[config.dtype]
-    deterministic = deterministic_kernels()
+    deterministic = deterministic_flag.in_effect()
     attention = resolve_attention(
         config.attention,
         dtype,

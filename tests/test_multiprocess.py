@@ -12,7 +12,7 @@ import tempfile
 import pytest
 
 from jaxtrain import checkpoint as ckpt
-from trainer_runs import REPO, load_config, random_shard, tiny_llmc_model, train
+from trainer_runs import REPO, metrics_losses, random_shard, tiny_llmc_model, train_named
 
 pytestmark = pytest.mark.slow
 
@@ -83,31 +83,14 @@ def test_two_processes_train_and_one_process_resumes(tmp_path):
     topology = ckpt.read_trainer_state(root / 'checkpoint_step_000003')['topology']
     assert (topology['process_count'], topology['device_count']) == (2, 8)
 
-    def single(name, **overrides):
-        config = load_config(
-            'gpt2',
-            checkpoint_dir=str(tmp_path / name / 'ck'),
-            metrics_dir=str(tmp_path / name / 'm'),
-            **files,
-            **{**COMMON, **overrides},
-        )
-        code, losses, out = train(config)
-        assert code == 0, out
-        return losses, out
-
-    reference, _ = single('uninterrupted', num_devices=1)
-    two, _ = load_losses(tmp_path / 'two' / 'm'), None
-    resumed, out = single('resumed', num_devices=1, resume_from=str(root / 'checkpoint_step_000003'))
+    reference, _ = train_named(tmp_path, 'uninterrupted', files, COMMON, num_devices=1)
+    two = metrics_losses(tmp_path / 'two' / 'm')
+    resumed, out = train_named(
+        tmp_path, 'resumed', files, COMMON, num_devices=1, resume_from=str(root / 'checkpoint_step_000003')
+    )
     assert 'topology changed: saved on 8 cpu device(s) in 2 process(es)' in out
     assert sorted(two) == list(range(1, 7)) and sorted(resumed) == list(range(4, 7))
     for step in range(1, 7):
         assert abs(two[step] - reference[step]) <= TOLERANCE, (step, two[step], reference[step])
     for step in range(4, 7):
         assert abs(resumed[step] - reference[step]) <= TOLERANCE, (step, resumed[step], reference[step])
-
-
-def load_losses(metrics_dir) -> dict[int, float]:
-    import json
-
-    rows = map(json.loads, (metrics_dir / 'metrics.jsonl').read_text().splitlines())
-    return {row['step']: row['loss'] for row in rows if 'loss' in row}

@@ -13,7 +13,7 @@ from jax.sharding import AxisType, PartitionSpec as P
 
 from jaxtrain import checkpoint as ckpt, distributed, mesh as mesh_lib, sharding
 from jaxtrain.config_checks import check_config
-from trainer_runs import load_config, random_shard, tiny_llmc_model, train
+from trainer_runs import load_config, random_shard, tiny_llmc_model, train_named
 
 # batch_size is per data-parallel rank: 8 rows of 32 tokens a step are 1 micro-step on 8
 # ranks, 2 on 4, 8 on 1.
@@ -37,16 +37,7 @@ def files(tmp_path_factory):
 
 
 def run(tmp_path, name, files, **overrides):
-    config = load_config(
-        'gpt2',
-        checkpoint_dir=str(tmp_path / name / 'ck'),
-        metrics_dir=str(tmp_path / name / 'metrics'),
-        **files,
-        **{**COMMON, **overrides},
-    )
-    code, losses, out = train(config)
-    assert code == 0, out
-    return losses, out
+    return train_named(tmp_path, name, files, COMMON, **overrides)
 
 
 @pytest.fixture(scope='module')

@@ -38,6 +38,15 @@ def load_config(family='gpt2', variant='tiny', **overrides):
     return config
 
 
+def metrics_losses(metrics_dir) -> dict[int, float]:
+    """{step: loss} from a run's metrics.jsonl ({} where there is none)."""
+    metrics = Path(metrics_dir) / 'metrics.jsonl' if metrics_dir else None
+    if not (metrics and metrics.exists()):
+        return {}
+    rows = map(json.loads, metrics.read_text().splitlines())
+    return {row['step']: row['loss'] for row in rows if 'loss' in row}
+
+
 def train(config) -> tuple[int, dict[int, float], str]:
     """Runs the trainer; returns (exit code, {step: loss} from metrics.jsonl, stdout)."""
     from jaxtrain import train as train_lib
@@ -45,14 +54,23 @@ def train(config) -> tuple[int, dict[int, float], str]:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         code = train_lib.run(config)
-    losses = {}
-    metrics = Path(config.metrics_dir) / 'metrics.jsonl' if config.metrics_dir else None
-    if metrics and metrics.exists():
-        for line in metrics.read_text().splitlines():
-            row = json.loads(line)
-            if 'loss' in row:
-                losses[row['step']] = row['loss']
-    return code, losses, out.getvalue()
+    return code, metrics_losses(config.metrics_dir), out.getvalue()
+
+
+def train_named(root, name, files, common, **overrides) -> tuple[dict[int, float], str]:
+    """A GPT-2 run with its checkpoints and metrics under root/name, from the shard and model
+    `files` and the settings `common` (overrides win); asserts it exits 0. Returns
+    ({step: loss}, stdout)."""
+    config = load_config(
+        'gpt2',
+        checkpoint_dir=str(Path(root) / name / 'ck'),
+        metrics_dir=str(Path(root) / name / 'metrics'),
+        **files,
+        **{**common, **overrides},
+    )
+    code, losses, out = train(config)
+    assert code == 0, out
+    return losses, out
 
 
 def restore_params(step_dir):

@@ -22,7 +22,7 @@ from flax import nnx
 
 from jaxtrain.models.attention import causal_attention
 from jaxtrain.models.embedding import embedding_lookup
-from jaxtrain.models.layer_stack import apply_blocks
+from jaxtrain.models.layer_stack import apply_blocks, stack_blocks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +119,8 @@ class Block(nnx.Module):
 
 
 class GPT2(nnx.Module):
-    """Returns logits over the padded vocabulary Vp; `loss.py` masks columns V..Vp-1."""
+    """Returns logits over the padded vocabulary Vp; the loss (lm_head_loss.py) ignores
+    columns V..Vp-1."""
 
     def __init__(
         self,
@@ -138,12 +139,7 @@ class GPT2(nnx.Module):
         self.wte.embedding[...] = self.wte.embedding[...].at[config.vocab_size :].set(0.0)
         self.wpe = nnx.Embed(config.max_seq_len, C, embedding_init=_normal(0.02), dtype=dtype, rngs=rngs)
 
-        @nnx.split_rngs(splits=config.num_layers)
-        @nnx.vmap(in_axes=(0,), out_axes=0)
-        def stacked_blocks(rngs):
-            return Block(config, dtype, attention, rngs)
-
-        self.h = stacked_blocks(rngs)
+        self.h = stack_blocks(config.num_layers, lambda rngs: Block(config, dtype, attention, rngs), rngs)
         self.ln_f = nnx.LayerNorm(C, epsilon=1e-5, dtype=jnp.float32, rngs=rngs)
         self.dtype = dtype
         self.scan_layers = scan_layers

@@ -1,10 +1,23 @@
-"""Applying the stacked blocks of either model family: scanned or unrolled.
+"""The stacked blocks of either model family: creating them, and applying them scanned or
+unrolled.
 
 Axis letters: B batch, T time, C channels, V vocab.
 """
 
 import jax
 from flax import nnx
+
+
+def stack_blocks(num_layers: int, make_block, rngs: nnx.Rngs) -> nnx.Module:
+    """num_layers blocks from make_block(rngs), as one module whose parameters carry a
+    leading layer axis (llm.c's file layout, and what apply_blocks runs)."""
+
+    @nnx.split_rngs(splits=num_layers)
+    @nnx.vmap(in_axes=(0,), out_axes=0)
+    def stacked(rngs):
+        return make_block(rngs)
+
+    return stacked(rngs)
 
 
 def apply_blocks(stacked_blocks: nnx.Module, x_BxTxC, *extra, scan: bool = True):

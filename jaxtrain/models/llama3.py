@@ -19,7 +19,7 @@ from flax import nnx
 
 from jaxtrain.models.attention import causal_attention
 from jaxtrain.models.embedding import embedding_lookup
-from jaxtrain.models.layer_stack import apply_blocks
+from jaxtrain.models.layer_stack import apply_blocks, stack_blocks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,12 +207,7 @@ class LLaMA3(nnx.Module):
         C, V = config.channels, config.vocab_size
         self.wte = nnx.Embed(V, C, embedding_init=nnx.initializers.normal(0.02), dtype=dtype, rngs=rngs)
 
-        @nnx.split_rngs(splits=config.num_layers)
-        @nnx.vmap(in_axes=(0,), out_axes=0)
-        def stacked_blocks(rngs):
-            return Block(config, dtype, attention, rngs)
-
-        self.h = stacked_blocks(rngs)
+        self.h = stack_blocks(config.num_layers, lambda rngs: Block(config, dtype, attention, rngs), rngs)
         self.ln_f = RMSNorm(C, config.norm_eps)
         self.lm_head = _linear(C, V, dtype, rngs)
         self.dtype = dtype
