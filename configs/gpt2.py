@@ -13,7 +13,7 @@ unchanged with their flags, e.g.
       --llmc_filepath gpt2_124M.bin --num_iteration 100
 """
 
-from jaxtrain.config_base import base_config
+from jaxtrain.config.keys import base_config
 
 
 def get_config(variant: str = ''):

@@ -9,7 +9,7 @@ Variants: configs/llama3.py:tiny|small|llama3.2-1b|llama3-8b. With --llmc_filepa
 header sets the shape.
 """
 
-from jaxtrain.config_base import base_config
+from jaxtrain.config.keys import base_config
 
 
 def get_config(variant: str = ''):

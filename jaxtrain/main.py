@@ -17,8 +17,8 @@ from pathlib import Path
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from jaxtrain import deterministic_flag
-from jaxtrain import flags as key_flags
+from jaxtrain.train import deterministic_flag
+from jaxtrain.config import flags as key_flags
 
 _DEFAULT_CONFIG = str(Path(__file__).resolve().parents[1] / 'configs' / 'gpt2.py')
 config_flags.DEFINE_config_file(
@@ -34,7 +34,7 @@ def _enable_compilation_cache():
     import jax
 
     if not os.environ.get('JAX_COMPILATION_CACHE_DIR'):
-        from jaxtrain.default_corpus import cache_dir
+        from jaxtrain.data.default_corpus import cache_dir
 
         jax.config.update('jax_compilation_cache_dir', str(cache_dir() / 'xla'))
 
@@ -67,8 +67,8 @@ def main(argv):
     try:
         import jax
 
-        from jaxtrain import distributed
-        from jaxtrain.config_checks import deterministic_wanted
+        from jaxtrain.parallel import distributed
+        from jaxtrain.config.checks import deterministic_wanted
 
         config = flags.FLAGS.config
         key_flags.apply_key_flags(config, _KEY_FLAGS, warn=print)
@@ -77,7 +77,7 @@ def main(argv):
         joined = distributed.initialize(config)  # before anything asks JAX for devices
         if joined and jax.process_index() == 0:
             print(joined, flush=True)
-        from jaxtrain import train
+        from jaxtrain.train import loop as train
 
         return train.run(config)
     except KeyboardInterrupt:

@@ -8,7 +8,7 @@ out=$1; work=${WORK:-/tmp/acceptance}; mkdir -p "$out" "$work"
 python - <<'PY'
 # LLaMA-3 needs a uint32 shard: the built-in corpus's ids (all < 50257) re-encoded.
 import numpy as np, llmc_io
-from jaxtrain.default_corpus import ensure_default_corpus
+from jaxtrain.data.default_corpus import ensure_default_corpus
 train, _ = ensure_default_corpus()
 llmc_io.write_shard('/tmp/acceptance_llama_train.bin', np.asarray(llmc_io.read_shard(train)).astype(np.uint32), kind='llama3')
 PY

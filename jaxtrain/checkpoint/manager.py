@@ -36,7 +36,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
-from jaxtrain.checksums import checksum_mismatches, format_checksums, start_tensor_sums
+from jaxtrain.checkpoint.checksums import checksum_mismatches, format_checksums, start_tensor_sums
 
 STEP_PREFIX = 'checkpoint_step'
 STEP_DIGITS = 6

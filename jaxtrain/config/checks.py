@@ -2,7 +2,7 @@
 expected and what was found."""
 
 from jaxtrain.models.attention import IMPLEMENTATIONS
-from jaxtrain.optim import OPTIMIZERS, SCHEDULES
+from jaxtrain.train.optim import OPTIMIZERS, SCHEDULES
 
 CHOICES = {
     'model_family': ('gpt2', 'llama3'),

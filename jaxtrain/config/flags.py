@@ -16,7 +16,7 @@ import traceback
 
 from absl import flags
 
-from jaxtrain.config_base import KEYS
+from jaxtrain.config.keys import KEYS
 
 _TRUE, _FALSE = ('true', '1', 'yes', 'on'), ('false', '0', 'no', 'off')
 

@@ -29,7 +29,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxtrain.mesh import BATCH_AXES
+from jaxtrain.parallel.mesh import BATCH_AXES
 
 # Parameter-name suffix -> (axis `tensor` splits, axis `fsdp` splits), None for neither.
 RULES = {

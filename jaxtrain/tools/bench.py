@@ -52,16 +52,19 @@ import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from jaxtrain import checkpoint as ckpt
-from jaxtrain import deterministic_flag, kernel_profile, sharding, train
-from jaxtrain import flags as key_flags
-from jaxtrain.config_checks import deterministic_wanted
-from jaxtrain.model_setup import DTYPES
+from jaxtrain.checkpoint import manager as ckpt
+from jaxtrain.train import deterministic_flag
+from jaxtrain.tools import kernel_profile
+from jaxtrain.parallel import sharding
+from jaxtrain.train import loop as train
+from jaxtrain.config import flags as key_flags
+from jaxtrain.config.checks import deterministic_wanted
+from jaxtrain.models.setup import DTYPES
 from jaxtrain.models.attention import resolve_attention
-from jaxtrain.train_step import TrainState
-from jaxtrain.trainer_setup import TrainerSetup, build_trainer
+from jaxtrain.train.step import TrainState
+from jaxtrain.train.setup import TrainerSetup, build_trainer
 
-_DEFAULT_CONFIG = str(Path(__file__).resolve().parents[1] / 'configs' / 'gpt2.py')
+_DEFAULT_CONFIG = str(Path(__file__).resolve().parents[2] / 'configs' / 'gpt2.py')
 config_flags.DEFINE_config_file(
     'config', _DEFAULT_CONFIG, 'config file, e.g. configs/gpt2.py:d12', lock_config=True
 )
@@ -556,7 +559,7 @@ def compare_deterministic(argv: list[str]) -> dict:
     env['XLA_FLAGS'] = ' '.join(
         f for f in env.get('XLA_FLAGS', '').split() if not f.startswith(deterministic_flag.FLAG)
     )
-    repo = str(Path(__file__).resolve().parents[1])
+    repo = str(Path(__file__).resolve().parents[2])
     env['PYTHONPATH'] = os.pathsep.join(p for p in (repo, env.get('PYTHONPATH', '')) if p)
     results = {}
     with tempfile.TemporaryDirectory(prefix='jaxtrain-bench-compare-') as tmp:
@@ -653,5 +656,9 @@ def main(argv):
         return 1
 
 
-if __name__ == '__main__':
+def entry_point():
     app.run(lambda argv: sys.exit(main(argv)))
+
+
+if __name__ == '__main__':
+    entry_point()

@@ -89,7 +89,7 @@ def _bytes(n: int) -> str:
 
 
 def cmd_ls(args) -> int:
-    from jaxtrain import ckpt_inspect
+    from jaxtrain.tools import ckpt_inspect
 
     entries, latest = ckpt_inspect.list_checkpoints(args.dir)
     if args.json:
@@ -128,7 +128,7 @@ def cmd_ls(args) -> int:
 
 
 def _tensor_rows(step_dir, state: dict) -> list[dict]:
-    from jaxtrain import ckpt_inspect
+    from jaxtrain.tools import ckpt_inspect
 
     rows = []
     recorded_all = state.get('checksums', {})
@@ -200,8 +200,8 @@ def _show_text(step_dir, state: dict) -> str:
 
 
 def cmd_show(args) -> int:
-    from jaxtrain import ckpt_inspect
-    from jaxtrain.checkpoint import read_trainer_state
+    from jaxtrain.tools import ckpt_inspect
+    from jaxtrain.checkpoint.manager import read_trainer_state
 
     step_dir = ckpt_inspect.find_finished_step_dir(args.step_dir)
     state = read_trainer_state(step_dir)
@@ -238,8 +238,8 @@ def cmd_show(args) -> int:
 
 
 def cmd_diff(args) -> int:
-    from jaxtrain import ckpt_inspect
-    from jaxtrain.checkpoint import read_trainer_state
+    from jaxtrain.tools import ckpt_inspect
+    from jaxtrain.checkpoint.manager import read_trainer_state
 
     step_a, step_b = ckpt_inspect.find_finished_step_dir(args.a), ckpt_inspect.find_finished_step_dir(args.b)
     state_a, state_b = read_trainer_state(step_a), read_trainer_state(step_b)
@@ -291,7 +291,7 @@ def cmd_diff(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from jaxtrain import ckpt_inspect
+    from jaxtrain.tools import ckpt_inspect
 
     step_dir = ckpt_inspect.find_step_dir(args.step_dir)
     result = ckpt_inspect.verify(step_dir)
@@ -310,7 +310,8 @@ def cmd_verify(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from jaxtrain import ckpt_export, ckpt_inspect
+    from jaxtrain.tools import ckpt_export
+    from jaxtrain.tools import ckpt_inspect
 
     step_dir = ckpt_inspect.find_finished_step_dir(args.step_dir)
     written = ckpt_export.export_llmc(step_dir, args.output, args.version)
@@ -433,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         text = str(e).strip()
         message = text.splitlines()[0] if text else type(e).__name__
-        from jaxtrain.checkpoint import CheckpointError
+        from jaxtrain.checkpoint.manager import CheckpointError
 
         kind = '' if isinstance(e, CheckpointError) else f' ({type(e).__name__})'
         print(f'{PROG} {args.command}: error: {message}{kind}', file=sys.stderr)

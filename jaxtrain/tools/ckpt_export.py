@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 
 import llmc_io
-from jaxtrain.checkpoint import CheckpointError, read_trainer_state
-from jaxtrain.checksums import checksum_mismatches
-from jaxtrain.ckpt_inspect import flatten, model_config_object, restore_item
+from jaxtrain.checkpoint.manager import CheckpointError, read_trainer_state
+from jaxtrain.checkpoint.checksums import checksum_mismatches
+from jaxtrain.tools.ckpt_inspect import flatten, model_config_object, restore_item
 
 VERSIONS = {3: 'float32', 5: 'bfloat16'}
 

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxtrain.checkpoint import (
+from jaxtrain.checkpoint.manager import (
     STEP_PREFIX,
     TRAINER_STATE_FILE,
     CheckpointError,
@@ -26,7 +26,7 @@ from jaxtrain.checkpoint import (
     step_dir_name,
     step_of,
 )
-from jaxtrain.checksums import checksum_mismatches, path_name, tensor_checksums
+from jaxtrain.checkpoint.checksums import checksum_mismatches, path_name, tensor_checksums
 
 ARRAY_ITEMS = ('params', 'opt_state')
 # Orbax writes a step into `<final name>.orbax-checkpoint-tmp-<n>` and renames it when complete.

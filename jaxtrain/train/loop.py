@@ -16,14 +16,14 @@ import time
 import jax
 import numpy as np
 
-from jaxtrain import checkpoint as ckpt
-from jaxtrain import mesh as mesh_lib
-from jaxtrain import sharding
-from jaxtrain.data import TokenStream
-from jaxtrain.distributed import agree_on_step_end
-from jaxtrain.run_log import RunLog
-from jaxtrain.stop_signal import StopRequest
-from jaxtrain.trainer_setup import build_trainer
+from jaxtrain.checkpoint import manager as ckpt
+from jaxtrain.parallel import mesh as mesh_lib
+from jaxtrain.parallel import sharding
+from jaxtrain.data.stream import TokenStream
+from jaxtrain.parallel.distributed import agree_on_step_end
+from jaxtrain.train.run_log import RunLog
+from jaxtrain.train.stop_signal import StopRequest
+from jaxtrain.train.setup import build_trainer
 
 
 class TrainingError(Exception):
@@ -60,7 +60,7 @@ def _data_paths(config) -> tuple[str, str]:
             'input_bin: expected a glob of LLaMA-3 token shards, found none; the built-in '
             'corpus is GPT-2 only. Pass --input_bin PATTERN.'
         )
-    from jaxtrain.default_corpus import ensure_default_corpus
+    from jaxtrain.data.default_corpus import ensure_default_corpus
 
     train_path, val_path = ensure_default_corpus()
     return train_path, config.input_val_bin or val_path

@@ -13,13 +13,13 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxtrain import mesh as mesh_lib
-from jaxtrain import sharding
-from jaxtrain.batch_geometry import BatchGeometry, batch_geometry
-from jaxtrain.config_checks import check_config
-from jaxtrain.model_setup import ModelSetup, setup_model
-from jaxtrain.optim import build_optimizer
-from jaxtrain.train_step import TrainState, make_eval_step, make_train_step
+from jaxtrain.parallel import mesh as mesh_lib
+from jaxtrain.parallel import sharding
+from jaxtrain.data.batch_geometry import BatchGeometry, batch_geometry
+from jaxtrain.config.checks import check_config
+from jaxtrain.models.setup import ModelSetup, setup_model
+from jaxtrain.train.optim import build_optimizer
+from jaxtrain.train.step import TrainState, make_eval_step, make_train_step
 
 
 @dataclasses.dataclass

@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from jaxtrain import checkpoint as ckpt
+from jaxtrain.checkpoint import manager as ckpt
 
 RECORD = {'step': 1, 'data_position': 1, 'epoch': 0, 'has_optimizer_state': True}
 RNG = jnp.array([0, 42], jnp.uint32)

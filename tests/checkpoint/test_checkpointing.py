@@ -8,7 +8,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from jaxtrain import checkpoint as ckpt
+from jaxtrain.checkpoint import manager as ckpt
 from trainer_runs import load_config, random_shard, tiny_llmc_model, train
 
 

@@ -8,7 +8,7 @@ so every expected window can be written down from llm.c's rule: batch b = tokens
 import numpy as np
 import pytest
 
-from jaxtrain.data import DataError, TokenStream
+from jaxtrain.data.stream import DataError, TokenStream
 
 GPT2 = (20240520, 1, np.uint16)
 LLAMA3 = (20240801, 7, np.uint32)

@@ -17,7 +17,7 @@ from test_llmc_llama3 import model_tensors, write_infinitrain, write_llmc_branch
 import llmc_io
 from llmc_io.__main__ import main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def cli(*args):

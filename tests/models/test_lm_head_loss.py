@@ -6,8 +6,8 @@ import numpy as np
 import numpy_reference as ref
 import pytest
 
-from jaxtrain import lm_head_loss
-from jaxtrain.lm_head_loss import lm_head_cross_entropy, num_chunks
+from jaxtrain.models import lm_head_loss
+from jaxtrain.models.lm_head_loss import lm_head_cross_entropy, num_chunks
 
 
 def _plain_loss(h_BxTxC, w, targets_BxT, vocab_size, vocab_axis):

@@ -11,7 +11,7 @@ import tempfile
 
 import pytest
 
-from jaxtrain import checkpoint as ckpt
+from jaxtrain.checkpoint import manager as ckpt
 from trainer_runs import REPO, metrics_losses, random_shard, tiny_llmc_model, train_named
 
 pytestmark = pytest.mark.slow

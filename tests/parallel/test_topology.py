@@ -11,8 +11,14 @@ import optax
 import pytest
 from jax.sharding import AxisType, PartitionSpec as P
 
-from jaxtrain import checkpoint as ckpt, distributed, mesh as mesh_lib, sharding
-from jaxtrain.config_checks import check_config
+from jaxtrain.checkpoint import manager as ckpt
+
+from jaxtrain.parallel import distributed
+
+from jaxtrain.parallel import mesh as mesh_lib
+
+from jaxtrain.parallel import sharding
+from jaxtrain.config.checks import check_config
 from trainer_runs import load_config, random_shard, tiny_llmc_model, train_named
 
 # batch_size is per data-parallel rank: 8 rows of 32 tokens a step are 1 micro-step on 8
@@ -209,7 +215,7 @@ def test_optimizer_state_follows_its_parameters():
 
 
 def flat(tree) -> dict:
-    from jaxtrain.checksums import path_name
+    from jaxtrain.checkpoint.checksums import path_name
 
     return {path_name(p): x for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
 

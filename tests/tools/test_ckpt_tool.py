@@ -28,11 +28,11 @@ from jax.sharding import PartitionSpec as P
 from trainer_runs import load_config, random_shard, restore_params, train, write_shard
 
 import llmc_io
-from jaxtrain import ckpt
-from jaxtrain.checkpoint import Checkpointer, resolve_resume
-from jaxtrain.checksums import path_name
+from jaxtrain.tools import ckpt
+from jaxtrain.checkpoint.manager import Checkpointer, resolve_resume
+from jaxtrain.checkpoint.checksums import path_name
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TINY_GPT2 = llmc_io.GPT2Header(
     max_seq_len=64, vocab_size=256, padded_vocab_size=256, num_layers=2, num_heads=2, channels=32
 )

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from jaxtrain import compare_loss
+from jaxtrain.tools import compare_loss
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 VENV_PYTHON = Path("/work/venv/bin/python")
 PYTHON = str(VENV_PYTHON) if VENV_PYTHON.exists() else sys.executable
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -26,14 +26,16 @@ import orbax.checkpoint as ocp
 import pytest
 
 from cli_runs import REPO, run_cli
-from jaxtrain import checkpoint as ckpt
-from jaxtrain import ckpt as ckpt_tool
+from jaxtrain.checkpoint import manager as ckpt
+from jaxtrain.tools import ckpt as ckpt_tool
 from trainer_runs import random_shard, tiny_llmc_model
 
 _PREWARMED = """
 import os, sys, time
 import jax, optax, orbax.checkpoint, flax.nnx  # the slow part of a start, done while waiting
-from jaxtrain import checkpoint, main, train
+from jaxtrain.checkpoint import manager as checkpoint
+from jaxtrain import main
+from jaxtrain.train import loop as train
 go, deadline = sys.argv.pop(1), time.monotonic() + 600
 while not os.path.exists(go):
     if time.monotonic() > deadline:  # the test that started this one is gone

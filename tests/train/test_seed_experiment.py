@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from jaxtrain import checkpoint as ckpt
+from jaxtrain.checkpoint import manager as ckpt
 from trainer_runs import random_shard, tiny_llmc_model
 
 pytestmark = pytest.mark.slow

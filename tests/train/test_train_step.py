@@ -8,8 +8,8 @@ import pytest
 from flax import nnx
 
 from jaxtrain.models.gpt2 import GPT2, GPT2Config
-from jaxtrain.optim import build_optimizer
-from jaxtrain.train_step import TrainState, make_train_step
+from jaxtrain.train.optim import build_optimizer
+from jaxtrain.train.step import TrainState, make_train_step
 from trainer_runs import load_config
 
 CONFIG = GPT2Config(
