@@ -17,6 +17,7 @@ from llmc_io.header import ModelInfo
 from llmc_io.llama3 import LAYOUT_INFINITRAIN, LAYOUT_LLMC, LLaMA3Header, load_llama3, save_llama3
 from llmc_io.model import load_model, model_info
 from llmc_io.shards import ShardInfo, read_shard, shard_info, write_shard
+from llmc_io.tokenizer import Tokenizer, read_tokenizer, write_tokenizer
 
 __all__ = [
     "LAYOUT_INFINITRAIN",
@@ -26,13 +27,16 @@ __all__ = [
     "LLaMA3Header",
     "ModelInfo",
     "ShardInfo",
+    "Tokenizer",
     "load_gpt2",
     "load_llama3",
     "load_model",
     "model_info",
     "read_shard",
+    "read_tokenizer",
     "save_gpt2",
     "save_llama3",
     "shard_info",
     "write_shard",
+    "write_tokenizer",
 ]

@@ -1,6 +1,6 @@
 """Command line: inspect and convert llm.c / InfiniTrain files.
 
-    python -m llmc_io info FILE                 what a model file or token shard holds
+    python -m llmc_io info FILE                 what a model file, token shard or tokenizer holds
     python -m llmc_io convert IN OUT [--version 3|5]
 
 Errors print one line on stderr and exit with status 2 (a traceback only with --verbose).
@@ -18,6 +18,7 @@ from llmc_io.gpt2 import load_gpt2, save_gpt2
 from llmc_io.llama3 import LAYOUT_INFINITRAIN, load_llama3, save_llama3
 from llmc_io.model import model_info
 from llmc_io.shards import read_shard, shard_info
+from llmc_io.tokenizer import is_tokenizer_file, read_tokenizer
 
 EXIT_ERROR = 2
 _SHARD_MAGICS = (hdr.GPT2_SHARD_MAGIC, hdr.LLAMA3_SHARD_MAGIC)
@@ -50,9 +51,10 @@ def _parser() -> argparse.ArgumentParser:
     info = commands.add_parser(
         "info",
         parents=[common, overrides],
-        help="show what a model file or token shard holds",
+        help="show what a model file, token shard or tokenizer file holds",
         description="Print kind, layout, version, dtype, header fields, parameter count and sizes of a "
-        "model file, or the token count, dtype and token range of a token shard.",
+        "model file, the token count, dtype and token range of a token shard, or the token count and "
+        "EOT of a tokenizer file.",
     )
     info.add_argument("file", metavar="FILE")
     info.add_argument(
@@ -90,7 +92,25 @@ def _print_rows(rows) -> None:
         print(f"{key:<{width}}  {value}")
 
 
+def _tokenizer_info(path) -> None:
+    tokenizer = read_tokenizer(path)
+    eot = tokenizer.tokens[tokenizer.eot_token]
+    _print_rows(
+        [
+            ("file", path),
+            ("kind", f"tokenizer (magic {hdr.describe_magic(tokenizer.magic)})"),
+            ("version", tokenizer.version),
+            ("tokens", f"{tokenizer.vocab_size:,}"),
+            ("eot token", f"{tokenizer.eot_token} = {eot!r}"),
+            ("longest token", f"{max(len(t) for t in tokenizer.tokens)} bytes"),
+        ]
+    )
+
+
 def _info(args) -> None:
+    if is_tokenizer_file(args.file):
+        _tokenizer_info(args.file)
+        return
     magic = int(hdr.read_header(args.file)[0])
     if magic in _SHARD_MAGICS:
         info = shard_info(args.file)
