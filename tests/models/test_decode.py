@@ -1,0 +1,84 @@
+"""KV-cache decoding against full forward passes of the same models (whose logits
+tests/models/test_models.py pins to the NumPy reference), for both families."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxtrain.models.decode import Decoder, sample_next
+from jaxtrain.models.gpt2 import GPT2
+from jaxtrain.models.llama3 import LLaMA3
+from test_models import GPT2_SMALL, LLAMA_SMALL, _logits, _model_and_params
+
+FAMILIES = [(GPT2, GPT2_SMALL), (LLaMA3, LLAMA_SMALL)]
+
+
+def _full_forward_greedy(graphdef, params, config, prompt, length):
+    """Argmax of a full forward pass over the prefix, one new token at a time. The input is padded to
+    `length` so that one compilation serves every prefix: the model is causal, so the logits at t
+    do not see the padding after it."""
+    forward = jax.jit(lambda p, tokens: nnx.merge(graphdef, nnx.State(p))(tokens))
+    params = jax.tree.map(jnp.asarray, params)
+    tokens = np.zeros((1, length), np.int32)
+    tokens[0, : len(prompt)] = prompt
+    for t in range(len(prompt), length):
+        logits = np.asarray(forward(params, tokens))[0, t - 1, : config.vocab_size]
+        tokens[0, t] = int(np.argmax(logits))
+    return tokens[0].tolist()
+
+
+@pytest.mark.parametrize('cls, config', FAMILIES, ids=['gpt2', 'llama3'])
+def test_greedy_equals_full_forward_argmax_and_compiles_once(cls, config):
+    graphdef, params = _model_and_params(cls, config, seed=3)
+    decoder = Decoder(graphdef, config, batch_size=2, length=config.max_seq_len, top_k=0)
+    for prompt in ([1], [5, 7, 2]):
+        got = decoder(params, prompt, jax.random.key(0), temperature=0.0)
+        expected = _full_forward_greedy(graphdef, params, config, prompt, config.max_seq_len)
+        assert got.shape == (2, config.max_seq_len)
+        assert got[0].tolist() == expected and got[1].tolist() == expected
+    # Another prompt length, seed and temperature reuse the first trace: nothing per token or per call.
+    decoder(params, [3, 3, 3, 3], jax.random.key(9), temperature=0.7)
+    assert decoder.trace_count == 1
+
+
+@pytest.mark.parametrize('cls, config', FAMILIES, ids=['gpt2', 'llama3'])
+def test_top_k_samples_stay_in_the_full_forward_top_k(cls, config):
+    graphdef, params = _model_and_params(cls, config, seed=4)
+    k = 3
+    decoder = Decoder(graphdef, config, batch_size=4, length=12, top_k=k)
+    prompt = [2, 9]
+    tokens = decoder(params, prompt, jax.random.key(1), temperature=1.0)
+    assert (tokens[:, :2] == prompt).all()
+    logits = _logits(graphdef, params, tokens)[..., : config.vocab_size]  # teacher-forced on the samples
+    for t in range(len(prompt), 12):
+        top = np.argsort(logits[:, t - 1], axis=-1)[:, -k:]
+        assert all(tokens[b, t] in top[b] for b in range(4))
+    # Rows differ (each its own draw), and a seed repeats exactly.
+    assert len({tuple(row) for row in tokens.tolist()}) > 1
+    np.testing.assert_array_equal(tokens, decoder(params, prompt, jax.random.key(1), temperature=1.0))
+
+
+def test_sample_next_matches_the_softmax_of_the_top_k():
+    """Frequencies of 20k draws against softmax(top-k logits / temperature) computed in NumPy."""
+    logits = np.array([[2.0, 1.0, 0.5, -1.0, 3.0]], np.float32)
+    draws = jax.vmap(lambda key: sample_next(jnp.asarray(logits), key, 0.8, 3))(
+        jax.random.split(jax.random.key(0), 20000)
+    )
+    counts = np.bincount(np.asarray(draws).reshape(-1), minlength=5) / 20000
+    kept = np.array([1, 1, 0, 0, 1], bool)
+    expected = np.where(kept, np.exp(logits[0] / 0.8), 0.0)
+    np.testing.assert_allclose(counts, expected / expected.sum(), atol=0.015)
+    assert int(sample_next(jnp.asarray(logits), jax.random.key(0), 0.0, 0)[0]) == 4
+
+
+def test_bad_lengths_and_prompts():
+    graphdef, params = _model_and_params(GPT2, GPT2_SMALL)
+    with pytest.raises(ValueError, match='decoding length'):
+        Decoder(graphdef, GPT2_SMALL, batch_size=1, length=GPT2_SMALL.max_seq_len + 1)
+    decoder = Decoder(graphdef, GPT2_SMALL, batch_size=1, length=8)
+    with pytest.raises(ValueError, match='prompt: expected 1..7 tokens'):
+        decoder(params, list(range(8)), jax.random.key(0))
+    with pytest.raises(ValueError, match='token ids: expected 0..49, found 50'):
+        decoder(params, [50], jax.random.key(0))
