@@ -57,6 +57,31 @@ class Tokenizer:
             )
         return b"".join(self.tokens[i] for i in ids.tolist())
 
+    def encode_longest_match(self, data: bytes) -> list[int]:
+        """Ids whose bytes concatenate to `data`, taking the longest known piece at each point.
+
+        The file holds no BPE merges, so these need not be the ids tiktoken would give (they
+        decode to the same bytes); a byte no piece starts with is a ValueError.
+        """
+        index: dict[bytes, int] = {}
+        for token_id, piece in enumerate(self.tokens):
+            if piece and token_id != self.eot_token:
+                index.setdefault(piece, token_id)
+        longest = max(map(len, index), default=0)
+        ids, at = [], 0
+        while at < len(data):
+            for size in range(min(longest, len(data) - at), 0, -1):
+                if data[at : at + size] in index:
+                    ids.append(index[data[at : at + size]])
+                    at += size
+                    break
+            else:
+                raise ValueError(
+                    f"{self.path or 'tokenizer'}: prompt byte {at}: expected a byte some token starts with, "
+                    f"found {data[at : at + 1]!r}; pass the ids with --prompt_ids"
+                )
+        return ids
+
     def decode(self, ids) -> str:
         """Text of `ids`: UTF-8, with U+FFFD where a byte sequence is not (BPE pieces may split
         a character, and a sampled sequence need not be valid UTF-8)."""
@@ -116,7 +141,9 @@ def read_tokenizer(path: str | os.PathLike) -> Tokenizer:
     header = hdr.read_header(path)  # a missing or short file is already one clear line
     magic, version, count = (int(v) for v in header[:3])
     if magic not in VERSION1_EOT:
-        expected = f"{hdr.describe_magic(GPT2_TOKENIZER_MAGIC)} or {LLAMA3_TOKENIZER_MAGIC} (LLaMA-3 tokenizer)"
+        expected = (
+            f"{hdr.describe_magic(GPT2_TOKENIZER_MAGIC)} or {LLAMA3_TOKENIZER_MAGIC} (LLaMA-3 tokenizer)"
+        )
         found = hdr.describe_magic(magic)
         raise LLMCFormatError(path, "header[0] magic", expected, found, "pass a tokenizer file")
     if version not in VERSIONS:

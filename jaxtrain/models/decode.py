@@ -67,7 +67,9 @@ def _cached_attention(q_Bx1xNxH, k_BxSxKxH, v_BxSxKxH, pos):
 
 
 def _store(cache_BxSxKxH, new_Bx1xKxH, pos):
-    return jax.lax.dynamic_update_slice(cache_BxSxKxH, new_Bx1xKxH.astype(cache_BxSxKxH.dtype), (0, pos, 0, 0))
+    return jax.lax.dynamic_update_slice(
+        cache_BxSxKxH, new_Bx1xKxH.astype(cache_BxSxKxH.dtype), (0, pos, 0, 0)
+    )
 
 
 def _gpt2_block(block, x_Bx1xC, k_BxSxNxH, v_BxSxNxH, pos, rope):
@@ -113,7 +115,9 @@ class Decoder:
 
     def __init__(self, graphdef, model_config, *, batch_size: int, length: int, top_k: int = DEFAULT_TOP_K):
         if not 2 <= length <= model_config.max_seq_len:
-            raise ValueError(f'decoding length: expected 2..{model_config.max_seq_len} (max_seq_len), found {length}')
+            raise ValueError(
+                f'decoding length: expected 2..{model_config.max_seq_len} (max_seq_len), found {length}'
+            )
         if batch_size < 1:
             raise ValueError(f'decoding batch size: expected at least 1, found {batch_size}')
         self.graphdef, self.config = graphdef, model_config

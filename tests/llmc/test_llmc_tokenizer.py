@@ -97,3 +97,13 @@ def test_llama3_shard_is_not_taken_for_a_tokenizer(tmp_path, capsys):
     (tmp_path / "shard.bin").write_bytes(header.tobytes() + np.array([1, 2, 3], "<u4").tobytes())
     assert main(["info", str(tmp_path / "shard.bin")]) == 0
     assert "token shard" in capsys.readouterr().out
+
+
+def test_encode_longest_match_decodes_back(tmp_path):
+    path = tmp_path / "tok.bin"
+    path.write_bytes(handmade(PIECES))
+    tok = read_tokenizer(path)
+    assert tok.encode_longest_match(b"a the") == [0, 2]  # no " " piece: " the" is taken whole
+    assert tok.decode(tok.encode_longest_match("ab the\u00e9".encode())) == "ab the\u00e9"
+    with pytest.raises(ValueError, match="prompt byte 0"):
+        tok.encode_longest_match(b"z")

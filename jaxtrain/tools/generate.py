@@ -1,0 +1,211 @@
+"""`python -m jaxtrain.generate`: sample text from a checkpoint or an llm.c model file.
+
+    python -m jaxtrain.generate --checkpoint RUN/checkpoint_step_000100 --prompt "def "
+    python -m jaxtrain.generate --llmc_filepath gpt2_124M.bin --tokenizer_bin gpt2_tokenizer.bin \\
+        --prompt "The meaning of life is" --num_samples 4 --max_new_tokens 64
+
+Decoding runs with a KV cache, compiled once (jaxtrain/models/decode.py); the tokens/s printed
+counts new tokens of all samples over the decoding time, compilation excluded. Text is decoded
+with --tokenizer_bin (an llm.c tokenizer file) or, for a GPT-2 vocabulary without one, the
+built-in byte-level tokenizer of the default corpus. Errors are one line, exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+EXIT_ERROR = 2
+PROG = 'python -m jaxtrain.generate'
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        '--checkpoint',
+        metavar='DIR',
+        help="a jaxtrain checkpoint_step_NNNNNN directory, or a checkpoint root (its latest committed step)",
+    )
+    source.add_argument('--llmc_filepath', metavar='FILE', help='an llm.c GPT-2 or LLaMA-3 model file')
+    parser.add_argument(
+        '--tokenizer_bin',
+        default='',
+        metavar='FILE',
+        help="llm.c tokenizer file to decode (and encode --prompt) with ('' = the built-in byte-level "
+        'tokenizer for a GPT-2 vocabulary; token ids only for LLaMA-3)',
+    )
+    prompt = parser.add_mutually_exclusive_group()
+    prompt.add_argument(
+        '--prompt',
+        default=None,
+        help="text to continue, encoded by longest match over the tokenizer's pieces (default: EOT)",
+    )
+    prompt.add_argument(
+        '--prompt_ids', default=None, help="comma-separated token ids to continue, e.g. '464,3616'"
+    )
+    parser.add_argument(
+        '--num_samples', type=int, default=1, help='samples, decoded together as one batch (1)'
+    )
+    parser.add_argument('--max_new_tokens', type=int, default=64, help='tokens to generate per sample (64)')
+    parser.add_argument(
+        '--temperature', type=float, default=1.0, help="softmax temperature; 0 = greedy (1.0, llm.c's)"
+    )
+    parser.add_argument(
+        '--top_k',
+        type=int,
+        default=40,
+        help="sample from the k likeliest tokens; 0 = all (40, llm.c's train_gpt2.py)",
+    )
+    parser.add_argument('--seed', type=int, default=1337, help="sampling seed (1337, llm.c's sample rng)")
+    parser.add_argument(
+        '--dtype', choices=('float32', 'bfloat16'), default='float32', help='compute dtype (float32)'
+    )
+    parser.add_argument('--verbose', action='store_true', help='print a traceback with errors')
+    return parser
+
+
+def _resolve_step_dir(path: str) -> Path:
+    from jaxtrain.checkpoint.manager import committed_steps, step_dir_name
+    from jaxtrain.tools import ckpt_inspect
+
+    steps = committed_steps(path)
+    if steps and not (Path(path) / 'params').is_dir():
+        return Path(path) / step_dir_name(steps[-1])
+    return ckpt_inspect.find_finished_step_dir(path)
+
+
+def load_model(args):
+    """(family, model config, graphdef, params as a pure dict of jnp arrays, description)."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from jaxtrain.models import FAMILIES
+
+    if args.checkpoint:
+        from jaxtrain.checkpoint.manager import read_trainer_state
+        from jaxtrain.tools import ckpt_inspect
+
+        step_dir = _resolve_step_dir(args.checkpoint)
+        state = read_trainer_state(step_dir)
+        family = state.get('model_family')
+        config = ckpt_inspect.model_config_object(family, state.get('model_config'))
+        params = ckpt_inspect.restore_item(step_dir, 'params')
+        where = f'checkpoint {step_dir}'
+    else:
+        import llmc_io
+
+        header, params = llmc_io.load_model(args.llmc_filepath)
+        family = 'gpt2' if isinstance(header, llmc_io.GPT2Header) else 'llama3'
+        config_cls = FAMILIES[family][1]
+        config = config_cls(**{k: v for k, v in vars(header).items() if k in config_cls.__dataclass_fields__})
+        where = f'llm.c file {args.llmc_filepath}'
+    model_cls = FAMILIES[family][0]
+    dtype = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}[args.dtype]
+    abstract = nnx.eval_shape(lambda: model_cls(config, dtype=dtype, rngs=nnx.Rngs(0)))
+    graphdef, abstract_params = nnx.split(abstract, nnx.Param)
+    expected = jax.tree.map(lambda a: tuple(a.shape), nnx.to_pure_dict(abstract_params))
+    found = jax.tree.map(lambda a: tuple(a.shape), params)
+    if expected != found:
+        raise ValueError(f'{where}: tensors do not fit the {family} model its config describes')
+    return family, config, graphdef, jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), params), where
+
+
+def load_tokenizer(path: str, config):
+    """The tokenizer to decode with, or None (ids are printed) when there is none to take."""
+    from jaxtrain.data.default_tokenizer import default_corpus_tokenizer
+
+    if path:
+        import llmc_io
+
+        tokenizer = llmc_io.read_tokenizer(path)
+    elif config.vocab_size == default_corpus_tokenizer().vocab_size:
+        tokenizer = default_corpus_tokenizer()
+    else:
+        return None
+    if tokenizer.vocab_size < config.vocab_size:
+        raise ValueError(
+            f'--tokenizer_bin: {tokenizer.path}: expected at least {config.vocab_size} tokens (the '
+            f"model's vocab_size), found {tokenizer.vocab_size}"
+        )
+    return tokenizer
+
+
+def prompt_ids(args, tokenizer, eot_default: int) -> list[int]:
+    if args.prompt_ids is not None:
+        try:
+            return [int(piece) for piece in args.prompt_ids.replace(' ', '').split(',') if piece]
+        except ValueError:
+            raise ValueError(
+                f'--prompt_ids: expected comma-separated integers, found {args.prompt_ids!r}'
+            ) from None
+    if args.prompt is not None:
+        if tokenizer is None:
+            raise ValueError(
+                '--prompt: expected a --tokenizer_bin to encode it with, found none; use --prompt_ids'
+            )
+        return tokenizer.encode_longest_match(args.prompt.encode())
+    return [tokenizer.eot_token if tokenizer is not None else eot_default]
+
+
+def _check_args(args) -> None:
+    for name in ('num_samples', 'max_new_tokens'):
+        if getattr(args, name) < 1:
+            raise ValueError(f'--{name}: expected at least 1, found {getattr(args, name)}')
+    if args.top_k < 0:
+        raise ValueError(f'--top_k: expected 0 (all) or more, found {args.top_k}')
+
+
+def run(args) -> int:
+    _check_args(args)
+    import jax
+
+    from jaxtrain.models.decode import Decoder
+
+    family, config, graphdef, params, where = load_model(args)
+    tokenizer = load_tokenizer(args.tokenizer_bin, config)
+    # Files without a tokenizer start from the family's usual EOT (GPT-2 50256, LLaMA-3 <|eot_id|>).
+    prompt = prompt_ids(args, tokenizer, 50256 if family == 'gpt2' else 128001)
+    length = len(prompt) + args.max_new_tokens
+    if length > config.max_seq_len:
+        raise ValueError(
+            f'--max_new_tokens: expected at most {config.max_seq_len - len(prompt)} (max_seq_len '
+            f'{config.max_seq_len} less the {len(prompt)} prompt tokens), found {args.max_new_tokens}'
+        )
+    decoder = Decoder(graphdef, config, batch_size=args.num_samples, length=length, top_k=args.top_k)
+    start = time.perf_counter()
+    tokens, seconds = decoder.timed(params, prompt, jax.random.key(args.seed), args.temperature)
+    compile_seconds = time.perf_counter() - start - seconds
+    print(f'{family} from {where}; prompt {len(prompt)} tokens; {args.max_new_tokens} new tokens per sample')
+    for row, sample in enumerate(tokens):
+        print(f'--- sample {row + 1}/{len(tokens)}')
+        new = sample[len(prompt) :]
+        shown = tokenizer.decode(sample) if tokenizer is not None else ' '.join(map(str, new.tolist()))
+        print(shown)
+    new_tokens = args.num_samples * args.max_new_tokens
+    print('---')
+    print(
+        f'decoded {new_tokens} new tokens in {seconds:.3f} s: {new_tokens / seconds:,.1f} tokens/s '
+        f'(batch {args.num_samples}; compile {compile_seconds:.1f} s; {jax.devices()[0].platform})'
+    )
+    return 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        print('interrupted', file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001  one line for people; the traceback on request
+        if args.verbose:
+            raise
+        text = str(e).strip()
+        print(f'{PROG}: error: {text.splitlines()[0] if text else type(e).__name__}', file=sys.stderr)
+        return EXIT_ERROR

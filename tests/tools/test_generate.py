@@ -1,0 +1,152 @@
+"""python -m jaxtrain.generate from an llm.c file and from a jaxtrain checkpoint holding the same
+weights: greedy continuations against the NumPy reference forward pass (tests/numpy_reference.py),
+the built-in and a hand-made tokenizer, tokens/s, and one-line errors."""
+
+import dataclasses
+import re
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import llmc_io
+import numpy_reference as ref
+from jaxtrain.tools import generate
+
+REPO = Path(__file__).resolve().parents[2]
+HEADER = llmc_io.GPT2Header(
+    max_seq_len=32, vocab_size=50257, padded_vocab_size=50304, num_layers=2, num_heads=2, channels=16
+)
+
+
+def random_params(shapes, seed):
+    """A nested tree from llmc_io's flat {'h/ln_1/scale': shape} table, random N(0, 0.5) values."""
+    rng, tree = np.random.default_rng(seed), {}
+    for name, shape in shapes.items():
+        *parents, leaf = name.split('/')
+        node = tree
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = rng.normal(0, 0.5, shape).astype(np.float32)
+    return tree
+
+
+@pytest.fixture(scope='module')
+def model_files(tmp_path_factory):
+    """The same random GPT-2 weights as an llm.c file and as a checkpoint step."""
+    import jax
+
+    from jaxtrain.checkpoint.manager import Checkpointer
+
+    root = tmp_path_factory.mktemp('gen')
+    params = random_params(HEADER.param_shapes(), seed=0)
+    params['wte']['embedding'][HEADER.vocab_size :] = 0
+    llmc_io.save_gpt2(str(root / 'model.bin'), HEADER, params)
+    state = {
+        'step': 3,
+        'data_position': 3,
+        'epoch': 0,
+        'model_family': 'gpt2',
+        'model_config': dataclasses.asdict(HEADER),
+        'training_config': {'optimizer': 'adamw', 'save_optimizer_state': False},
+        'dtype': 'float32',
+        'topology': {'platform': 'cpu', 'device_count': 1, 'process_count': 1, 'mesh': {'data': 1}},
+        'has_optimizer_state': False,
+        'saved_at': time.time(),
+    }
+    checkpointer = Checkpointer(str(root / 'ck'), keep_latest=0, keep_every=0)
+    checkpointer.save(3, jax.tree.map(jax.numpy.asarray, params), None, np.array([0, 3], np.uint32), state)
+    checkpointer.close()
+    return root, params
+
+
+def _reference_greedy(params, prompt, new):
+    tokens = list(prompt)
+    for _ in range(new):
+        logits = ref.gpt2_logits(params, HEADER.num_heads, np.array([tokens]))[0, -1, : HEADER.vocab_size]
+        tokens.append(int(np.argmax(logits)))
+    return tokens[len(prompt) :]
+
+
+def _run(capsys, *args):
+    code = generate.main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_greedy_from_llmc_file_and_checkpoint_match_the_reference(model_files, capsys, tmp_path):
+    root, params = model_files
+    expected = _reference_greedy(params, [50256, 7], 6)
+    # A hand-made tokenizer whose piece i is the text "<i>", so the printed text shows the ids.
+    pieces = [f'<{i}>'.encode() for i in range(HEADER.vocab_size)]
+    header = struct.pack('<256i', *([20240328, 2, len(pieces), 50256] + [0] * 252))
+    (tmp_path / 'tok.bin').write_bytes(header + b''.join(bytes([len(p)]) + p for p in pieces))
+    for source in (['--llmc_filepath', root / 'model.bin'], ['--checkpoint', root / 'ck']):
+        code, out, err = _run(
+            capsys,
+            *source,
+            '--prompt_ids',
+            '50256,7',
+            '--max_new_tokens',
+            6,
+            '--temperature',
+            0,
+            '--tokenizer_bin',
+            tmp_path / 'tok.bin',
+            '--num_samples',
+            2,
+        )
+        assert code == 0, err
+        texts = [line for line in out.splitlines() if line.startswith('<50256><7>')]
+        assert texts == ['<50256><7>' + ''.join(f'<{i}>' for i in expected)] * 2
+        assert re.search(r'decoded 12 new tokens in [\d.]+ s: [\d,.]+ tokens/s \(batch 2', out)
+
+
+def test_builtin_tokenizer_and_sampling(model_files, capsys):
+    root, _ = model_files
+    # No tokenizer file: a GPT-2 vocabulary decodes with the built-in byte tokenizer; '--prompt' encodes.
+    code, out, err = _run(
+        capsys, '--llmc_filepath', root / 'model.bin', '--prompt', 'def ', '--max_new_tokens', 5
+    )
+    assert code == 0, err
+    assert '--- sample 1/1' in out
+    assert out.split('--- sample 1/1\n')[1].startswith('def ')
+
+
+@pytest.mark.parametrize(
+    'args, message',
+    [
+        (['--max_new_tokens', 40], '--max_new_tokens: expected at most 31'),
+        (['--prompt_ids', '1,x'], '--prompt_ids: expected comma-separated integers'),
+        (['--prompt_ids', '60000', '--max_new_tokens', 4], 'token ids: expected 0..50256, found 60000'),
+        (['--num_samples', 0], '--num_samples: expected at least 1'),
+    ],
+)
+def test_errors_are_one_line(model_files, capsys, args, message):
+    root, _ = model_files
+    code, _, err = _run(capsys, '--llmc_filepath', root / 'model.bin', *args)
+    assert code == 2 and message in err and err.count('\n') == 1
+
+
+def test_help_in_a_subprocess():
+    result = subprocess.run(
+        [sys.executable, '-m', 'jaxtrain.generate', '--help'], capture_output=True, text=True, cwd=REPO
+    )
+    assert result.returncode == 0
+    for flag in (
+        '--checkpoint',
+        '--llmc_filepath',
+        '--tokenizer_bin',
+        '--prompt',
+        '--prompt_ids',
+        '--num_samples',
+        '--max_new_tokens',
+        '--temperature',
+        '--top_k',
+        '--seed',
+    ):
+        assert flag in result.stdout
