@@ -1,7 +1,8 @@
 """Command line: inspect and convert llm.c / InfiniTrain files.
 
     python -m llmc_io info FILE                 what a model file, token shard or tokenizer holds
-    python -m llmc_io convert IN OUT [--version 3|5]
+    python -m llmc_io convert IN OUT [--version 3|5] [--to llmc|hf]
+                                                IN: an llm.c file or an HF model folder
 
 Errors print one line on stderr and exit with status 2 (a traceback only with --verbose).
 """
@@ -14,7 +15,8 @@ import sys
 from llmc_io import header as hdr
 from llmc_io.dtypes import fp32_repr
 from llmc_io.errors import LLMCFormatError
-from llmc_io.gpt2 import load_gpt2, save_gpt2
+from llmc_io.gpt2 import GPT2Header, load_gpt2, save_gpt2
+from llmc_io.hf import is_hf_folder, load_hf, save_hf
 from llmc_io.llama3 import LAYOUT_INFINITRAIN, load_llama3, save_llama3
 from llmc_io.model import model_info
 from llmc_io.shards import read_shard, shard_info
@@ -66,12 +68,20 @@ def _parser() -> argparse.ArgumentParser:
         "convert",
         parents=[common, overrides],
         help="rewrite a model file (fp32 <-> bf16, layouts)",
-        description="Read a model file and write it again: GPT-2 as version 3 (fp32) or 5 (bf16); "
-        "LLaMA-3 (either layout) as InfiniTrain's layout, version 3. With the input's "
+        description="Read a model file (or a Hugging Face GPT2LMHeadModel / LlamaForCausalLM folder) "
+        "and write it again: GPT-2 as version 3 (fp32) or 5 (bf16); LLaMA-3 (either layout) as "
+        "InfiniTrain's layout, version 3; or, with --to hf, as an HF folder. With the input's "
         "version, the output reproduces an input llmc_io would write byte for byte.",
     )
     convert.add_argument("input", metavar="IN")
     convert.add_argument("output", metavar="OUT")
+    convert.add_argument(
+        "--to",
+        choices=("llmc", "hf"),
+        default="llmc",
+        help="llmc: an llm.c / InfiniTrain file (default); hf: an HF folder (config.json + "
+        "model.safetensors, fp32) that transformers loads as GPT2LMHeadModel / LlamaForCausalLM",
+    )
     convert.add_argument(
         "--version",
         type=int,
@@ -168,7 +178,43 @@ def _load(info, args):
     return load_llama3(info.path, **_overrides(args))
 
 
+def _save_llmc(output, header, params, version) -> None:
+    if isinstance(header, GPT2Header):
+        save_gpt2(output, header, params, version=version)
+    elif version != 3:
+        raise LLMCFormatError(
+            output, "--version", "3 for a LLaMA-3 file", str(version), "InfiniTrain's layout holds fp32 only"
+        )
+    else:
+        save_llama3(output, header, params)
+
+
+def _convert_hf(args) -> None:
+    """An HF folder in, or --to hf out."""
+    if is_hf_folder(args.input):
+        header, params = load_hf(args.input)
+        kind = "gpt2" if isinstance(header, GPT2Header) else "llama3"
+    else:
+        info = model_info(args.input, **_overrides(args))
+        header, params = _load(info, args)
+        kind = info.kind
+    if args.to == "hf":
+        written = save_hf(args.output, header, params)
+        print(f"wrote {', '.join(written)}: {kind} as a Hugging Face folder (fp32)")
+        return
+    version = args.version or 3
+    _save_llmc(args.output, header, params, version)
+    out = model_info(args.output)
+    print(
+        f"wrote {args.output}: {kind} from the HF folder {args.input}, version {version} ({out.dtype}), "
+        f"{out.actual_size:,} bytes"
+    )
+
+
 def _convert(args) -> None:
+    if is_hf_folder(args.input) or args.to == "hf":
+        _convert_hf(args)
+        return
     magic = int(hdr.read_header(args.input)[0])
     if magic in _SHARD_MAGICS:
         raise LLMCFormatError(

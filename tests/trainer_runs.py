@@ -128,3 +128,32 @@ def tiny_llmc_model(path, family='gpt2', vocab=512, seed=0):
     params = jax.tree_util.tree_map_with_path(init, nnx.to_pure_dict(abstract))
     save(str(path), header, params)
     return str(path)
+
+
+def write_checkpoint(root, step, family, header, params):
+    """A committed step holding `params` (a NumPy tree), written by the trainer's own Checkpointer
+    without training: the model config is the llmc_io header's fields."""
+    import dataclasses
+    import time
+
+    import jax
+
+    from jaxtrain.checkpoint.manager import Checkpointer
+
+    trainer_state = {
+        'step': step,
+        'data_position': step,
+        'epoch': 0,
+        'model_family': family,
+        'model_config': dataclasses.asdict(header),
+        'training_config': {'optimizer': 'adamw', 'save_optimizer_state': False},
+        'dtype': 'float32',
+        'topology': {'platform': 'cpu', 'device_count': 1, 'process_count': 1, 'mesh': {'data': 1}},
+        'has_optimizer_state': False,
+        'saved_at': time.time(),
+    }
+    checkpointer = Checkpointer(str(root), keep_latest=0, keep_every=0)
+    on_device = jax.tree.map(jax.numpy.asarray, params)
+    checkpointer.save(step, on_device, None, np.array([0, step], np.uint32), trainer_state)
+    checkpointer.close()
+    return Path(root) / f'checkpoint_step_{step:06d}'

@@ -5,6 +5,7 @@
     python -m jaxtrain.ckpt diff STEP_DIR_A STEP_DIR_B
     python -m jaxtrain.ckpt verify STEP_DIR
     python -m jaxtrain.ckpt export STEP_DIR --output model.bin [--version 3|5]
+    python -m jaxtrain.ckpt export STEP_DIR --format hf --output HF_DIR
 
 STEP_DIR is one `checkpoint_step_NNNNNN` directory (checkpoint.py describes the layout). Every
 command takes --json (for machines; a table for people otherwise) and --verbose (a traceback with
@@ -314,6 +315,18 @@ def cmd_export(args) -> int:
     from jaxtrain.tools import ckpt_inspect
 
     step_dir = ckpt_inspect.find_finished_step_dir(args.step_dir)
+    if args.format == 'hf':
+        written = ckpt_export.export_hf(step_dir, args.output)
+        if args.json:
+            _print_json({'path': str(step_dir), **written})
+        else:
+            files = ', '.join(os.path.basename(f) for f in written['files'])
+            print(
+                f"wrote {written['output']}: {written['model_family']} as a Hugging Face folder ({files}, "
+                f"fp32), {written['num_parameters']:,} parameters, {_bytes(written['size_bytes'])}; "
+                f"load it with {written['hf_class']}.from_pretrained"
+            )
+        return EXIT_OK
     written = ckpt_export.export_llmc(step_dir, args.output, args.version)
     if args.json:
         _print_json({'path': str(step_dir), **written})
@@ -392,13 +405,23 @@ def build_parser() -> argparse.ArgumentParser:
     export = commands.add_parser(
         'export',
         parents=[common],
-        help='write the params as an llm.c model file',
+        help='write the params as an llm.c model file or a Hugging Face folder',
         description='Write the params as an llm.c file that --llmc_filepath reads: GPT-2 in llm.c\'s '
         'layout (head tied to wte; version 3 fp32 or 5 bf16), LLaMA-3 in InfiniTrain\'s layout '
-        '(version 3 only). The params are verified against their checksums first.',
+        '(version 3 only); or, with --format hf, as a Hugging Face folder. The params are verified '
+        'against their checksums first.',
     )
     export.add_argument('step_dir', metavar='STEP_DIR', help='a checkpoint_step_NNNNNN directory')
-    export.add_argument('--output', required=True, metavar='FILE', help='the llm.c file to write')
+    export.add_argument(
+        '--output', required=True, metavar='PATH', help='the llm.c file (--format hf: the folder) to write'
+    )
+    export.add_argument(
+        '--format',
+        choices=('llmc', 'hf'),
+        default='llmc',
+        help='llmc: an llm.c model file (default); hf: a Hugging Face folder, config.json + '
+        'model.safetensors (fp32), for GPT2LMHeadModel / LlamaForCausalLM (GPT-2 head tied)',
+    )
     export.add_argument(
         '--version', type=int, choices=(3, 5), default=3, help='3: fp32 (default); 5: bf16, GPT-2 only'
     )

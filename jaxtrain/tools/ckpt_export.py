@@ -1,4 +1,5 @@
-"""A checkpoint's params as an llm.c model file, written through llmc_io, for `--llmc_filepath`.
+"""A checkpoint's params as an llm.c model file, written through llmc_io, for `--llmc_filepath`,
+or as a Hugging Face folder (llmc_io.hf: GPT2LMHeadModel / LlamaForCausalLM).
 
 GPT-2 goes to llm.c's layout (version 3 fp32 or 5 bf16; the head is tied to wte, so there is no
 lm_head to write), LLaMA-3 to InfiniTrain's layout (version 3 only: save_llama3 writes fp32). The
@@ -22,6 +23,41 @@ from jaxtrain.tools.ckpt_inspect import flatten, model_config_object, restore_it
 VERSIONS = {3: 'float32', 5: 'bfloat16'}
 
 
+def verified_params(step_dir) -> tuple[str, object, dict]:
+    """(model family, llmc_io header, params) of a step, the params checked against their checksums."""
+    state = read_trainer_state(step_dir)
+    family = state.get('model_family')
+    config = model_config_object(family, state.get('model_config'))
+    params = restore_item(step_dir, 'params')
+    mismatches = checksum_mismatches(params, state.get('checksums', {}).get('params', {}), 'params')
+    if mismatches:
+        raise CheckpointError(
+            f'{step_dir}: refusing to export params that fail verification: {"; ".join(mismatches)}'
+        )
+    header_cls = {'gpt2': llmc_io.GPT2Header, 'llama3': llmc_io.LLaMA3Header}[family]
+    header = header_cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(header_cls)})
+    return family, header, params
+
+
+def export_hf(step_dir, output) -> dict:
+    """Writes a Hugging Face folder (config.json + model.safetensors, fp32) through llmc_io.hf."""
+    from llmc_io.hf import save_hf
+
+    output = Path(output)
+    if output.exists() and not output.is_dir():
+        raise CheckpointError(f'--output: {output}: expected a directory for --format hf, found a file')
+    family, header, params = verified_params(Path(step_dir))
+    written = save_hf(output, header, params)
+    return {
+        'output': os.fspath(output),
+        'files': written,
+        'model_family': family,
+        'hf_class': {'gpt2': 'GPT2LMHeadModel', 'llama3': 'LlamaForCausalLM'}[family],
+        'num_parameters': int(sum(math.prod(a.shape) for a in flatten(params).values())),
+        'size_bytes': sum(Path(p).stat().st_size for p in written),
+    }
+
+
 def export_llmc(step_dir, output, version: int = 3) -> dict:
     """Writes the file; returns what was written, for the report."""
     step_dir, output = Path(step_dir), Path(output)
@@ -31,23 +67,12 @@ def export_llmc(step_dir, output, version: int = 3) -> dict:
         )
     if version not in VERSIONS:
         raise CheckpointError(f'--version: expected 3 (fp32) or 5 (bf16, GPT-2 only), found {version}')
-    state = read_trainer_state(step_dir)
-    family = state.get('model_family')
-    config = model_config_object(family, state.get('model_config'))
-    if family == 'llama3' and version != 3:
+    if read_trainer_state(step_dir).get('model_family') == 'llama3' and version != 3:
         raise CheckpointError(
             f'--version: expected 3 for LLaMA-3 (save_llama3 writes the InfiniTrain layout, fp32 only), '
             f'found {version}'
         )
-    params = restore_item(step_dir, 'params')
-    mismatches = checksum_mismatches(params, state.get('checksums', {}).get('params', {}), 'params')
-    if mismatches:
-        raise CheckpointError(
-            f'{step_dir}: refusing to export params that fail verification: {"; ".join(mismatches)}'
-        )
-
-    header_cls = {'gpt2': llmc_io.GPT2Header, 'llama3': llmc_io.LLaMA3Header}[family]
-    header = header_cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(header_cls)})
+    family, header, params = verified_params(step_dir)
     notes = []
     if family == 'gpt2':
         # The trainer masks the padded logit columns, so these rows never touch the loss.

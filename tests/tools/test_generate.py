@@ -2,12 +2,10 @@
 weights: greedy continuations against the NumPy reference forward pass (tests/numpy_reference.py),
 the built-in and a hand-made tokenizer, tokens/s, and one-line errors."""
 
-import dataclasses
 import re
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +13,7 @@ import pytest
 
 import llmc_io
 import numpy_reference as ref
+from trainer_runs import write_checkpoint
 from jaxtrain.tools import generate
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,29 +37,11 @@ def random_params(shapes, seed):
 @pytest.fixture(scope='module')
 def model_files(tmp_path_factory):
     """The same random GPT-2 weights as an llm.c file and as a checkpoint step."""
-    import jax
-
-    from jaxtrain.checkpoint.manager import Checkpointer
-
     root = tmp_path_factory.mktemp('gen')
     params = random_params(HEADER.param_shapes(), seed=0)
     params['wte']['embedding'][HEADER.vocab_size :] = 0
     llmc_io.save_gpt2(str(root / 'model.bin'), HEADER, params)
-    state = {
-        'step': 3,
-        'data_position': 3,
-        'epoch': 0,
-        'model_family': 'gpt2',
-        'model_config': dataclasses.asdict(HEADER),
-        'training_config': {'optimizer': 'adamw', 'save_optimizer_state': False},
-        'dtype': 'float32',
-        'topology': {'platform': 'cpu', 'device_count': 1, 'process_count': 1, 'mesh': {'data': 1}},
-        'has_optimizer_state': False,
-        'saved_at': time.time(),
-    }
-    checkpointer = Checkpointer(str(root / 'ck'), keep_latest=0, keep_every=0)
-    checkpointer.save(3, jax.tree.map(jax.numpy.asarray, params), None, np.array([0, 3], np.uint32), state)
-    checkpointer.close()
+    write_checkpoint(root / 'ck', 3, 'gpt2', HEADER, params)
     return root, params
 
 
