@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 EXIT_ERROR = 2
@@ -178,9 +177,8 @@ def run(args) -> int:
             f'{config.max_seq_len} less the {len(prompt)} prompt tokens), found {args.max_new_tokens}'
         )
     decoder = Decoder(graphdef, config, batch_size=args.num_samples, length=length, top_k=args.top_k)
-    start = time.perf_counter()
     tokens, seconds = decoder.timed(params, prompt, jax.random.key(args.seed), args.temperature)
-    compile_seconds = time.perf_counter() - start - seconds
+    compile_seconds = decoder.compile_seconds
     print(f'{family} from {where}; prompt {len(prompt)} tokens; {args.max_new_tokens} new tokens per sample')
     for row, sample in enumerate(tokens):
         print(f'--- sample {row + 1}/{len(tokens)}')
