@@ -42,6 +42,15 @@ KEYS = (
     ('input_val_bin', '', "glob of validation shards ('' = none, or the built-in corpus's val shard)"),
     ('val_loss_every', 0, 'validation loss every N steps (0 = never)'),
     ('val_max_steps', 5, 'validation batches per evaluation'),
+    # Text samples (train/samples.py): from EOT, temperature 1.0, top-k 40, as llm.c.
+    ('sample_every', 0, "print a sample every N steps and after the last (0 = off; llm.c's flag)"),
+    ('freq_generate_txt', 10, "InfiniTrain's: a sample every N steps, only with a tokenizer_bin"),
+    ('text_length', 64, 'tokens per sample, the EOT it starts from included'),
+    (
+        'tokenizer_bin',
+        '',
+        "llm.c tokenizer file for samples ('' = built-in byte tokenizer for GPT-2's vocabulary)",
+    ),
     ('batch_size', 4, 'sequences per data-parallel rank per micro-step'),
     ('sequence_length', 64, 'tokens per sequence (T)'),
     ('total_batch_size', 256, 'tokens per optimizer step; sets gradient accumulation'),

@@ -108,12 +108,22 @@ def _rope_tables(config, length: int):
 
 class Decoder:
     """Generates `length` positions for `batch_size` rows; compiled on first use, then reused.
+    out_sharding: the tokens' sharding (the trainer passes its replicated one), else jit's choice.
 
     decoder(params, prompt_ids, key, temperature) -> (B, length) int32 tokens, the prompt first.
     `trace_count` counts how often the loop body was traced (1 after any number of calls).
     """
 
-    def __init__(self, graphdef, model_config, *, batch_size: int, length: int, top_k: int = DEFAULT_TOP_K):
+    def __init__(
+        self,
+        graphdef,
+        model_config,
+        *,
+        batch_size: int,
+        length: int,
+        top_k: int = DEFAULT_TOP_K,
+        out_sharding=None,
+    ):
         if not 2 <= length <= model_config.max_seq_len:
             raise ValueError(
                 f'decoding length: expected 2..{model_config.max_seq_len} (max_seq_len), found {length}'
@@ -124,7 +134,8 @@ class Decoder:
         self.batch_size, self.length, self.top_k = batch_size, length, top_k
         self.trace_count = 0
         self.compile_seconds = 0.0
-        self._run = jax.jit(self._generate)
+        # Under a mesh of several processes the tokens come out replicated, so each one reads them whole.
+        self._run = jax.jit(self._generate, out_shardings=out_sharding)
         self._compiled = None
 
     def _generate(self, params, tokens_BxS, prompt_len, key, temperature):
@@ -208,7 +219,9 @@ class Decoder:
         executable = self._executable(args)
         began = time.perf_counter()
         out = jax.block_until_ready(executable(*args))
-        return np.asarray(jax.device_get(out)), time.perf_counter() - began
+        seconds = time.perf_counter() - began
+        host = out if out.is_fully_addressable else out.addressable_shards[0].data
+        return np.asarray(jax.device_get(host)), seconds
 
     def __call__(self, params, prompt_ids, key, temperature: float = DEFAULT_TEMPERATURE) -> np.ndarray:
         return self.timed(params, prompt_ids, key, temperature)[0]

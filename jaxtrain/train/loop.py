@@ -19,6 +19,7 @@ from jaxtrain.parallel import sharding
 from jaxtrain.parallel.distributed import agree_on_step_end
 from jaxtrain.train.banner import run_banner
 from jaxtrain.train.run_log import RunLog
+from jaxtrain.train.samples import make_sampler
 from jaxtrain.train.saving import RunSaver
 from jaxtrain.train.setup import build_trainer
 from jaxtrain.train.stop_signal import StopRequest
@@ -56,6 +57,7 @@ def run(config) -> int:
     parts = build_trainer(config)  # mesh, geometry, model, optimizer, state, jitted steps
     geometry, schedule = parts.geometry, parts.schedule
     stream, val_stream = open_run_streams(config, geometry, parts.setup.model_config.vocab_size)
+    sampler = make_sampler(config, parts)  # None unless samples are asked for (train/samples.py)
 
     resumed = resume_into(config, parts)
     state, parts.state = resumed.state, None  # no second reference may keep the fresh state alive
@@ -109,6 +111,8 @@ def run(config) -> int:
                 val_loss = validate(parts, state, val_stream, config.val_max_steps)
                 log.info(f'step {step:4d}/{config.num_iteration} | val loss {val_loss:.6f}')
                 log.record({'step': step, 'val_loss': val_loss})
+            if sampler is not None:  # timed and logged on its own, never in the step time
+                sampler.maybe_sample(log, step, state.params, state.rng)
             stopping, due_by_clock = agree_on_step_end(bool(stop), saver.clock_due())
             if saver.due(step, due_by_clock, stopping):
                 log.record({'step': step, 'save_blocked_s': saver.save(state, step, data_position)})

@@ -1,0 +1,144 @@
+"""Text samples during training: llm.c's `--sample_every` and InfiniTrain's `--freq_generate_txt`,
+`--text_length` and `--tokenizer_bin`.
+
+When: every `sample_every` steps and after the last step (llm.c train_gpt2.py, f1e2ace); else,
+as InfiniTrain (example/gpt2/main.cc at b24d92f), every `freq_generate_txt` steps when a
+`tokenizer_bin` is given. What: one sequence of `text_length` tokens (the start token
+included, llm.c's genT = 64) that starts from EOT, as llm.c's samples do (InfiniTrain starts
+from a fixed prompt), sampled at temperature 1.0 with top-k 40 (train_gpt2.py's values), with
+the KV-cache decoder (jaxtrain/models/decode.py), compiled once for the run.
+
+The sampling key is a pure function of the training state's rng (saved in every checkpoint)
+and the step: fold_in(fold_in(rng, SAMPLE_STREAM), step). A resumed run therefore prints the
+same samples as the uninterrupted run at the same steps, and sampling never advances or
+consumes the training rng. Its time is reported on its own line (`sample_s`), never inside
+the step time.
+
+Text is decoded with the tokenizer file, or, for a GPT-2 vocabulary without one, with the
+built-in byte-level tokenizer of the default corpus; with neither (LLaMA-3 and no file) the
+sample prints as token ids.
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import numpy as np
+
+from jaxtrain.models.decode import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, Decoder
+
+# Folded into the training rng first, so that the sampling keys are a stream of their own.
+SAMPLE_STREAM = 0x5A3D1E
+# What a LLaMA-3 run without a tokenizer starts from: InfiniTrain's LLaMA-3 EOT (<|end_of_text|>).
+LLAMA3_EOT = 128001
+
+
+def sample_interval(config) -> tuple[int, bool]:
+    """(every N steps, also after the last step); N = 0: no samples."""
+    if config.sample_every > 0:
+        return config.sample_every, True
+    if config.tokenizer_bin and config.freq_generate_txt > 0:
+        return config.freq_generate_txt, False
+    return 0, False
+
+
+def sample_key(rng_words, step: int):
+    """The key of the sample after `step`, from the state's rng (uint32[2] key data)."""
+    if isinstance(rng_words, jax.Array) and not rng_words.is_fully_addressable:
+        rng_words = rng_words.addressable_shards[0].data  # replicated: every process holds it whole
+    key = jax.random.wrap_key_data(np.asarray(jax.device_get(rng_words), np.uint32))
+    return jax.random.fold_in(jax.random.fold_in(key, SAMPLE_STREAM), step)
+
+
+def _tokenizer(config, model_config):
+    if config.tokenizer_bin:
+        import llmc_io
+
+        tokenizer = llmc_io.read_tokenizer(config.tokenizer_bin)
+        if tokenizer.vocab_size < model_config.vocab_size:
+            raise ValueError(
+                f'--tokenizer_bin: {config.tokenizer_bin}: expected at least {model_config.vocab_size} '
+                f"tokens (the model's vocab_size), found {tokenizer.vocab_size}"
+            )
+        return tokenizer
+    from jaxtrain.data.default_tokenizer import default_corpus_tokenizer
+
+    builtin = default_corpus_tokenizer()
+    return builtin if model_config.vocab_size == builtin.vocab_size else None
+
+
+class TrainingSampler:
+    """Built once per run when samples are asked for (`make_sampler`); `maybe_sample` after each step."""
+
+    def __init__(self, config, graphdef, model_config, every: int, at_last_step: bool, replicated=None):
+        self.every, self.at_last_step = every, at_last_step
+        self.num_iteration = config.num_iteration
+        self.tokenizer = _tokenizer(config, model_config)
+        if self.tokenizer is not None:
+            self.start_token = self.tokenizer.eot_token
+        else:
+            self.start_token = 50256 if config.model_family == 'gpt2' else LLAMA3_EOT
+        if self.start_token >= model_config.vocab_size:
+            raise ValueError(
+                f'sample_every: samples start from EOT {self.start_token}, which a vocab_size of '
+                f'{model_config.vocab_size} lacks; pass --tokenizer_bin (its EOT is used) or --sample_every 0'
+            )
+        length = min(config.text_length, model_config.max_seq_len)
+        if length < 2:
+            raise ValueError(
+                f'text_length: expected at least 2 (the start token and one more), found {length}'
+            )
+        self.decoder = Decoder(
+            graphdef, model_config, batch_size=1, length=length, top_k=DEFAULT_TOP_K, out_sharding=replicated
+        )
+
+    def due(self, step: int) -> bool:
+        return step % self.every == 0 or (self.at_last_step and step == self.num_iteration)
+
+    def sample(self, params, rng_words, step: int) -> dict:
+        """{'tokens', 'text', 'sample_s' (decoding), 'compile_s' (0 after the first)} after `step`."""
+        compiled_before = self.decoder.compile_seconds
+        began = time.perf_counter()
+        tokens, _ = self.decoder.timed(
+            params, [self.start_token], sample_key(rng_words, step), DEFAULT_TEMPERATURE
+        )
+        total = time.perf_counter() - began
+        compile_s = self.decoder.compile_seconds - compiled_before
+        ids = tokens[0].tolist()
+        if self.tokenizer is not None:
+            text = self.tokenizer.decode(ids[1:])
+        else:
+            text = 'token ids ' + ' '.join(map(str, ids[1:]))
+        return {'tokens': ids, 'text': text, 'sample_s': total - compile_s, 'compile_s': compile_s}
+
+    def maybe_sample(self, log, step: int, params, rng_words) -> float:
+        """Samples when due and logs it; returns the seconds it took (0 when not due)."""
+        if not self.due(step):
+            return 0.0
+        result = self.sample(params, rng_words, step)
+        seconds = result['sample_s'] + result['compile_s']
+        compiled = f', compile {result["compile_s"]:.2f} s' if result['compile_s'] else ''
+        log.info(
+            f'step {step:4d}/{self.num_iteration} | sample ({len(result["tokens"])} tokens from EOT, '
+            f'{result["sample_s"] * 1e3:.0f} ms{compiled}; not in the step time):'
+        )
+        log.info('---\n' + result['text'] + '\n---')
+        log.record(
+            {
+                'step': step,
+                'sample': result['text'],
+                'sample_s': result['sample_s'],
+                'sample_compile_s': result['compile_s'],
+            }
+        )
+        return seconds
+
+
+def make_sampler(config, parts) -> TrainingSampler | None:
+    """The run's sampler (parts: train/setup.py's build_trainer), or None when no samples are asked for."""
+    every, at_last_step = sample_interval(config)
+    if every <= 0:
+        return None
+    setup = parts.setup
+    return TrainingSampler(config, setup.graphdef, setup.model_config, every, at_last_step, parts.replicated)

@@ -1,0 +1,112 @@
+"""Samples during training (train/samples.py): a run resumed from a checkpoint prints the same
+samples as the uninterrupted run; the sampled tokens are checked against the NumPy reference
+(tests/numpy_reference.py) on the checkpointed params; sample time is logged on its own; when
+samples are due; bad tokenizer files are one line before training starts."""
+
+import json
+import re
+import struct
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+import numpy_reference as ref
+from llmc_io.errors import LLMCFormatError
+from trainer_runs import load_config, random_shard, restore_params, tiny_llmc_model, train
+from jaxtrain.train.samples import TrainingSampler, sample_interval
+
+VOCAB = 512  # tiny_llmc_model's vocabulary
+
+
+def tokenizer_file(path, count=VOCAB, eot=VOCAB - 1):
+    """An llm.c tokenizer file (train_gpt2.py write_tokenizer's layout) whose piece i is '<i>'."""
+    pieces = [f'<{i}>'.encode() for i in range(count)]
+    header = struct.pack('<256i', *([20240328, 2, count, eot] + [0] * 252))
+    path.write_bytes(header + b''.join(bytes([len(p)]) + p for p in pieces))
+    return str(path)
+
+
+def samples(out: str) -> dict[int, list[int]]:
+    """{step: sampled ids} from a run's stdout (the text between the '---' lines after a sample line)."""
+    found = {}
+    for step, text in re.findall(r'step\s+(\d+)/\d+ \| sample \(.*?\n---\n(.*?)\n---', out, re.S):
+        found[int(step)] = [int(i) for i in re.findall(r'<(\d+)>', text)]
+    return found
+
+
+def test_resumed_run_prints_the_same_samples(tmp_path):
+    common = dict(
+        input_bin=random_shard(tmp_path / 'train.bin'),
+        llmc_filepath=tiny_llmc_model(tmp_path / 'model.bin'),
+        tokenizer_bin=tokenizer_file(tmp_path / 'tok.bin'),
+        num_iteration=4,
+        save_steps=2,
+        sample_every=2,
+        text_length=10,
+        learning_rate=1e-3,
+    )
+    full = load_config('gpt2', checkpoint_dir=str(tmp_path / 'a'), metrics_dir=str(tmp_path / 'ma'), **common)
+    code, _, out_full = train(full)
+    assert code == 0, out_full
+    resumed = load_config(
+        'gpt2',
+        checkpoint_dir=str(tmp_path / 'b'),
+        resume_from=str(tmp_path / 'a' / 'checkpoint_step_000002'),
+        **common,
+    )
+    code, _, out_resumed = train(resumed)
+    assert code == 0, out_resumed
+    a, b = samples(out_full), samples(out_resumed)
+    assert sorted(a) == [2, 4] and sorted(b) == [4]
+    assert len(a[4]) == 9 and b[4] == a[4] and a[2] != a[4]
+    assert 'not in the step time' in out_full
+
+    # Every sampled token is among the reference's 40 likeliest after its prefix (top-k 40, from EOT).
+    params = jax.tree.map(np.asarray, restore_params(tmp_path / 'a' / 'checkpoint_step_000004'))
+    ids = [VOCAB - 1] + a[4]
+    logits = ref.gpt2_logits(params, 2, np.array([ids]))[0, :, :VOCAB]
+    for t in range(1, len(ids)):
+        assert ids[t] in np.argsort(logits[t - 1])[-40:]
+
+    rows = [json.loads(line) for line in (tmp_path / 'ma' / 'metrics.jsonl').read_text().splitlines()]
+    timed = {r['step']: r for r in rows if 'sample_s' in r}
+    assert sorted(timed) == [2, 4] and all(r['sample_s'] > 0 for r in timed.values())
+    assert timed[2]['sample_compile_s'] > 0 and timed[4]['sample_compile_s'] == 0  # compiled once
+
+
+def _config(**overrides):
+    base = dict(sample_every=0, freq_generate_txt=10, tokenizer_bin='', text_length=64, num_iteration=25)
+    base.update(overrides)
+    base['model_family'] = 'gpt2'
+    return ml_collections.ConfigDict(base)
+
+
+def test_when_samples_are_due():
+    assert sample_interval(_config(sample_every=5)) == (5, True)  # llm.c: every N and the last step
+    assert sample_interval(_config(tokenizer_bin='t.bin')) == (10, False)  # InfiniTrain: with a tokenizer
+    assert sample_interval(_config()) == (0, False)
+    assert sample_interval(_config(sample_every=0, freq_generate_txt=0, tokenizer_bin='t.bin')) == (0, False)
+
+
+def test_bad_tokenizer_files_are_one_line(tmp_path):
+    from flax import nnx
+
+    from jaxtrain.models.gpt2 import GPT2, GPT2Config
+
+    model_config = GPT2Config(
+        max_seq_len=16, vocab_size=VOCAB, padded_vocab_size=VOCAB, num_layers=1, num_heads=1, channels=8
+    )
+    graphdef, _ = nnx.split(nnx.eval_shape(lambda: GPT2(model_config, rngs=nnx.Rngs(0))), nnx.Param)
+    bad = tmp_path / 'bad.bin'
+    bad.write_bytes(open(tokenizer_file(tmp_path / 'ok.bin'), 'rb').read()[:-2])
+    with pytest.raises(LLMCFormatError, match='token 511 bytes'):
+        TrainingSampler(_config(tokenizer_bin=str(bad)), graphdef, model_config, 5, True)
+    small = tokenizer_file(tmp_path / 'small.bin', count=100, eot=99)
+    with pytest.raises(
+        ValueError, match="expected at least 512 tokens \\(the model's vocab_size\\), found 100"
+    ):
+        TrainingSampler(_config(tokenizer_bin=small), graphdef, model_config, 5, True)
+    with pytest.raises(ValueError, match='samples start from EOT 50256, which a vocab_size of 512 lacks'):
+        TrainingSampler(_config(), graphdef, model_config, 5, True)
