@@ -72,6 +72,11 @@ def _permute_heads(kernel_CxNH, head_dim: int, order) -> np.ndarray:
 # ---- export -----------------------------------------------------------------------------------
 
 
+def _token_or_none(token_id: int, vocab_size: int):
+    """The family's special id where the vocabulary has it (transformers warns otherwise)."""
+    return token_id if token_id < vocab_size else None
+
+
 def gpt2_to_hf(header: GPT2Header, params: dict) -> tuple[dict, dict]:
     """(HF tensors, config.json) of a GPT-2 tree."""
     tensors = {
@@ -101,8 +106,8 @@ def gpt2_to_hf(header: GPT2Header, params: dict) -> tuple[dict, dict]:
         "resid_pdrop": 0.0,
         "embd_pdrop": 0.0,
         "attn_pdrop": 0.0,
-        "bos_token_id": GPT2_EOT,
-        "eos_token_id": GPT2_EOT,
+        "bos_token_id": _token_or_none(GPT2_EOT, header.vocab_size),
+        "eos_token_id": _token_or_none(GPT2_EOT, header.vocab_size),
         "tie_word_embeddings": True,
         "torch_dtype": "float32",
         "llmc_header": {"padded_vocab_size": header.padded_vocab_size},
@@ -154,8 +159,8 @@ def llama3_to_hf(header: LLaMA3Header, params: dict) -> tuple[dict, dict]:
         "attention_bias": False,
         "mlp_bias": False,
         "tie_word_embeddings": False,
-        "bos_token_id": LLAMA3_BOS,
-        "eos_token_id": LLAMA3_EOT,
+        "bos_token_id": _token_or_none(LLAMA3_BOS, header.vocab_size),
+        "eos_token_id": _token_or_none(LLAMA3_EOT, header.vocab_size),
         "torch_dtype": "float32",
         "llmc_header": {
             "ffn_dim_multiplier": header.ffn_dim_multiplier,
