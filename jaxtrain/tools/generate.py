@@ -3,6 +3,7 @@
     python -m jaxtrain.generate --checkpoint RUN/checkpoint_step_000100 --prompt "def "
     python -m jaxtrain.generate --llmc_filepath gpt2_124M.bin --tokenizer_bin gpt2_tokenizer.bin \\
         --prompt "The meaning of life is" --num_samples 4 --max_new_tokens 64
+    python -m jaxtrain.generate --model d12 --dtype bfloat16 --num_samples 16   # timing only
 
 Decoding runs with a KV cache, compiled once (jaxtrain/models/decode.py); the tokens/s printed
 counts new tokens of all samples over the decoding time, compilation excluded. Text is decoded
@@ -31,6 +32,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="a jaxtrain checkpoint_step_NNNNNN directory, or a checkpoint root (its latest committed step)",
     )
     source.add_argument('--llmc_filepath', metavar='FILE', help='an llm.c GPT-2 or LLaMA-3 model file')
+    source.add_argument(
+        '--model',
+        metavar='VARIANT',
+        help='a named variant of --model_family with random weights, for timing decoding (e.g. d12)',
+    )
+    parser.add_argument(
+        '--model_family', choices=('gpt2', 'llama3'), default='gpt2', help='the family of --model (gpt2)'
+    )
     parser.add_argument(
         '--tokenizer_bin',
         default='',
@@ -96,6 +105,15 @@ def load_model(args):
         config = ckpt_inspect.model_config_object(family, state.get('model_config'))
         params = ckpt_inspect.restore_item(step_dir, 'params')
         where = f'checkpoint {step_dir}'
+    elif args.model:
+        family = args.model_family
+        model_cls, _, variants = FAMILIES[family]
+        if args.model not in variants:
+            raise ValueError(f"--model: expected one of {', '.join(sorted(variants))}, found {args.model!r}")
+        config = variants[args.model]
+        init = jax.jit(lambda: nnx.split(model_cls(config, rngs=nnx.Rngs(args.seed)), nnx.Param)[1])
+        params = nnx.to_pure_dict(init())
+        where = f'random init of {args.model} (seed {args.seed})'
     else:
         import llmc_io
 

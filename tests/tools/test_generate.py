@@ -131,3 +131,8 @@ def test_help_in_a_subprocess():
         '--seed',
     ):
         assert flag in result.stdout
+
+
+def test_unknown_variant_is_one_line(capsys):
+    code, _, err = _run(capsys, '--model', 'd13')
+    assert code == 2 and "--model: expected one of d12, d24" in err and err.count('\n') == 1
