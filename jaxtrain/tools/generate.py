@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _resolve_step_dir(path: str) -> Path:
-    from jaxtrain.checkpoint.manager import committed_steps, step_dir_name
+    from jaxtrain.checkpoint.layout import committed_steps, step_dir_name
     from jaxtrain.tools import ckpt_inspect
 
     steps = committed_steps(path)
@@ -96,7 +96,7 @@ def load_model(args):
     from jaxtrain.models import FAMILIES
 
     if args.checkpoint:
-        from jaxtrain.checkpoint.manager import read_trainer_state
+        from jaxtrain.checkpoint.trainer_state import read_trainer_state
         from jaxtrain.tools import ckpt_inspect
 
         step_dir = _resolve_step_dir(args.checkpoint)
