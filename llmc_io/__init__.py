@@ -8,12 +8,17 @@ LLMCFormatError with one line naming the file, the field, what was expected and 
     header, params = llmc_io.load_model("gpt2_124M.bin")
     tokens = llmc_io.read_shard("tiny_shakespeare_val.bin")
 
+Tokenizer files (llm.c's magic 20240328, versions 1 and 2; InfiniTrain's 20240801) read with
+read_tokenizer; Hugging Face folders (config.json + model.safetensors) load and save with
+load_hf / save_hf, in NumPy alone.
+
 `python -m llmc_io info FILE` and `python -m llmc_io convert IN OUT` do the same from a shell.
 """
 
 from llmc_io.errors import LLMCFormatError
 from llmc_io.gpt2 import GPT2Header, load_gpt2, save_gpt2
 from llmc_io.header import ModelInfo
+from llmc_io.hf import load_hf, save_hf
 from llmc_io.llama3 import LAYOUT_INFINITRAIN, LLaMA3Header, load_llama3, save_llama3
 from llmc_io.llama3_header import LAYOUT_LLMC
 from llmc_io.model import load_model, model_info
@@ -30,12 +35,14 @@ __all__ = [
     "ShardInfo",
     "Tokenizer",
     "load_gpt2",
+    "load_hf",
     "load_llama3",
     "load_model",
     "model_info",
     "read_shard",
     "read_tokenizer",
     "save_gpt2",
+    "save_hf",
     "save_llama3",
     "shard_info",
     "write_shard",
