@@ -82,3 +82,25 @@ def test_bad_lengths_and_prompts():
         decoder(params, list(range(8)), jax.random.key(0))
     with pytest.raises(ValueError, match='token ids: expected 0..49, found 50'):
         decoder(params, [50], jax.random.key(0))
+
+
+def test_decoding_under_the_trainers_mesh_gives_the_same_tokens():
+    """LLaMA-3 params (GQA, the most sharded tensors) placed by the trainer's own rules
+    (parallel/sharding.py) on data 2 x fsdp 2 x tensor 2 of the 8 fake CPU devices (conftest.py):
+    greedy decoding gives the unsharded run's tokens. One family only: each costs ~10 s here."""
+    cls, config = LLaMA3, LLAMA_SMALL
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from jaxtrain.parallel import sharding
+
+    graphdef, params = _model_and_params(cls, config, seed=5)
+    mesh = jax.make_mesh((2, 2, 2), ('data', 'fsdp', 'tensor'), axis_types=(AxisType.Auto,) * 3)
+    placed = sharding.put_global(params, sharding.parameter_shardings(params, mesh))
+    assert any('tensor' in str(leaf.sharding.spec) for leaf in jax.tree.leaves(placed))
+    plain = Decoder(graphdef, config, batch_size=2, length=10, top_k=0)
+    replicated = NamedSharding(mesh, P())
+    sharded = Decoder(graphdef, config, batch_size=2, length=10, top_k=0, out_sharding=replicated)
+    np.testing.assert_array_equal(
+        sharded(placed, [1, 2], jax.random.key(0), 0.0), plain(params, [1, 2], jax.random.key(0), 0.0)
+    )
