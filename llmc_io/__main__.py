@@ -1,6 +1,6 @@
 """Command line: inspect and convert llm.c / InfiniTrain files.
 
-    python -m llmc_io info FILE                 what a model file, token shard or tokenizer holds
+    python -m llmc_io info FILE                 what a model file, token shard, tokenizer or HF folder holds
     python -m llmc_io convert IN OUT [--version 3|5] [--to llmc|hf]
                                                 IN: an llm.c file or an HF model folder
 
@@ -117,7 +117,18 @@ def _tokenizer_info(path) -> None:
     )
 
 
+def _hf_info(path) -> None:
+    header, _ = load_hf(path)
+    kind = "GPT2LMHeadModel" if isinstance(header, GPT2Header) else "LlamaForCausalLM"
+    rows = [("file", path), ("kind", f"Hugging Face folder ({kind}), as llm.c would hold it")]
+    rows += [(name, fp32_repr(v) if isinstance(v, float) else v) for name, v in vars(header).items()]
+    _print_rows(rows + [("parameters", f"{header.num_parameters:,}")])
+
+
 def _info(args) -> None:
+    if is_hf_folder(args.file):
+        _hf_info(args.file)
+        return
     if is_tokenizer_file(args.file):
         _tokenizer_info(args.file)
         return

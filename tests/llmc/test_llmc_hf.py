@@ -211,6 +211,8 @@ def test_llmc_file_to_hf_and_bad_folders(tmp_path, capsys):
     llmc_io.save_gpt2(str(tmp_path / 'm.bin'), GPT2, random_tree(GPT2, 3))
     assert llmc_main(['convert', str(tmp_path / 'm.bin'), str(tmp_path / 'hf'), '--to', 'hf']) == 0
     assert sorted(p.name for p in (tmp_path / 'hf').iterdir()) == ['config.json', 'model.safetensors']
+    assert llmc_main(['info', str(tmp_path / 'hf')]) == 0
+    assert 'GPT2LMHeadModel' in capsys.readouterr().out
     config = json.loads((tmp_path / 'hf' / 'config.json').read_text())
     config['model_type'] = 'bert'
     (tmp_path / 'hf' / 'config.json').write_text(json.dumps(config))
