@@ -20,6 +20,4 @@ def get_config(variant: str = ''):
     config = base_config('gpt2')
     config.model = variant or 'small'  # GPT-2 variant; an --llmc_filepath header overrides it
     config.learning_rate = 1e-4  # InfiniTrain's GPT-2 example
-    if not variant:  # the default job shows what it writes, decoded by the built-in tokenizer
-        config.sample_every = 10
     return config

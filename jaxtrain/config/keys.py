@@ -43,7 +43,12 @@ KEYS = (
     ('val_loss_every', 0, 'validation loss every N steps (0 = never)'),
     ('val_max_steps', 5, 'validation batches per evaluation'),
     # Text samples (train/samples.py): from EOT, temperature 1.0, top-k 40, as llm.c.
-    ('sample_every', 0, "print a sample every N steps and after the last (0 = off; llm.c's flag)"),
+    (
+        'sample_every',
+        -1,
+        "llm.c's: a sample every N steps and after the last (0 = off; -1 = after the last step on "
+        'the built-in corpus only)',
+    ),
     ('freq_generate_txt', 10, "InfiniTrain's: a sample every N steps, only with a tokenizer_bin"),
     ('text_length', 64, 'tokens per sample, the EOT it starts from included'),
     (

@@ -3,7 +3,8 @@
 
 When: every `sample_every` steps and after the last step (llm.c train_gpt2.py, f1e2ace); else,
 as InfiniTrain (example/gpt2/main.cc at b24d92f), every `freq_generate_txt` steps when a
-`tokenizer_bin` is given. What: one sequence of `text_length` tokens (the start token
+`tokenizer_bin` is given; else, by default, once after the last step of a run on the built-in
+corpus (see sample_interval). What: one sequence of `text_length` tokens (the start token
 included, llm.c's genT = 64) that starts from EOT, as llm.c's samples do (InfiniTrain starts
 from a fixed prompt), sampled at temperature 1.0 with top-k 40 (train_gpt2.py's values), with
 the KV-cache decoder (jaxtrain/models/decode.py), compiled once for the run.
@@ -35,11 +36,20 @@ LLAMA3_EOT = 128001
 
 
 def sample_interval(config) -> tuple[int, bool]:
-    """(every N steps, also after the last step); N = 0: no samples."""
+    """(every N steps, also after the last step); (0, False): no samples.
+
+    sample_every N > 0: llm.c's, every N steps and after the last. Otherwise InfiniTrain's
+    freq_generate_txt when a tokenizer_bin is given. Otherwise, with sample_every -1 (the
+    default), a run on the built-in corpus (no input_bin: GPT-2, which the built-in tokenizer
+    decodes) prints one sample after its last step, so the default job shows what it writes;
+    sample_every 0 turns that off.
+    """
     if config.sample_every > 0:
         return config.sample_every, True
     if config.tokenizer_bin and config.freq_generate_txt > 0:
         return config.freq_generate_txt, False
+    if config.sample_every < 0 and not config.input_bin and config.model_family == 'gpt2':
+        return 0, True
     return 0, False
 
 
@@ -94,7 +104,8 @@ class TrainingSampler:
         )
 
     def due(self, step: int) -> bool:
-        return step % self.every == 0 or (self.at_last_step and step == self.num_iteration)
+        every_n = self.every > 0 and step % self.every == 0
+        return every_n or (self.at_last_step and step == self.num_iteration)
 
     def sample(self, params, rng_words, step: int) -> dict:
         """{'tokens', 'text', 'sample_s' (decoding), 'compile_s' (0 after the first)} after `step`."""
@@ -138,7 +149,10 @@ class TrainingSampler:
 def make_sampler(config, parts) -> TrainingSampler | None:
     """The run's sampler (parts: train/setup.py's build_trainer), or None when no samples are asked for."""
     every, at_last_step = sample_interval(config)
-    if every <= 0:
+    if every <= 0 and not at_last_step:
         return None
     setup = parts.setup
+    by_default = config.sample_every < 0 and not config.tokenizer_bin
+    if by_default and _tokenizer(config, setup.model_config) is None:
+        return None  # the default's sample needs the built-in tokenizer; nothing was asked for explicitly
     return TrainingSampler(config, setup.graphdef, setup.model_config, every, at_last_step, parts.replicated)

@@ -77,7 +77,14 @@ def test_resumed_run_prints_the_same_samples(tmp_path):
 
 
 def _config(**overrides):
-    base = dict(sample_every=0, freq_generate_txt=10, tokenizer_bin='', text_length=64, num_iteration=25)
+    base = dict(
+        sample_every=0,
+        freq_generate_txt=10,
+        tokenizer_bin='',
+        text_length=64,
+        num_iteration=25,
+        input_bin='x',
+    )
     base.update(overrides)
     base['model_family'] = 'gpt2'
     return ml_collections.ConfigDict(base)
@@ -88,6 +95,10 @@ def test_when_samples_are_due():
     assert sample_interval(_config(tokenizer_bin='t.bin')) == (10, False)  # InfiniTrain: with a tokenizer
     assert sample_interval(_config()) == (0, False)
     assert sample_interval(_config(sample_every=0, freq_generate_txt=0, tokenizer_bin='t.bin')) == (0, False)
+    # The default (-1): after the last step of a run on the built-in corpus (the default job), else never.
+    assert sample_interval(_config(sample_every=-1, input_bin='')) == (0, True)
+    assert sample_interval(_config(sample_every=-1)) == (0, False)
+    assert sample_interval(_config(sample_every=0, input_bin='')) == (0, False)
 
 
 def test_bad_tokenizer_files_are_one_line(tmp_path):
