@@ -30,6 +30,7 @@ from flax import nnx
 
 from jaxtrain.models.gpt2 import GPT2
 from jaxtrain.models.llama3 import LLaMA3, apply_rope, rope_frequencies
+from jaxtrain.parallel.sharding import put_global
 
 # llm.c's sampling: train_gpt2.py samples at temperature 1.0 with top_k 40; train_gpt2.cu runs
 # genT = 64 positions starting from EOT.
@@ -108,7 +109,8 @@ def _rope_tables(config, length: int):
 
 class Decoder:
     """Generates `length` positions for `batch_size` rows; compiled on first use, then reused.
-    out_sharding: the tokens' sharding (the trainer passes its replicated one), else jit's choice.
+    out_sharding: a replicated sharding on the params' mesh (the trainer passes its own): the prompt,
+    key and temperature are placed there and the tokens come out there; None: jit's choice.
 
     decoder(params, prompt_ids, key, temperature) -> (B, length) int32 tokens, the prompt first.
     `trace_count` counts how often the loop body was traced (1 after any number of calls).
@@ -135,11 +137,13 @@ class Decoder:
         self.trace_count = 0
         self.compile_seconds = 0.0
         # Under a mesh of several processes the tokens come out replicated, so each one reads them whole.
+        self.out_sharding = out_sharding
         self._run = jax.jit(self._generate, out_shardings=out_sharding)
         self._compiled = None
 
-    def _generate(self, params, tokens_BxS, prompt_len, key, temperature):
+    def _generate(self, params, tokens_BxS, prompt_len, key_data, temperature):
         self.trace_count += 1
+        key = jax.random.wrap_key_data(key_data)
         model = nnx.merge(self.graphdef, nnx.State(params))  # params: the pure dict the trainer holds
         gpt2 = isinstance(model, GPT2)
         if not gpt2 and not isinstance(model, LLaMA3):
@@ -215,7 +219,11 @@ class Decoder:
         the seconds the decoding took, compilation excluded (that is `compile_seconds`)."""
         tokens_BxS = self.prompt_buffer(prompt_ids)
         prompt_len = np.int32(len(np.asarray(prompt_ids).reshape(-1)))
-        args = (params, tokens_BxS, prompt_len, key, jnp.float32(temperature))
+        host_args = (tokens_BxS, prompt_len, np.asarray(jax.random.key_data(key)), np.float32(temperature))
+        if self.out_sharding is not None:
+            # Onto the params' mesh, replicated; with several processes each supplies its own devices.
+            host_args = put_global(host_args, self.out_sharding)
+        args = (params, *host_args)
         executable = self._executable(args)
         began = time.perf_counter()
         out = jax.block_until_ready(executable(*args))
