@@ -147,7 +147,9 @@ def read_tokenizer(path: str | os.PathLike) -> Tokenizer:
         found = hdr.describe_magic(magic)
         raise LLMCFormatError(path, "header[0] magic", expected, found, "pass a tokenizer file")
     if version not in VERSIONS:
-        raise LLMCFormatError(path, "header[1] version", "1 or 2", version)
+        shard = magic == LLAMA3_TOKENIZER_MAGIC and version == 7
+        hint = "this is a LLaMA-3 token shard (magic 20240801, version 7), not a tokenizer" if shard else None
+        raise LLMCFormatError(path, "header[1] version", "1 or 2", version, hint)
     with open(path, "rb") as f:
         data = f.read()
     body = data[hdr.HEADER_BYTES :]

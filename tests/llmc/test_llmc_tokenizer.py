@@ -97,6 +97,8 @@ def test_llama3_shard_is_not_taken_for_a_tokenizer(tmp_path, capsys):
     (tmp_path / "shard.bin").write_bytes(header.tobytes() + np.array([1, 2, 3], "<u4").tobytes())
     assert main(["info", str(tmp_path / "shard.bin")]) == 0
     assert "token shard" in capsys.readouterr().out
+    with pytest.raises(LLMCFormatError, match="this is a LLaMA-3 token shard"):
+        read_tokenizer(tmp_path / "shard.bin")
 
 
 def test_encode_longest_match_decodes_back(tmp_path):
