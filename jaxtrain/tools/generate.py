@@ -153,7 +153,7 @@ def load_tokenizer(path: str, config):
     return tokenizer
 
 
-def prompt_ids(args, tokenizer, eot_default: int) -> list[int]:
+def prompt_ids(args, tokenizer, eot_default: int, vocab_size: int) -> list[int]:
     if args.prompt_ids is not None:
         try:
             return [int(piece) for piece in args.prompt_ids.replace(' ', '').split(',') if piece]
@@ -167,7 +167,13 @@ def prompt_ids(args, tokenizer, eot_default: int) -> list[int]:
                 '--prompt: expected a --tokenizer_bin to encode it with, found none; use --prompt_ids'
             )
         return tokenizer.encode_longest_match(args.prompt.encode())
-    return [tokenizer.eot_token if tokenizer is not None else eot_default]
+    start = tokenizer.eot_token if tokenizer is not None else eot_default
+    if start >= vocab_size:
+        raise ValueError(
+            f'--prompt_ids: expected ids to start from (the default, EOT {start}, is outside the '
+            f'vocabulary of {vocab_size}), found none; pass --prompt_ids or a --tokenizer_bin (its EOT)'
+        )
+    return [start]
 
 
 def _check_args(args) -> None:
@@ -187,7 +193,7 @@ def run(args) -> int:
     family, config, graphdef, params, where = load_model(args)
     tokenizer = load_tokenizer(args.tokenizer_bin, config)
     # Files without a tokenizer start from the family's usual EOT (GPT-2 50256, LLaMA-3 <|eot_id|>).
-    prompt = prompt_ids(args, tokenizer, 50256 if family == 'gpt2' else 128001)
+    prompt = prompt_ids(args, tokenizer, 50256 if family == 'gpt2' else 128001, config.vocab_size)
     length = len(prompt) + args.max_new_tokens
     if length > config.max_seq_len:
         raise ValueError(

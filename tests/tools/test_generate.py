@@ -136,3 +136,11 @@ def test_help_in_a_subprocess():
 def test_unknown_variant_is_one_line(capsys):
     code, _, err = _run(capsys, '--model', 'd13')
     assert code == 2 and "--model: expected one of d12, d24" in err and err.count('\n') == 1
+
+
+def test_small_vocabulary_without_a_start_token_is_one_line(tmp_path, capsys):
+    from trainer_runs import tiny_llmc_model
+
+    model = tiny_llmc_model(tmp_path / 'llama.bin', 'llama3')  # 512 tokens: no LLaMA-3 EOT 128001
+    code, _, err = _run(capsys, '--llmc_filepath', model, '--max_new_tokens', 4)
+    assert code == 2 and 'the default, EOT 128001, is outside the vocabulary of 512' in err
