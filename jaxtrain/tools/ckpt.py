@@ -316,6 +316,10 @@ def cmd_export(args) -> int:
 
     step_dir = ckpt_inspect.find_finished_step_dir(args.step_dir)
     if args.format == 'hf':
+        if args.version is not None:
+            from jaxtrain.checkpoint.layout import CheckpointError
+
+            raise CheckpointError(f'--version: expected none with --format hf (fp32), found {args.version}')
         written = ckpt_export.export_hf(step_dir, args.output)
         if args.json:
             _print_json({'path': str(step_dir), **written})
@@ -327,7 +331,7 @@ def cmd_export(args) -> int:
                 f"load it with {written['hf_class']}.from_pretrained"
             )
         return EXIT_OK
-    written = ckpt_export.export_llmc(step_dir, args.output, args.version)
+    written = ckpt_export.export_llmc(step_dir, args.output, args.version or 3)
     if args.json:
         _print_json({'path': str(step_dir), **written})
         return EXIT_OK
@@ -423,7 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
         'model.safetensors (fp32), for GPT2LMHeadModel / LlamaForCausalLM (GPT-2 head tied)',
     )
     export.add_argument(
-        '--version', type=int, choices=(3, 5), default=3, help='3: fp32 (default); 5: bf16, GPT-2 only'
+        '--version', type=int, choices=(3, 5), default=None, help='3: fp32 (default); 5: bf16, GPT-2 only'
     )
     export.set_defaults(run=cmd_export)
     return parser

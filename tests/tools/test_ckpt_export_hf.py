@@ -69,3 +69,10 @@ def test_damaged_params_are_refused(tmp_path, capsys):
     assert ckpt.main(['export', str(step_dir), '--format', 'hf', '--output', str(tmp_path / 'hf')]) == 2
     assert 'refusing to export params that fail verification' in capsys.readouterr().err
     assert not (tmp_path / 'hf').exists()
+    assert (
+        ckpt.main(
+            ['export', str(step_dir), '--format', 'hf', '--output', str(tmp_path / 'hf'), '--version', '5']
+        )
+        == 2
+    )
+    assert '--version: expected none with --format hf' in capsys.readouterr().err
