@@ -32,7 +32,8 @@ loop() {  # loop NAME TREE [flags...]: one run of the real loop from TREE, its f
   (cd "$tree" && PYTHONPATH="$site:$tree" timeout 240 "${M[@]}" --metrics_dir "$out/$name" "$@") \
     > "$out/$name.txt" 2>&1
   echo "exit $? after $(since "$began") s" >> "$out/$name.txt"
-  echo "$name $(python launch/loop_figures.py "$out/$name/metrics.jsonl" 2>&1)" >> "$out/figures.txt"
+  echo "$name $(python launch/loop_figures.py "$out/$name/metrics.jsonl" 10 "${TOKENS:-16384}" 2>&1)" \
+    >> "$out/figures.txt"
 }
 peers() {  # the peers, once the build is done
   wait $build
@@ -77,8 +78,7 @@ np.random.default_rng(0).integers(0, 128256, 4_000_000).astype(np.uint32), kind=
     --json "$out/bench_llama.json" > "$out/bench_llama.txt" 2>&1
   M=(python -m jaxtrain.main --config=configs/llama3.py:llama3.2-1b "${L[@]}" --input_bin /tmp/llama_train.bin
      --deterministic false --num_iteration 60)
-  loop loop_llama "$repo"
-  python launch/loop_figures.py "$out/loop_llama/metrics.jsonl" 10 8192 > "$out/figures_llama.txt"
+  TOKENS=8192 loop loop_llama "$repo"
   peers
 fi
-cat "$out/peers.txt" "$out/figures"*.txt 2>/dev/null; grep -h "median\|ratio\|blocked\|phase\|throughput\|peak\|kernels" "$out"/bench*.txt 2>/dev/null
+cat "$out/peers.txt" "$out/figures.txt" 2>/dev/null; grep -h "median\|ratio\|blocked\|phase\|throughput\|peak\|kernels" "$out"/bench*.txt 2>/dev/null
