@@ -62,6 +62,7 @@ from jaxtrain.config import flags as key_flags
 from jaxtrain.config.checks import deterministic_wanted
 from jaxtrain.models.setup import DTYPES
 from jaxtrain.models.attention import resolve_attention
+from jaxtrain.train.optim import learning_rate_at
 from jaxtrain.train.step import TrainState
 from jaxtrain.train.setup import TrainerSetup, build_trainer
 
@@ -266,7 +267,7 @@ def make_save(subject: Subject, checkpointer: ckpt_manager.Checkpointer, version
             step=step,
             data_position=step,
             epoch=0,
-            learning_rate=float(subject.parts.schedule(step)),
+            learning_rate=learning_rate_at(subject.parts.schedule, step),
             model_config=model_config_dict,
             tokens_per_step=subject.geometry.tokens_per_step,
             topology=subject.parts.topology,

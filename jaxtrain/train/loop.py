@@ -11,6 +11,7 @@ several processes every process runs this same function on the same config.
 
 import time
 
+import jax
 import numpy as np
 
 from jaxtrain.checkpoint.resume import resume_into
@@ -18,6 +19,7 @@ from jaxtrain.data.run_streams import open_run_streams
 from jaxtrain.parallel import sharding
 from jaxtrain.parallel.distributed import agree_on_step_end
 from jaxtrain.train.banner import run_banner
+from jaxtrain.train.optim import learning_rate_at
 from jaxtrain.train.run_log import RunLog
 from jaxtrain.train.samples import make_sampler
 from jaxtrain.train.saving import RunSaver
@@ -80,41 +82,69 @@ def run(config) -> int:
     stopping = False  # `stop` as all processes agree on it (agree_on_step_end)
     epoch = stream.epoch_of(data_position)
     batch_shape = (geometry.accumulation, geometry.rows_per_micro_step, geometry.sequence_length)
+
+    def device_batch(position):
+        # Every process reads the whole window (a pure function of the position) and
+        # supplies its own devices' rows of it.
+        inputs, targets = stream.window(position)
+        return sharding.put_global(
+            (inputs.reshape(batch_shape), targets.reshape(batch_shape)), parts.train_batch_sharding
+        )
+
+    # The device is kept busy: step n+1 is dispatched, and step n+2's batch built, before
+    # the host waits for step n's metrics, so step n is checked for a non-finite loss one
+    # step late, but always before a save (a save waits for its own step's metrics). A
+    # step's time is the wall clock from the previous step's read to its own: every host
+    # action between two steps counts, as a user waits for it.
+    pending = None  # (step, data position, metrics) dispatched and not yet read
+    last_read = time.perf_counter()
+
+    def report(pending):
+        nonlocal last_read, epoch
+        done, position, metrics = pending
+        metrics = jax.device_get(metrics)  # waits for the step
+        now = time.perf_counter()
+        elapsed, last_read = now - last_read, now
+        loss = float(metrics['loss'])
+        check_finite(done, loss, bool(metrics['params_finite']), saver.last_good())
+        log.step(
+            done,
+            config.num_iteration,
+            loss,
+            learning_rate_at(schedule, done - 1),
+            elapsed,
+            geometry.tokens_per_step,
+            geometry.data_parallel,
+            {'grad_norm': float(metrics['grad_norm'])},
+        )
+        if stream.epoch_of(position) != epoch:
+            epoch = stream.epoch_of(position)
+            log.info(f'data: epoch {epoch} begins (the stream wrapped to its start after step {done})')
+
     try:
+        batch = device_batch(data_position) if step < config.num_iteration else None
         while step < config.num_iteration:
-            # Every process reads the whole window (a pure function of the position) and
-            # supplies its own devices' rows of it.
-            inputs, targets = stream.window(data_position)
-            inputs, targets = sharding.put_global(
-                (inputs.reshape(batch_shape), targets.reshape(batch_shape)), parts.train_batch_sharding
-            )
-            began = time.perf_counter()
-            state, metrics = parts.train_step(state, inputs, targets)
-            loss = float(metrics['loss'])
-            elapsed = time.perf_counter() - began
+            state, metrics = parts.train_step(state, *batch)
             step, data_position = step + 1, data_position + 1
-            check_finite(step, loss, bool(metrics['params_finite']), saver.last_good())
-            log.step(
-                step,
-                config.num_iteration,
-                loss,
-                float(schedule(step - 1)),
-                elapsed,
-                geometry.tokens_per_step,
-                geometry.data_parallel,
-                {'grad_norm': float(metrics['grad_norm'])},
-            )
-            if stream.epoch_of(data_position) != epoch:
-                epoch = stream.epoch_of(data_position)
-                log.info(f'data: epoch {epoch} begins (the stream wrapped to its start after step {step})')
-            if val_stream is not None and step % config.val_loss_every == 0:
+            if step < config.num_iteration:
+                batch = device_batch(data_position)  # while the device runs
+            if pending is not None:
+                report(pending)
+            pending = (step, data_position, metrics)
+            validating = val_stream is not None and step % config.val_loss_every == 0
+            stopping, due_by_clock = agree_on_step_end(bool(stop), saver.clock_due())
+            saving = saver.due(step, due_by_clock, stopping)
+            sampling = sampler is not None and sampler.due(step)
+            if validating or saving or stopping or sampling or step == config.num_iteration:
+                report(pending)  # this step's own loss, checked before it is saved
+                pending = None
+            if validating:
                 val_loss = validate(parts, state, val_stream, config.val_max_steps)
                 log.info(f'step {step:4d}/{config.num_iteration} | val loss {val_loss:.6f}')
                 log.record({'step': step, 'val_loss': val_loss})
-            if sampler is not None:  # timed and logged on its own, never in the step time
-                sampler.maybe_sample(log, step, state.params, state.rng)
-            stopping, due_by_clock = agree_on_step_end(bool(stop), saver.clock_due())
-            if saver.due(step, due_by_clock, stopping):
+            if sampling:  # timed and logged on its own, and kept out of the next step's time
+                last_read += sampler.maybe_sample(log, step, state.params, state.rng)
+            if saving:
                 log.record({'step': step, 'save_blocked_s': saver.save(state, step, data_position)})
             if stopping:
                 break

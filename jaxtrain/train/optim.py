@@ -27,6 +27,18 @@ def learning_rate_schedule(config) -> optax.Schedule:
     )
 
 
+def learning_rate_at(schedule: optax.Schedule, step: int) -> float:
+    """The schedule's value at `step`, computed on the host's CPU device where there is one:
+    on a GPU a schedule's jnp ops would queue behind the train step still running, so the
+    loop, which reads each loss one step late, would wait for that step to end."""
+    try:
+        cpu = jax.local_devices(backend='cpu')[0]
+    except RuntimeError:  # JAX_PLATFORMS without cpu: the default device it is
+        cpu = None
+    with jax.default_device(cpu):
+        return float(schedule(step))
+
+
 def decay_mask(params):
     return jax.tree.map(lambda p: p.ndim >= 2, params)
 

@@ -10,6 +10,7 @@ import time
 from jaxtrain.checkpoint import layout
 from jaxtrain.checkpoint.manager import Checkpointer
 from jaxtrain.checkpoint.trainer_state import file_sha256, library_versions, trainer_state_record
+from jaxtrain.train.optim import learning_rate_at
 
 
 class RunSaver:
@@ -68,7 +69,7 @@ class RunSaver:
             step=step,
             data_position=position,
             epoch=self.stream.epoch_of(position),
-            learning_rate=float(parts.schedule(step)),
+            learning_rate=learning_rate_at(parts.schedule, step),
             model_config=dataclasses.asdict(parts.setup.model_config),
             tokens_per_step=parts.geometry.tokens_per_step,
             topology=parts.topology,
