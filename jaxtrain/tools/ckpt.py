@@ -189,6 +189,14 @@ def _show_text(step_dir, state: dict) -> str:
         ('versions', versions),
         ('llmc source', f"{llmc} (sha256 {state.get('llmc_sha256')})" if llmc else 'none (random init)'),
     ]
+    lora = state.get('lora')
+    if lora:  # adapters only (checkpoint/lora_record.py); the base is the llmc source above
+        lora_line = (
+            f"LoRA checkpoint: rank {lora.get('rank')}, alpha {lora.get('alpha')}, targets "
+            f"{','.join(lora.get('targets', []))} ({', '.join(lora.get('modules', []))}), "
+            f"{lora.get('num_parameters', 0):,} adapter parameters; base weights not stored"
+        )
+        lines.append(('lora', lora_line))
     width = max(len(k) for k, _ in lines)
     text = [f'{k.ljust(width)}  {v}' for k, v in lines]
     training = state.get('training_config') or {}
@@ -314,7 +322,7 @@ def cmd_export(args) -> int:
     from jaxtrain.tools import ckpt_inspect
 
     step_dir = ckpt_inspect.find_finished_step_dir(args.step_dir)
-    written = ckpt_export.export_llmc(step_dir, args.output, args.version)
+    written = ckpt_export.export_llmc(step_dir, args.output, args.version, args.merge_lora, args.base)
     if args.json:
         _print_json({'path': str(step_dir), **written})
         return EXIT_OK
@@ -401,6 +409,19 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument('--output', required=True, metavar='FILE', help='the llm.c file to write')
     export.add_argument(
         '--version', type=int, choices=(3, 5), default=3, help='3: fp32 (default); 5: bf16, GPT-2 only'
+    )
+    export.add_argument(
+        '--merge-lora',
+        action='store_true',
+        help="a LoRA checkpoint: fold W + (alpha/r)·B·A into its base model's weights and write those "
+        '(a LoRA checkpoint cannot be exported otherwise)',
+    )
+    export.add_argument(
+        '--base',
+        metavar='FILE',
+        default='',
+        help="with --merge-lora: the base llm.c file, when it is no longer where trainer_state's llmc_file "
+        'says (its sha256 must match)',
     )
     export.set_defaults(run=cmd_export)
     return parser

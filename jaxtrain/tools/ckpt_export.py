@@ -19,12 +19,14 @@ from jaxtrain.checkpoint.layout import CheckpointError
 from jaxtrain.checkpoint.trainer_state import read_trainer_state
 from jaxtrain.checkpoint.checksums import checksum_mismatches
 from jaxtrain.tools.ckpt_inspect import flatten, model_config_object, restore_item
+from jaxtrain.tools.ckpt_merge_lora import merge_for_export
 
 VERSIONS = {3: 'float32', 5: 'bfloat16'}
 
 
-def export_llmc(step_dir, output, version: int = 3) -> dict:
-    """Writes the file; returns what was written, for the report."""
+def export_llmc(step_dir, output, version: int = 3, merge_lora: bool = False, base: str = '') -> dict:
+    """Writes the file; returns what was written, for the report. A LoRA checkpoint is
+    exported merged into its base (merge_lora; ckpt_merge_lora.py), never alone."""
     step_dir, output = Path(step_dir), Path(output)
     if not output.parent.is_dir():
         raise CheckpointError(
@@ -46,6 +48,7 @@ def export_llmc(step_dir, output, version: int = 3) -> dict:
         raise CheckpointError(
             f'{step_dir}: refusing to export params that fail verification: {"; ".join(mismatches)}'
         )
+    params = merge_for_export(step_dir, state, params, merge_lora, base)
 
     header_cls = {'gpt2': llmc_io.GPT2Header, 'llama3': llmc_io.LLaMA3Header}[family]
     header = header_cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(header_cls)})
