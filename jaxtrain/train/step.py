@@ -102,5 +102,22 @@ class WithFrozen:
     def __call__(self, *args):
         return self.jitted(*args, self.frozen)
 
+    def __getattr__(self, name):
+        return getattr(self.jitted, name)
+
     def lower(self, *args):
-        return self.jitted.lower(*args, self.frozen)
+        return _Bound(self.jitted.lower(*args, self.frozen), self.frozen)
+
+
+class _Bound:
+    """A Lowered (or Compiled) stage of a WithFrozen step: compile() keeps the binding,
+    everything else (cost_analysis, as_text, ...) is the stage's own."""
+
+    def __init__(self, stage, frozen):
+        self.stage, self.frozen = stage, frozen
+
+    def compile(self, *args, **kwargs):
+        return WithFrozen(self.stage.compile(*args, **kwargs), self.frozen)
+
+    def __getattr__(self, name):
+        return getattr(self.stage, name)

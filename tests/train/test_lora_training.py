@@ -13,14 +13,15 @@ import llmc_io
 from jaxtrain.parallel import sharding
 from jaxtrain.train.setup import build_trainer
 
-TARGETS = {'gpt2': 'c_attn,c_proj', 'llama3': 'c_attn,c_proj,c_fc,c_fc2'}
+# One gpt2 LoRA program for every single-device test here (compiled once): c_fc for a column-parallel target.
+TARGETS = {'gpt2': 'c_attn,c_proj,c_fc', 'llama3': 'c_attn,c_proj,c_fc,c_fc2'}
 
 
 def _batches(parts, steps, vocab=512, seed=0):
-    rng = np.random.default_rng(seed)
+    """The same random batch every step: a model that trains at all fits it better each time."""
     shape = (parts.geometry.accumulation, parts.geometry.rows_per_micro_step, parts.geometry.sequence_length + 1)
     for _ in range(steps):
-        tokens = rng.integers(0, vocab, shape).astype(np.int32)
+        tokens = np.random.default_rng(seed).integers(0, vocab, shape).astype(np.int32)
         yield sharding.put_global((tokens[..., :-1], tokens[..., 1:]), parts.train_batch_sharding)
 
 
@@ -41,7 +42,7 @@ def _bytes(tree) -> int:
 @pytest.mark.parametrize('family', ['gpt2', 'llama3'])
 def test_only_the_adapters_change(tmp_path, family):
     model = tiny_llmc_model(tmp_path / 'model.bin', family)
-    lora = dict(lora_rank=4, lora_target_modules=TARGETS[family])
+    lora = dict(lora_rank=8, lora_target_modules=TARGETS[family])
     config = load_config(family, llmc_filepath=model, learning_rate=1e-2, **lora)
     parts, state, losses = _run(config, 3)
     loader = {'gpt2': llmc_io.load_gpt2, 'llama3': llmc_io.load_llama3}[family]
@@ -74,5 +75,26 @@ def test_rank_zero_is_the_plain_run_and_rank_eight_starts_from_it(tmp_path):
     for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(zero), strict=True):
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
     # B = 0: the adapted model is the base model at step 1, to the bit.
-    _, _, lora_losses = _run(load_config('gpt2', lora_rank=8, **common), 1)
+    _, _, lora_losses = _run(load_config('gpt2', lora_rank=8, lora_target_modules=TARGETS['gpt2'], **common), 1)
     assert lora_losses[0] == plain_losses[0]
+
+
+def test_adapters_shard_like_their_base_over_tensor(tmp_path):
+    """InfiniTrain's LoRAColumnParallelLinear / LoRARowParallelLinear: a column-parallel base
+    (c_fc) splits B by its output rows, a row-parallel base (c_proj) splits A by its input
+    columns; c_attn stays whole here, and so do its adapters. The run matches one device."""
+    from jax.sharding import PartitionSpec as P
+
+    model = tiny_llmc_model(tmp_path / 'model.bin')
+    common = dict(llmc_filepath=model, learning_rate=1e-2, lora_rank=8, lora_target_modules=TARGETS['gpt2'])
+    parts, state, losses = _run(load_config('gpt2', num_devices=2, mesh_tensor=2, **common), 2)
+    specs = jax.tree.map(lambda s: s.spec, parts.param_shardings)['h']
+    assert specs['mlp']['c_fc'] == {'lora_A': P(), 'lora_B': P(None, 'tensor')}
+    assert specs['mlp']['c_proj'] == {'lora_A': P(None, None, 'tensor'), 'lora_B': P()}
+    assert specs['attn']['c_proj'] == {'lora_A': P(None, None, 'tensor'), 'lora_B': P()}
+    assert specs['attn']['c_attn'] == {'lora_A': P(), 'lora_B': P()}
+    assert state.params['h']['mlp']['c_fc']['lora_B'].sharding.spec == P(None, 'tensor')
+    _, single, single_losses = _run(load_config('gpt2', **common), 2)
+    np.testing.assert_allclose(losses, single_losses, rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(single.params), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
