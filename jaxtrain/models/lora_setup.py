@@ -96,7 +96,11 @@ def load_upstream_lora(path: str, like: dict, spec) -> dict:
 
 def save_lora_weights(path: str, lora_params: dict) -> str:
     """--lora_save_path at the end of a run (process 0 writes); returns the log line."""
-    tensors = upstream_tensors(lora_params)  # every process joins the device-to-host copy
+    if jax.process_count() > 1:  # adapters sharded over fsdp span processes: gather them whole
+        from jax.experimental import multihost_utils
+
+        lora_params = multihost_utils.process_allgather(lora_params, tiled=True)
+    tensors = upstream_tensors(lora_params)
     if jax.process_index() == 0:
         write_lora_weights(path, tensors)
     return f"lora_save_path: wrote {len(tensors)} LoRA tensors to {path} (InfiniTrain's LoRA weights format)"

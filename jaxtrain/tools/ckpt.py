@@ -4,9 +4,11 @@
     python -m jaxtrain.ckpt show STEP_DIR [--tensors]
     python -m jaxtrain.ckpt diff STEP_DIR_A STEP_DIR_B
     python -m jaxtrain.ckpt verify STEP_DIR
-    python -m jaxtrain.ckpt export STEP_DIR --output model.bin [--version 3|5]
+    python -m jaxtrain.ckpt export STEP_DIR --output model.bin [--version 3|5] [--merge-lora [--base FILE]]
 
-STEP_DIR is one `checkpoint_step_NNNNNN` directory (checkpoint.py describes the layout). Every
+STEP_DIR is one `checkpoint_step_NNNNNN` directory (checkpoint.py describes the layout). A LoRA
+checkpoint (adapters only; checkpoint/lora_record.py) is shown, verified and diffed like any other
+and exported only merged into its base (--merge-lora). Every
 command takes --json (for machines; a table for people otherwise) and --verbose (a traceback with
 errors). No model is built and no accelerator is needed: JAX runs on the CPU unless JAX_PLATFORMS
 says otherwise, and arrays are read as NumPy whatever number of devices saved them.
