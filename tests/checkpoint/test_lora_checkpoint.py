@@ -214,3 +214,47 @@ def test_lora_save_path_writes_the_final_adapters(runs):
     final = restore_params(runs['root'] / 'full' / 'checkpoint_step_000006')
     for x, y in zip(jax.tree.leaves(final), jax.tree.leaves(loaded), strict=True):
         assert np.asarray(x).tobytes() == np.asarray(y).tobytes()
+
+
+def test_llama3_export_merge_lora(tmp_path, capsys):
+    """LLaMA-3 (untied lm_head, SwiGLU's c_fc/c_fc2): a LoRA checkpoint written through the
+    trainer's Checkpointer with random, nonzero adapters on every projection; its merged
+    export gives the LoRA model's logits."""
+    import dataclasses
+
+    from jaxtrain.checkpoint.lora_record import lora_record
+    from jaxtrain.checkpoint.manager import Checkpointer
+    from jaxtrain.models.lora import count_parameters
+    from jaxtrain.models.setup import setup_model
+
+    model = tiny_llmc_model(tmp_path / 'llama.bin', 'llama3')
+    config = load_config('llama3', llmc_filepath=model, lora_rank=4, lora_alpha=8.0,
+                         lora_target_modules='c_attn,c_proj,c_fc,c_fc2')
+    setup = setup_model(config)
+    rng = np.random.default_rng(0)
+    adapters = jax.tree.map(lambda x: (0.05 * rng.standard_normal(x.shape)).astype(np.float32), setup.lora_params)
+    record = {
+        'step': 1, 'data_position': 1, 'model_family': 'llama3',
+        'model_config': dataclasses.asdict(setup.model_config), 'training_config': config.to_dict(),
+        'llmc_file': model, 'llmc_sha256': hashlib.sha256(Path(model).read_bytes()).hexdigest(),
+        'has_optimizer_state': False, 'lora': lora_record(setup, count_parameters(adapters)),
+    }
+    checkpointer = Checkpointer(str(tmp_path / 'ck'), keep_latest=0, keep_every=0)
+    checkpointer.save(1, jax.device_put(adapters), None, jax.random.key_data(jax.random.PRNGKey(0)), record)
+    checkpointer.close()
+    step_dir = tmp_path / 'ck' / 'checkpoint_step_000001'
+    out = tmp_path / 'merged.bin'
+    assert ckpt.main(['export', str(step_dir), '--output', str(out), '--merge-lora']) == 0, capsys.readouterr().err
+
+    model_cls = FAMILIES['llama3'][0]
+    abstract = nnx.eval_shape(lambda: model_cls(setup.model_config, lora=setup.lora, rngs=nnx.Rngs(0)))
+    lora_graph = nnx.split(abstract, nnx.Param, LoRAParam)[0]
+    plain_graph = nnx.split(nnx.eval_shape(lambda: model_cls(setup.model_config, rngs=nnx.Rngs(0))), nnx.Param)[0]
+    forward = lambda graph: jax.jit(lambda trees, t: nnx.merge(graph, *(nnx.State(x) for x in trees))(t))
+    tokens = jnp.asarray(rng.integers(0, 512, (2, 16)))
+    base, merged = llmc_io.load_llama3(model)[1], llmc_io.load_llama3(str(out))[1]
+    lora_logits = np.asarray(forward(lora_graph)((base, adapters), tokens))
+    merged_logits = np.asarray(forward(plain_graph)((merged,), tokens))
+    assert np.abs(lora_logits - merged_logits).max() <= 1e-5
+    assert np.asarray(base['lm_head']['kernel']).tobytes() == np.asarray(merged['lm_head']['kernel']).tobytes()
+    assert not np.array_equal(base['h']['mlp']['c_fc2']['kernel'], merged['h']['mlp']['c_fc2']['kernel'])
