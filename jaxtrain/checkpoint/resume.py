@@ -19,6 +19,7 @@ import optax
 import orbax.checkpoint as ocp
 
 from jaxtrain.checkpoint.checksums import checksum_mismatches
+from jaxtrain.checkpoint.lora_record import resume_problems as lora_resume_problems
 from jaxtrain.checkpoint.layout import (
     DAMAGED,
     STEP_PREFIX,
@@ -165,6 +166,7 @@ def resume_into(config, parts) -> Resumed:
     saved = read_trainer_state(step_dir)
     model_config = dataclasses.asdict(parts.setup.model_config)
     incompatible, changes = compare_with_run(saved, model_config, config.to_dict())
+    incompatible += lora_resume_problems(saved, config, parts.setup)  # settings and base file
     if incompatible:
         raise CheckpointError(
             f'{step_dir}: does not fit this run: '

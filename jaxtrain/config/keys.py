@@ -84,6 +84,17 @@ KEYS = (
         False,
         'resume into a checkpoint_dir holding later steps by deleting them',
     ),
+    # LoRA (models/lora.py), under InfiniTrain's flag names.
+    ('lora_rank', 0, 'LoRA rank r (0 = off: full fine-tuning); the base weights stay frozen'),
+    ('lora_alpha', 16.0, 'LoRA alpha: the adapter adds (alpha/r)·x·Aᵀ·Bᵀ'),
+    (
+        'lora_target_modules',
+        'c_attn,c_proj',
+        'comma-separated projections to adapt, matched as name suffixes like InfiniTrain '
+        '(c_attn, c_proj = attn.c_proj and mlp.c_proj, attn.c_proj, c_fc, c_fc2, mlp.c_proj)',
+    ),
+    ('lora_save_path', '', "write the LoRA weights in InfiniTrain's file format after training ('' = no)"),
+    ('lora_load_path', '', "start from an InfiniTrain LoRA weights file ('' = upstream's init)"),
     (
         'deterministic',
         'auto',

@@ -23,6 +23,7 @@ from flax import nnx
 from jaxtrain.models.attention import causal_attention
 from jaxtrain.models.embedding import embedding_lookup
 from jaxtrain.models.layer_stack import apply_blocks, stack_blocks
+from jaxtrain.models.lora import linear
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,12 +75,12 @@ def _normal(std):
 
 
 class CausalSelfAttention(nnx.Module):
-    def __init__(self, config: GPT2Config, dtype, attention: str, rngs: nnx.Rngs):
+    def __init__(self, config: GPT2Config, dtype, attention: str, rngs: nnx.Rngs, lora=None):
         C = config.channels
         # llm.c scales the init of residual projections by 1/sqrt(2L).
         proj_std = 0.02 / math.sqrt(2 * config.num_layers)
-        self.c_attn = nnx.Linear(C, 3 * C, kernel_init=_normal(0.02), dtype=dtype, rngs=rngs)
-        self.c_proj = nnx.Linear(C, C, kernel_init=_normal(proj_std), dtype=dtype, rngs=rngs)
+        self.c_attn = linear(lora, 'attn.c_attn', C, 3 * C, kernel_init=_normal(0.02), dtype=dtype, rngs=rngs)
+        self.c_proj = linear(lora, 'attn.c_proj', C, C, kernel_init=_normal(proj_std), dtype=dtype, rngs=rngs)
         self.num_heads = config.num_heads
         self.attention = attention
 
@@ -93,24 +94,24 @@ class CausalSelfAttention(nnx.Module):
 
 
 class MLP(nnx.Module):
-    def __init__(self, config: GPT2Config, dtype, rngs: nnx.Rngs):
+    def __init__(self, config: GPT2Config, dtype, rngs: nnx.Rngs, lora=None):
         C = config.channels
         proj_std = 0.02 / math.sqrt(2 * config.num_layers)
-        self.c_fc = nnx.Linear(C, 4 * C, kernel_init=_normal(0.02), dtype=dtype, rngs=rngs)
-        self.c_proj = nnx.Linear(4 * C, C, kernel_init=_normal(proj_std), dtype=dtype, rngs=rngs)
+        self.c_fc = linear(lora, 'mlp.c_fc', C, 4 * C, kernel_init=_normal(0.02), dtype=dtype, rngs=rngs)
+        self.c_proj = linear(lora, 'mlp.c_proj', 4 * C, C, kernel_init=_normal(proj_std), dtype=dtype, rngs=rngs)
 
     def __call__(self, x_BxTxC):
         return self.c_proj(jax.nn.gelu(self.c_fc(x_BxTxC), approximate=True))
 
 
 class Block(nnx.Module):
-    def __init__(self, config: GPT2Config, dtype, attention: str, rngs: nnx.Rngs):
+    def __init__(self, config: GPT2Config, dtype, attention: str, rngs: nnx.Rngs, lora=None):
         C = config.channels
         # LayerNorm statistics in fp32 even in bf16 runs, as llm.c's kernels do.
         self.ln_1 = nnx.LayerNorm(C, epsilon=1e-5, dtype=jnp.float32, rngs=rngs)
-        self.attn = CausalSelfAttention(config, dtype, attention, rngs)
+        self.attn = CausalSelfAttention(config, dtype, attention, rngs, lora)
         self.ln_2 = nnx.LayerNorm(C, epsilon=1e-5, dtype=jnp.float32, rngs=rngs)
-        self.mlp = MLP(config, dtype, rngs)
+        self.mlp = MLP(config, dtype, rngs, lora)
         self.dtype = dtype
 
     def __call__(self, x_BxTxC):
@@ -130,6 +131,7 @@ class GPT2(nnx.Module):
         attention: str = 'xla',
         scan_layers: bool = True,
         deterministic: bool = True,
+        lora=None,  # a lora.LoRASpec: adapters on the projections it targets
         rngs: nnx.Rngs,
     ):
         self.config = config
@@ -139,7 +141,7 @@ class GPT2(nnx.Module):
         self.wte.embedding[...] = self.wte.embedding[...].at[config.vocab_size :].set(0.0)
         self.wpe = nnx.Embed(config.max_seq_len, C, embedding_init=_normal(0.02), dtype=dtype, rngs=rngs)
 
-        self.h = stack_blocks(config.num_layers, lambda rngs: Block(config, dtype, attention, rngs), rngs)
+        self.h = stack_blocks(config.num_layers, lambda rngs: Block(config, dtype, attention, rngs, lora), rngs)
         self.ln_f = nnx.LayerNorm(C, epsilon=1e-5, dtype=jnp.float32, rngs=rngs)
         self.dtype = dtype
         self.scan_layers = scan_layers

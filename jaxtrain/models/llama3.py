@@ -20,6 +20,7 @@ from flax import nnx
 from jaxtrain.models.attention import causal_attention
 from jaxtrain.models.embedding import embedding_lookup
 from jaxtrain.models.layer_stack import apply_blocks, stack_blocks
+from jaxtrain.models.lora import linear
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,17 +140,17 @@ class RMSNorm(nnx.Module):
         return x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps) * self.scale[...]
 
 
-def _linear(n_in, n_out, dtype, rngs):
-    return nnx.Linear(
-        n_in, n_out, use_bias=False, kernel_init=nnx.initializers.normal(0.02), dtype=dtype, rngs=rngs
+def _linear(n_in, n_out, dtype, rngs, lora=None, module=''):
+    return linear(
+        lora, module, n_in, n_out, use_bias=False, kernel_init=nnx.initializers.normal(0.02), dtype=dtype, rngs=rngs
     )
 
 
 class Attention(nnx.Module):
-    def __init__(self, config: LLaMA3Config, dtype, attention: str, rngs: nnx.Rngs):
+    def __init__(self, config: LLaMA3Config, dtype, attention: str, rngs: nnx.Rngs, lora=None):
         C, kv = config.channels, config.num_kv_heads * config.head_dim
-        self.c_attn = _linear(C, C + 2 * kv, dtype, rngs)
-        self.c_proj = _linear(C, C, dtype, rngs)
+        self.c_attn = _linear(C, C + 2 * kv, dtype, rngs, lora, 'attn.c_attn')
+        self.c_proj = _linear(C, C, dtype, rngs, lora, 'attn.c_proj')
         self.config = config
         self.attention = attention
 
@@ -167,22 +168,22 @@ class Attention(nnx.Module):
 
 
 class SwiGLU(nnx.Module):
-    def __init__(self, config: LLaMA3Config, dtype, rngs: nnx.Rngs):
+    def __init__(self, config: LLaMA3Config, dtype, rngs: nnx.Rngs, lora=None):
         C, F = config.channels, config.ffn_hidden_dim
-        self.c_fc = _linear(C, F, dtype, rngs)  # up (Meta w3)
-        self.c_fc2 = _linear(C, F, dtype, rngs)  # gate (Meta w1)
-        self.c_proj = _linear(F, C, dtype, rngs)  # down (Meta w2)
+        self.c_fc = _linear(C, F, dtype, rngs, lora, 'mlp.c_fc')  # up (Meta w3)
+        self.c_fc2 = _linear(C, F, dtype, rngs, lora, 'mlp.c_fc2')  # gate (Meta w1)
+        self.c_proj = _linear(F, C, dtype, rngs, lora, 'mlp.c_proj')  # down (Meta w2)
 
     def __call__(self, x_BxTxC):
         return self.c_proj(self.c_fc(x_BxTxC) * jax.nn.silu(self.c_fc2(x_BxTxC)))
 
 
 class Block(nnx.Module):
-    def __init__(self, config: LLaMA3Config, dtype, attention: str, rngs: nnx.Rngs):
+    def __init__(self, config: LLaMA3Config, dtype, attention: str, rngs: nnx.Rngs, lora=None):
         self.ln_1 = RMSNorm(config.channels, config.norm_eps)
-        self.attn = Attention(config, dtype, attention, rngs)
+        self.attn = Attention(config, dtype, attention, rngs, lora)
         self.ln_2 = RMSNorm(config.channels, config.norm_eps)
-        self.mlp = SwiGLU(config, dtype, rngs)
+        self.mlp = SwiGLU(config, dtype, rngs, lora)
         self.dtype = dtype
 
     def __call__(self, x_BxTxC, cos_TxH2, sin_TxH2):
@@ -201,13 +202,14 @@ class LLaMA3(nnx.Module):
         attention: str = 'xla',
         scan_layers: bool = True,
         deterministic: bool = True,
+        lora=None,  # a lora.LoRASpec: adapters on the projections it targets
         rngs: nnx.Rngs,
     ):
         self.config = config
         C, V = config.channels, config.vocab_size
         self.wte = nnx.Embed(V, C, embedding_init=nnx.initializers.normal(0.02), dtype=dtype, rngs=rngs)
 
-        self.h = stack_blocks(config.num_layers, lambda rngs: Block(config, dtype, attention, rngs), rngs)
+        self.h = stack_blocks(config.num_layers, lambda rngs: Block(config, dtype, attention, rngs, lora), rngs)
         self.ln_f = RMSNorm(C, config.norm_eps)
         self.lm_head = _linear(C, V, dtype, rngs)
         self.dtype = dtype

@@ -15,6 +15,7 @@ from flax import nnx
 from jaxtrain.train import deterministic_flag
 from jaxtrain.models import FAMILIES
 from jaxtrain.models.attention import resolve_attention
+from jaxtrain.models.lora_setup import attach_lora
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 
@@ -27,6 +28,8 @@ class ModelSetup:
     params: dict  # pure nested dict of arrays
     source: str  # where the weights came from, for the start-up log
     llmc_file: str = ''
+    lora: object = None  # lora.LoRASpec when lora_rank > 0 (graphdef then holds the adapters)
+    lora_params: dict | None = None  # the adapters' pure dict (lora.py); params stay the frozen base
 
 
 def _config_from_header(config_cls, header):
@@ -99,7 +102,7 @@ def setup_model(config) -> ModelSetup:
                 + '; '.join(problems)
             )
         params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), file_params)
-        return ModelSetup(
+        setup = ModelSetup(
             config.model_family,
             model_config,
             graphdef,
@@ -107,6 +110,7 @@ def setup_model(config) -> ModelSetup:
             f'llm.c file {config.llmc_filepath}',
             config.llmc_filepath,
         )
+        return attach_lora(config, setup, model_cls, options)
 
     if config.model not in variants:
         raise ValueError(
@@ -122,6 +126,5 @@ def setup_model(config) -> ModelSetup:
         nnx.Param,
     )
     params = nnx.to_pure_dict(init())
-    return ModelSetup(
-        config.model_family, model_config, graphdef, params, f'random init (seed {config.seed})'
-    )
+    setup = ModelSetup(config.model_family, model_config, graphdef, params, f'random init (seed {config.seed})')
+    return attach_lora(config, setup, model_cls, options)

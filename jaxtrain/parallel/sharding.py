@@ -42,6 +42,12 @@ RULES = {
     'mlp/c_fc/bias': (0, None),  # follows c_fc's columns
     'mlp/c_fc2/kernel': (1, 0),  # LLaMA-3's gate, like c_fc
     'mlp/c_proj/kernel': (0, 1),  # (4C or H, C): row-parallel
+    # LoRA adapters (models/lora.py) split over `tensor` like their base, InfiniTrain's way:
+    # a row-parallel A (r, in) by its input, a column-parallel B (out, r) by its output.
+    'attn/c_proj/lora_A': (1, None),
+    'mlp/c_proj/lora_A': (1, None),
+    'mlp/c_fc/lora_B': (0, None),
+    'mlp/c_fc2/lora_B': (0, None),
 }
 LAYER_STACKED_PREFIX = 'h/'  # these tensors carry the layer axis first
 

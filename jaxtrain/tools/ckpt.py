@@ -4,10 +4,12 @@
     python -m jaxtrain.ckpt show STEP_DIR [--tensors]
     python -m jaxtrain.ckpt diff STEP_DIR_A STEP_DIR_B
     python -m jaxtrain.ckpt verify STEP_DIR
-    python -m jaxtrain.ckpt export STEP_DIR --output model.bin [--version 3|5]
+    python -m jaxtrain.ckpt export STEP_DIR --output model.bin [--version 3|5] [--merge-lora [--base FILE]]
     python -m jaxtrain.ckpt export STEP_DIR --format hf --output HF_DIR
 
-STEP_DIR is one `checkpoint_step_NNNNNN` directory (checkpoint.py describes the layout). Every
+STEP_DIR is one `checkpoint_step_NNNNNN` directory (checkpoint.py describes the layout). A LoRA
+checkpoint (adapters only; checkpoint/lora_record.py) is shown, verified and diffed like any other
+and exported only merged into its base (--merge-lora). Every
 command takes --json (for machines; a table for people otherwise) and --verbose (a traceback with
 errors). No model is built and no accelerator is needed: JAX runs on the CPU unless JAX_PLATFORMS
 says otherwise, and arrays are read as NumPy whatever number of devices saved them.
@@ -190,6 +192,14 @@ def _show_text(step_dir, state: dict) -> str:
         ('versions', versions),
         ('llmc source', f"{llmc} (sha256 {state.get('llmc_sha256')})" if llmc else 'none (random init)'),
     ]
+    lora = state.get('lora')
+    if lora:  # adapters only (checkpoint/lora_record.py); the base is the llmc source above
+        lora_line = (
+            f"LoRA checkpoint: rank {lora.get('rank')}, alpha {lora.get('alpha')}, targets "
+            f"{','.join(lora.get('targets', []))} ({', '.join(lora.get('modules', []))}), "
+            f"{lora.get('num_parameters', 0):,} adapter parameters; base weights not stored"
+        )
+        lines.append(('lora', lora_line))
     width = max(len(k) for k, _ in lines)
     text = [f'{k.ljust(width)}  {v}' for k, v in lines]
     training = state.get('training_config') or {}
@@ -320,7 +330,7 @@ def cmd_export(args) -> int:
             from jaxtrain.checkpoint.layout import CheckpointError
 
             raise CheckpointError(f'--version: expected none with --format hf (fp32), found {args.version}')
-        written = ckpt_export.export_hf(step_dir, args.output)
+        written = ckpt_export.export_hf(step_dir, args.output, args.merge_lora, args.base)
         if args.json:
             _print_json({'path': str(step_dir), **written})
         else:
@@ -331,7 +341,7 @@ def cmd_export(args) -> int:
                 f"load it with {written['hf_class']}.from_pretrained"
             )
         return EXIT_OK
-    written = ckpt_export.export_llmc(step_dir, args.output, args.version or 3)
+    written = ckpt_export.export_llmc(step_dir, args.output, args.version or 3, args.merge_lora, args.base)
     if args.json:
         _print_json({'path': str(step_dir), **written})
         return EXIT_OK
@@ -428,6 +438,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.add_argument(
         '--version', type=int, choices=(3, 5), default=None, help='3: fp32 (default); 5: bf16, GPT-2 only'
+    )
+    export.add_argument(
+        '--merge-lora',
+        action='store_true',
+        help="a LoRA checkpoint: fold W + (alpha/r)·B·A into its base model's weights and write those "
+        '(a LoRA checkpoint cannot be exported otherwise)',
+    )
+    export.add_argument(
+        '--base',
+        metavar='FILE',
+        default='',
+        help="with --merge-lora: the base llm.c file, when it is no longer where trainer_state's llmc_file "
+        'says (its sha256 must match)',
     )
     export.set_defaults(run=cmd_export)
     return parser

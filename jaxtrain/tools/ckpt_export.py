@@ -20,12 +20,14 @@ from jaxtrain.checkpoint.layout import CheckpointError
 from jaxtrain.checkpoint.trainer_state import read_trainer_state
 from jaxtrain.checkpoint.checksums import checksum_mismatches
 from jaxtrain.tools.ckpt_inspect import flatten, model_config_object, restore_item
+from jaxtrain.tools.ckpt_merge_lora import merge_for_export
 
 VERSIONS = {3: 'float32', 5: 'bfloat16'}
 
 
-def verified_params(step_dir) -> tuple[str, object, dict]:
-    """(model family, llmc_io header, params) of a step, the params checked against their checksums."""
+def verified_params(step_dir, merge_lora: bool = False, base: str = '') -> tuple[str, object, dict]:
+    """(model family, llmc_io header, params) of a step, the params checked against their
+    checksums; a LoRA checkpoint's adapters folded into its base (merge_lora), else refused."""
     state = read_trainer_state(step_dir)
     family = state.get('model_family')
     config = model_config_object(family, state.get('model_config'))
@@ -35,19 +37,20 @@ def verified_params(step_dir) -> tuple[str, object, dict]:
         raise CheckpointError(
             f'{step_dir}: refusing to export params that fail verification: {"; ".join(mismatches)}'
         )
+    params = merge_for_export(step_dir, state, params, merge_lora, base)
     header_cls = {'gpt2': llmc_io.GPT2Header, 'llama3': llmc_io.LLaMA3Header}[family]
     header = header_cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(header_cls)})
     return family, header, params
 
 
-def export_hf(step_dir, output) -> dict:
+def export_hf(step_dir, output, merge_lora: bool = False, base: str = '') -> dict:
     """Writes a Hugging Face folder (config.json + model.safetensors, fp32) through llmc_io.hf."""
     from llmc_io.hf import save_hf
 
     output = Path(output)
     if output.exists() and not output.is_dir():
         raise CheckpointError(f'--output: {output}: expected a directory for --format hf, found a file')
-    family, header, params = verified_params(Path(step_dir))
+    family, header, params = verified_params(Path(step_dir), merge_lora, base)
     written = save_hf(output, header, params)
     return {
         'output': os.fspath(output),
@@ -59,8 +62,9 @@ def export_hf(step_dir, output) -> dict:
     }
 
 
-def export_llmc(step_dir, output, version: int = 3) -> dict:
-    """Writes the file; returns what was written, for the report."""
+def export_llmc(step_dir, output, version: int = 3, merge_lora: bool = False, base: str = '') -> dict:
+    """Writes the file; returns what was written, for the report. A LoRA checkpoint is
+    exported merged into its base (merge_lora; ckpt_merge_lora.py), never alone."""
     step_dir, output = Path(step_dir), Path(output)
     if not output.parent.is_dir():
         raise CheckpointError(
@@ -73,7 +77,7 @@ def export_llmc(step_dir, output, version: int = 3) -> dict:
             f'--version: expected 3 for LLaMA-3 (save_llama3 writes the InfiniTrain layout, fp32 only), '
             f'found {version}'
         )
-    family, header, params = verified_params(step_dir)
+    family, header, params = verified_params(step_dir, merge_lora, base)
     notes = []
     if family == 'gpt2':
         # The trainer masks the padded logit columns, so these rows never touch the loss.

@@ -272,8 +272,13 @@ class Verification:
     checked: list[str]  # what was found good, for the report
 
 
-def _shape_problems(tensors: dict[str, np.ndarray], family: str, model_config: dict) -> list[str]:
-    expected = expected_param_layouts(family, model_config)
+def _shape_problems(tensors: dict[str, np.ndarray], family: str, model_config: dict, lora=None) -> list[str]:
+    if lora:  # a LoRA checkpoint's params are its adapters (checkpoint/lora_record.py)
+        from jaxtrain.checkpoint.lora_record import expected_lora_layouts
+
+        expected = expected_lora_layouts(family, model_config_object(family, model_config), lora)
+    else:
+        expected = expected_param_layouts(family, model_config)
     problems = []
     for name in sorted(set(expected) | set(tensors)):
         if name not in tensors:
@@ -337,7 +342,7 @@ def verify(step_dir) -> Verification:
         if item == 'params':
             try:
                 shape_problems = _shape_problems(
-                    tensors, state.get('model_family'), state.get('model_config')
+                    tensors, state.get('model_family'), state.get('model_config'), state.get('lora')
                 )
             except CheckpointError as e:
                 shape_problems = [str(e)]

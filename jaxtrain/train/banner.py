@@ -2,6 +2,7 @@
 
 import jax
 
+from jaxtrain.models.lora import describe as describe_lora
 from jaxtrain.parallel import mesh as mesh_lib
 from jaxtrain.parallel import sharding
 
@@ -10,6 +11,8 @@ def run_banner(config, parts, stream, weights: str) -> list[str]:
     """`weights`: where the parameters come from (the model setup's source, or the
     checkpoint a resume restored)."""
     model_config, geometry, devices = parts.setup.model_config, parts.geometry, parts.devices
+    setup = parts.setup
+    lora = [] if setup.lora is None else [describe_lora(setup.lora, setup.lora_params, model_config.num_parameters)]
     return [
         f'model: {config.model_family} {model_config} | {model_config.num_parameters:,} parameters | '
         f'weights: {weights}',
@@ -19,4 +22,4 @@ def run_banner(config, parts, stream, weights: str) -> list[str]:
         f'batch: {geometry.batch_size} x {geometry.sequence_length} x DP {geometry.data_parallel} '
         f'(data x fsdp) x accumulation {geometry.accumulation} = {geometry.tokens_per_step} tokens/step',
         f'data: {stream.describe()}',
-    ]
+    ] + lora

@@ -16,6 +16,7 @@ import numpy as np
 
 from jaxtrain.checkpoint.resume import resume_into
 from jaxtrain.data.run_streams import open_run_streams
+from jaxtrain.models.lora_setup import save_lora_weights
 from jaxtrain.parallel import sharding
 from jaxtrain.parallel.distributed import agree_on_step_end
 from jaxtrain.train.banner import run_banner
@@ -148,6 +149,8 @@ def run(config) -> int:
                 log.record({'step': step, 'save_blocked_s': saver.save(state, step, data_position)})
             if stopping:
                 break
+        if config.lora_save_path:  # InfiniTrain's --lora_save_path: its file, after training
+            log.info(save_lora_weights(config.lora_save_path, state.params))
     finally:
         stop.restore()
         saver.close()

@@ -8,8 +8,10 @@ import dataclasses
 import time
 
 from jaxtrain.checkpoint import layout
+from jaxtrain.checkpoint.lora_record import lora_record
 from jaxtrain.checkpoint.manager import Checkpointer
 from jaxtrain.checkpoint.trainer_state import file_sha256, library_versions, trainer_state_record
+from jaxtrain.models.lora import count_parameters
 from jaxtrain.train.optim import learning_rate_at
 
 
@@ -77,6 +79,8 @@ class RunSaver:
             llmc_file=parts.setup.llmc_file,
             llmc_sha256=self._llmc_sha256,
         )
+        if parts.setup.lora is not None:  # adapters only: the record names their base (lora_record.py)
+            record['lora'] = lora_record(parts.setup, count_parameters(state.params))
         opt_state = state.opt_state if config.save_optimizer_state else None
         self.checkpointer.save(step, state.params, opt_state, state.rng, record)
         self.last_saved_step, self._last_save_time = step, time.monotonic()

@@ -19,7 +19,7 @@ from jaxtrain.data.batch_geometry import BatchGeometry, batch_geometry
 from jaxtrain.config.checks import check_config
 from jaxtrain.models.setup import ModelSetup, setup_model
 from jaxtrain.train.optim import build_optimizer
-from jaxtrain.train.step import TrainState, make_eval_step, make_train_step
+from jaxtrain.train.step import TrainState, WithFrozen, make_eval_step, make_train_step
 
 
 @dataclasses.dataclass
@@ -40,6 +40,7 @@ class TrainerSetup:
     state: TrainState  # step 0: the setup's weights, fresh optimizer state
     train_step: object  # jitted; donates the state
     eval_step: object  # jitted
+    frozen_params: dict | None = None  # a LoRA run's base weights (state.params are the adapters)
 
 
 def build_trainer(config) -> TrainerSetup:
@@ -75,8 +76,15 @@ def build_trainer(config) -> TrainerSetup:
 
     # --- optimizer and state ---
     tx, schedule = build_optimizer(config)
-    param_shardings = sharding.parameter_shardings(setup.params, mesh)
-    params = sharding.put_global(setup.params, param_shardings)
+    # A LoRA run trains (and the optimizer and checkpoints hold) the adapters only.
+    lora = setup.lora is not None
+    trainable = setup.lora_params if lora else setup.params
+    param_shardings = sharding.parameter_shardings(trainable, mesh)
+    params = sharding.put_global(trainable, param_shardings)
+    frozen, frozen_shardings = (), ()
+    if lora:
+        frozen_shardings = (sharding.parameter_shardings(setup.params, mesh),)
+        frozen = (sharding.put_global(setup.params, frozen_shardings[0]),)
     opt_shardings = sharding.opt_state_shardings(jax.eval_shape(tx.init, params), params, mesh)
     state_shardings = TrainState(
         step=replicated,
@@ -96,15 +104,17 @@ def build_trainer(config) -> TrainerSetup:
     # --- the steps: jitted once with the state's shardings in and out ---
     train_step = jax.jit(
         make_train_step(setup.graphdef, tx, model_config.vocab_size),
-        in_shardings=(state_shardings, train_batch_sharding, train_batch_sharding),
+        in_shardings=(state_shardings, train_batch_sharding, train_batch_sharding, *frozen_shardings),
         out_shardings=(state_shardings, replicated),
         donate_argnums=0,
     )
     eval_step = jax.jit(
         make_eval_step(setup.graphdef, model_config.vocab_size),
-        in_shardings=(param_shardings, val_batch_sharding, val_batch_sharding),
+        in_shardings=(param_shardings, val_batch_sharding, val_batch_sharding, *frozen_shardings),
         out_shardings=replicated,
     )
+    if lora:
+        train_step, eval_step = WithFrozen(train_step, frozen[0]), WithFrozen(eval_step, frozen[0])
     return TrainerSetup(
         mesh=mesh,
         devices=devices,
@@ -122,4 +132,5 @@ def build_trainer(config) -> TrainerSetup:
         state=state,
         train_step=train_step,
         eval_step=eval_step,
+        frozen_params=frozen[0] if lora else None,
     )

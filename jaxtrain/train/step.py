@@ -19,16 +19,17 @@ class TrainState:
 
     step: jax.Array  # int32: optimizer steps completed (the log's step is step + 1)
     data_position: jax.Array  # int32: data windows consumed (see data.py)
-    params: dict  # pure nested dict, the layout llmc_io reads and writes
+    params: dict  # pure nested dict, the layout llmc_io reads and writes (LoRA: the adapters only)
     opt_state: optax.OptState
     rng: jax.Array  # uint32[2]: raw key data, for anything stochastic
 
 
 def make_loss_fn(graphdef: nnx.GraphDef, vocab_size: int):
-    """loss(params, inputs_BxT, targets_BxT) with the model rebuilt from its pure params."""
+    """loss(params, inputs_BxT, targets_BxT, *frozen) with the model rebuilt from its pure
+    params; `frozen` (a LoRA run's base weights, models/lora.py) joins them undifferentiated."""
 
-    def loss_fn(params, inputs_BxT, targets_BxT):
-        model = nnx.merge(graphdef, nnx.State(params))
+    def loss_fn(params, inputs_BxT, targets_BxT, *frozen):
+        model = nnx.merge(graphdef, nnx.State(params), *(nnx.State(f) for f in frozen))
         head_weight, vocab_axis = model.head_weight()
         return lm_head_cross_entropy(
             model.features(inputs_BxT), head_weight, targets_BxT, vocab_size, vocab_axis
@@ -45,15 +46,15 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, vo
     """
     grad_fn = jax.value_and_grad(make_loss_fn(graphdef, vocab_size))
 
-    def train_step(state: TrainState, inputs_AxBxT, targets_AxBxT):
+    def train_step(state: TrainState, inputs_AxBxT, targets_AxBxT, *frozen):
         accumulation = inputs_AxBxT.shape[0]
         if accumulation == 1:
-            loss, grads = grad_fn(state.params, inputs_AxBxT[0], targets_AxBxT[0])
+            loss, grads = grad_fn(state.params, inputs_AxBxT[0], targets_AxBxT[0], *frozen)
         else:
 
             def micro_step(carry, batch):
                 loss_sum, grad_sum = carry
-                loss, grads = grad_fn(state.params, *batch)
+                loss, grads = grad_fn(state.params, *batch, *frozen)
                 return (loss_sum + loss, jax.tree.map(jnp.add, grad_sum, grads)), None
 
             zeros = jax.tree.map(jnp.zeros_like, state.params)
@@ -84,7 +85,39 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, vo
 def make_eval_step(graphdef: nnx.GraphDef, vocab_size: int):
     loss_fn = make_loss_fn(graphdef, vocab_size)
 
-    def eval_step(params, inputs_BxT, targets_BxT):
-        return loss_fn(params, inputs_BxT, targets_BxT)
+    def eval_step(params, inputs_BxT, targets_BxT, *frozen):
+        return loss_fn(params, inputs_BxT, targets_BxT, *frozen)
 
     return eval_step
+
+
+class WithFrozen:
+    """A jitted step with a LoRA run's frozen base weights bound as its last argument: the
+    loop calls it as the plain step (and bench lowers it), the weights stay out of the
+    donated state, so a step neither copies nor updates them."""
+
+    def __init__(self, jitted, frozen):
+        self.jitted, self.frozen = jitted, frozen
+
+    def __call__(self, *args):
+        return self.jitted(*args, self.frozen)
+
+    def __getattr__(self, name):
+        return getattr(self.jitted, name)
+
+    def lower(self, *args):
+        return _Bound(self.jitted.lower(*args, self.frozen), self.frozen)
+
+
+class _Bound:
+    """A Lowered (or Compiled) stage of a WithFrozen step: compile() keeps the binding,
+    everything else (cost_analysis, as_text, ...) is the stage's own."""
+
+    def __init__(self, stage, frozen):
+        self.stage, self.frozen = stage, frozen
+
+    def compile(self, *args, **kwargs):
+        return WithFrozen(self.stage.compile(*args, **kwargs), self.frozen)
+
+    def __getattr__(self, name):
+        return getattr(self.stage, name)

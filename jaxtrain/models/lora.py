@@ -1,0 +1,208 @@
+"""LoRA adapters on the projections of either model family, as InfiniTrain defines them.
+
+Following InfiniTrain (commit b24d92f, infini_train/src/nn/lora/): a targeted Linear
+computes y = Wx + b + (α/r)·x·Aᵀ·Bᵀ with A (r, in) and B (out, r); A starts Kaiming-uniform
+(a = √5, fan_in: bound 1/√in), B at zero, so step 0 is the base model exactly. The base
+weights are frozen: the trainer differentiates the LoRA tree only (train/step.py).
+
+Targets match module names by suffix, as LoRAConfig::ShouldApplyLoRA does, against
+InfiniTrain's names `transformer.h.{i}.attn.c_attn` and so on: `c_proj` therefore means
+both attn.c_proj and mlp.c_proj, `mlp.c_proj` only the MLP's. Unlike InfiniTrain, a target
+that matches no projection is refused rather than ignored.
+
+Trees: the LoRA parameters are a pure dict shaped like the base tree, stacked over L:
+  h/attn/c_attn/lora_A  (L, r, in)     h/attn/c_attn/lora_B  (L, out, r)
+and the base tree (llmc_io/PARAMS_SPEC.md) is unchanged: LoRALinear is an nnx.Linear with
+two more variables, of their own type (LoRAParam), so `nnx.Param` still selects the base.
+"""
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+# Every projection a block has, in InfiniTrain's names (gpt2 lacks c_fc2).
+PROJECTIONS = ('attn.c_attn', 'attn.c_proj', 'mlp.c_fc', 'mlp.c_fc2', 'mlp.c_proj')
+KAIMING_A = np.float32(math.sqrt(5.0))  # LoRAConfig::kaiming_a_param
+INIT_SALT = 0x4C4F5241  # 'LORA': the LoRA init draws from its own stream, not the model's
+
+
+class LoRAParam(nnx.Variable):
+    """A trainable LoRA matrix: kept apart from nnx.Param, which are the frozen base."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LoRASpec:
+    rank: int
+    alpha: float
+    targets: tuple[str, ...]  # as given, e.g. ('c_attn', 'c_proj')
+    modules: tuple[str, ...]  # the projections they select, e.g. ('attn.c_attn', 'attn.c_proj', 'mlp.c_proj')
+
+    @property
+    def scale(self) -> float:
+        """α/r in fp32, as LoRAConfig::Scaling computes it."""
+        return float(np.float32(self.alpha) / np.float32(self.rank))
+
+    def record(self) -> dict:
+        return {'rank': self.rank, 'alpha': self.alpha, 'targets': list(self.targets), 'modules': list(self.modules)}
+
+
+def parse_targets(text: str) -> tuple[str, ...]:
+    """ParseLoRATargetModules: split on commas, trim, drop empties (kept in order, unique)."""
+    seen = []
+    for part in text.split(','):
+        part = part.strip()
+        if part and part not in seen:
+            seen.append(part)
+    return tuple(seen)
+
+
+def _matches(target: str, module_name: str) -> bool:
+    """ShouldApplyLoRA: module_name ends with target, at a '.' boundary or whole."""
+    return module_name == target or module_name.endswith('.' + target)
+
+
+def projection_shapes(base_params: dict) -> dict[str, tuple[int, int]]:
+    """{'attn.c_attn': (in, out), ...} for the projections this model has."""
+    shapes = {}
+    for module in PROJECTIONS:
+        group, name = module.split('.')
+        kernel = base_params.get('h', {}).get(group, {}).get(name, {}).get('kernel')
+        if kernel is not None:
+            shapes[module] = (int(kernel.shape[-2]), int(kernel.shape[-1]))
+    return shapes
+
+
+def resolve_spec(config, base_params: dict, family: str) -> LoRASpec | None:
+    """The LoRASpec of config.lora_* for this model, or None when lora_rank is 0; a bad
+    rank or target is one line naming the flag."""
+    rank = config.lora_rank
+    if rank == 0:
+        for key in ('lora_load_path', 'lora_save_path'):
+            if config[key]:
+                raise ValueError(f'{key}: expected --lora_rank > 0 with a LoRA weights file, found lora_rank 0')
+        return None
+    if rank < 0:
+        raise ValueError(f'lora_rank: expected 0 (off) or a positive rank, found {rank}')
+    if not config.lora_alpha > 0:
+        raise ValueError(f'lora_alpha: expected a positive scaling factor, found {config.lora_alpha}')
+    shapes = projection_shapes(base_params)
+    targets = parse_targets(config.lora_target_modules)
+    if not targets:
+        raise ValueError(
+            f'lora_target_modules: expected comma-separated projection names ({", ".join(shapes)}), '
+            f'found {config.lora_target_modules!r}'
+        )
+    num_layers = int(base_params['h']['ln_1']['scale'].shape[0])
+    selected = set()
+    for target in targets:
+        # Matched against every layer's full name, as InfiniTrain walks its modules.
+        hits = {
+            module
+            for module in shapes
+            for layer in range(num_layers)
+            if _matches(target, f'transformer.h.{layer}.{module}')
+        }
+        partial = [m for m in hits if not all(_matches(target, f'transformer.h.{i}.{m}') for i in range(num_layers))]
+        if partial:
+            raise ValueError(
+                f'lora_target_modules: {target!r} selects {partial[0]} in some layers only; expected a '
+                'name every layer shares (per-layer targets are not supported)'
+            )
+        if not hits:
+            raise ValueError(
+                f'lora_target_modules: {target!r} matches no projection of the {family} model; expected '
+                f'names ending one of {", ".join(shapes)} (c_proj selects attn.c_proj and mlp.c_proj)'
+            )
+        selected |= hits
+    modules = tuple(m for m in PROJECTIONS if m in selected)
+    for module in modules:
+        n_in, n_out = shapes[module]
+        if rank > min(n_in, n_out):
+            raise ValueError(
+                f'lora_rank: expected at most {min(n_in, n_out)} (the narrower side of {module}, '
+                f'{n_in} -> {n_out}), found {rank}; pass a smaller --lora_rank'
+            )
+    return LoRASpec(rank, float(config.lora_alpha), targets, modules)
+
+
+class LoRALinear(nnx.Linear):
+    """nnx.Linear plus the low-rank update; kernel and bias keep their names and paths."""
+
+    def __init__(self, in_features: int, out_features: int, *, rank: int, scale: float, **linear_options):
+        super().__init__(in_features, out_features, **linear_options)
+        # Zeros here so that building the model draws nothing from its rngs (the base init of a
+        # LoRA run equals the plain run's); init_lora_params gives A its values.
+        self.lora_A = LoRAParam(jnp.zeros((rank, in_features), jnp.float32))
+        self.lora_B = LoRAParam(jnp.zeros((out_features, rank), jnp.float32))
+        self.lora_scale = scale
+
+    def __call__(self, x):
+        y = super().__call__(x)
+        dtype = self.dtype or x.dtype
+        a, b = self.lora_A[...].astype(dtype), self.lora_B[...].astype(dtype)
+        update = jnp.einsum('...r,or->...o', jnp.einsum('...i,ri->...r', x.astype(dtype), a), b)
+        return y + (self.lora_scale * update).astype(y.dtype)
+
+
+def linear(lora: LoRASpec | None, module: str, in_features: int, out_features: int, **options):
+    """The model families' projections: an nnx.Linear, or a LoRALinear where `lora` targets
+    `module` (e.g. 'attn.c_attn')."""
+    if lora is None or module not in lora.modules:
+        return nnx.Linear(in_features, out_features, **options)
+    return LoRALinear(in_features, out_features, rank=lora.rank, scale=lora.scale, **options)
+
+
+def kaiming_uniform_bound(fan_in: int) -> np.float32:
+    """init::KaimingUniform with a = √5, leaky-ReLU gain, fan_in mode: √3·gain/√fan_in."""
+    gain = np.sqrt(np.float32(2.0) / (np.float32(1.0) + KAIMING_A * KAIMING_A))
+    return np.float32(np.sqrt(np.float32(3.0)) * (gain / np.sqrt(np.float32(fan_in))))
+
+
+def init_lora_params(abstract_lora: dict, seed: int) -> dict:
+    """A uniform in ±1/√in, B zero, for the pure-dict tree of LoRAParam shapes."""
+    root = jax.random.fold_in(jax.random.PRNGKey(seed), INIT_SALT)
+    flat = jax.tree_util.tree_flatten_with_path(abstract_lora)[0]
+    values = []
+    for index, (path, leaf) in enumerate(flat):
+        if path[-1].key == 'lora_A':
+            bound = kaiming_uniform_bound(leaf.shape[-1])
+            key = jax.random.fold_in(root, index)
+            values.append(jax.random.uniform(key, leaf.shape, jnp.float32, -bound, bound))
+        else:
+            values.append(jnp.zeros(leaf.shape, jnp.float32))
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(abstract_lora), values)
+
+
+def count_parameters(lora_params: dict) -> int:
+    return int(sum(math.prod(x.shape) for x in jax.tree.leaves(lora_params)))
+
+
+def merged_params(base_params: dict, lora_params: dict, spec_record: dict) -> dict:
+    """The base tree with W + (α/r)·B·A folded into every adapted kernel (NumPy, fp32).
+
+    Our kernels are (in, out), the transpose of InfiniTrain's W, so the fold adds
+    (α/r)·(B·A)ᵀ = (α/r)·Aᵀ·Bᵀ per layer. Everything else (the tied wte head included) is
+    copied untouched."""
+    scale = np.float32(np.float32(spec_record['alpha']) / np.float32(spec_record['rank']))
+    merged = jax.tree.map(lambda x: np.array(x, np.float32), base_params)
+    for module in spec_record['modules']:
+        group, name = module.split('.')
+        a = np.asarray(lora_params['h'][group][name]['lora_A'], np.float32)  # (L, r, in)
+        b = np.asarray(lora_params['h'][group][name]['lora_B'], np.float32)  # (L, out, r)
+        delta = np.einsum('lri,lor->lio', a, b)  # (L, in, out) = (B·A)ᵀ per layer
+        kernel = merged['h'][group][name]['kernel']
+        merged['h'][group][name]['kernel'] = (kernel + scale * delta).astype(np.float32)
+    return merged
+
+
+def describe(spec: LoRASpec, lora_params: dict, base_parameters: int) -> str:
+    """The start-up line of a LoRA run."""
+    count = count_parameters(lora_params)
+    return (
+        f'lora: rank {spec.rank}, alpha {spec.alpha:g} (scale {spec.scale:g}) on {", ".join(spec.modules)} | '
+        f'{count:,} trainable parameters ({100 * count / base_parameters:.3f}% of the frozen {base_parameters:,})'
+    )

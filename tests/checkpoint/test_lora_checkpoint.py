@@ -1,0 +1,260 @@
+"""LoRA checkpoints (checkpoint/lora_record.py): the seed's experiment with --lora_rank 8 on a
+tiny GPT-2 llm.c file, bit for bit; the checkpoint holds adapters only and names its base;
+a resume with another base file is refused naming both hashes; `ckpt show` says LoRA,
+`verify` and `diff` work; `export --merge-lora` writes an llm.c file whose logits equal the
+LoRA model's. Expectations come from outside the code under test: the llm.c file written
+here, arrays read back through Orbax, hashlib, and a NumPy forward of the adapters."""
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from trainer_runs import load_config, random_shard, restore_params, tiny_llmc_model, train
+
+import llmc_io
+from jaxtrain.checkpoint.layout import CheckpointError
+from jaxtrain.models import FAMILIES
+from jaxtrain.models.lora import LoRAParam, LoRASpec
+from jaxtrain.tools import ckpt
+
+LORA = dict(lora_rank=8, lora_alpha=16.0, lora_target_modules='c_attn,c_proj')
+
+
+@pytest.fixture(scope='module')
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp('lora_ckpt')
+    shard = random_shard(root / 'train.bin')
+    model = tiny_llmc_model(root / 'model.bin')
+    common = dict(
+        input_bin=shard,
+        llmc_filepath=model,
+        num_iteration=6,
+        save_steps=3,
+        max_checkpoint_keep=10,
+        learning_rate=3e-3,
+        **LORA,
+    )
+    full = load_config(
+        'gpt2', checkpoint_dir=str(root / 'full'), metrics_dir=str(root / 'm1'),
+        lora_save_path=str(root / 'adapters.bin'), **common,
+    )
+    code, full_losses, out = train(full)
+    assert code == 0, out
+    resumed = load_config(
+        'gpt2',
+        checkpoint_dir=str(root / 'resumed'),
+        metrics_dir=str(root / 'm2'),
+        resume_from=str(root / 'full' / 'checkpoint_step_000003'),
+        **common,
+    )
+    code, resumed_losses, resumed_out = train(resumed)
+    assert code == 0, resumed_out
+    return dict(
+        root=root, model=model, common=common, full_losses=full_losses,
+        resumed_losses=resumed_losses, resumed_out=resumed_out, out=out,
+    )
+
+
+def test_resumed_lora_run_matches_uninterrupted_bitwise(runs):
+    full, resumed = runs['full_losses'], runs['resumed_losses']
+    assert sorted(full) == list(range(1, 7)) and sorted(resumed) == [4, 5, 6]
+    assert [resumed[s] for s in (4, 5, 6)] == [full[s] for s in (4, 5, 6)]
+    assert full[6] < full[1]  # the adapters learn
+    assert 'restored step 3' in runs['resumed_out']
+    a = restore_params(runs['root'] / 'full' / 'checkpoint_step_000006')
+    b = restore_params(runs['root'] / 'resumed' / 'checkpoint_step_000006')
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        assert np.asarray(x).tobytes() == np.asarray(y).tobytes()
+
+
+def test_checkpoint_holds_adapters_and_names_the_base(runs):
+    step_dir = runs['root'] / 'full' / 'checkpoint_step_000006'
+    params = restore_params(step_dir)
+    names = sorted('/'.join(str(k.key) for k in p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0])
+    # c_proj selects both attn.c_proj and mlp.c_proj, as InfiniTrain's suffix match does.
+    assert names == [
+        f'h/{m}/lora_{w}' for m in ('attn/c_attn', 'attn/c_proj', 'mlp/c_proj') for w in 'AB'
+    ]
+    L, C, r = 2, 32, 8
+    assert params['h']['attn']['c_attn']['lora_A'].shape == (L, r, C)
+    assert params['h']['attn']['c_attn']['lora_B'].shape == (L, 3 * C, r)
+    assert params['h']['mlp']['c_proj']['lora_A'].shape == (L, r, 4 * C)
+    state = json.loads((step_dir / 'trainer_state' / 'metadata').read_text())
+    assert state['llmc_file'] == runs['model']
+    assert state['llmc_sha256'] == hashlib.sha256(Path(runs['model']).read_bytes()).hexdigest()
+    assert state['lora']['rank'] == 8 and state['lora']['alpha'] == 16.0
+    assert state['lora']['modules'] == ['attn.c_attn', 'attn.c_proj', 'mlp.c_proj']
+    assert state['lora']['num_parameters'] == L * r * ((C + 3 * C) + (C + C) + (4 * C + C))
+
+
+def test_resume_with_another_base_file_is_refused_naming_both_hashes(runs, tmp_path):
+    other = tiny_llmc_model(tmp_path / 'other.bin', seed=1)
+    config = load_config(
+        'gpt2',
+        checkpoint_dir=str(tmp_path / 'ck'),
+        resume_from=str(runs['root'] / 'full' / 'checkpoint_step_000003'),
+        **{**runs['common'], 'llmc_filepath': other},
+    )
+    with pytest.raises(CheckpointError) as error:
+        train(config)
+    message = str(error.value)
+    assert '\n' not in message
+    assert hashlib.sha256(Path(runs['model']).read_bytes()).hexdigest() in message
+    assert hashlib.sha256(Path(other).read_bytes()).hexdigest() in message
+    assert not (tmp_path / 'ck').exists() or not any((tmp_path / 'ck').iterdir())
+
+
+def test_resume_with_other_lora_settings_is_refused(runs, tmp_path):
+    step = str(runs['root'] / 'full' / 'checkpoint_step_000003')
+    for change, named in ((dict(lora_rank=0), 'lora_rank'), (dict(lora_target_modules='c_attn'), 'lora_target_modules')):
+        config = load_config('gpt2', resume_from=step, **{**runs['common'], 'save_steps': 0, **change})
+        with pytest.raises(CheckpointError, match=named):
+            train(config)
+
+
+def test_ckpt_show_verify_diff(runs, capsys):
+    step_dir = runs['root'] / 'full' / 'checkpoint_step_000006'
+    assert ckpt.main(['show', str(step_dir)]) == 0
+    shown = capsys.readouterr().out
+    lora_line = next(line for line in shown.splitlines() if line.startswith('lora'))
+    assert 'LoRA checkpoint: rank 8, alpha 16.0' in lora_line
+    assert 'attn.c_attn, attn.c_proj, mlp.c_proj' in lora_line and '5,632 adapter parameters' in lora_line
+    assert ckpt.main(['verify', str(step_dir)]) == 0
+    assert 'OK' in capsys.readouterr().out
+    other = runs['root'] / 'resumed' / 'checkpoint_step_000006'
+    assert ckpt.main(['diff', str(step_dir), str(other)]) == 0  # bit-identical adapters and state
+    # 6 adapters, Adam's mu and nu of each, and the two optimizer step counters
+    assert 'tensors: 20 of 20 bit-identical' in capsys.readouterr().out
+
+
+GPT2_FIELDS = ('max_seq_len', 'vocab_size', 'padded_vocab_size', 'num_layers', 'num_heads', 'channels')
+
+
+def _logits(header, lora, trees, tokens):
+    """The model's logits (jitted) with `trees` merged in: the base alone, or base and
+    adapters through LoRALinear when `lora` is a LoRASpec."""
+    config = FAMILIES['gpt2'][1](**{k: getattr(header, k) for k in GPT2_FIELDS})
+    abstract = nnx.eval_shape(lambda: FAMILIES['gpt2'][0](config, lora=lora, rngs=nnx.Rngs(0)))
+    graphdef = nnx.split(abstract, nnx.Param, LoRAParam)[0] if lora else nnx.split(abstract, nnx.Param)[0]
+    forward = jax.jit(lambda trees, t: nnx.merge(graphdef, *(nnx.State(x) for x in trees))(t))
+    return np.asarray(forward(trees, jnp.asarray(tokens)))
+
+
+def test_export_merge_lora_logits_equal_the_lora_model(runs, tmp_path, capsys):
+    step_dir = runs['root'] / 'full' / 'checkpoint_step_000006'
+    out = tmp_path / 'merged.bin'
+    assert ckpt.main(['export', str(step_dir), '--output', str(out)]) == 2  # refused without merging
+    error = capsys.readouterr().err
+    assert '--merge-lora' in error and len(error.strip().splitlines()) == 1 and not out.exists()
+    assert ckpt.main(['export', str(step_dir), '--output', str(out), '--merge-lora']) == 0
+    capsys.readouterr()
+
+    base_header, base = llmc_io.load_gpt2(runs['model'])
+    merged_header, merged = llmc_io.load_gpt2(str(out))
+    assert merged_header == base_header
+    # Only the adapted kernels changed; the tied head (wte) and everything else are the base's bits.
+    flat = lambda t: {'/'.join(str(k.key) for k in p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(t)[0]}
+    fb, fm = flat(base), flat(merged)
+    changed = sorted(n for n in fb if fb[n].tobytes() != fm[n].tobytes())
+    assert changed == ['h/attn/c_attn/kernel', 'h/attn/c_proj/kernel', 'h/mlp/c_proj/kernel']
+
+    adapters = restore_params(step_dir)
+    tokens = np.random.default_rng(0).integers(0, 512, (2, 16))
+    lora = LoRASpec(8, 16.0, ('c_attn', 'c_proj'), ('attn.c_attn', 'attn.c_proj', 'mlp.c_proj'))
+    lora_logits = _logits(base_header, lora, (base, adapters), tokens)
+    merged_logits = _logits(base_header, None, (merged,), tokens)
+    assert np.abs(lora_logits - merged_logits).max() <= 1e-5
+    # The adapters matter: the base model's logits differ from both.
+    base_logits = _logits(base_header, None, (base,), tokens)
+    assert np.abs(base_logits - lora_logits).max() > 1e-4
+
+    # A moved base is found with --base; a different file is refused with both hashes.
+    moved = tmp_path / 'moved.bin'
+    shutil.copy(runs['model'], moved)
+    assert ckpt.main(['export', str(step_dir), '--output', str(tmp_path / 'm2.bin'), '--merge-lora', '--base', str(moved)]) == 0
+    assert (tmp_path / 'm2.bin').read_bytes() == out.read_bytes()
+    wrong = tiny_llmc_model(tmp_path / 'wrong.bin', seed=3)
+    assert ckpt.main(['export', str(step_dir), '--output', str(tmp_path / 'm3.bin'), '--merge-lora', '--base', wrong]) == 2
+    error = capsys.readouterr().err
+    assert hashlib.sha256(Path(wrong).read_bytes()).hexdigest() in error and not (tmp_path / 'm3.bin').exists()
+
+
+@pytest.mark.slow  # builds and compiles `small` (16M parameters): about 60 s on 2 busy cores
+def test_lora_checkpoint_of_small_is_over_10x_smaller_than_a_full_one(tmp_path):
+    """`small` (4 layers, C 256, the GPT-2 vocabulary) from its random init, one step, saved.
+    A full checkpoint holds at least the fp32 params and AdamW's two moments of each."""
+    from jaxtrain.models.gpt2 import VARIANTS
+
+    config = load_config(
+        'gpt2', 'small', input_bin=random_shard(tmp_path / 'train.bin'), num_iteration=1, save_steps=1,
+        checkpoint_dir=str(tmp_path / 'ck'), lora_rank=8,
+    )
+    code, _, out = train(config)
+    assert code == 0, out
+    step_dir = tmp_path / 'ck' / 'checkpoint_step_000001'
+    lora_bytes = sum(p.stat().st_size for p in step_dir.rglob('*') if p.is_file())
+    full_lower_bound = 3 * 4 * VARIANTS['small'].num_parameters
+    assert lora_bytes * 10 <= full_lower_bound, (lora_bytes, full_lower_bound)
+
+
+def test_lora_save_path_writes_the_final_adapters(runs):
+    """InfiniTrain's --lora_save_path after the last step; read back with --lora_load_path."""
+    from jaxtrain.models.setup import setup_model
+
+    assert f"lora_save_path: wrote 12 LoRA tensors to {runs['root'] / 'adapters.bin'}" in runs['out']
+    loaded = setup_model(
+        load_config('gpt2', llmc_filepath=runs['model'], lora_load_path=str(runs['root'] / 'adapters.bin'), **LORA)
+    ).lora_params
+    final = restore_params(runs['root'] / 'full' / 'checkpoint_step_000006')
+    for x, y in zip(jax.tree.leaves(final), jax.tree.leaves(loaded), strict=True):
+        assert np.asarray(x).tobytes() == np.asarray(y).tobytes()
+
+
+def test_llama3_export_merge_lora(tmp_path, capsys):
+    """LLaMA-3 (untied lm_head, SwiGLU's c_fc/c_fc2): a LoRA checkpoint written through the
+    trainer's Checkpointer with random, nonzero adapters on every projection; its merged
+    export gives the LoRA model's logits."""
+    import dataclasses
+
+    from jaxtrain.checkpoint.lora_record import lora_record
+    from jaxtrain.checkpoint.manager import Checkpointer
+    from jaxtrain.models.lora import count_parameters
+    from jaxtrain.models.setup import setup_model
+
+    model = tiny_llmc_model(tmp_path / 'llama.bin', 'llama3')
+    config = load_config('llama3', llmc_filepath=model, lora_rank=4, lora_alpha=8.0,
+                         lora_target_modules='c_attn,c_proj,c_fc,c_fc2')
+    setup = setup_model(config)
+    rng = np.random.default_rng(0)
+    adapters = jax.tree.map(lambda x: (0.05 * rng.standard_normal(x.shape)).astype(np.float32), setup.lora_params)
+    record = {
+        'step': 1, 'data_position': 1, 'model_family': 'llama3',
+        'model_config': dataclasses.asdict(setup.model_config), 'training_config': config.to_dict(),
+        'llmc_file': model, 'llmc_sha256': hashlib.sha256(Path(model).read_bytes()).hexdigest(),
+        'has_optimizer_state': False, 'lora': lora_record(setup, count_parameters(adapters)),
+    }
+    checkpointer = Checkpointer(str(tmp_path / 'ck'), keep_latest=0, keep_every=0)
+    checkpointer.save(1, jax.device_put(adapters), None, jax.random.key_data(jax.random.PRNGKey(0)), record)
+    checkpointer.close()
+    step_dir = tmp_path / 'ck' / 'checkpoint_step_000001'
+    out = tmp_path / 'merged.bin'
+    assert ckpt.main(['export', str(step_dir), '--output', str(out), '--merge-lora']) == 0, capsys.readouterr().err
+
+    model_cls = FAMILIES['llama3'][0]
+    abstract = nnx.eval_shape(lambda: model_cls(setup.model_config, lora=setup.lora, rngs=nnx.Rngs(0)))
+    lora_graph = nnx.split(abstract, nnx.Param, LoRAParam)[0]
+    plain_graph = nnx.split(nnx.eval_shape(lambda: model_cls(setup.model_config, rngs=nnx.Rngs(0))), nnx.Param)[0]
+    forward = lambda graph: jax.jit(lambda trees, t: nnx.merge(graph, *(nnx.State(x) for x in trees))(t))
+    tokens = jnp.asarray(rng.integers(0, 512, (2, 16)))
+    base, merged = llmc_io.load_llama3(model)[1], llmc_io.load_llama3(str(out))[1]
+    lora_logits = np.asarray(forward(lora_graph)((base, adapters), tokens))
+    merged_logits = np.asarray(forward(plain_graph)((merged,), tokens))
+    assert np.abs(lora_logits - merged_logits).max() <= 1e-5
+    assert np.asarray(base['lm_head']['kernel']).tobytes() == np.asarray(merged['lm_head']['kernel']).tobytes()
+    assert not np.array_equal(base['h']['mlp']['c_fc2']['kernel'], merged['h']['mlp']['c_fc2']['kernel'])

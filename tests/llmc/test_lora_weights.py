@@ -1,0 +1,115 @@
+"""--lora_save_path / --lora_load_path against InfiniTrain's LoRA weights file. The writer
+here follows SaveLoRAWeights (InfiniTrain commit b24d92f, infini_train/src/nn/lora/lora_utils.cc)
+line by line: uint32 magic 0x4C4F5241, uint32 version 1, uint32 count, then per tensor uint32
+name length, the name, uint32 ndims, int64 dims, fp32 data, tensors in unordered_map order
+(any order; shuffled here). Ours must write the same bytes for the same order, read any
+order, and refuse, in one line, a file that does not fit the model or its targets."""
+
+import struct
+
+import numpy as np
+import pytest
+from trainer_runs import load_config, tiny_llmc_model
+
+from jaxtrain.models.lora_setup import save_lora_weights
+from jaxtrain.models.setup import setup_model
+
+
+def infinitrain_save_lora_weights(path, state_dict: list[tuple[str, np.ndarray]]):
+    with open(path, 'wb') as f:
+        f.write(struct.pack('<I', 0x4C4F5241))  # magic "LORA"
+        f.write(struct.pack('<I', 1))  # version
+        f.write(struct.pack('<I', len(state_dict)))
+        for name, tensor in state_dict:
+            f.write(struct.pack('<I', len(name)))
+            f.write(name.encode())
+            f.write(struct.pack('<I', tensor.ndim))
+            for dim in tensor.shape:
+                f.write(struct.pack('<q', dim))
+            f.write(np.asarray(tensor, '<f4').tobytes())
+
+
+def infinitrain_state_dict(num_layers, modules, shapes, rank, seed=0):
+    """{name: tensor} as LoRAStateDict names them: transformer.h.{i}.<module>.lora_A (r, in), lora_B (out, r)."""
+    rng = np.random.default_rng(seed)
+    tensors = []
+    for i in range(num_layers):
+        for module in modules:
+            n_in, n_out = shapes[module]
+            tensors.append((f'transformer.h.{i}.{module}.lora_A', rng.normal(size=(rank, n_in)).astype(np.float32)))
+            tensors.append((f'transformer.h.{i}.{module}.lora_B', rng.normal(size=(n_out, rank)).astype(np.float32)))
+    return tensors
+
+
+C = 32  # tests/trainer_runs.tiny_llmc_model: GPT-2, L 2, C 32
+SHAPES = {'attn.c_attn': (C, 3 * C), 'attn.c_proj': (C, C), 'mlp.c_fc': (C, 4 * C), 'mlp.c_proj': (4 * C, C)}
+DEFAULT_MODULES = ('attn.c_attn', 'attn.c_proj', 'mlp.c_proj')  # what 'c_attn,c_proj' selects
+
+
+@pytest.fixture(scope='module')
+def model(tmp_path_factory):
+    return tiny_llmc_model(tmp_path_factory.mktemp('lora_file') / 'model.bin')
+
+
+def _setup(model, **lora):
+    return setup_model(load_config('gpt2', llmc_filepath=model, **{'lora_rank': 8, **lora}))
+
+
+def test_an_infinitrain_file_loads_in_any_order_and_saves_back_byte_for_byte(model, tmp_path):
+    tensors = infinitrain_state_dict(2, DEFAULT_MODULES, SHAPES, rank=8)
+    shuffled = [tensors[i] for i in np.random.default_rng(1).permutation(len(tensors))]
+    theirs = tmp_path / 'theirs.bin'
+    infinitrain_save_lora_weights(theirs, shuffled)
+    setup = _setup(model, lora_load_path=str(theirs))
+    for name, tensor in tensors:
+        _, _, layer, group, module, which = name.split('.')
+        np.testing.assert_array_equal(np.asarray(setup.lora_params['h'][group][module][which][int(layer)]), tensor)
+
+    ours = tmp_path / 'ours.bin'
+    save_lora_weights(str(ours), setup.lora_params)
+    ordered = tmp_path / 'ordered.bin'  # our order: by layer, then name
+    infinitrain_save_lora_weights(ordered, sorted(tensors, key=lambda t: (int(t[0].split('.')[2]), t[0])))
+    assert ours.read_bytes() == ordered.read_bytes()
+
+
+def test_the_initial_adapters_round_trip(model, tmp_path):
+    setup = _setup(model, lora_target_modules='c_attn,c_fc')
+    path = tmp_path / 'init.bin'
+    save_lora_weights(str(path), setup.lora_params)
+    loaded = _setup(model, lora_target_modules='c_attn,c_fc', lora_load_path=str(path))
+    for group in setup.lora_params['h']:
+        for module, pair in setup.lora_params['h'][group].items():
+            for which in pair:
+                assert np.asarray(pair[which]).tobytes() == np.asarray(loaded.lora_params['h'][group][module][which]).tobytes()
+
+
+@pytest.mark.parametrize(
+    'tensors, says',
+    [
+        (lambda: infinitrain_state_dict(2, DEFAULT_MODULES, SHAPES, rank=4), 'expected shape (8, 32) (rank 8), found (4, 32)'),
+        (lambda: infinitrain_state_dict(2, DEFAULT_MODULES + ('mlp.c_fc',), SHAPES, rank=8), 'adapts mlp.c_fc, which'),
+        (lambda: infinitrain_state_dict(3, DEFAULT_MODULES, SHAPES, rank=8), 'transformer.h.2.attn.c_attn.lora_A: not a LoRA tensor'),
+        (lambda: infinitrain_state_dict(2, DEFAULT_MODULES, SHAPES, rank=8)[1:], 'missing, e.g. transformer.h.0.attn.c_attn.lora_A'),
+        (lambda: infinitrain_state_dict(2, DEFAULT_MODULES, {**SHAPES, 'attn.c_attn': (64, 192)}, rank=8), 'expected shape (8, 32)'),
+    ],
+)
+def test_a_file_that_does_not_fit_is_one_line(model, tmp_path, tensors, says):
+    path = tmp_path / 'bad.bin'
+    infinitrain_save_lora_weights(path, tensors())
+    with pytest.raises(ValueError) as error:
+        _setup(model, lora_load_path=str(path))
+    message = str(error.value)
+    assert message.startswith(f'lora_load_path: {path}: ') and says in message and '\n' not in message
+
+
+def test_a_damaged_file_is_one_line(model, tmp_path):
+    good = tmp_path / 'good.bin'
+    infinitrain_save_lora_weights(good, infinitrain_state_dict(2, DEFAULT_MODULES, SHAPES, rank=8))
+    data = good.read_bytes()
+    cases = {'truncated.bin': (data[:-5], 'truncated'), 'magic.bin': (b'XXXX' + data[4:], 'magic'),
+             'version.bin': (data[:4] + struct.pack('<I', 2) + data[8:], 'version')}
+    for name, (content, says) in cases.items():
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(ValueError) as error:
+            _setup(model, lora_load_path=str(tmp_path / name))
+        assert str(error.value).startswith(f'lora_load_path: {tmp_path / name}: ') and says in str(error.value)
