@@ -41,3 +41,27 @@ def committed_steps(root) -> list[int]:
     return sorted(step_of(p) for p in root.iterdir() if p.is_dir() and is_committed(p))
 
 
+
+
+SET_ASIDE = '.uncommitted'  # appended to a step directory's name that is not committed
+
+
+def set_aside_uncommitted(root) -> list[str]:
+    """Renames every directory with a step's final name that is not committed (no trainer
+    state: emptied, or copied in part) to NAME.uncommitted[-N], which neither jaxtrain nor
+    Orbax reads as a step, so that it can neither be resumed nor block a save of its
+    step. Nothing is deleted. Returns the new names."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    moved = []
+    for path in sorted(root.iterdir()):
+        if step_of(path) is None or not path.is_dir() or is_committed(path):
+            continue
+        target, n = path.with_name(path.name + SET_ASIDE), 1
+        while target.exists():
+            n += 1
+            target = path.with_name(f'{path.name}{SET_ASIDE}-{n}')
+        path.rename(target)
+        moved.append(target.name)
+    return moved

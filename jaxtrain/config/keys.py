@@ -71,6 +71,11 @@ KEYS = (
         'resume into a checkpoint_dir holding later steps by deleting them',
     ),
     (
+        'accept_changed_data',
+        False,
+        'resume although the training data differs from the checkpoint\'s (what changed is logged)',
+    ),
+    (
         'deterministic',
         'auto',
         'auto | true | false: deterministic GPU kernels (auto: on when saving or resuming)',
