@@ -16,6 +16,25 @@ UNFINISHED_SAVE = '.orbax-checkpoint-tmp'  # in the name of a step Orbax is stil
 DAMAGED = 'the checkpoint is damaged: resume from an earlier step (python -m jaxtrain.ckpt ls lists them)'
 
 
+def damaged_advice(step_dir) -> str:
+    """DAMAGED for one step directory, naming the committed step before it to resume
+    instead (the newest may be the damaged one), and how to continue in its root."""
+    step_dir = Path(step_dir)
+    step = step_of(step_dir)
+    earlier = [s for s in committed_steps(step_dir.parent) if step is None or s < step]
+    if not earlier:
+        return (
+            f'the checkpoint is damaged, and {step_dir.parent} holds no committed step before it: '
+            'resume from an earlier step elsewhere (python -m jaxtrain.ckpt ls DIR lists them), or '
+            'start without --resume_from'
+        )
+    return (
+        f'the checkpoint is damaged: resume from the step before it, --resume_from '
+        f'{step_dir.parent / step_dir_name(earlier[-1])} (in its checkpoint_dir also pass '
+        '--config.overwrite_later_checkpoints=true to replace the damaged later steps)'
+    )
+
+
 class CheckpointError(Exception):
     """A problem with a checkpoint or the checkpoint settings; the message is one line."""
 

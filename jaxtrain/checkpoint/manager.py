@@ -161,8 +161,9 @@ class Checkpointer:
             names = ', '.join(step_dir_name(s) for s in later)
             raise CheckpointError(
                 f'checkpoint_dir: {self.root}: expected no checkpoints after step {start_step}, found {names}. '
-                'Choose another --checkpoint_dir, resume from the newest one (--resume_from latest), or pass '
-                '--config.overwrite_later_checkpoints=true to delete them.'
+                f'To continue from step {start_step} here, pass --config.overwrite_later_checkpoints=true to '
+                'delete them (e.g. when they are damaged); to continue from the newest, --resume_from latest; '
+                'or choose another --checkpoint_dir.'
             )
         # Every process has listed the steps before process 0 deletes any, and sees them gone after.
         _barrier('jaxtrain: later checkpoints listed')

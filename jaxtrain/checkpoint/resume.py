@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import gc
 import logging
+import re
 from pathlib import Path
 
 import jax
@@ -29,6 +30,7 @@ from jaxtrain.checkpoint.layout import (
     UNFINISHED_SAVE,
     CheckpointError,
     committed_steps,
+    damaged_advice,
     is_committed,
     step_dir_name,
     step_of,
@@ -163,6 +165,7 @@ def _restore_item(step_dir: Path, item: str, like):
     except Exception as e:  # Orbax and TensorStore raise many kinds for a damaged item
         text = ' '.join(str(e).split()).split(' See full TensorStore details')[0] or type(e).__name__
         cause = ' '.join(_first_cause(e).split()).split(' See full TensorStore details')[0]
+        cause = re.sub(r' in OCDBT database at local file "[^"]*"', '', cause)  # the step dir says where
         if cause and cause not in text:
             text = f'{text} {cause}'
         reason = text if len(text) <= 240 else text[:237] + '...'
@@ -201,8 +204,11 @@ def resume_into(config, parts) -> Resumed:
     messages = [notice] if notice else []
     if step_dir is None:
         return Resumed(parts.state, None, None, messages)
-    saved = read_trainer_state(step_dir)
-    check_digest(saved, step_dir)  # before its fields are compared with the run
+    try:
+        saved = read_trainer_state(step_dir)
+        check_digest(saved, step_dir)  # before its fields are compared with the run
+    except CheckpointError as e:
+        raise CheckpointError(str(e).replace(DAMAGED, damaged_advice(step_dir))) from None
     model_config = dataclasses.asdict(parts.setup.model_config)
     incompatible, changes = compare_with_run(saved, model_config, config.to_dict())
     if incompatible:
@@ -215,7 +221,12 @@ def resume_into(config, parts) -> Resumed:
     messages += [f'resume: changed since the checkpoint: {change}' for change in changes]
     messages += check_data(saved, config, step_dir) + check_weights_file(saved, config, step_dir)
     state = parts.state
-    params, opt_state, saved = restore(step_dir, state.params, state.opt_state)
+    try:
+        params, opt_state, saved = restore(step_dir, state.params, state.opt_state)
+    except CheckpointError as e:  # name the step to resume instead of the generic advice
+        if DAMAGED not in str(e):
+            raise
+        raise CheckpointError(str(e).replace(DAMAGED, damaged_advice(step_dir))) from e
     if opt_state is None:
         messages.append(f'resume: {step_dir} has no optimizer state; starting with fresh optimizer moments')
         fresh = lambda p: set_schedule_position(parts.tx.init(p), saved['step'])

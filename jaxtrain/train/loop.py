@@ -15,6 +15,7 @@ import numpy as np
 
 from jaxtrain.checkpoint.resume import resume_into
 from jaxtrain.checkpoint.root_access import owned_checkpoint_dir
+from jaxtrain.config.checks import check_config
 from jaxtrain.data.run_streams import open_run_streams
 from jaxtrain.parallel import sharding
 from jaxtrain.parallel.distributed import agree_on_step_end
@@ -53,6 +54,7 @@ def validate(parts, state, val_stream, max_steps: int) -> float:
 
 
 def run(config) -> int:
+    check_config(config)  # before metrics_dir or checkpoint_dir is created
     # Before anything is built: a refused run changes nothing (root_access.py).
     with owned_checkpoint_dir(config):
         return _run(config)
