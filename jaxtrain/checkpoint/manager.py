@@ -160,10 +160,10 @@ class Checkpointer:
         if later and not overwrite:
             names = ', '.join(step_dir_name(s) for s in later)
             raise CheckpointError(
-                f'checkpoint_dir: {self.root}: expected no checkpoints after step {start_step}, found {names}. '
-                f'To continue from step {start_step} here, pass --config.overwrite_later_checkpoints=true to '
-                'delete them (e.g. when they are damaged); to continue from the newest, --resume_from latest; '
-                'or choose another --checkpoint_dir.'
+                f'checkpoint_dir: {self.root}: expected no checkpoints after step {start_step}, found '
+                f'{names}. To continue from step {start_step} here, pass '
+                '--config.overwrite_later_checkpoints=true to delete them (e.g. when they are damaged); '
+                'to continue from the newest, --resume_from latest; or choose another --checkpoint_dir.'
             )
         # Every process has listed the steps before process 0 deletes any, and sees them gone after.
         _barrier('jaxtrain: later checkpoints listed')

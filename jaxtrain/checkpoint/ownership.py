@@ -170,7 +170,8 @@ class RootLock:
         return CheckpointError(
             f'checkpoint_dir: {self.root}: expected no other run using it, found its lock {self.path} '
             f'held by {who}{command}. Wait for that run to end or pass another --checkpoint_dir; if '
-            f'no run uses it any more (a run on another host cannot be checked from here), delete {self.path}.'
+            'no run uses it any more (a run on another host cannot be checked from here), delete '
+            f'{self.path}.'
         )
 
     def release(self):

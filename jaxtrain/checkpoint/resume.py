@@ -153,8 +153,11 @@ def _quiet_restore_errors():
 def _first_cause(error: BaseException) -> str:
     """The innermost cause's text (TensorStore's own reason, e.g. ZSTD_decompressStream()
     failed), else the error's."""
-    while (error.__cause__ or error.__context__) is not None:
-        error = error.__cause__ or error.__context__
+    for _ in range(20):  # a chain, not a cycle, but bounded all the same
+        inner = error.__cause__ or error.__context__
+        if inner is None:
+            break
+        error = inner
     return str(error)
 
 

@@ -50,7 +50,8 @@ def refuse_step_dir_as_root(checkpoint_dir: str) -> None:
 
 
 def _unusable(root: Path, doing: str, error: OSError) -> CheckpointError:
-    if isinstance(error, (FileExistsError, NotADirectoryError)) or error.errno in (errno.EEXIST, errno.ENOTDIR):
+    in_the_way = (FileExistsError, NotADirectoryError)
+    if isinstance(error, in_the_way) or error.errno in (errno.EEXIST, errno.ENOTDIR):
         blocking = next((p for p in [root, *root.parents] if p.exists() and not p.is_dir()), None)
         found = f'{blocking} is a file' if blocking is not None else (error.strerror or type(error).__name__)
     else:

@@ -68,14 +68,18 @@ def _range_problems(config) -> list[str]:
     end of a cosine, an Adam average that never forgets, a validation of no batches)."""
     problems = []
     if not 0 <= config.min_lr_ratio <= 1:
-        problems.append(f'min_lr_ratio: expected 0..1 (a fraction of learning_rate), found {config.min_lr_ratio}')
+        problems.append(
+            f'min_lr_ratio: expected 0..1 (a fraction of learning_rate), found {config.min_lr_ratio}'
+        )
     for key in ('beta1', 'beta2'):
         if not 0 <= config[key] < 1:
             problems.append(f'{key}: expected 0 <= {key} < 1, found {config[key]}')
     if not config.eps > 0:
         problems.append(f'eps: expected a value > 0, found {config.eps}')
     if config.val_max_steps < 1:
-        problems.append(f'val_max_steps: expected at least 1 batch per evaluation, found {config.val_max_steps}')
+        problems.append(
+            f'val_max_steps: expected at least 1 batch per evaluation, found {config.val_max_steps}'
+        )
     blocking = _file_in_the_way(config.metrics_dir)
     if blocking:
         problems.append(

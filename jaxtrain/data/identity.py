@@ -34,7 +34,8 @@ def sampled_digest(path) -> str:
 def data_identity(paths, built_in: bool) -> dict:
     """{'shards': [{path, size, digest}, ...], 'builder': ...} for the stream's paths in order."""
     shards = [
-        {'path': str(Path(p).resolve()), 'size': os.path.getsize(p), 'digest': sampled_digest(p)} for p in paths
+        {'path': str(Path(p).resolve()), 'size': os.path.getsize(p), 'digest': sampled_digest(p)}
+        for p in paths
     ]
     builder = None
     if built_in:

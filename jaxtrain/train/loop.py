@@ -73,7 +73,8 @@ def _run(config) -> int:
     step, data_position = int(state.step), int(state.data_position)
     saver = RunSaver(config, parts, stream, resumed.step_dir, step)
     if saver.checkpointer is not None and saver.checkpointer.set_aside:
-        log.info(f'checkpoint_dir: not committed (no trainer state), set aside: {saver.checkpointer.set_aside}')
+        aside = saver.checkpointer.set_aside
+        log.info(f'checkpoint_dir: not committed (no trainer state), set aside: {aside}')
     if saver.deleted_later_steps:
         log.info(
             f'overwrite_later_checkpoints: deleted steps {saver.deleted_later_steps} of {saver.checkpointer.root}'

@@ -36,9 +36,13 @@ class StopRequest:
             lost = self._describe_loss() or 'the run stopped without its last save'
         except Exception as e:  # noqa: BLE001  the abort must happen whatever the report does
             lost = f'what was lost is unknown ({type(e).__name__})'
-        release_held()
-        sys.stdout.flush()
-        print(f'{signal.Signals(signum).name} again: aborted at once; {lost}', file=sys.stderr, flush=True)
+        try:
+            release_held()
+            sys.stdout.flush()  # may be mid-write in the interrupted frame: then it raises
+        except Exception:  # noqa: BLE001, S110  nothing may stop the abort
+            pass
+        # os.write, not print: the interrupted code may hold sys.stderr's buffer.
+        os.write(2, f'{signal.Signals(signum).name} again: aborted at once; {lost}\n'.encode())
         os._exit(128 + signum)
 
     def install(self):

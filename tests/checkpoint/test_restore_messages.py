@@ -68,9 +68,8 @@ def test_the_advice_for_a_damaged_newest_step_names_the_one_before(tiny, tmp_pat
     refused = run_cli(*tiny, *saving, '--num_iteration', 6, '--resume_from', earlier)
     assert refused.code == 1, refused.err
     assert 'To continue from step 2 here, pass --config.overwrite_later_checkpoints=true' in refused.err
-    followed = run_cli(
-        *tiny, *saving, '--num_iteration', 6, '--resume_from', earlier, '--config.overwrite_later_checkpoints=true'
-    )
+    overwrite = '--config.overwrite_later_checkpoints=true'
+    followed = run_cli(*tiny, *saving, '--num_iteration', 6, '--resume_from', earlier, overwrite)
     assert followed.code == 0 and 'restored step 2' in followed.out, followed.err
     assert layout.committed_steps(root) == [2, 4, 6]
     shutil.rmtree(root)

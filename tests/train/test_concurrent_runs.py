@@ -20,8 +20,9 @@ def test_second_run_is_refused_and_the_first_loses_nothing(tmp_path, trainers):
     root = tmp_path / 'ck'
     common = ['--input_bin', shard, '--llmc_filepath', model, '--checkpoint_dir', root]
     common += ['--save_steps', 1, '--max_checkpoint_keep', 2, '--resume_from', 'latest']
-    first = trainers(*common, '--learning_rate', 1e-3, '--num_iteration', 100_000, '--metrics_dir', tmp_path / 'a')
-    second = trainers(*common, '--learning_rate', 5e-4, '--num_iteration', 100_000, release_file=tmp_path / 'go')
+    common += ['--num_iteration', 100_000]
+    first = trainers(*common, '--learning_rate', 1e-3, '--metrics_dir', tmp_path / 'a')
+    second = trainers(*common, '--learning_rate', 5e-4, release_file=tmp_path / 'go')
     deadline = time.monotonic() + 300
     # Released while the first has a save in flight: the moment its manager's clean-up of
     # temporary directories used to delete the first's save.

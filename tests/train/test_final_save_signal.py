@@ -1,8 +1,9 @@
 """SIGTERM and Ctrl-C while the last save is being written (issue 13, points 3 and 4), as
 real processes: one run of 3 steps saving only the last, once without a signal to time
 the window between the `step 3/3` line and step 3's commit, then at delays spread over
-that window (and a little past it): one SIGTERM, two SIGTERMs, two SIGINTs. Every try leaves step 3 committed, or
-says in one line that its save was lost; none ends in `terminate called` (exit 134).
+that window (and a little past it): one SIGTERM, two SIGTERMs, two SIGINTs. Every try
+leaves step 3 committed, or says in one line that its save was lost; none ends in
+`terminate called` (exit 134).
 
 The processes are prewarmed (test_faults.py's Trainer): each imports while the one
 before runs, so a try costs its parse, build and three steps."""
