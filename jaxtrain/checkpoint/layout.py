@@ -3,6 +3,10 @@
 `<checkpoint_dir>/checkpoint_step_000040/` is one step. Orbax writes a step under a
 temporary name and renames it when every item is written, so a step directory with its
 final name and its trainer state is committed; anything else is an unfinished save.
+Orbax itself counts any directory with a step's final name as a step, so before a run's
+manager opens the root the others are renamed aside (set_aside_uncommitted): from then on
+both see the same steps. `<checkpoint_dir>/jaxtrain.lock` is the run that owns the root
+(ownership.py).
 """
 
 import re

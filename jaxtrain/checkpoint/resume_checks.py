@@ -10,7 +10,7 @@ import functools
 import os
 from pathlib import Path
 
-from jaxtrain.checkpoint.layout import CheckpointError
+from jaxtrain.checkpoint.layout import TRAINER_STATE_FILE, CheckpointError
 from jaxtrain.checkpoint.trainer_state import file_sha256
 from jaxtrain.data.identity import identity_differences, run_data_identity
 
@@ -36,8 +36,8 @@ def check_data(saved: dict, config, step_dir) -> list[str]:
         raise CheckpointError(
             f'{step_dir}: data: expected the training data this checkpoint was trained on, found '
             + '; '.join(different)
-            + '. Resume with that data (python -m jaxtrain.ckpt show lists it), or pass '
-            '--accept_changed_data true to train on this data from the saved position.'
+            + f'. Resume with that data (listed under "data" in {Path(step_dir) / TRAINER_STATE_FILE}), '
+            'or pass --accept_changed_data true to train on this data from the saved position.'
         )
     lines += [f'resume: accept_changed_data: training on changed data: {clause}' for clause in different]
     return lines
