@@ -44,7 +44,8 @@ class RunSaver:
             )
         setup = parts.setup
         self._llmc_sha256 = cached_sha256(setup.llmc_file) if setup.llmc_file else ''
-        self._data = data_identity(stream.paths, built_in=not config.input_bin)  # checked on resume
+        # Checked on resume; reads 16 blocks of 64 KiB per shard, so only when it will be saved.
+        self._data = data_identity(stream.paths, built_in=not config.input_bin) if self.checkpointer else None
         self._versions = library_versions()  # once per run, not per save
         self.last_saved_step = None
         self._last_save_time = time.monotonic()
