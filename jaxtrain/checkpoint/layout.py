@@ -3,6 +3,10 @@
 `<checkpoint_dir>/checkpoint_step_000040/` is one step. Orbax writes a step under a
 temporary name and renames it when every item is written, so a step directory with its
 final name and its trainer state is committed; anything else is an unfinished save.
+Orbax itself counts any directory with a step's final name as a step, so before a run's
+manager opens the root the others are renamed aside (set_aside_uncommitted): from then on
+both see the same steps. `<checkpoint_dir>/jaxtrain.lock` is the run that owns the root
+(ownership.py).
 """
 
 import re
@@ -14,6 +18,25 @@ _STEP_DIR = re.compile(rf'^{STEP_PREFIX}_(\d{{{STEP_DIGITS},}})$')
 TRAINER_STATE_FILE = Path('trainer_state') / 'metadata'  # where Orbax's JsonSave puts it
 UNFINISHED_SAVE = '.orbax-checkpoint-tmp'  # in the name of a step Orbax is still writing
 DAMAGED = 'the checkpoint is damaged: resume from an earlier step (python -m jaxtrain.ckpt ls lists them)'
+
+
+def damaged_advice(step_dir) -> str:
+    """DAMAGED for one step directory, naming the committed step before it to resume
+    instead (the newest may be the damaged one), and how to continue in its root."""
+    step_dir = Path(step_dir)
+    step = step_of(step_dir)
+    earlier = [s for s in committed_steps(step_dir.parent) if step is None or s < step]
+    if not earlier:
+        return (
+            f'the checkpoint is damaged, and {step_dir.parent} holds no committed step before it: '
+            'resume from an earlier step elsewhere (python -m jaxtrain.ckpt ls DIR lists them), or '
+            'start without --resume_from'
+        )
+    return (
+        f'the checkpoint is damaged: resume from the step before it, --resume_from '
+        f'{step_dir.parent / step_dir_name(earlier[-1])} (in its checkpoint_dir also pass '
+        '--config.overwrite_later_checkpoints=true to replace the damaged later steps)'
+    )
 
 
 class CheckpointError(Exception):
@@ -41,3 +64,27 @@ def committed_steps(root) -> list[int]:
     return sorted(step_of(p) for p in root.iterdir() if p.is_dir() and is_committed(p))
 
 
+
+
+SET_ASIDE = '.uncommitted'  # appended to a step directory's name that is not committed
+
+
+def set_aside_uncommitted(root) -> list[str]:
+    """Renames every directory with a step's final name that is not committed (no trainer
+    state: emptied, or copied in part) to NAME.uncommitted[-N], which neither jaxtrain nor
+    Orbax reads as a step, so that it can neither be resumed nor block a save of its
+    step. Nothing is deleted. Returns the new names."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    moved = []
+    for path in sorted(root.iterdir()):
+        if step_of(path) is None or not path.is_dir() or is_committed(path):
+            continue
+        target, n = path.with_name(path.name + SET_ASIDE), 1
+        while target.exists():
+            n += 1
+            target = path.with_name(f'{path.name}{SET_ASIDE}-{n}')
+        path.rename(target)
+        moved.append(target.name)
+    return moved

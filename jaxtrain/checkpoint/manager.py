@@ -30,7 +30,15 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from jaxtrain.checkpoint.checksums import format_checksums, start_tensor_sums
-from jaxtrain.checkpoint.layout import STEP_DIGITS, STEP_PREFIX, CheckpointError, committed_steps, step_dir_name
+from jaxtrain.checkpoint.layout import (
+    STEP_DIGITS,
+    STEP_PREFIX,
+    CheckpointError,
+    committed_steps,
+    set_aside_uncommitted,
+    step_dir_name,
+)
+from jaxtrain.checkpoint.record_digest import with_digest
 
 
 # --- rotation ---------------------------------------------------------------------
@@ -120,6 +128,11 @@ class Checkpointer:
 
     def __init__(self, checkpoint_dir: str, *, keep_latest: int, keep_every: int, protected_steps=()):
         self.root = Path(checkpoint_dir).absolute()
+        # Orbax counts every directory with a step's name as a step; jaxtrain only a committed
+        # one (layout.is_committed). One view for both: the others are moved aside first.
+        _barrier('jaxtrain: before uncommitted steps are set aside')
+        self.set_aside = set_aside_uncommitted(self.root) if jax.process_index() == 0 else []
+        _barrier('jaxtrain: uncommitted steps set aside')
         options = ocp.CheckpointManagerOptions(
             step_prefix=STEP_PREFIX,
             step_format_fixed_length=STEP_DIGITS,
@@ -147,9 +160,10 @@ class Checkpointer:
         if later and not overwrite:
             names = ', '.join(step_dir_name(s) for s in later)
             raise CheckpointError(
-                f'checkpoint_dir: {self.root}: expected no checkpoints after step {start_step}, found {names}. '
-                'Choose another --checkpoint_dir, resume from the newest one (--resume_from latest), or pass '
-                '--config.overwrite_later_checkpoints=true to delete them.'
+                f'checkpoint_dir: {self.root}: expected no checkpoints after step {start_step}, found '
+                f'{names}. To continue from step {start_step} here, pass '
+                '--config.overwrite_later_checkpoints=true to delete them (e.g. when they are damaged); '
+                'to continue from the newest, --resume_from latest; or choose another --checkpoint_dir.'
             )
         # Every process has listed the steps before process 0 deletes any, and sees them gone after.
         _barrier('jaxtrain: later checkpoints listed')
@@ -170,6 +184,7 @@ class Checkpointer:
             self.manager.check_for_errors()
         except Exception as e:
             raise self._save_failed(e, self._writing) from e
+        self._writing = step  # from here on, an abort names this step as lost until it commits
         items = {'params': params, 'rng': jnp.asarray(rng)}
         if opt_state is not None:
             items['opt_state'] = opt_state
@@ -185,9 +200,21 @@ class Checkpointer:
         else:
             self.blocking_saves += 1
             self._hand_to_orbax(step, items, _stacked_sums(items), trainer_state)
-        self._writing = step
+
+    def _refuse_existing(self, step: int):
+        """A step directory of this name that this run did not write (this run writes each
+        step once): Orbax's save would replace it, since its manager has not seen it."""
+        step_dir = self.step_dir(step)
+        if step_dir.exists():
+            raise CheckpointError(
+                f'checkpoint_dir: {self.root}: could not save {step_dir.name}: expected no such '
+                'directory, found one this run did not write (is another run using this '
+                f'checkpoint_dir?); it is left as it is. Pass another --checkpoint_dir, or resume '
+                f'from it with --resume_from {step_dir}.'
+            )
 
     def _hand_to_orbax(self, step: int, items: dict, sums_Nx2, trainer_state: dict):
+        self._refuse_existing(step)
         sums_tree = jax.tree.unflatten(jax.tree.structure(items), list(np.asarray(sums_Nx2)))
         del sums_tree['rng']  # recorded as its words, not checksummed
         items = dict(items)
@@ -198,7 +225,7 @@ class Checkpointer:
             'checksums': {name: format_checksums(tree) for name, tree in sums_tree.items()},
         }
         args = {name: ocp.args.StandardSave(tree) for name, tree in items.items()}
-        args['trainer_state'] = ocp.args.JsonSave(record)
+        args['trainer_state'] = ocp.args.JsonSave(with_digest(record))  # the digest covers every field
         # Returns once the arrays are copied off the device; the write continues in Orbax's
         # background. A failed write is raised by the next save or by wait()/close().
         try:
@@ -247,6 +274,19 @@ class Checkpointer:
             f'checkpoint_dir: {self.root}: could not save {failed}: {reason}; {kept}. Free space, '
             'then resume with --resume_from latest.'
         )
+
+    def abort_notice(self) -> str:
+        """For a run aborted at once: whether the last save is lost, and the newest
+        committed step (read from disk: Orbax commits in its own thread)."""
+        steps = committed_steps(self.root)
+        newest = (
+            f'the newest committed checkpoint is {self.step_dir(steps[-1])} (--resume_from latest resumes it)'
+            if steps
+            else f'no checkpoint is committed in {self.root}'
+        )
+        if self._writing is not None and self._writing not in steps:
+            return f'the save of {step_dir_name(self._writing)} was not committed and is lost; {newest}'
+        return f'every save started was committed; {newest}; steps trained after it are lost'
 
     def step_dir(self, step: int) -> Path:
         return self.root / step_dir_name(step)

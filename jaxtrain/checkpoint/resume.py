@@ -10,7 +10,11 @@ run's shardings whatever the saving mesh was (8 devices -> 1, 1 -> 8, FSDP -> da
 parallel); the resume line names what changed.
 """
 
+import contextlib
 import dataclasses
+import gc
+import logging
+import re
 from pathlib import Path
 
 import jax
@@ -27,10 +31,13 @@ from jaxtrain.checkpoint.layout import (
     UNFINISHED_SAVE,
     CheckpointError,
     committed_steps,
+    damaged_advice,
     is_committed,
     step_dir_name,
     step_of,
 )
+from jaxtrain.checkpoint.record_digest import check_digest
+from jaxtrain.checkpoint.resume_checks import check_data, check_weights_file
 from jaxtrain.checkpoint.trainer_state import (
     check_resumable,
     compare_with_run,
@@ -102,6 +109,7 @@ def restore(step_dir: Path, params_like, opt_state_like):
     optax's namedtuples come back as namedtuples. Checksums are verified."""
     step_dir = Path(step_dir).absolute()  # Orbax refuses relative paths
     trainer_state = read_trainer_state(step_dir)
+    check_digest(trainer_state, step_dir)
     check_resumable(trainer_state, step_dir)
     has_opt_state = (step_dir / 'opt_state').is_dir()
     if trainer_state.get('has_optimizer_state') and not has_opt_state:
@@ -122,12 +130,49 @@ def restore(step_dir: Path, params_like, opt_state_like):
     return params, opt_state, trainer_state
 
 
+class _Quiet(logging.Filter):
+    def filter(self, record):
+        return record.levelno < logging.ERROR
+
+
+@contextlib.contextmanager
+def _quiet_restore_errors():
+    """A damaged item fails every concurrent read of it, and asyncio logs each failed task
+    with its traceback and TensorStore spec (hundreds of lines for one bad zstd chunk)
+    besides the exception restore raises, which becomes the one-line refusal."""
+    quiet, loggers = _Quiet(), [logging.getLogger(name) for name in ('asyncio', 'absl')]
+    for logger in loggers:
+        logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        gc.collect()  # tasks whose exceptions nobody read log them when collected
+        for logger in loggers:
+            logger.removeFilter(quiet)
+
+
+def _first_cause(error: BaseException) -> str:
+    """The innermost cause's text (TensorStore's own reason, e.g. ZSTD_decompressStream()
+    failed), else the error's."""
+    for _ in range(20):  # a chain, not a cycle, but bounded all the same
+        inner = error.__cause__ or error.__context__
+        if inner is None:
+            break
+        error = inner
+    return str(error)
+
+
 def _restore_item(step_dir: Path, item: str, like):
     try:
-        return ocp.StandardCheckpointer().restore(step_dir / item, _abstract(like))
+        with _quiet_restore_errors():
+            return ocp.StandardCheckpointer().restore(step_dir / item, _abstract(like))
     except Exception as e:  # Orbax and TensorStore raise many kinds for a damaged item
         text = ' '.join(str(e).split()).split(' See full TensorStore details')[0] or type(e).__name__
-        reason = text if len(text) <= 160 else text[:157] + '...'
+        cause = ' '.join(_first_cause(e).split()).split(' See full TensorStore details')[0]
+        cause = re.sub(r' in OCDBT database at local file "[^"]*"', '', cause)  # the step dir says where
+        if cause and cause not in text:
+            text = f'{text} {cause}'
+        reason = text if len(text) <= 240 else text[:237] + '...'
         raise CheckpointError(
             f'{step_dir}: {item}: could not restore the saved arrays ({reason}); {DAMAGED}'
         ) from e
@@ -163,7 +208,11 @@ def resume_into(config, parts) -> Resumed:
     messages = [notice] if notice else []
     if step_dir is None:
         return Resumed(parts.state, None, None, messages)
-    saved = read_trainer_state(step_dir)
+    try:
+        saved = read_trainer_state(step_dir)
+        check_digest(saved, step_dir)  # before its fields are compared with the run
+    except CheckpointError as e:
+        raise CheckpointError(str(e).replace(DAMAGED, damaged_advice(step_dir))) from None
     model_config = dataclasses.asdict(parts.setup.model_config)
     incompatible, changes = compare_with_run(saved, model_config, config.to_dict())
     incompatible += lora_resume_problems(saved, config, parts.setup)  # settings and base file
@@ -175,8 +224,14 @@ def resume_into(config, parts) -> Resumed:
             f'{step_dir} lists them), or start a new run without --resume_from.'
         )
     messages += [f'resume: changed since the checkpoint: {change}' for change in changes]
+    messages += check_data(saved, config, step_dir) + check_weights_file(saved, config, step_dir)
     state = parts.state
-    params, opt_state, saved = restore(step_dir, state.params, state.opt_state)
+    try:
+        params, opt_state, saved = restore(step_dir, state.params, state.opt_state)
+    except CheckpointError as e:  # name the step to resume instead of the generic advice
+        if DAMAGED not in str(e):
+            raise
+        raise CheckpointError(str(e).replace(DAMAGED, damaged_advice(step_dir))) from e
     if opt_state is None:
         messages.append(f'resume: {step_dir} has no optimizer state; starting with fresh optimizer moments')
         fresh = lambda p: set_schedule_position(parts.tx.init(p), saved['step'])

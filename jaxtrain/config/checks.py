@@ -1,6 +1,8 @@
 """Refuses a bad config before anything is built: one line naming the key, what was
 expected and what was found."""
 
+from pathlib import Path
+
 from jaxtrain.models.attention import IMPLEMENTATIONS
 from jaxtrain.train.optim import OPTIMIZERS, SCHEDULES
 
@@ -21,7 +23,6 @@ NON_NEGATIVE = (
     'keep_every_steps',
     'save_every_minutes',
     'val_loss_every',
-    'val_max_steps',
     'warmup_steps',
     'learning_rate',
     'weight_decay',
@@ -47,6 +48,7 @@ def check_config(config):
     for key in MESH_AXES:
         if config[key] == 0 or config[key] < -1:
             problems.append(f'{key}: expected a positive size or -1 (fill), found {config[key]}')
+    problems += _range_problems(config)
     if config.process_id < -1:
         problems.append(
             f'process_id: expected a value >= 0, or -1 (from the environment), found {config.process_id}'
@@ -59,6 +61,41 @@ def check_config(config):
         )
     if problems:
         raise ValueError('; '.join(problems))
+
+
+def _range_problems(config) -> list[str]:
+    """Values of the right type that still make no sense (a negative learning rate at the
+    end of a cosine, an Adam average that never forgets, a validation of no batches)."""
+    problems = []
+    if not 0 <= config.min_lr_ratio <= 1:
+        problems.append(
+            f'min_lr_ratio: expected 0..1 (a fraction of learning_rate), found {config.min_lr_ratio}'
+        )
+    for key in ('beta1', 'beta2'):
+        if not 0 <= config[key] < 1:
+            problems.append(f'{key}: expected 0 <= {key} < 1, found {config[key]}')
+    if not config.eps > 0:
+        problems.append(f'eps: expected a value > 0, found {config.eps}')
+    if config.val_max_steps < 1:
+        problems.append(
+            f'val_max_steps: expected at least 1 batch per evaluation, found {config.val_max_steps}'
+        )
+    blocking = _file_in_the_way(config.metrics_dir)
+    if blocking:
+        problems.append(
+            f'metrics_dir: {config.metrics_dir}: expected a directory (metrics.jsonl is written inside), '
+            f'found {blocking} is a file; pass another --metrics_dir'
+        )
+    return problems
+
+
+def _file_in_the_way(directory: str) -> str:
+    """The existing file that `directory` is, or would be created under ('' if none)."""
+    if not directory:
+        return ''
+    path = Path(directory).absolute()
+    existing = next((p for p in [path, *path.parents] if p.exists()), None)
+    return str(existing) if existing is not None and not existing.is_dir() else ''
 
 
 def deterministic_wanted(config) -> bool:

@@ -96,6 +96,11 @@ KEYS = (
     ('lora_save_path', '', "write the LoRA weights in InfiniTrain's file format after training ('' = no)"),
     ('lora_load_path', '', "start from an InfiniTrain LoRA weights file ('' = upstream's init)"),
     (
+        'accept_changed_data',
+        False,
+        'resume although the training data differs from the checkpoint\'s (what changed is logged)',
+    ),
+    (
         'deterministic',
         'auto',
         'auto | true | false: deterministic GPU kernels (auto: on when saving or resuming)',

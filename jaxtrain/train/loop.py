@@ -15,6 +15,8 @@ import jax
 import numpy as np
 
 from jaxtrain.checkpoint.resume import resume_into
+from jaxtrain.checkpoint.root_access import owned_checkpoint_dir
+from jaxtrain.config.checks import check_config
 from jaxtrain.data.run_streams import open_run_streams
 from jaxtrain.models.lora_setup import save_lora_weights
 from jaxtrain.parallel import sharding
@@ -56,6 +58,13 @@ def validate(parts, state, val_stream, max_steps: int) -> float:
 
 
 def run(config) -> int:
+    check_config(config)  # before metrics_dir or checkpoint_dir is created
+    # Before anything is built: a refused run changes nothing (root_access.py).
+    with owned_checkpoint_dir(config):
+        return _run(config)
+
+
+def _run(config) -> int:
     log = RunLog(config.metrics_dir)
     parts = build_trainer(config)  # mesh, geometry, model, optimizer, state, jitted steps
     geometry, schedule = parts.geometry, parts.schedule
@@ -68,6 +77,9 @@ def run(config) -> int:
         log.info(message)
     step, data_position = int(state.step), int(state.data_position)
     saver = RunSaver(config, parts, stream, resumed.step_dir, step)
+    if saver.checkpointer is not None and saver.checkpointer.set_aside:
+        aside = saver.checkpointer.set_aside
+        log.info(f'checkpoint_dir: not committed (no trainer state), set aside: {aside}')
     if saver.deleted_later_steps:
         log.info(
             f'overwrite_later_checkpoints: deleted steps {saver.deleted_later_steps} of {saver.checkpointer.root}'
@@ -79,7 +91,7 @@ def run(config) -> int:
     if step >= config.num_iteration:
         log.info(f'nothing to do: the run is at step {step} and num_iteration is {config.num_iteration}')
 
-    stop = StopRequest().install()
+    stop = StopRequest(saver.abort_notice).install()
     stopping = False  # `stop` as all processes agree on it (agree_on_step_end)
     epoch = stream.epoch_of(data_position)
     batch_shape = (geometry.accumulation, geometry.rows_per_micro_step, geometry.sequence_length)
@@ -152,9 +164,11 @@ def run(config) -> int:
         if config.lora_save_path:  # InfiniTrain's --lora_save_path: its file, after training
             log.info(save_lora_weights(config.lora_save_path, state.params))
     finally:
-        stop.restore()
-        saver.close()
-        log.close()
+        try:
+            saver.close()  # with the handler still installed: a signal now waits for the write
+        finally:
+            stop.restore()
+            log.close()
     return _exit(log, stop, stopping, saver, step)
 
 
@@ -170,6 +184,8 @@ def _exit(log, stop, stopping: bool, saver: RunSaver, step: int) -> int:
             return 0
         log.info(f'{signal_name}: stopped after step {step}; nothing saved (no checkpoint_dir)')
         return 128 + {'SIGINT': 2, 'SIGTERM': 15}.get(stop.signal_name, 0)
+    if stop:
+        log.info(f'{stop.signal_name}: arrived during the last save, which was waited for')
     if saver.last_saved_step is not None:
         log.info(f'saved: {saver.checkpointer.step_dir(saver.last_saved_step)}')
     return 0

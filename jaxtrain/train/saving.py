@@ -10,7 +10,9 @@ import time
 from jaxtrain.checkpoint import layout
 from jaxtrain.checkpoint.lora_record import lora_record
 from jaxtrain.checkpoint.manager import Checkpointer
-from jaxtrain.checkpoint.trainer_state import file_sha256, library_versions, trainer_state_record
+from jaxtrain.checkpoint.resume_checks import cached_sha256
+from jaxtrain.checkpoint.trainer_state import library_versions, trainer_state_record
+from jaxtrain.data.identity import data_identity
 from jaxtrain.models.lora import count_parameters
 from jaxtrain.train.optim import learning_rate_at
 
@@ -30,7 +32,8 @@ class RunSaver:
             protected = (
                 [layout.step_of(resume_dir)]
                 if resume_dir is not None
-                and resume_dir.parent.absolute() == layout.Path(config.checkpoint_dir).absolute()
+                # resolve, not absolute: ck/../ck or a symlinked root names the same directory
+                and resume_dir.parent.resolve() == layout.Path(config.checkpoint_dir).resolve()
                 else []
             )
             self.checkpointer = Checkpointer(
@@ -43,7 +46,9 @@ class RunSaver:
                 start_step, config.overwrite_later_checkpoints
             )
         setup = parts.setup
-        self._llmc_sha256 = file_sha256(setup.llmc_file) if setup.llmc_file else ''
+        self._llmc_sha256 = cached_sha256(setup.llmc_file) if setup.llmc_file else ''
+        # Checked on resume; reads 16 blocks of 64 KiB per shard, so only when it will be saved.
+        self._data = data_identity(stream.paths, built_in=not config.input_bin) if self.checkpointer else None
         self._versions = library_versions()  # once per run, not per save
         self.last_saved_step = None
         self._last_save_time = time.monotonic()
@@ -81,6 +86,7 @@ class RunSaver:
         )
         if parts.setup.lora is not None:  # adapters only: the record names their base (lora_record.py)
             record['lora'] = lora_record(parts.setup, count_parameters(state.params))
+        record['data'] = self._data
         opt_state = state.opt_state if config.save_optimizer_state else None
         self.checkpointer.save(step, state.params, opt_state, state.rng, record)
         self.last_saved_step, self._last_save_time = step, time.monotonic()
@@ -91,6 +97,11 @@ class RunSaver:
         if self.last_saved_step is not None:
             return self.checkpointer.step_dir(self.last_saved_step)
         return self.resume_dir
+
+    def abort_notice(self) -> str:
+        if self.checkpointer is None:
+            return 'nothing is saved (no checkpoint_dir)'
+        return self.checkpointer.abort_notice()
 
     def close(self):
         if self.checkpointer is not None:
