@@ -44,8 +44,10 @@ def check_data(saved: dict, config, step_dir) -> list[str]:
 
 
 def check_weights_file(saved: dict, config, step_dir) -> list[str]:
-    """--llmc_filepath on a resume sets the model's shape; the weights are the checkpoint's."""
-    if not config.llmc_filepath:
+    """--llmc_filepath on a resume sets the model's shape; the weights are the checkpoint's.
+    A LoRA checkpoint holds only adapters: its base weights do come from the file, and
+    lora_record.py refuses a base whose sha256 differs, so there is nothing to say here."""
+    if not config.llmc_filepath or saved.get('lora'):
         return []
     lines = [
         f'resume: the weights come from the checkpoint {step_dir}; --llmc_filepath '
