@@ -14,7 +14,8 @@ LLMCFormatError with one line naming the file, the field, what was expected and 
 from llmc_io.errors import LLMCFormatError
 from llmc_io.gpt2 import GPT2Header, load_gpt2, save_gpt2
 from llmc_io.header import ModelInfo
-from llmc_io.llama3 import LAYOUT_INFINITRAIN, LAYOUT_LLMC, LLaMA3Header, load_llama3, save_llama3
+from llmc_io.llama3 import LAYOUT_INFINITRAIN, LLaMA3Header, load_llama3, save_llama3
+from llmc_io.llama3_header import LAYOUT_LLMC
 from llmc_io.model import load_model, model_info
 from llmc_io.shards import ShardInfo, read_shard, shard_info, write_shard
 

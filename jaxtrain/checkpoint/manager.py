@@ -10,251 +10,27 @@ CheckpointManager, with three items:
 Orbax writes a step into a temporary directory and renames it when complete, so a
 killed save never looks committed; leftovers are removed when a manager opens the root.
 
-Resume order (train.py): an explicit `resume_from` step directory, or `latest` (newest
-committed step in checkpoint_dir), else the llmc file, else random init.
-
-Topology: arrays are saved sharded as they live on the mesh, and restored onto the
-current run's shardings whatever the saving mesh was (8 devices -> 1, 1 -> 8, FSDP ->
-data parallel); the trainer state records the saving topology and the resume line names
-what changed. With many processes every process calls save and restore (Orbax writes
-each process's shards and process 0 the metadata); only process 0 deletes directories.
+Where things are: layout.py (names, "committed"), trainer_state.py (the JSON record),
+resume.py (resolve and restore). With many processes every process calls save and
+restore (Orbax writes each process's shards and process 0 the metadata); only process 0
+deletes directories.
 """
 
 import concurrent.futures
 import contextlib
 import dataclasses
-import json
 import re
 import shutil
 import sys
-import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import orbax.checkpoint as ocp
 
-from jaxtrain.checkpoint.checksums import checksum_mismatches, format_checksums, start_tensor_sums
-
-STEP_PREFIX = 'checkpoint_step'
-STEP_DIGITS = 6
-_STEP_DIR = re.compile(rf'^{STEP_PREFIX}_(\d{{{STEP_DIGITS},}})$')
-TRAINER_STATE_FILE = Path('trainer_state') / 'metadata'  # where Orbax's JsonSave puts it
-_UNFINISHED_SAVE = '.orbax-checkpoint-tmp'  # in the name of a step Orbax is still writing
-DAMAGED = 'the checkpoint is damaged: resume from an earlier step (python -m jaxtrain.ckpt ls lists them)'
-
-
-class CheckpointError(Exception):
-    """A problem with a checkpoint or the checkpoint settings; the message is one line."""
-
-
-def step_dir_name(step: int) -> str:
-    return f'{STEP_PREFIX}_{step:0{STEP_DIGITS}d}'
-
-
-def step_of(step_dir: Path) -> int | None:
-    match = _STEP_DIR.match(Path(step_dir).name)
-    return int(match.group(1)) if match else None
-
-
-def is_committed(step_dir: Path) -> bool:
-    """A finished Orbax step: final name (not a tmp name) and its trainer state present."""
-    return step_of(step_dir) is not None and (Path(step_dir) / TRAINER_STATE_FILE).is_file()
-
-
-def committed_steps(root) -> list[int]:
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    return sorted(step_of(p) for p in root.iterdir() if p.is_dir() and is_committed(p))
-
-
-def resolve_resume(resume_from: str, checkpoint_dir: str) -> tuple[Path | None, str]:
-    """Returns (step directory or None, a notice for the log)."""
-    if not resume_from:
-        return None, ''
-    if resume_from == 'latest':
-        if not checkpoint_dir:
-            raise CheckpointError(
-                "resume_from: 'latest' needs checkpoint_dir; found checkpoint_dir empty. "
-                'Pass --checkpoint_dir DIR.'
-            )
-        steps = committed_steps(checkpoint_dir)
-        if not steps:
-            return None, f'resume_from=latest: no committed checkpoint in {checkpoint_dir}; starting fresh'
-        # Absolute: Orbax refuses relative paths, and the README's commands use them.
-        return Path(checkpoint_dir).absolute() / step_dir_name(steps[-1]), ''
-    path = Path(resume_from).absolute()
-    if not path.exists():
-        raise CheckpointError(
-            f'resume_from: {path}: expected a {STEP_PREFIX}_NNNNNN directory, found nothing there'
-        )
-    if _UNFINISHED_SAVE in path.name:
-        steps = committed_steps(path.parent)
-        pick = (
-            f'Pick a committed step instead: {", ".join(step_dir_name(s) for s in steps)}'
-            if steps
-            else f'{path.parent} holds no committed step to pick instead'
-        )
-        raise CheckpointError(
-            f'resume_from: {path}: expected a committed checkpoint, found an unfinished save (the '
-            f'temporary name Orbax writes under until a save completes). {pick}.'
-        )
-    if step_of(path) is not None:
-        if not is_committed(path):
-            raise CheckpointError(
-                f'resume_from: {path}: expected a committed checkpoint, found no '
-                f'{TRAINER_STATE_FILE} (an interrupted or damaged save). Pick an earlier step.'
-            )
-        return path, ''
-    steps = committed_steps(path)
-    if steps:
-        names = ', '.join(step_dir_name(s) for s in steps)
-        raise CheckpointError(
-            f'resume_from: {path}: expected a step directory, found a checkpoint root '
-            f'holding {names}. Pass one of them, e.g. {path / step_dir_name(steps[-1])}, '
-            f'or --resume_from latest --checkpoint_dir {path}.'
-        )
-    raise CheckpointError(
-        f'resume_from: {path}: expected a {STEP_PREFIX}_NNNNNN directory, found a '
-        'directory that is not a checkpoint'
-    )
-
-
-def read_trainer_state(step_dir) -> dict:
-    path = Path(step_dir) / TRAINER_STATE_FILE
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f'{path}: expected the trainer state JSON, found no file; {DAMAGED}') from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f'{path}: expected JSON, found unreadable content ({e}); {DAMAGED}') from None
-
-
-def check_resumable(trainer_state: dict, step_dir) -> None:
-    """The fields a resume uses, checked before anything is restored, so that an edited or
-    damaged trainer state is named here rather than failing later without its file."""
-    path = Path(step_dir) / TRAINER_STATE_FILE
-    for key in ('step', 'data_position'):
-        value = trainer_state.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            found = 'none' if key not in trainer_state else repr(value)
-            raise CheckpointError(f'{path}: {key}: expected an integer >= 0, found {found}; {DAMAGED}')
-    rng = trainer_state.get('rng')
-    if not (isinstance(rng, list) and rng and all(isinstance(x, int) and 0 <= x < 2**32 for x in rng)):
-        found = 'none' if 'rng' not in trainer_state else repr(rng)
-        raise CheckpointError(f'{path}: rng: expected a list of uint32 key words, found {found}; {DAMAGED}')
-
-
-def trainer_state_record(
-    config,
-    *,
-    step: int,
-    data_position: int,
-    epoch: int,
-    learning_rate: float,
-    model_config: dict,
-    tokens_per_step: int,
-    topology: dict,
-    versions: dict,
-    llmc_file: str,
-    llmc_sha256: str,
-) -> dict:
-    """The trainer_state JSON of one checkpoint (every field `ckpt show` prints), less the
-    rng and the per-tensor checksums, which Checkpointer.save adds off the loop."""
-    return {
-        'step': step,
-        'data_position': data_position,
-        'epoch': epoch,
-        'learning_rate': learning_rate,
-        'model_family': config.model_family,
-        'model_config': model_config,
-        'training_config': config.to_dict(),
-        'dtype': config.dtype,
-        'tokens_per_step': tokens_per_step,
-        'topology': topology,
-        'versions': versions,
-        'llmc_file': llmc_file,
-        'llmc_sha256': llmc_sha256,
-        'has_optimizer_state': bool(config.save_optimizer_state),
-        'saved_at': time.time(),
-    }
-
-
-# --- compatibility between a checkpoint and the current run -------------------------
-
-# Keys whose change makes the saved state meaningless for this run.
-_MUST_MATCH = ('model_family', 'optimizer', 'sequence_length', 'total_batch_size')
-# Keys that may change between runs; the change is reported.
-_MAY_CHANGE = (
-    'learning_rate',
-    'lr_schedule',
-    'warmup_steps',
-    'min_lr_ratio',
-    'num_iteration',
-    'beta1',
-    'beta2',
-    'eps',
-    'weight_decay',
-    'grad_clip',
-    'dtype',
-    'batch_size',
-    'input_bin',
-    'save_steps',
-    'max_checkpoint_keep',
-    'keep_every_steps',
-    'save_every_minutes',
-    'save_optimizer_state',
-    'attention',
-    'deterministic',
-    'num_devices',
-    'mesh_data',
-    'mesh_fsdp',
-    'mesh_tensor',
-    'val_loss_every',
-    'input_val_bin',
-)
-
-
-def compare_with_run(saved: dict, model_config: dict, training_config: dict) -> tuple[list[str], list[str]]:
-    """Returns (incompatible fields, allowed changes), each 'field: checkpoint X, now Y'."""
-    incompatible, changes = [], []
-    saved_model = saved.get('model_config', {})
-    for key in sorted(set(saved_model) | set(model_config)):
-        if saved_model.get(key) != model_config.get(key):
-            incompatible.append(
-                f'model_config.{key}: checkpoint {saved_model.get(key)!r}, now {model_config.get(key)!r}'
-            )
-    saved_training = saved.get('training_config', {})
-    for key in _MUST_MATCH:
-        if saved_training.get(key) != training_config.get(key):
-            incompatible.append(
-                f'{key}: checkpoint {saved_training.get(key)!r}, now {training_config.get(key)!r}'
-            )
-    for key in _MAY_CHANGE:
-        if key in saved_training and saved_training.get(key) != training_config.get(key):
-            changes.append(f'{key}: checkpoint {saved_training.get(key)!r}, now {training_config.get(key)!r}')
-    return incompatible, changes
-
-
-def describe_topology(topology: dict) -> str:
-    """'8 cpu devices in 1 process, mesh data 2 × fsdp 4 × tensor 1' (fields may be missing
-    in older checkpoints: '?')."""
-    mesh = ' × '.join(f'{axis} {size}' for axis, size in topology.get('mesh', {}).items()) or '?'
-    return (
-        f"{topology.get('device_count', '?')} {topology.get('platform', '?')} device(s) in "
-        f"{topology.get('process_count', '?')} process(es), mesh {mesh}"
-    )
-
-
-def topology_change(saved: dict, now: dict) -> str:
-    """One clause for the resume line: 'same topology (...)' or 'topology changed: ... -> ...'."""
-    fields = ('platform', 'device_count', 'process_count', 'mesh')
-    if all(saved.get(f) == now.get(f) for f in fields):
-        return f'same topology ({describe_topology(now)})'
-    return f'topology changed: saved on {describe_topology(saved)}, now {describe_topology(now)}'
+from jaxtrain.checkpoint.checksums import format_checksums, start_tensor_sums
+from jaxtrain.checkpoint.layout import STEP_DIGITS, STEP_PREFIX, CheckpointError, committed_steps, step_dir_name
 
 
 # --- rotation ---------------------------------------------------------------------
@@ -474,54 +250,3 @@ class Checkpointer:
 
     def step_dir(self, step: int) -> Path:
         return self.root / step_dir_name(step)
-
-
-def _abstract(tree):
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
-
-
-def restore(step_dir: Path, params_like, opt_state_like):
-    """Restores (params, opt_state or None, trainer_state) onto the shardings of the
-    given live trees; the optimizer state is restored against its abstract tree so
-    optax's namedtuples come back as namedtuples. Checksums are verified."""
-    step_dir = Path(step_dir).absolute()  # Orbax refuses relative paths
-    trainer_state = read_trainer_state(step_dir)
-    check_resumable(trainer_state, step_dir)
-    has_opt_state = (step_dir / 'opt_state').is_dir()
-    if trainer_state.get('has_optimizer_state') and not has_opt_state:
-        raise CheckpointError(
-            f'{step_dir}: opt_state: expected the optimizer state (the trainer state says '
-            f'has_optimizer_state), found no opt_state directory; {DAMAGED}'
-        )
-    params = _restore_item(step_dir, 'params', params_like)
-    opt_state = _restore_item(step_dir, 'opt_state', opt_state_like) if has_opt_state else None
-    checksums = trainer_state.get('checksums', {})
-    problems = checksum_mismatches(params, checksums.get('params', {}), 'params')
-    if opt_state is not None:
-        problems += checksum_mismatches(opt_state, checksums.get('opt_state', {}), 'opt_state')
-    if problems:
-        raise CheckpointError(
-            f'{step_dir}: checksum verification failed: ' + '; '.join(problems) + f'; {DAMAGED}'
-        )
-    return params, opt_state, trainer_state
-
-
-def _restore_item(step_dir: Path, item: str, like):
-    try:
-        return ocp.StandardCheckpointer().restore(step_dir / item, _abstract(like))
-    except Exception as e:  # Orbax and TensorStore raise many kinds for a damaged item
-        text = ' '.join(str(e).split()).split(' See full TensorStore details')[0] or type(e).__name__
-        reason = text if len(text) <= 160 else text[:157] + '...'
-        raise CheckpointError(
-            f'{step_dir}: {item}: could not restore the saved arrays ({reason}); {DAMAGED}'
-        ) from e
-
-
-def set_schedule_position(opt_state, step: int):
-    """Fresh optimizer moments, but the learning-rate schedule continues at `step`."""
-    is_schedule = lambda s: isinstance(s, optax.ScaleByScheduleState)
-    return jax.tree.map(
-        lambda s: optax.ScaleByScheduleState(count=np.asarray(step, np.int32)) if is_schedule(s) else s,
-        opt_state,
-        is_leaf=is_schedule,
-    )

@@ -52,11 +52,12 @@ import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from jaxtrain.checkpoint import manager as ckpt
+from jaxtrain.checkpoint import manager as ckpt_manager
+from jaxtrain.checkpoint import resume as ckpt_resume
+from jaxtrain.checkpoint import trainer_state as ckpt_record
 from jaxtrain.train import deterministic_flag
 from jaxtrain.tools import kernel_profile
 from jaxtrain.parallel import sharding
-from jaxtrain.train import loop as train
 from jaxtrain.config import flags as key_flags
 from jaxtrain.config.checks import deterministic_wanted
 from jaxtrain.models.setup import DTYPES
@@ -249,18 +250,18 @@ class SaveTiming:
     blocked_s: float
 
 
-def make_save(subject: Subject, checkpointer: ckpt.Checkpointer, versions: dict):
+def make_save(subject: Subject, checkpointer: ckpt_manager.Checkpointer, versions: dict):
     """train.run's save(state): its trainer-state JSON (epoch 0: there is no data stream)
     and the Checkpointer's asynchronous save, timed as the loop sees it."""
     config, model_config = subject.config, subject.setup.model_config
     model_config_dict = dataclasses.asdict(model_config)
-    llmc_sha256 = train.file_sha256(subject.setup.llmc_file) if subject.setup.llmc_file else ''
+    llmc_sha256 = ckpt_record.file_sha256(subject.setup.llmc_file) if subject.setup.llmc_file else ''
 
     def save(state, step: int) -> SaveTiming:
         """As the trainer, which knows the step on the host: the state has no data stream, so
         its data position is its step."""
         began = time.perf_counter()
-        record = ckpt.trainer_state_record(
+        record = ckpt_record.trainer_state_record(
             config,
             step=step,
             data_position=step,
@@ -322,7 +323,7 @@ def measure_checkpoints(subject, step_fn, state, settings: Settings, baseline: P
     median_step = statistics.median(baseline.step_seconds)
     with tempfile.TemporaryDirectory(prefix='jaxtrain-bench-', dir=settings.save_dir or None) as root:
         # Rotation as configured, but at most 2 kept so a long benchmark cannot fill the disk.
-        checkpointer = ckpt.Checkpointer(root, keep_latest=config.max_checkpoint_keep or 2, keep_every=0)
+        checkpointer = ckpt_manager.Checkpointer(root, keep_latest=config.max_checkpoint_keep or 2, keep_every=0)
         save = make_save(subject, checkpointer, versions)
         # The first save compiles the checksum kernels and allocates host buffers: a one-off,
         # timed apart. Waiting for its write gives the background write time of one checkpoint.
@@ -338,7 +339,7 @@ def measure_checkpoints(subject, step_fn, state, settings: Settings, baseline: P
         newest = checkpointer.step_dir(saving.saves[-1].step)
         checkpoint_bytes = _directory_bytes(newest)
         began = time.perf_counter()
-        restored = ckpt.restore(newest, state.params, state.opt_state)
+        restored = ckpt_resume.restore(newest, state.params, state.opt_state)
         jax.block_until_ready(restored[:2])
         restore_seconds = time.perf_counter() - began
         del restored
@@ -388,7 +389,7 @@ def run_benchmark(config, settings: Settings, deterministic: bool) -> dict:
     peak_bytes = _peak_bytes_in_use(devices)
 
     median_step = statistics.median(plain.step_seconds)
-    versions = train.library_versions()
+    versions = ckpt_record.library_versions()
     result = {
         'command': _command_line(),
         'measured_at': time.strftime('%Y-%m-%dT%H:%M:%S%z'),

@@ -201,7 +201,7 @@ def _show_text(step_dir, state: dict) -> str:
 
 def cmd_show(args) -> int:
     from jaxtrain.tools import ckpt_inspect
-    from jaxtrain.checkpoint.manager import read_trainer_state
+    from jaxtrain.checkpoint.trainer_state import read_trainer_state
 
     step_dir = ckpt_inspect.find_finished_step_dir(args.step_dir)
     state = read_trainer_state(step_dir)
@@ -239,7 +239,7 @@ def cmd_show(args) -> int:
 
 def cmd_diff(args) -> int:
     from jaxtrain.tools import ckpt_inspect
-    from jaxtrain.checkpoint.manager import read_trainer_state
+    from jaxtrain.checkpoint.trainer_state import read_trainer_state
 
     step_a, step_b = ckpt_inspect.find_finished_step_dir(args.a), ckpt_inspect.find_finished_step_dir(args.b)
     state_a, state_b = read_trainer_state(step_a), read_trainer_state(step_b)
@@ -434,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         text = str(e).strip()
         message = text.splitlines()[0] if text else type(e).__name__
-        from jaxtrain.checkpoint.manager import CheckpointError
+        from jaxtrain.checkpoint.layout import CheckpointError
 
         kind = '' if isinstance(e, CheckpointError) else f' ({type(e).__name__})'
         print(f'{PROG} {args.command}: error: {message}{kind}', file=sys.stderr)

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 
 import llmc_io
-from jaxtrain.checkpoint.manager import CheckpointError, read_trainer_state
+from jaxtrain.checkpoint.layout import CheckpointError
+from jaxtrain.checkpoint.trainer_state import read_trainer_state
 from jaxtrain.checkpoint.checksums import checksum_mismatches
 from jaxtrain.tools.ckpt_inspect import flatten, model_config_object, restore_item
 

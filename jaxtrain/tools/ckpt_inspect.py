@@ -16,16 +16,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxtrain.checkpoint.manager import (
-    STEP_PREFIX,
-    TRAINER_STATE_FILE,
-    CheckpointError,
-    committed_steps,
-    is_committed,
-    read_trainer_state,
-    step_dir_name,
-    step_of,
-)
+from jaxtrain.checkpoint.layout import STEP_PREFIX, TRAINER_STATE_FILE, CheckpointError, committed_steps, is_committed, step_dir_name, step_of
+from jaxtrain.checkpoint.trainer_state import read_trainer_state
 from jaxtrain.checkpoint.checksums import checksum_mismatches, path_name, tensor_checksums
 
 ARRAY_ITEMS = ('params', 'opt_state')

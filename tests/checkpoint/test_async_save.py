@@ -6,7 +6,9 @@ import numpy as np
 import optax
 import pytest
 
-from jaxtrain.checkpoint import manager as ckpt
+from jaxtrain.checkpoint import layout as ckpt_layout
+from jaxtrain.checkpoint import manager as ckpt_manager
+from jaxtrain.checkpoint import resume as ckpt_resume
 
 RECORD = {'step': 1, 'data_position': 1, 'epoch': 0, 'has_optimizer_state': True}
 RNG = jnp.array([0, 42], jnp.uint32)
@@ -28,12 +30,12 @@ _donating_step = jax.jit(_add_one.__wrapped__, donate_argnums=0)
 
 @pytest.mark.parametrize('room_on_device', [True, False])
 def test_saved_values_are_those_at_save_time_even_after_donation(tmp_path, monkeypatch, room_on_device):
-    monkeypatch.setattr(ckpt, '_room_for_snapshot', lambda needed: room_on_device)
+    monkeypatch.setattr(ckpt_manager, '_room_for_snapshot', lambda needed: room_on_device)
     _, params, opt_state = _state()
     expected = jax.tree.map(
         lambda x: np.array(x, copy=True), (params, opt_state)
     )  # no view: views block donation
-    checkpointer = ckpt.Checkpointer(str(tmp_path), keep_latest=0, keep_every=0)
+    checkpointer = ckpt_manager.Checkpointer(str(tmp_path), keep_latest=0, keep_every=0)
     checkpointer.save(1, params, opt_state, RNG, dict(RECORD))
     # The trainer's next step donates (deletes) the live buffers right after save() returns.
     new_params, new_opt_state = _donating_step((params, opt_state))
@@ -44,7 +46,7 @@ def test_saved_values_are_those_at_save_time_even_after_donation(tmp_path, monke
     checkpointer.close()
     assert checkpointer.blocking_saves == (0 if room_on_device else 1)
 
-    restored, restored_opt, record = ckpt.restore(
+    restored, restored_opt, record = ckpt_resume.restore(
         tmp_path / 'checkpoint_step_000001', new_params, new_opt_state
     )
     for got, want in zip(jax.tree.leaves((restored, restored_opt)), jax.tree.leaves(expected)):
@@ -56,7 +58,7 @@ def test_saved_values_are_those_at_save_time_even_after_donation(tmp_path, monke
 
 def test_snapshot_is_a_separate_buffer():
     tree = {'w': jnp.arange(6.0)}
-    copy, sums = ckpt._snapshot(tree)
+    copy, sums = ckpt_manager._snapshot(tree)
     assert sums.shape == (1, 2)  # the two checksums of checksums.py, per leaf
     assert copy['w'].unsafe_buffer_pointer() != tree['w'].unsafe_buffer_pointer()
     np.testing.assert_array_equal(copy['w'], tree['w'])
@@ -74,21 +76,21 @@ def test_room_for_snapshot_reads_device_memory(monkeypatch):
             return {'bytes_limit': 10_000, 'bytes_in_use': 10_000 - self.free}
 
     monkeypatch.setattr(type(device), 'memory_stats', lambda self: Stats(6000)())
-    needed = ckpt._bytes_per_device(tree)
+    needed = ckpt_manager._bytes_per_device(tree)
     assert needed == {device: 4000}
-    assert ckpt._room_for_snapshot(needed)  # 6000 free >= 1.25 x 4000
+    assert ckpt_manager._room_for_snapshot(needed)  # 6000 free >= 1.25 x 4000
     monkeypatch.setattr(type(device), 'memory_stats', lambda self: Stats(4500)())
-    assert not ckpt._room_for_snapshot(needed)
+    assert not ckpt_manager._room_for_snapshot(needed)
 
 
 def test_a_failed_handoff_surfaces_at_wait(tmp_path, monkeypatch):
     _, params, opt_state = _state()
-    checkpointer = ckpt.Checkpointer(str(tmp_path), keep_latest=0, keep_every=0)
+    checkpointer = ckpt_manager.Checkpointer(str(tmp_path), keep_latest=0, keep_every=0)
 
     def broken_save(*args, **kwargs):
         raise OSError('No space left on device')
 
     monkeypatch.setattr(checkpointer.manager, 'save', broken_save)
     checkpointer.save(1, params, opt_state, RNG, dict(RECORD))  # returns: the failure is in the thread
-    with pytest.raises(ckpt.CheckpointError, match='could not save checkpoint_step_000001: No space left'):
+    with pytest.raises(ckpt_layout.CheckpointError, match='could not save checkpoint_step_000001: No space left'):
         checkpointer.wait()

@@ -8,7 +8,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from jaxtrain.checkpoint import manager as ckpt
+from jaxtrain.checkpoint import layout as ckpt_layout
+from jaxtrain.checkpoint import resume as ckpt_resume
 from trainer_runs import load_config, random_shard, tiny_llmc_model, train
 
 
@@ -33,7 +34,7 @@ def config(files, tmp_path, name, **overrides):
 
 
 def steps_in(path):
-    return ckpt.committed_steps(path)
+    return ckpt_layout.committed_steps(path)
 
 
 def test_rotation_keeps_newest_k_and_every_multiple(files, tmp_path):
@@ -110,7 +111,7 @@ def test_incompatible_checkpoint_lists_every_field(files, tmp_path):
     train(config(files, tmp_path, 'a', num_iteration=1, save_steps=1))
     step_dir = str(tmp_path / 'a' / 'checkpoint_step_000001')
     other_model = tiny_llmc_model(tmp_path / 'other.bin', vocab=256)
-    with pytest.raises(ckpt.CheckpointError) as error:
+    with pytest.raises(ckpt_layout.CheckpointError) as error:
         train(
             config(
                 files,
@@ -155,7 +156,7 @@ def test_allowed_changes_are_reported(files, tmp_path):
 def test_resume_into_dir_with_later_steps_is_refused_then_overwritten(files, tmp_path):
     train(config(files, tmp_path, 'ck', num_iteration=4, save_steps=2))
     early = str(tmp_path / 'ck' / 'checkpoint_step_000002')
-    with pytest.raises(ckpt.CheckpointError, match='checkpoint_step_000004') as error:
+    with pytest.raises(ckpt_layout.CheckpointError, match='checkpoint_step_000004') as error:
         train(config(files, tmp_path, 'ck', num_iteration=4, save_steps=2, resume_from=early))
     assert 'overwrite_later_checkpoints' in str(error.value)
     assert steps_in(tmp_path / 'ck') == [2, 4]  # nothing touched
@@ -175,7 +176,7 @@ def test_resume_into_dir_with_later_steps_is_refused_then_overwritten(files, tmp
 
 def test_fresh_run_into_used_dir_is_refused(files, tmp_path):
     train(config(files, tmp_path, 'ck', num_iteration=2, save_steps=2))
-    with pytest.raises(ckpt.CheckpointError, match='expected no checkpoints after step 0'):
+    with pytest.raises(ckpt_layout.CheckpointError, match='expected no checkpoints after step 0'):
         train(config(files, tmp_path, 'ck', num_iteration=2, save_steps=2))
 
 
@@ -187,7 +188,7 @@ def test_uncommitted_save_is_never_latest_and_is_cleaned(files, tmp_path):
     shutil.copytree(root / 'checkpoint_step_000002', partial)
     (partial / 'trainer_state' / 'metadata').unlink()
     assert steps_in(root) == [2]
-    assert ckpt.resolve_resume('latest', str(root))[0].name == 'checkpoint_step_000002'
+    assert ckpt_resume.resolve_resume('latest', str(root))[0].name == 'checkpoint_step_000002'
     code, _, out = train(config(files, tmp_path, 'ck', num_iteration=3, save_steps=1, resume_from='latest'))
     assert code == 0 and 'restored step 2' in out
     assert not partial.exists() and steps_in(root) == [2, 3]
@@ -202,7 +203,7 @@ def test_corrupted_tensor_fails_its_checksum_naming_it(files, tmp_path):
     shutil.rmtree(step_dir / 'params')
     with ocp.StandardCheckpointer() as writer:
         writer.save(step_dir / 'params', params)
-    with pytest.raises(ckpt.CheckpointError, match='params/h/mlp/c_fc/kernel: checksum expected'):
+    with pytest.raises(ckpt_layout.CheckpointError, match='params/h/mlp/c_fc/kernel: checksum expected'):
         train(config(files, tmp_path, 'b', num_iteration=3, resume_from=str(step_dir)))
 
 
@@ -217,5 +218,5 @@ def test_corrupted_tensor_fails_its_checksum_naming_it(files, tmp_path):
 def test_bad_resume_paths(files, tmp_path, resume_from, expected):
     train(config(files, tmp_path, 'ck', num_iteration=1, save_steps=1))
     (tmp_path / 'not-a-checkpoint').mkdir()
-    with pytest.raises(ckpt.CheckpointError, match=expected):
+    with pytest.raises(ckpt_layout.CheckpointError, match=expected):
         train(config(files, tmp_path, 'b', num_iteration=2, resume_from=resume_from.format(tmp=tmp_path)))

@@ -11,7 +11,8 @@ import tempfile
 
 import pytest
 
-from jaxtrain.checkpoint import manager as ckpt
+from jaxtrain.checkpoint import layout as ckpt_layout
+from jaxtrain.checkpoint import trainer_state as ckpt_record
 from trainer_runs import REPO, metrics_losses, random_shard, tiny_llmc_model, train_named
 
 pytestmark = pytest.mark.slow
@@ -79,8 +80,8 @@ def test_two_processes_train_and_one_process_resumes(tmp_path):
     assert 'step    6/6' in outputs[0] and 'train loss' not in outputs[1]  # only process 0 logs
 
     root = tmp_path / 'two' / 'ck'
-    assert ckpt.committed_steps(root) == [3, 6]
-    topology = ckpt.read_trainer_state(root / 'checkpoint_step_000003')['topology']
+    assert ckpt_layout.committed_steps(root) == [3, 6]
+    topology = ckpt_record.read_trainer_state(root / 'checkpoint_step_000003')['topology']
     assert (topology['process_count'], topology['device_count']) == (2, 8)
 
     reference, _ = train_named(tmp_path, 'uninterrupted', files, COMMON, num_devices=1)

@@ -11,7 +11,7 @@ import optax
 import pytest
 from jax.sharding import AxisType, PartitionSpec as P
 
-from jaxtrain.checkpoint import manager as ckpt
+from jaxtrain.checkpoint import trainer_state as ckpt_record
 
 from jaxtrain.parallel import distributed
 
@@ -64,7 +64,7 @@ def assert_continues(losses, reference, steps):
 def test_the_saving_topology_is_recorded(uninterrupted):
     root, _, out = uninterrupted
     assert 'mesh data 2 × fsdp 4 × tensor 1' in out and 'DP 8 (data x fsdp) x accumulation 1' in out
-    topology = ckpt.read_trainer_state(root / 'checkpoint_step_000003')['topology']
+    topology = ckpt_record.read_trainer_state(root / 'checkpoint_step_000003')['topology']
     assert topology == {
         'platform': 'cpu',
         'device_count': 8,

@@ -29,7 +29,8 @@ from trainer_runs import load_config, random_shard, restore_params, train, write
 
 import llmc_io
 from jaxtrain.tools import ckpt
-from jaxtrain.checkpoint.manager import Checkpointer, resolve_resume
+from jaxtrain.checkpoint.manager import Checkpointer
+from jaxtrain.checkpoint.resume import resolve_resume
 from jaxtrain.checkpoint.checksums import path_name
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from jaxtrain.tools import compare_loss
+from jaxtrain.tools import loss_logs
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VENV_PYTHON = Path("/work/venv/bin/python")
@@ -70,7 +71,7 @@ def test_parser_reads_glog_prefixed_line_exactly(tmp_path):
         "step    4/10 | train loss inf | lr 1.00e-04\n"
         "step    5/10 | val loss 2.0\n"
     )
-    parsed = compare_loss.parse_log(log)
+    parsed = loss_logs.parse_log(log)
     assert parsed.losses[1] == 4.283426
     assert parsed.losses[41] == 3.123456
     assert parsed.losses[2] == 15.0

@@ -26,14 +26,15 @@ import orbax.checkpoint as ocp
 import pytest
 
 from cli_runs import REPO, run_cli
-from jaxtrain.checkpoint import manager as ckpt
+from jaxtrain.checkpoint import layout as ckpt_layout
+from jaxtrain.checkpoint import resume as ckpt_resume
 from jaxtrain.tools import ckpt as ckpt_tool
 from trainer_runs import random_shard, tiny_llmc_model
 
 _PREWARMED = """
 import os, sys, time
 import jax, optax, orbax.checkpoint, flax.nnx  # the slow part of a start, done while waiting
-from jaxtrain.checkpoint import manager as checkpoint
+
 from jaxtrain import main
 from jaxtrain.train import loop as train
 go, deadline = sys.argv.pop(1), time.monotonic() + 600
@@ -174,7 +175,7 @@ def _wait_for(moment, run: Trainer, root: Path, metrics: Path, rows_before: int,
         elif event == 'writing':
             happened = len(logged_losses(metrics)) > rows_before and bool(unfinished(root))
         else:
-            happened = any(step > resumed for step in ckpt.committed_steps(root))
+            happened = any(step > resumed for step in ckpt_layout.committed_steps(root))
         if happened:
             time.sleep(extra)
             return True
@@ -188,7 +189,7 @@ def _restored_step(output: str, root: Path) -> int | None:
     if match is None:
         return None
     step, path = int(match.group(1)), Path(match.group(2))
-    assert path == root / ckpt.step_dir_name(step), f'resumed from {path}, not a final step directory'
+    assert path == root / ckpt_layout.step_dir_name(step), f'resumed from {path}, not a final step directory'
     return step
 
 
@@ -205,7 +206,7 @@ def test_kill_9_at_twenty_moments_then_resume_is_exact(tmp_path, trainers):
     kills = []  # (moment, committed steps, unfinished directories, seconds since release) at each kill
     run = trainers(*sequence, '--num_iteration', FINAL_STEP, release_file=tmp_path / 'go-1')
     for number, moment in enumerate(MOMENTS, 1):
-        committed = ckpt.committed_steps(root)
+        committed = ckpt_layout.committed_steps(root)
         resumed = committed[-1] if committed else None
         rows_before = len(logged_losses(metrics))
         run.release()
@@ -217,7 +218,7 @@ def test_kill_9_at_twenty_moments_then_resume_is_exact(tmp_path, trainers):
         if _wait_for(moment, run, root, metrics, rows_before, resumed or 0):
             run.kill()
             seconds = round(time.monotonic() - run.released_at, 2)
-            kills.append((moment, ckpt.committed_steps(root), unfinished(root), seconds))
+            kills.append((moment, ckpt_layout.committed_steps(root), unfinished(root), seconds))
         else:
             assert run.wait() == 0, run.output()[-3000:]
         output = run.output()
@@ -231,7 +232,7 @@ def test_kill_9_at_twenty_moments_then_resume_is_exact(tmp_path, trainers):
         run = following
 
     # The last run is left alone: it resumes the newest commit and trains to the end.
-    committed = ckpt.committed_steps(root)
+    committed = ckpt_layout.committed_steps(root)
     assert committed and committed[-1] < FINAL_STEP, committed
     run.release()
     assert run.wait() == 0, run.output()[-3000:]
@@ -249,7 +250,7 @@ def test_kill_9_at_twenty_moments_then_resume_is_exact(tmp_path, trainers):
     assert [step for step, _ in rows[-(FINAL_STEP - committed[-1]) :]] == list(
         range(committed[-1] + 1, FINAL_STEP + 1)
     )
-    assert ckpt.committed_steps(root)[-1] == FINAL_STEP and unfinished(root) == []
+    assert ckpt_layout.committed_steps(root)[-1] == FINAL_STEP and unfinished(root) == []
     # The kills did land in the middle of writes, not only between them.
     assert len(kills) == len(MOMENTS) and any(leftover for _, _, leftover, _ in kills), kills
 
@@ -310,7 +311,7 @@ def _run_with_failing_writes(work: Path, common: list) -> tuple[int, str, str, P
         process = subprocess.Popen(command, stdout=out, stderr=err, env=dict(os.environ, XLA_FLAGS=''))
         try:
             deadline = time.monotonic() + 120
-            while len(ckpt.committed_steps(root)) < 2 and time.monotonic() < deadline:
+            while len(ckpt_layout.committed_steps(root)) < 2 and time.monotonic() < deadline:
                 assert process.poll() is None, 'the trainer ended before its second save'
                 time.sleep(0.002)
             resource.prlimit(process.pid, resource.RLIMIT_FSIZE, (50_000, 50_000))
@@ -337,7 +338,7 @@ def test_full_disk_stops_the_run_and_keeps_every_checkpoint(disk_full):
     assert code != 0, out[-2000:]
     last_line = err.strip().splitlines()[-1]
     assert last_line.startswith('error: ') and reason in last_line, err[-2000:]
-    steps = ckpt.committed_steps(root)
+    steps = ckpt_layout.committed_steps(root)
     logged = [int(s) for s in re.findall(r'^step +(\d+)/', out, re.MULTILINE)]
     # Stopped at the save after the one that failed, which reports it; or, where the failed
     # write was still running then, at the save after that (its hand-off waits for the write
@@ -346,20 +347,20 @@ def test_full_disk_stops_the_run_and_keeps_every_checkpoint(disk_full):
     # Nothing was rotated away for the failed save: both steps that keep 2 holds are there.
     assert steps == [steps[-1] - 1, steps[-1]], steps
     for step in steps:
-        assert ckpt_tool.main(['verify', str(root / ckpt.step_dir_name(step))]) == 0
-    assert ckpt.resolve_resume('latest', str(root))[0] == root / ckpt.step_dir_name(steps[-1])
+        assert ckpt_tool.main(['verify', str(root / ckpt_layout.step_dir_name(step))]) == 0
+    assert ckpt_resume.resolve_resume('latest', str(root))[0] == root / ckpt_layout.step_dir_name(steps[-1])
 
 
 @pytest.mark.slow
 def test_full_disk_is_one_line_saying_what_to_do(disk_full):
     reason, _, _, err, root = disk_full
-    steps = ckpt.committed_steps(root)
+    steps = ckpt_layout.committed_steps(root)
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1, err[-3000:]
     for fragment in (
-        f'could not save {ckpt.step_dir_name(steps[-1] + 1)}',
+        f'could not save {ckpt_layout.step_dir_name(steps[-1] + 1)}',
         reason,
-        f'{ckpt.step_dir_name(steps[-1])} and earlier are intact',
+        f'{ckpt_layout.step_dir_name(steps[-1])} and earlier are intact',
         'Free space',
         '--resume_from latest',
     ):
@@ -395,7 +396,7 @@ def test_non_finite_loss_stops_naming_step_and_last_checkpoint(tiny_files, tmp_p
     line = result.error_lines[0]
     assert 'step 2: loss is nan' in line and 'parameters finite: False' in line, line
     assert f'{root / "checkpoint_step_000001"}' in line, line
-    assert ckpt.committed_steps(root) == [1] and unfinished(root) == []
+    assert ckpt_layout.committed_steps(root) == [1] and unfinished(root) == []
     assert _step_params_finite(root / 'checkpoint_step_000001')
     assert ckpt_tool.main(['verify', str(root / 'checkpoint_step_000001')]) == 0
 
@@ -410,7 +411,7 @@ def test_non_finite_loss_after_resume_names_the_checkpoint_resumed(tiny_files, t
     assert result.code == 1 and len(result.error_lines) == 1, result.err
     line = result.error_lines[0]
     assert 'step 4: loss is nan' in line and f'{root / "checkpoint_step_000002"}' in line, line
-    assert ckpt.committed_steps(root) == [2]
+    assert ckpt_layout.committed_steps(root) == [2]
 
 
 # --- relative paths -------------------------------------------------------------------------

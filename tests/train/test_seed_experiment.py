@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from jaxtrain.checkpoint import manager as ckpt
+from jaxtrain.checkpoint import layout as ckpt_layout
 from trainer_runs import random_shard, tiny_llmc_model
 
 pytestmark = pytest.mark.slow
@@ -66,8 +66,8 @@ def test_seed_commands_match_from_step_41(tmp_path, family, dtype):
             log=log,
         )
         assert second.wait(timeout=600) == 0
-    assert ckpt.committed_steps(tmp_path / 'ck' / 'noresume') == [20, 40, 60, 80, 100]
-    assert ckpt.committed_steps(tmp_path / 'ck' / 'resumefrom40') == [60, 80, 100]
+    assert ckpt_layout.committed_steps(tmp_path / 'ck' / 'noresume') == [20, 40, 60, 80, 100]
+    assert ckpt_layout.committed_steps(tmp_path / 'ck' / 'resumefrom40') == [60, 80, 100]
     compare = subprocess.run(
         [
             sys.executable,
@@ -140,10 +140,10 @@ def test_sigterm_saves_current_step_and_resume_is_exact(tmp_path):
     run.wait(timeout=120)
     out = run.output()
     assert run.returncode == 0, out
-    saved = ckpt.committed_steps(tmp_path / 'ck')
+    saved = ckpt_layout.committed_steps(tmp_path / 'ck')
     assert (
         len(saved) == 1
-        and f'resume with --resume_from {tmp_path / "ck" / ckpt.step_dir_name(saved[0])}' in out
+        and f'resume with --resume_from {tmp_path / "ck" / ckpt_layout.step_dir_name(saved[0])}' in out
     )
     stopped_at = saved[0]
     assert max(_losses(tmp_path / 'm1' / 'metrics.jsonl')) == stopped_at

@@ -1,0 +1,172 @@
+"""The trainer-state record of a checkpoint: what it holds, reading it back, and
+comparing it with the run about to resume from it.
+
+The record is JSON (Orbax's JsonSave, `trainer_state/metadata`): step, data position,
+rng, learning rate, model and training config, dtype, topology, library versions, the
+llm.c source file and its sha256, and a checksum per tensor (checksums.py).
+"""
+
+import hashlib
+import json
+import platform
+import time
+from pathlib import Path
+
+from jaxtrain.checkpoint.layout import DAMAGED, TRAINER_STATE_FILE, CheckpointError
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, 'rb') as f:
+        for chunk in iter(lambda: f.read(1 << 24), b''):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def library_versions() -> dict:
+    import flax
+    import jax
+    import optax
+    import orbax.checkpoint
+
+    return {
+        'python': platform.python_version(),
+        'jax': jax.__version__,
+        'flax': flax.__version__,
+        'optax': optax.__version__,
+        'orbax-checkpoint': orbax.checkpoint.__version__,
+    }
+
+
+def read_trainer_state(step_dir) -> dict:
+    path = Path(step_dir) / TRAINER_STATE_FILE
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f'{path}: expected the trainer state JSON, found no file; {DAMAGED}') from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f'{path}: expected JSON, found unreadable content ({e}); {DAMAGED}') from None
+
+
+def check_resumable(trainer_state: dict, step_dir) -> None:
+    """The fields a resume uses, checked before anything is restored, so that an edited or
+    damaged trainer state is named here rather than failing later without its file."""
+    path = Path(step_dir) / TRAINER_STATE_FILE
+    for key in ('step', 'data_position'):
+        value = trainer_state.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            found = 'none' if key not in trainer_state else repr(value)
+            raise CheckpointError(f'{path}: {key}: expected an integer >= 0, found {found}; {DAMAGED}')
+    rng = trainer_state.get('rng')
+    if not (isinstance(rng, list) and rng and all(isinstance(x, int) and 0 <= x < 2**32 for x in rng)):
+        found = 'none' if 'rng' not in trainer_state else repr(rng)
+        raise CheckpointError(f'{path}: rng: expected a list of uint32 key words, found {found}; {DAMAGED}')
+
+
+def trainer_state_record(
+    config,
+    *,
+    step: int,
+    data_position: int,
+    epoch: int,
+    learning_rate: float,
+    model_config: dict,
+    tokens_per_step: int,
+    topology: dict,
+    versions: dict,
+    llmc_file: str,
+    llmc_sha256: str,
+) -> dict:
+    """The trainer_state JSON of one checkpoint (every field `ckpt show` prints), less the
+    rng and the per-tensor checksums, which Checkpointer.save adds off the loop."""
+    return {
+        'step': step,
+        'data_position': data_position,
+        'epoch': epoch,
+        'learning_rate': learning_rate,
+        'model_family': config.model_family,
+        'model_config': model_config,
+        'training_config': config.to_dict(),
+        'dtype': config.dtype,
+        'tokens_per_step': tokens_per_step,
+        'topology': topology,
+        'versions': versions,
+        'llmc_file': llmc_file,
+        'llmc_sha256': llmc_sha256,
+        'has_optimizer_state': bool(config.save_optimizer_state),
+        'saved_at': time.time(),
+    }
+
+
+# --- compatibility between a checkpoint and the current run -------------------------
+
+# Keys whose change makes the saved state meaningless for this run.
+_MUST_MATCH = ('model_family', 'optimizer', 'sequence_length', 'total_batch_size')
+# Keys that may change between runs; the change is reported.
+_MAY_CHANGE = (
+    'learning_rate',
+    'lr_schedule',
+    'warmup_steps',
+    'min_lr_ratio',
+    'num_iteration',
+    'beta1',
+    'beta2',
+    'eps',
+    'weight_decay',
+    'grad_clip',
+    'dtype',
+    'batch_size',
+    'input_bin',
+    'save_steps',
+    'max_checkpoint_keep',
+    'keep_every_steps',
+    'save_every_minutes',
+    'save_optimizer_state',
+    'attention',
+    'deterministic',
+    'num_devices',
+    'mesh_data',
+    'mesh_fsdp',
+    'mesh_tensor',
+    'val_loss_every',
+    'input_val_bin',
+)
+
+
+def compare_with_run(saved: dict, model_config: dict, training_config: dict) -> tuple[list[str], list[str]]:
+    """Returns (incompatible fields, allowed changes), each 'field: checkpoint X, now Y'."""
+    incompatible, changes = [], []
+    saved_model = saved.get('model_config', {})
+    for key in sorted(set(saved_model) | set(model_config)):
+        if saved_model.get(key) != model_config.get(key):
+            incompatible.append(
+                f'model_config.{key}: checkpoint {saved_model.get(key)!r}, now {model_config.get(key)!r}'
+            )
+    saved_training = saved.get('training_config', {})
+    for key in _MUST_MATCH:
+        if saved_training.get(key) != training_config.get(key):
+            incompatible.append(
+                f'{key}: checkpoint {saved_training.get(key)!r}, now {training_config.get(key)!r}'
+            )
+    for key in _MAY_CHANGE:
+        if key in saved_training and saved_training.get(key) != training_config.get(key):
+            changes.append(f'{key}: checkpoint {saved_training.get(key)!r}, now {training_config.get(key)!r}')
+    return incompatible, changes
+
+
+def describe_topology(topology: dict) -> str:
+    """'8 cpu devices in 1 process, mesh data 2 × fsdp 4 × tensor 1' (fields may be missing
+    in older checkpoints: '?')."""
+    mesh = ' × '.join(f'{axis} {size}' for axis, size in topology.get('mesh', {}).items()) or '?'
+    return (
+        f"{topology.get('device_count', '?')} {topology.get('platform', '?')} device(s) in "
+        f"{topology.get('process_count', '?')} process(es), mesh {mesh}"
+    )
+
+
+def topology_change(saved: dict, now: dict) -> str:
+    """One clause for the resume line: 'same topology (...)' or 'topology changed: ... -> ...'."""
+    fields = ('platform', 'device_count', 'process_count', 'mesh')
+    if all(saved.get(f) == now.get(f) for f in fields):
+        return f'same topology ({describe_topology(now)})'
+    return f'topology changed: saved on {describe_topology(saved)}, now {describe_topology(now)}'

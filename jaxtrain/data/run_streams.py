@@ -1,0 +1,47 @@
+"""The train and validation streams of one run: which shards, at the run's batch geometry."""
+
+from jaxtrain.data.stream import TokenStream
+
+
+def data_paths(config) -> tuple[str, str]:
+    """(train glob, val glob): the run's --input_bin, else the built-in corpus."""
+    if config.input_bin:
+        return config.input_bin, config.input_val_bin
+    if config.model_family != 'gpt2':
+        raise ValueError(
+            'input_bin: expected a glob of LLaMA-3 token shards, found none; the built-in '
+            'corpus is GPT-2 only. Pass --input_bin PATTERN.'
+        )
+    from jaxtrain.data.default_corpus import ensure_default_corpus
+
+    train_path, val_path = ensure_default_corpus()
+    return train_path, config.input_val_bin or val_path
+
+
+def open_run_streams(config, geometry, vocab_size: int):
+    """(train stream, val stream or None): a step reads one window of tokens_per_step."""
+    train_pattern, val_pattern = data_paths(config)
+    stream = TokenStream(
+        train_pattern,
+        geometry.tokens_per_step,
+        config.sequence_length,
+        vocab_size,
+        name='train',
+        model_family=config.model_family,
+    )
+    val_stream = None
+    if config.val_loss_every > 0 and val_pattern:
+        val_stream = TokenStream(
+            val_pattern,
+            geometry.rows_per_micro_step * config.sequence_length,
+            config.sequence_length,
+            vocab_size,
+            name='val',
+            model_family=config.model_family,
+        )
+        if config.val_max_steps > val_stream.windows_per_epoch:
+            raise ValueError(
+                f'val_max_steps: expected at most the {val_stream.windows_per_epoch} batches '
+                f'{val_pattern} holds at this batch geometry, found {config.val_max_steps}'
+            )
+    return stream, val_stream
