@@ -92,6 +92,7 @@ def run(config) -> int:
             elapsed = time.perf_counter() - began
             step, data_position = step + 1, data_position + 1
             check_finite(step, loss, bool(metrics['params_finite']), saver.last_good())
+            saver.note_loss(loss)
             log.step(
                 step,
                 config.num_iteration,

@@ -30,12 +30,25 @@ class RunSaver:
                 and resume_dir.parent.absolute() == layout.Path(config.checkpoint_dir).absolute()
                 else []
             )
-            self.checkpointer = Checkpointer(
-                config.checkpoint_dir,
-                keep_latest=config.max_checkpoint_keep,
-                keep_every=config.keep_every_steps,
-                protected_steps=protected,
-            )
+            if config.get('checkpoint_format', 'orbax') != 'orbax':
+                from jaxtrain.checkpoint.formats.infinitrain_saver import InfiniTrainCheckpointer
+
+                self.checkpointer = InfiniTrainCheckpointer(
+                    config.checkpoint_dir,
+                    config.checkpoint_format,
+                    parts,
+                    family=config.model_family,
+                    keep_latest=config.max_checkpoint_keep,
+                    keep_every=config.keep_every_steps,
+                    protected_steps=protected,
+                )
+            else:
+                self.checkpointer = Checkpointer(
+                    config.checkpoint_dir,
+                    keep_latest=config.max_checkpoint_keep,
+                    keep_every=config.keep_every_steps,
+                    protected_steps=protected,
+                )
             self.deleted_later_steps = self.checkpointer.refuse_later_steps(
                 start_step, config.overwrite_later_checkpoints
             )
@@ -44,6 +57,11 @@ class RunSaver:
         self._versions = library_versions()  # once per run, not per save
         self.last_saved_step = None
         self._last_save_time = time.monotonic()
+        self.last_loss = self.best_loss = None  # stored in the trainer state (ckpt ls, InfiniTrain's best_loss)
+
+    def note_loss(self, loss: float) -> None:
+        self.last_loss = loss
+        self.best_loss = loss if self.best_loss is None else min(self.best_loss, loss)
 
     def clock_due(self) -> bool:
         minutes = self.config.save_every_minutes
@@ -76,6 +94,8 @@ class RunSaver:
             llmc_file=parts.setup.llmc_file,
             llmc_sha256=self._llmc_sha256,
         )
+        if self.last_loss is not None:
+            record.update(loss=self.last_loss, best_loss=self.best_loss)
         opt_state = state.opt_state if config.save_optimizer_state else None
         self.checkpointer.save(step, state.params, opt_state, state.rng, record)
         self.last_saved_step, self._last_save_time = step, time.monotonic()

@@ -1,0 +1,144 @@
+"""The run's side of InfiniTrain checkpoints: a Checkpointer look-alike for --checkpoint_format
+infinitrain|infinitrain-bin, and the resume hook for an InfiniTrain step directory.
+
+Saves are synchronous (NumPy files, written into a temporary directory renamed when complete) and rotate
+like ours: the newest max_checkpoint_keep steps, every multiple of keep_every_steps, and the step the run
+resumed from are kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from jaxtrain.checkpoint.formats import infinitrain as it
+from jaxtrain.checkpoint.formats.infinitrain_trainer import read_step_dir, save_step_dir
+from jaxtrain.checkpoint.layout import CheckpointError
+from jaxtrain.checkpoint.trainer_state import compare_with_run
+from jaxtrain.parallel import sharding
+from llmc_io.errors import LLMCFormatError
+
+
+def batches_per_step(parts) -> int:
+    """InfiniTrain DataLoader batches in one of our steps: accumulation x data-parallel ranks."""
+    geometry = parts.geometry
+    return geometry.accumulation * geometry.data_parallel
+
+
+class InfiniTrainCheckpointer:
+    """save / wait / close / step_dir / refuse_later_steps, as manager.Checkpointer, for InfiniTrain files."""
+
+    def __init__(self, checkpoint_dir: str, fmt: str, parts, *, family: str, keep_latest: int, keep_every: int,
+                 protected_steps=()):
+        self.root = Path(checkpoint_dir).absolute()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.fmt, self.parts, self.family = fmt, parts, family
+        self.keep_latest, self.keep_every = keep_latest, keep_every
+        self.protected = {s for s in protected_steps if s is not None}
+        self.blocking_saves = 0
+        it.prune(self.root, 0)  # removes what a killed save left under a temporary name
+
+    def step_dir(self, step: int) -> Path:
+        return self.root / f'checkpoint_step_{step:06d}'
+
+    def refuse_later_steps(self, start_step: int, overwrite: bool) -> list[int]:
+        later = [d for d in it.step_dirs(self.root) if int(it.STEP_DIR.match(d.name).group(1)) > start_step]
+        if later and not overwrite:
+            raise CheckpointError(
+                f'checkpoint_dir: {self.root}: expected no checkpoints after step {start_step}, found '
+                f'{", ".join(d.name for d in later)}. Choose another --checkpoint_dir, or pass '
+                '--config.overwrite_later_checkpoints=true to delete them.'
+            )
+        for d in later:
+            shutil.rmtree(d)
+        return [int(it.STEP_DIR.match(d.name).group(1)) for d in later]
+
+    def save(self, step: int, params, opt_state, rng, trainer_state: dict):
+        record = dict(trainer_state, rng=[int(x) for x in np.asarray(jax.device_get(rng)).reshape(-1)])
+        parts = self.parts
+        try:
+            save_step_dir(self.root, step, params, opt_state, record, self.fmt,
+                          family=self.family,
+                          model_config=parts.setup.model_config, batches_per_step=batches_per_step(parts),
+                          data_parallel=parts.geometry.data_parallel)
+        except OSError as e:
+            raise CheckpointError(f'checkpoint_dir: {self.root}: could not save {self.step_dir(step).name}: '
+                                  f'{e.strerror or e}; earlier steps are intact. Free space, then resume.') from e
+        self.blocking_saves += 1
+        self._rotate()
+
+    def _rotate(self):
+        dirs = it.step_dirs(self.root)
+        if self.keep_latest <= 0:
+            return
+        for d in dirs[: -self.keep_latest]:
+            step = int(it.STEP_DIR.match(d.name).group(1))
+            if step in self.protected or (self.keep_every > 0 and step % self.keep_every == 0):
+                continue
+            shutil.rmtree(d)
+
+    def wait(self):
+        pass  # saves are synchronous
+
+    def close(self):
+        pass
+
+
+def _target(config) -> Path | None:
+    """The InfiniTrain step directory config asks to resume from, or None (not an InfiniTrain one)."""
+    source = config.resume_from or config.get('load', '')
+    if not source:
+        return None
+    if source == 'latest':
+        if config.get('checkpoint_format', 'orbax') == 'orbax' or not config.checkpoint_dir:
+            return None
+        dirs = it.step_dirs(config.checkpoint_dir)
+        return dirs[-1].absolute() if dirs else None
+    path = Path(source).absolute()
+    return path if it.detect_kind(path) else None
+
+
+def resume_from_infinitrain(config, parts, resumed_cls):
+    """A `resumed_cls` (checkpoint/resume.py's Resumed) when config resumes from an InfiniTrain step
+    directory; None otherwise. Everything is checked (model family, names, shapes, vocabulary, batch
+    geometry) before the run's state is touched."""
+    step_dir = _target(config)
+    if step_dir is None:
+        return None
+    state = parts.state
+    try:
+        params, opt_state, saved = read_step_dir(step_dir, state.params, state.opt_state,
+                                                 batches_per_step(parts), config.optimizer)
+    except LLMCFormatError as e:
+        raise CheckpointError(f'{e}') from None
+    messages = list(saved.pop('messages'))
+    if 'model_config' in saved:  # written by jaxtrain: the same compatibility check as our own checkpoints
+        incompatible, changes = compare_with_run(saved, dataclasses.asdict(parts.setup.model_config),
+                                                 config.to_dict())
+        if incompatible:
+            raise CheckpointError(f'{step_dir}: does not fit this run: ' + '; '.join(incompatible)
+                                  + '. Resume it with the settings it was saved with, or start a new run.')
+        messages += [f'resume: changed since the checkpoint: {change}' for change in changes]
+    if opt_state is None:
+        from jaxtrain.checkpoint.resume import set_schedule_position
+
+        fresh = lambda p: set_schedule_position(parts.tx.init(p), saved['step'])
+        opt_state = jax.jit(fresh, out_shardings=parts.opt_shardings)(params)
+    replicated = parts.replicated
+    rng = state.rng if saved['rng'] is None else sharding.put_global(np.asarray(saved['rng'], np.uint32), replicated)
+    if saved['rng'] is None:
+        messages.append(f'resume: {step_dir} was written by InfiniTrain: no rng saved, keeping seed {config.seed}\'s')
+    state = state.replace(
+        step=sharding.put_global(np.int32(saved['step']), replicated),
+        data_position=sharding.put_global(np.int32(saved['data_position']), replicated),
+        params=params,
+        opt_state=opt_state,
+        rng=rng,
+    )
+    messages.append(f"resume: restored step {saved['step']} from {step_dir} ({saved['kind']}, data position "
+                    f"{saved['data_position']})")
+    return resumed_cls(state, step_dir, saved, messages)
