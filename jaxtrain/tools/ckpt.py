@@ -1,4 +1,4 @@
-"""Read jaxtrain checkpoints from a shell: list, show, diff, verify, export to llm.c.
+"""Read jaxtrain checkpoints from a shell: list, show, diff, verify, export (to llm.c or InfiniTrain).
 
     python -m jaxtrain.ckpt ls CHECKPOINT_DIR
     python -m jaxtrain.ckpt show STEP_DIR [--tensors]
@@ -6,7 +6,9 @@
     python -m jaxtrain.ckpt verify STEP_DIR
     python -m jaxtrain.ckpt export STEP_DIR --output model.bin [--version 3|5]
 
-STEP_DIR is one `checkpoint_step_NNNNNN` directory (checkpoint.py describes the layout). Every
+STEP_DIR is one `checkpoint_step_NNNNNN` directory: ours (Orbax) or InfiniTrain's (HEAD model.ckpt, PR
+model.bin / model.pth, with or without rank_* subdirectories); every command says which kind it read
+(tools/ckpt_infinitrain.py), and diff compares across kinds. Every
 command takes --json (for machines; a table for people otherwise) and --verbose (a traceback with
 errors). No model is built and no accelerator is needed: JAX runs on the CPU unless JAX_PLATFORMS
 says otherwise, and arrays are read as NumPy whatever number of devices saved them.
@@ -26,6 +28,7 @@ import math
 import os
 import sys
 import traceback
+from pathlib import Path
 
 EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2  # findings: diff saw a difference, verify a problem
 PROG = 'python -m jaxtrain.ckpt'
@@ -91,14 +94,20 @@ def _bytes(n: int) -> str:
 def cmd_ls(args) -> int:
     from jaxtrain.tools import ckpt_inspect
 
+    from jaxtrain.tools import ckpt_infinitrain
+
     entries, latest = ckpt_inspect.list_checkpoints(args.dir)
+    entries = ckpt_infinitrain.annotate_entries(args.dir, entries)  # kind and loss; InfiniTrain dirs
+    if latest is None or any(e['kind'] != 'orbax' for e in entries):
+        steps = [e['step'] for e in entries if e['committed'] and Path(e['path']).name != 'checkpoint_final']
+        latest = max(steps) if steps else None
     if args.json:
         _print_json(
             {
                 'root': str(args.dir),
                 'latest': latest,
                 'checkpoints': [
-                    {**dataclasses.asdict(e), 'path': str(e.path), 'latest': e.committed and e.step == latest}
+                    {**e, 'latest': e['committed'] and e['step'] == latest and not e['path'].endswith('checkpoint_final')}
                     for e in entries
                 ],
             }
@@ -106,17 +115,19 @@ def cmd_ls(args) -> int:
         return EXIT_OK
     rows = [
         [
-            e.step,
-            e.path.name,
-            e.status,
-            _bytes(e.size_bytes),
-            _when(e.written_at) + ('' if e.written_from == 'trainer_state' else ' (mtime)'),
-            'yes' if e.has_optimizer_state else 'no',
-            'latest' if e.committed and e.step == latest else '',
+            e['step'],
+            Path(e['path']).name,
+            e['kind'],
+            e['status'],
+            _bytes(e['size_bytes']),
+            _when(e['written_at']) + ('' if e['written_from'] == 'trainer_state' else ' (mtime)'),
+            'yes' if e['has_optimizer_state'] else 'no',
+            _number(e['loss']) if e['loss'] is not None else 'n/a',
+            'latest' if e['committed'] and e['step'] == latest and Path(e['path']).name != 'checkpoint_final' else '',
         ]
         for e in entries
     ]
-    print(_table(['step', 'directory', 'state', 'size', 'written', 'optimizer', ''], rows))
+    print(_table(['step', 'directory', 'kind', 'state', 'size', 'written', 'optimizer', 'loss', ''], rows))
     if latest is None:
         print(f'latest: none (no committed checkpoint in {args.dir})')
     else:
@@ -203,6 +214,10 @@ def cmd_show(args) -> int:
     from jaxtrain.tools import ckpt_inspect
     from jaxtrain.checkpoint.trainer_state import read_trainer_state
 
+    from jaxtrain.tools import ckpt_infinitrain
+
+    if ckpt_infinitrain.kind_of(args.step_dir) != 'orbax':
+        return _show_infinitrain(args)
     step_dir = ckpt_inspect.find_finished_step_dir(args.step_dir)
     state = read_trainer_state(step_dir)
     rows = _tensor_rows(step_dir, state) if args.tensors else None
@@ -234,6 +249,27 @@ def cmd_show(args) -> int:
     return EXIT_OK
 
 
+def _show_infinitrain(args) -> int:
+    from jaxtrain.tools import ckpt_infinitrain
+
+    shown = ckpt_infinitrain.show(Path(args.step_dir), args.tensors)
+    if args.json:
+        _print_json(shown)
+        return EXIT_OK
+    tensors = shown.pop('tensors', None)
+    width = max(len(k) for k in shown)
+    for key, value in shown.items():
+        if key == 'notices':
+            value = '; '.join(value) or 'none'
+        print(f'{key.ljust(width)}  {value}')
+    if tensors is not None:
+        print()
+        print(_table(['tensor', 'shape', 'dtype', 'min', 'max', 'mean', 'std'], [
+            [t['name'], 'x'.join(map(str, t['shape'])) or '()', t['dtype'],
+             *(_number(t.get(k)) for k in ('min', 'max', 'mean', 'std'))] for t in tensors]))
+    return EXIT_OK
+
+
 # --- diff --------------------------------------------------------------------------------
 
 
@@ -241,17 +277,29 @@ def cmd_diff(args) -> int:
     from jaxtrain.tools import ckpt_inspect
     from jaxtrain.checkpoint.trainer_state import read_trainer_state
 
-    step_a, step_b = ckpt_inspect.find_finished_step_dir(args.a), ckpt_inspect.find_finished_step_dir(args.b)
-    state_a, state_b = read_trainer_state(step_a), read_trainer_state(step_b)
+    from jaxtrain.tools import ckpt_infinitrain
+
+    kinds = [ckpt_infinitrain.kind_of(p) for p in (args.a, args.b)]
+    step_a, step_b = (
+        ckpt_inspect.find_finished_step_dir(p) if k == 'orbax' else Path(p) for p, k in zip((args.a, args.b), kinds)
+    )
+    if kinds == ['orbax', 'orbax']:
+        state_a, state_b = read_trainer_state(step_a), read_trainer_state(step_b)
+        tensors = []
+        for item in ckpt_inspect.ARRAY_ITEMS:
+            # An item on one side only (opt_state not saved) lists all its tensors as one-sided.
+            sides = [
+                ckpt_inspect.read_tensors(s, item) if (s / item).is_dir() else None for s in (step_a, step_b)
+            ]
+            if sides != [None, None]:
+                tensors += ckpt_inspect.compare_tensors(item, sides[0] or {}, sides[1] or {})
+    else:  # across kinds: params and Adam's m, v, t under common names (ckpt_infinitrain.py)
+        state_a, state_b = ckpt_infinitrain.record_of(step_a), ckpt_infinitrain.record_of(step_b)
+        common = [ckpt_infinitrain.canonical_tensors(s) for s in (step_a, step_b)]
+        tensors = ckpt_inspect.compare_tensors('', *common)
+        for row in tensors:
+            row['name'] = row['name'].lstrip('/')
     fields = ckpt_inspect.config_differences(state_a, state_b)
-    tensors = []
-    for item in ckpt_inspect.ARRAY_ITEMS:
-        # An item on one side only (opt_state not saved) lists all its tensors as one-sided.
-        sides = [
-            ckpt_inspect.read_tensors(s, item) if (s / item).is_dir() else None for s in (step_a, step_b)
-        ]
-        if sides != [None, None]:
-            tensors += ckpt_inspect.compare_tensors(item, sides[0] or {}, sides[1] or {})
     model_equal = not any(f.startswith(('model_config.', 'model_family')) for f, _, _ in fields)
     identical = model_equal and all(t['status'] == 'identical' for t in tensors)
     if args.json:
@@ -259,13 +307,14 @@ def cmd_diff(args) -> int:
             {
                 'a': str(step_a),
                 'b': str(step_b),
+                'kinds': kinds,
                 'identical': identical,
                 'fields': [{'field': f, 'a': a, 'b': b} for f, a, b in fields],
                 'tensors': tensors,
             }
         )
         return EXIT_OK if identical else EXIT_FINDINGS
-    print(f'A: {step_a}\nB: {step_b}')
+    print(f'A: {step_a} ({kinds[0]})\nB: {step_b} ({kinds[1]})')
     if fields:
         print(_table(['field', 'A', 'B'], [[f, repr(a), repr(b)] for f, a, b in fields]))
     else:
@@ -293,8 +342,15 @@ def cmd_diff(args) -> int:
 def cmd_verify(args) -> int:
     from jaxtrain.tools import ckpt_inspect
 
-    step_dir = ckpt_inspect.find_step_dir(args.step_dir)
-    result = ckpt_inspect.verify(step_dir)
+    from jaxtrain.tools import ckpt_infinitrain
+
+    kind = ckpt_infinitrain.kind_of(args.step_dir)
+    if kind == 'orbax':
+        step_dir = ckpt_inspect.find_step_dir(args.step_dir)
+        result = ckpt_inspect.verify(step_dir)
+    else:
+        step_dir = Path(args.step_dir)
+        result = ckpt_infinitrain.verify(step_dir)
     ok = not result.problems
     if args.json:
         _print_json({'path': str(step_dir), 'ok': ok, 'problems': result.problems, 'checked': result.checked})
@@ -313,6 +369,21 @@ def cmd_export(args) -> int:
     from jaxtrain.tools import ckpt_export
     from jaxtrain.tools import ckpt_inspect
 
+    from jaxtrain.tools import ckpt_infinitrain
+
+    if args.format != 'llmc':
+        written = ckpt_infinitrain.export(args.step_dir, args.output, args.format)
+        if args.json:
+            _print_json({'path': str(args.step_dir), **written})
+        else:
+            print(f"wrote {written['output']}: {written['kind']} checkpoint of {written['model_family']} step "
+                  f"{written['step']}" + ('' if written['optimizer_file'] else ' (no optimizer file: no Adam state)')
+                  + f"; InfiniTrain resumes it with --load / --resume_from {written['output']}")
+        return EXIT_OK
+    if ckpt_infinitrain.kind_of(args.step_dir) != 'orbax':
+        raise ckpt_infinitrain.CheckpointError(
+            f'{args.step_dir}: expected an Orbax checkpoint for --format llmc, found an InfiniTrain one; '
+            'its PR generation already holds an llm.c model.bin (export --format infinitrain-bin)')
     step_dir = ckpt_inspect.find_finished_step_dir(args.step_dir)
     written = ckpt_export.export_llmc(step_dir, args.output, args.version)
     if args.json:
@@ -392,13 +463,18 @@ def build_parser() -> argparse.ArgumentParser:
     export = commands.add_parser(
         'export',
         parents=[common],
-        help='write the params as an llm.c model file',
-        description='Write the params as an llm.c file that --llmc_filepath reads: GPT-2 in llm.c\'s '
-        'layout (head tied to wte; version 3 fp32 or 5 bf16), LLaMA-3 in InfiniTrain\'s layout '
-        '(version 3 only). The params are verified against their checksums first.',
+        help='write the params as an llm.c model file, or the state as an InfiniTrain checkpoint',
+        description='--format llmc (default): write the params as an llm.c file that --llmc_filepath reads: '
+        'GPT-2 in llm.c\'s layout (head tied to wte; version 3 fp32 or 5 bf16), LLaMA-3 in InfiniTrain\'s '
+        'layout (version 3 only); the params are verified against their checksums first. --format '
+        'infinitrain | infinitrain-bin: write --output (a checkpoint_step_NNNNNN directory) as InfiniTrain '
+        'HEAD (model.ckpt, optimizer.ckpt) or PR (llm.c model.bin, optimizer.bin) files, from any kind.',
     )
     export.add_argument('step_dir', metavar='STEP_DIR', help='a checkpoint_step_NNNNNN directory')
-    export.add_argument('--output', required=True, metavar='FILE', help='the llm.c file to write')
+    export.add_argument('--output', required=True, metavar='PATH',
+                        help='the llm.c file (llmc) or the step directory (infinitrain*) to write')
+    export.add_argument('--format', choices=('llmc', 'infinitrain', 'infinitrain-bin'), default='llmc',
+                        help='llmc (default): an llm.c model file; infinitrain / infinitrain-bin: a step directory')
     export.add_argument(
         '--version', type=int, choices=(3, 5), default=3, help='3: fp32 (default); 5: bf16, GPT-2 only'
     )

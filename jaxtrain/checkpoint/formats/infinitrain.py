@@ -17,6 +17,7 @@ file is complete, so a killed save never leaves a directory that looks finished.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import re
 import shutil
@@ -221,6 +222,9 @@ def write_checkpoint(final_dir, kind: str, family: str, params: dict, header, mo
         if moments is not None:
             mu, nu, t = moments
             write_state_dict(tmp / opt_name, names.trees_to_moments(family, mu, nu, t, vocab, kind == HEAD_KIND))
+        if state.jaxtrain is not None:  # lets `ckpt verify` prove the files are the ones jaxtrain wrote
+            state = dataclasses.replace(state, jaxtrain=dict(state.jaxtrain, sha256={
+                p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(tmp.iterdir())}))
         write_trainer_state(tmp / TRAINER_STATE, state)
         os.chmod(tmp, 0o755)
         if final_dir.exists():  # a re-save of the same step replaces it, as Orbax's force=True does
