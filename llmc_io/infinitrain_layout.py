@@ -1,4 +1,4 @@
-"""InfiniTrain's module tree for its GPT-2 and LLaMA-3 examples, rebuilt to derive two orders from upstream's code:
+"""InfiniTrain's module tree for its GPT-2 and LLaMA-3 examples, rebuilt to derive two orders from upstream:
 
 * `state_dict_order(family, L)`: the entry order of Module::StateDict() (what SaveStateDict writes);
 * `parameter_order(family, L)`: Module::Parameters(), whose position i is HEAD's Adam key `adam.m.{i}`.

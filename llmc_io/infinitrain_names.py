@@ -1,16 +1,18 @@
-"""InfiniTrain StateDict names <-> the parameter trees of llmc_io/PARAMS_SPEC.md, for weights and Adam moments.
+"""InfiniTrain StateDict names <-> the parameter trees of llmc_io/PARAMS_SPEC.md: weights and Adam moments.
 
 Names come from upstream's module tree (InfiniTensor/InfiniTrain b24d92f, the same in f9cb65b5):
 `transformer.{wte,wpe}.weight`, `transformer.h.{i}.{ln_1,ln_2}.{weight,bias}`,
-`transformer.h.{i}.attn.{c_attn,c_proj}.{weight,bias}`, `transformer.h.{i}.mlp.{c_fc,c_fc2,c_proj}.weight[/bias]`,
+`transformer.h.{i}.attn.{c_attn,c_proj}.{weight,bias}`,
+`transformer.h.{i}.mlp.{c_fc,c_fc2,c_proj}.weight[/bias]`,
 `transformer.ln_f.{weight,bias}`, `lm_head.weight`; GPT-2 also stores the causal-mask buffer
 `transformer.h.{i}.attn.bias` (1, 1, T, T) = tril(ones). Linear weights are (out, in); tree kernels (in, out).
 
-GPT-2 (tie_weights): `lm_head.weight` and `transformer.wte.weight` are one tensor, stored twice. Upstream holds V
-rows at TP=1 (example/gpt2/checkpoint_loader.cc skips the Vp-V padding rows), our tree Vp: reading pads
+GPT-2 (tie_weights): `lm_head.weight` and `transformer.wte.weight` are one tensor, stored twice. Upstream has
+V rows at TP=1 (example/gpt2/checkpoint_loader.cc skips the Vp-V padding rows), our tree Vp: reading pads
 with zeros, writing drops rows V..Vp-1.
 Adam keys: HEAD `adam.m.{i}` / `adam.v.{i}` with i the position in Module::Parameters()
-(llmc_io/infinitrain_layout.py derives it), PR f9cb65b5 `adam.m.<NamedParameters name>`; both `adam.t` int64 0-d.
+(llmc_io/infinitrain_layout.py derives it), PR f9cb65b5 `adam.m.<NamedParameters name>`; both have `adam.t`,
+int64, 0-d.
 """
 
 from __future__ import annotations
@@ -140,8 +142,13 @@ def state_dict_to_tree(path, tensors: dict, expected_shapes: dict[str, tuple[int
         wanted |= {TIED_HEAD} | {f"transformer.h.{i}.attn.bias" for i in range(num_layers)}
     for name in names:
         if name not in wanted:
-            _fail(path, f"tensor '{name}'", f"a name of this {family} model with {num_layers} layers",
-                  "a name that does not fit it", "was the checkpoint written for another model shape?")
+            _fail(
+                path,
+                f"tensor '{name}'",
+                f"a name of this {family} model with {num_layers} layers",
+                "a name that does not fit it",
+                "was the checkpoint written for another model shape?",
+            )
     for name in sorted(wanted - set(names)):
         _fail(path, f"tensor '{name}'", "present", "missing")
     arrays = {n: (t.array if isinstance(t, CkptTensor) else np.asarray(t)) for n, t in tensors.items()}
@@ -157,10 +164,16 @@ def state_dict_to_tree(path, tensors: dict, expected_shapes: dict[str, tuple[int
         leaf_shape = shape[1:] if layer is not None else shape
         if transposed:
             leaf_shape = leaf_shape[:-2] + (leaf_shape[-1], leaf_shape[-2])
-        if name == "transformer.wte.weight" and value.ndim == 2 and value.shape[1] == leaf_shape[1] \
-                and value.shape[0] < leaf_shape[0]:
+        if (
+            name == "transformer.wte.weight"
+            and value.ndim == 2
+            and value.shape[1] == leaf_shape[1]
+            and value.shape[0] < leaf_shape[0]
+        ):
             # TP=1 upstream keeps V rows; our table has Vp: the padding rows are zeros.
-            value = np.concatenate([value, np.zeros((leaf_shape[0] - value.shape[0], value.shape[1]), value.dtype)])
+            value = np.concatenate(
+                [value, np.zeros((leaf_shape[0] - value.shape[0], value.shape[1]), value.dtype)]
+            )
         if tuple(value.shape) != tuple(leaf_shape):
             _fail(path, f"tensor '{name}' shape", f"{tuple(leaf_shape)}", f"{tuple(value.shape)}")
         value = np.swapaxes(value, -1, -2) if transposed else value
@@ -175,8 +188,13 @@ def state_dict_to_tree(path, tensors: dict, expected_shapes: dict[str, tuple[int
         if arrays[TIED_HEAD].shape != wte.shape or not np.array_equal(
             arrays[TIED_HEAD].view(np.uint32), wte.view(np.uint32)
         ):
-            _fail(path, f"tensor '{TIED_HEAD}'", "the same bytes as transformer.wte.weight (GPT-2 ties them)",
-                  "different values", "this file was not written by InfiniTrain's GPT-2")
+            _fail(
+                path,
+                f"tensor '{TIED_HEAD}'",
+                "the same bytes as transformer.wte.weight (GPT-2 ties them)",
+                "different values",
+                "this file was not written by InfiniTrain's GPT-2",
+            )
         block = expected_shapes["wpe/embedding"][0]
         for i in range(num_layers):
             name = f"transformer.h.{i}.attn.bias"
@@ -201,13 +219,18 @@ def detect_head_keys(names) -> bool:
 
 
 def moments_to_trees(path, tensors: dict, expected_shapes: dict[str, tuple[int, ...]]):
-    """Adam StateDict -> (mu tree, nu tree, t): moments mapped by name, via the derived index order for HEAD."""
+    """Adam StateDict -> (mu tree, nu tree, t): moments mapped by name (HEAD: via the derived index order)."""
     family = GPT2 if "wpe/embedding" in expected_shapes else LLAMA3
     num_layers = expected_shapes["h/ln_1/scale"][0]
     head = detect_head_keys(tensors)
     if "adam.t" not in tensors:
-        _fail(path, "tensor 'adam.t'", "present (Adam's step count)", "missing",
-              "is this an Adam optimizer file?")
+        _fail(
+            path,
+            "tensor 'adam.t'",
+            "present (Adam's step count)",
+            "missing",
+            "is this an Adam optimizer file?",
+        )
     t = tensors["adam.t"]
     if t.dtype != KINT64 or t.shape != ():
         _fail(path, "tensor 'adam.t'", "a 0-d kINT64 (8)", f"dtype {t.dtype}, shape {t.shape}")
@@ -215,8 +238,12 @@ def moments_to_trees(path, tensors: dict, expected_shapes: dict[str, tuple[int, 
     expected_keys = {adam_key(k, family, num_layers, n, head) for n in params for k in "mv"} | {"adam.t"}
     for name in tensors:
         if name not in expected_keys:
-            _fail(path, f"tensor '{name}'", f"an Adam key of this {family} model with {num_layers} layers",
-                  "a key that does not fit it")
+            _fail(
+                path,
+                f"tensor '{name}'",
+                f"an Adam key of this {family} model with {num_layers} layers",
+                "a key that does not fit it",
+            )
     trees = []
     for kind in "mv":
         named = {}
@@ -229,7 +256,9 @@ def moments_to_trees(path, tensors: dict, expected_shapes: dict[str, tuple[int, 
         if family == GPT2:
             named[TIED_HEAD] = named["transformer.wte.weight"]
             for i in range(num_layers):
-                named[f"transformer.h.{i}.attn.bias"] = CkptTensor(KFLOAT32, causal_mask(expected_shapes["wpe/embedding"][0]))
+                named[f"transformer.h.{i}.attn.bias"] = CkptTensor(
+                    KFLOAT32, causal_mask(expected_shapes["wpe/embedding"][0])
+                )
         trees.append(state_dict_to_tree(path, named, expected_shapes))
     return trees[0], trees[1], int(t.array)
 

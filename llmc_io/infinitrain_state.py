@@ -30,10 +30,33 @@ from llmc_io.statedict import atomic_write_bytes
 HEAD = "head"
 PR = "pr"
 
-HEAD_KEYS = ("n_layer", "n_head", "n_kv_head", "n_embd", "vocab_size", "global_step", "consumed_batches",
-             "last_lr", "ddp_size", "tp_size", "sp_size", "pp_size")
-PR_KEYS = ("global_step", "data_batch_idx", "data_batch_stride", "best_loss", "last_lr", "optimizer_type",
-           "checkpoint_format", "ddp_size", "tp_size", "sp_size", "pp_size")
+HEAD_KEYS = (
+    "n_layer",
+    "n_head",
+    "n_kv_head",
+    "n_embd",
+    "vocab_size",
+    "global_step",
+    "consumed_batches",
+    "last_lr",
+    "ddp_size",
+    "tp_size",
+    "sp_size",
+    "pp_size",
+)
+PR_KEYS = (
+    "global_step",
+    "data_batch_idx",
+    "data_batch_stride",
+    "best_loss",
+    "last_lr",
+    "optimizer_type",
+    "checkpoint_format",
+    "ddp_size",
+    "tp_size",
+    "sp_size",
+    "pp_size",
+)
 
 # The shape fields HEAD's main.cc writes and CHECKs for a model loaded from an llm.c file
 # (example/gpt2/config.h GPT2Config(), example/llama3/config.h LLaMA3Config(), b24d92f).
@@ -71,21 +94,25 @@ def _parse(path: str, text: str) -> tuple[dict, list[str]]:
     try:
         return json.loads(text), notices
     except json.JSONDecodeError as first_error:
-        repaired = _BARE_NONFINITE.sub(lambda m: ": " + ("-Infinity" if m.group(1) else "Infinity")
-                                       if m.group(2) == "inf" else ": NaN", text)
+        repaired = _BARE_NONFINITE.sub(
+            lambda m: ": " + ("-Infinity" if m.group(1) else "Infinity") if m.group(2) == "inf" else ": NaN",
+            text,
+        )
         missing = [m.group(1).split(":")[0].strip() for m in _MISSING_COMMA.finditer(repaired)]
         repaired = _MISSING_COMMA.sub(r"\1,\2", repaired)
         try:
             data = json.loads(repaired)
         except json.JSONDecodeError:
             raise LLMCFormatError(
-                path, "JSON", "a JSON object (HEAD's missing comma tolerated)",
+                path,
+                "JSON",
+                "a JSON object (HEAD's missing comma tolerated)",
                 f"unparseable text at line {first_error.lineno} column {first_error.colno}",
             ) from None
         if missing:
             notices.append(
-                f"{path}: not valid JSON (no comma after {', '.join(missing)}), as InfiniTrain HEAD writes it; "
-                "read field by field like upstream's extractor"
+                f"{path}: not valid JSON (no comma after {', '.join(missing)}), as InfiniTrain HEAD "
+                "writes it; read field by field like upstream's extractor"
             )
         if repaired != text and not missing:
             notices.append(f"{path}: non-JSON number (inf/nan) read as upstream does")
@@ -96,8 +123,13 @@ def _number(path, data, key, kind, default=None):
     if key not in data:
         if default is not None:
             return default
-        raise LLMCFormatError(path, key, f"a {kind.__name__} field", "missing",
-                              "not an InfiniTrain trainer_state.json, or a truncated one")
+        raise LLMCFormatError(
+            path,
+            key,
+            f"a {kind.__name__} field",
+            "missing",
+            "not an InfiniTrain trainer_state.json, or a truncated one",
+        )
     value = data[key]
     if kind is int:
         if isinstance(value, bool) or not isinstance(value, int):
@@ -114,8 +146,13 @@ def read_trainer_state(path: str | os.PathLike) -> InfiniTrainState:
     """Either generation's trainer_state.json (or ours, which has upstream's keys plus "jaxtrain")."""
     path = os.fspath(path)
     if not os.path.isfile(path):
-        raise LLMCFormatError(path, "trainer_state.json", "a file", "nothing there",
-                              "an InfiniTrain step directory holds model + trainer_state.json")
+        raise LLMCFormatError(
+            path,
+            "trainer_state.json",
+            "a file",
+            "nothing there",
+            "an InfiniTrain step directory holds model + trainer_state.json",
+        )
     with open(path, "rb") as f:
         raw = f.read()
     try:
@@ -130,8 +167,13 @@ def read_trainer_state(path: str | os.PathLike) -> InfiniTrainState:
     elif "data_batch_idx" in data:
         generation, batch_key = PR, "data_batch_idx"
     else:
-        raise LLMCFormatError(path, "consumed_batches / data_batch_idx", "one of them (HEAD / PR generation)",
-                              "neither", "not an InfiniTrain trainer_state.json")
+        raise LLMCFormatError(
+            path,
+            "consumed_batches / data_batch_idx",
+            "one of them (HEAD / PR generation)",
+            "neither",
+            "not an InfiniTrain trainer_state.json",
+        )
     state = InfiniTrainState(
         generation=generation,
         global_step=_number(path, data, "global_step", int),
@@ -156,7 +198,9 @@ def read_trainer_state(path: str | os.PathLike) -> InfiniTrainState:
             setattr(state, key, value)
     for key in ("global_step", "data_batch_idx"):
         if getattr(state, key) < 0:
-            raise LLMCFormatError(path, key if key == "global_step" else batch_key, ">= 0", getattr(state, key))
+            raise LLMCFormatError(
+                path, key if key == "global_step" else batch_key, ">= 0", getattr(state, key)
+            )
     extras = data.get("jaxtrain")
     if extras is not None and not isinstance(extras, dict):
         raise LLMCFormatError(path, "jaxtrain", "an object", type(extras).__name__)
@@ -176,23 +220,30 @@ def _cpp_number(value) -> str:
 
 
 def render_trainer_state(state: InfiniTrainState) -> str:
-    """The file text: upstream's keys in upstream's order and formatting, commas everywhere, then "jaxtrain"."""
+    """The file text: upstream's keys in upstream's order and number format, all commas, then "jaxtrain"."""
     if state.generation == HEAD:
         fields = dict(state.shape)
         missing = [k for k in HEAD_KEYS[:5] if k not in fields]
         if missing:
             raise ValueError(f"HEAD trainer_state needs the shape fields {missing}")
-        fields.update(global_step=state.global_step, consumed_batches=state.data_batch_idx,
-                      last_lr=float(state.last_lr))
+        fields.update(
+            global_step=state.global_step, consumed_batches=state.data_batch_idx, last_lr=float(state.last_lr)
+        )
         keys = HEAD_KEYS
     else:
-        fields = dict(global_step=state.global_step, data_batch_idx=state.data_batch_idx,
-                      data_batch_stride=state.data_batch_stride,
-                      best_loss=math.inf if state.best_loss is None else float(state.best_loss),
-                      last_lr=float(state.last_lr), optimizer_type=state.optimizer_type or "unknown",
-                      checkpoint_format=state.checkpoint_format or "bin")
+        fields = dict(
+            global_step=state.global_step,
+            data_batch_idx=state.data_batch_idx,
+            data_batch_stride=state.data_batch_stride,
+            best_loss=math.inf if state.best_loss is None else float(state.best_loss),
+            last_lr=float(state.last_lr),
+            optimizer_type=state.optimizer_type or "unknown",
+            checkpoint_format=state.checkpoint_format or "bin",
+        )
         keys = PR_KEYS
-    fields.update(ddp_size=state.ddp_size, tp_size=state.tp_size, sp_size=state.sp_size, pp_size=state.pp_size)
+    fields.update(
+        ddp_size=state.ddp_size, tp_size=state.tp_size, sp_size=state.sp_size, pp_size=state.pp_size
+    )
     lines = []
     for key in keys:
         value = fields[key]

@@ -111,7 +111,11 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, CkptTensor]:
         (magic,) = r.unpack("I", "magic")
         if magic != CKPT_MAGIC:
             raise LLMCFormatError(
-                path, "magic", f"0x{CKPT_MAGIC:08X} ('CKPT')", f"0x{magic:08X}", "not an InfiniTrain state dict"
+                path,
+                "magic",
+                f"0x{CKPT_MAGIC:08X} ('CKPT')",
+                f"0x{magic:08X}",
+                "not an InfiniTrain state dict",
             )
         (version,) = r.unpack("I", "version")
         if version != CKPT_VERSION:
@@ -131,9 +135,7 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, CkptTensor]:
                 raise LLMCFormatError(path, f"{where}", "each name once", "a second entry with this name")
             (code,) = r.unpack("b", f"{where} dtype")
             if code not in DTYPES:
-                raise LLMCFormatError(
-                    path, f"{where} dtype", f"a DataType code 0..{max(DTYPES)}", str(code)
-                )
+                raise LLMCFormatError(path, f"{where} dtype", f"a DataType code 0..{max(DTYPES)}", str(code))
             (ndim,) = r.unpack("I", f"{where} ndim")
             dims = r.unpack(f"{ndim}q", f"{where} dims") if ndim else ()
             if any(d < 0 for d in dims):

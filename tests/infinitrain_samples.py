@@ -36,12 +36,16 @@ def unpack(dest: Path) -> Path:
 
 
 def listed_md5s(folder: str) -> dict[str, str]:
-    """{relative path: md5 of the file as written} from a folder README's file table (gz rows: after gunzip)."""
+    """{relative path: md5 of the file as written} from a folder README's file table (gz: after gunzip)."""
     md5s = {}
     for line in (SAMPLES / folder / 'README.md').read_text().splitlines():
         cells = [c.strip() for c in line.strip().strip('|').split('|')]
         # File rows are 'path | bytes | md5 [| bytes after gunzip | md5 after gunzip]'.
-        if len(cells) < 3 or not re.fullmatch(r'[\d,]+', cells[1]) or not re.fullmatch(r'[0-9a-f]{32}', cells[2]):
+        if (
+            len(cells) < 3
+            or not re.fullmatch(r'[\d,]+', cells[1])
+            or not re.fullmatch(r'[0-9a-f]{32}', cells[2])
+        ):
             continue
         name = cells[0]
         if name.endswith('.gz'):

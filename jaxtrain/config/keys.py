@@ -73,7 +73,8 @@ KEYS = (
     (
         'checkpoint_format',
         'orbax',
-        'orbax | infinitrain (HEAD: model.ckpt, optimizer.ckpt) | infinitrain-bin (PR: llm.c model.bin, optimizer.bin)',
+        'orbax | infinitrain (HEAD: model.ckpt, optimizer.ckpt) | infinitrain-bin (PR: llm.c model.bin, '
+        'optimizer.bin)',
     ),
     (
         'overwrite_later_checkpoints',

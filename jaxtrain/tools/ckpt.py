@@ -20,7 +20,6 @@ not a checkpoint, a root where a step directory is expected, a damaged item, a b
 
 import argparse
 import contextlib
-import dataclasses
 import datetime
 import json
 import logging
@@ -98,17 +97,14 @@ def cmd_ls(args) -> int:
 
     entries, latest = ckpt_inspect.list_checkpoints(args.dir)
     entries = ckpt_infinitrain.annotate_entries(args.dir, entries)  # kind and loss; InfiniTrain dirs
-    if latest is None or any(e['kind'] != 'orbax' for e in entries):
-        steps = [e['step'] for e in entries if e['committed'] and Path(e['path']).name != 'checkpoint_final']
-        latest = max(steps) if steps else None
+    latest = ckpt_infinitrain.latest_step(entries, latest)
     if args.json:
         _print_json(
             {
                 'root': str(args.dir),
                 'latest': latest,
                 'checkpoints': [
-                    {**e, 'latest': e['committed'] and e['step'] == latest and not e['path'].endswith('checkpoint_final')}
-                    for e in entries
+                    {**e, 'latest': ckpt_infinitrain.is_latest(e, latest)} for e in entries
                 ],
             }
         )
@@ -123,7 +119,7 @@ def cmd_ls(args) -> int:
             _when(e['written_at']) + ('' if e['written_from'] == 'trainer_state' else ' (mtime)'),
             'yes' if e['has_optimizer_state'] else 'no',
             _number(e['loss']) if e['loss'] is not None else 'n/a',
-            'latest' if e['committed'] and e['step'] == latest and Path(e['path']).name != 'checkpoint_final' else '',
+            'latest' if ckpt_infinitrain.is_latest(e, latest) else '',
         ]
         for e in entries
     ]
@@ -255,18 +251,8 @@ def _show_infinitrain(args) -> int:
     shown = ckpt_infinitrain.show(Path(args.step_dir), args.tensors)
     if args.json:
         _print_json(shown)
-        return EXIT_OK
-    tensors = shown.pop('tensors', None)
-    width = max(len(k) for k in shown)
-    for key, value in shown.items():
-        if key == 'notices':
-            value = '; '.join(value) or 'none'
-        print(f'{key.ljust(width)}  {value}')
-    if tensors is not None:
-        print()
-        print(_table(['tensor', 'shape', 'dtype', 'min', 'max', 'mean', 'std'], [
-            [t['name'], 'x'.join(map(str, t['shape'])) or '()', t['dtype'],
-             *(_number(t.get(k)) for k in ('min', 'max', 'mean', 'std'))] for t in tensors]))
+    else:
+        print(ckpt_infinitrain.show_text(shown, _table, _number))
     return EXIT_OK
 
 
@@ -281,7 +267,8 @@ def cmd_diff(args) -> int:
 
     kinds = [ckpt_infinitrain.kind_of(p) for p in (args.a, args.b)]
     step_a, step_b = (
-        ckpt_inspect.find_finished_step_dir(p) if k == 'orbax' else Path(p) for p, k in zip((args.a, args.b), kinds)
+        ckpt_inspect.find_finished_step_dir(p) if k == 'orbax' else Path(p)
+        for p, k in zip((args.a, args.b), kinds)
     )
     if kinds == ['orbax', 'orbax']:
         state_a, state_b = read_trainer_state(step_a), read_trainer_state(step_b)
@@ -376,9 +363,7 @@ def cmd_export(args) -> int:
         if args.json:
             _print_json({'path': str(args.step_dir), **written})
         else:
-            print(f"wrote {written['output']}: {written['kind']} checkpoint of {written['model_family']} step "
-                  f"{written['step']}" + ('' if written['optimizer_file'] else ' (no optimizer file: no Adam state)')
-                  + f"; InfiniTrain resumes it with --load / --resume_from {written['output']}")
+            print(ckpt_infinitrain.export_line(written))
         return EXIT_OK
     if ckpt_infinitrain.kind_of(args.step_dir) != 'orbax':
         raise ckpt_infinitrain.CheckpointError(
@@ -473,8 +458,12 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument('step_dir', metavar='STEP_DIR', help='a checkpoint_step_NNNNNN directory')
     export.add_argument('--output', required=True, metavar='PATH',
                         help='the llm.c file (llmc) or the step directory (infinitrain*) to write')
-    export.add_argument('--format', choices=('llmc', 'infinitrain', 'infinitrain-bin'), default='llmc',
-                        help='llmc (default): an llm.c model file; infinitrain / infinitrain-bin: a step directory')
+    export.add_argument(
+        '--format',
+        choices=('llmc', 'infinitrain', 'infinitrain-bin'),
+        default='llmc',
+        help='llmc (default): an llm.c model file; infinitrain / infinitrain-bin: a step directory',
+    )
     export.add_argument(
         '--version', type=int, choices=(3, 5), default=3, help='3: fp32 (default); 5: bf16, GPT-2 only'
     )

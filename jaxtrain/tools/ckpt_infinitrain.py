@@ -35,7 +35,7 @@ def kind_of(path) -> str:
 
 
 def _read(step_dir) -> it.InfiniTrainCheckpoint:
-    """Read with the shapes our model config implies when jaxtrain wrote it (GPT-2 Vp rows), else the files'."""
+    """Read with the shapes of our model config when jaxtrain wrote it (GPT-2: Vp rows), else the files'."""
     try:
         first = it.rank_dirs(step_dir)[0]
         expected = None
@@ -45,7 +45,10 @@ def _read(step_dir) -> it.InfiniTrainCheckpoint:
         if extras.get('model_config') and extras.get('model_family'):
             from jaxtrain.tools.ckpt_inspect import expected_param_layouts
 
-            expected = {k: v[0] for k, v in expected_param_layouts(extras['model_family'], extras['model_config']).items()}
+            expected = {
+                k: v[0]
+                for k, v in expected_param_layouts(extras['model_family'], extras['model_config']).items()
+            }
         return it.read_checkpoint(step_dir, expected)
     except LLMCFormatError as e:
         raise CheckpointError(str(e)) from None
@@ -55,7 +58,7 @@ def _read(step_dir) -> it.InfiniTrainCheckpoint:
 
 
 def record_of(step_dir) -> dict:
-    """A trainer-state dict for config_differences: ours as saved; InfiniTrain's jaxtrain object or its fields."""
+    """A trainer-state dict for config_differences: ours as saved; InfiniTrain's jaxtrain object or fields."""
     if kind_of(step_dir) == ORBAX:
         from jaxtrain.checkpoint.trainer_state import read_trainer_state
 
@@ -118,8 +121,15 @@ def annotate_entries(root, entries) -> list[dict]:
     final = Path(root) / 'checkpoint_final'
     if it.detect_kind(final):
         row = _infinitrain_row(final, it.detect_kind(final))
-        rows.append({'path': str(final), 'size_bytes': sum(p.stat().st_size for p in final.rglob('*') if p.is_file()),
-                     'written_at': final.stat().st_mtime, 'written_from': 'mtime', **row})
+        rows.append(
+            {
+                'path': str(final),
+                'size_bytes': sum(p.stat().st_size for p in final.rglob('*') if p.is_file()),
+                'written_at': final.stat().st_mtime,
+                'written_from': 'mtime',
+                **row,
+            }
+        )
     return rows
 
 
@@ -131,8 +141,11 @@ def _infinitrain_row(path: Path, kind: str) -> dict:
 
         state = read_trainer_state(first / it.TRAINER_STATE)
         extras = state.jaxtrain or {}
-        row.update(step=state.global_step, loss=extras.get('loss'),
-                   has_optimizer_state=(first / it.FILES[kind][1]).is_file())
+        row.update(
+            step=state.global_step,
+            loss=extras.get('loss'),
+            has_optimizer_state=(first / it.FILES[kind][1]).is_file(),
+        )
         if extras.get('saved_at'):
             row.update(written_at=float(extras['saved_at']), written_from='trainer_state')
         if row['loss'] is None and state.best_loss is not None and math.isfinite(state.best_loss):
@@ -140,6 +153,18 @@ def _infinitrain_row(path: Path, kind: str) -> dict:
     except (LLMCFormatError, OSError) as e:
         row.update(committed=False, status=f'damaged: {e}')
     return row
+
+
+def latest_step(entries: list[dict], orbax_latest):
+    """The newest committed step of either kind (PR's checkpoint_final is a copy, not a step of its own)."""
+    if orbax_latest is not None and all(e['kind'] == ORBAX for e in entries):
+        return orbax_latest
+    steps = [e['step'] for e in entries if e['committed'] and not e['path'].endswith('checkpoint_final')]
+    return max(steps) if steps else None
+
+
+def is_latest(entry: dict, latest) -> bool:
+    return entry['committed'] and entry['step'] == latest and not entry['path'].endswith('checkpoint_final')
 
 
 # --- show ----------------------------------------------------------------------------------------------
@@ -151,19 +176,34 @@ def show(step_dir, with_tensors: bool) -> dict:
     files = {p.name: p.stat().st_size for p in sorted(ckpt.path.iterdir()) if p.is_file()}
     header = {k: v.shape for k, v in tree_leaves(ckpt.params).items()}
     shown = {
-        'path': str(step_dir), 'kind': ckpt.kind, 'generation': s.generation, 'family': ckpt.family,
-        'ranks': ckpt.ranks, 'global_step': s.global_step,
+        'path': str(step_dir),
+        'kind': ckpt.kind,
+        'generation': s.generation,
+        'family': ckpt.family,
+        'ranks': ckpt.ranks,
+        'global_step': s.global_step,
         'data_batch_idx' if s.generation == PR else 'consumed_batches': s.data_batch_idx,
-        'last_lr': s.last_lr, 'topology': {k: getattr(s, k) for k in ('ddp_size', 'tp_size', 'sp_size', 'pp_size')},
-        'optimizer': 'Adam (m, v, t = %d)' % ckpt.moments[2] if ckpt.moments else 'no optimizer file (SGD, or not saved)',
-        'files': files, 'notices': ckpt.notices,
-        'model': {'num_layers': header['h/ln_1/scale'][0], 'channels': header['h/ln_1/scale'][1],
-                  'vocab_rows': header['wte/embedding'][0]},
+        'last_lr': s.last_lr,
+        'topology': {k: getattr(s, k) for k in ('ddp_size', 'tp_size', 'sp_size', 'pp_size')},
+        'optimizer': 'Adam (m, v, t = %d)' % ckpt.moments[2]
+        if ckpt.moments
+        else 'no optimizer file (SGD, or not saved)',
+        'files': files,
+        'notices': ckpt.notices,
+        'model': {
+            'num_layers': header['h/ln_1/scale'][0],
+            'channels': header['h/ln_1/scale'][1],
+            'vocab_rows': header['wte/embedding'][0],
+        },
     }
     if s.generation == HEAD:
-        shown['shape_fields'] = s.shape  # GPT2Config()/LLaMA3Config() defaults when trained from an llm.c file
+        shown['shape_fields'] = (
+            s.shape
+        )  # GPT2Config()/LLaMA3Config() defaults when trained from an llm.c file
     else:
-        shown.update(best_loss=s.best_loss, optimizer_type=s.optimizer_type, checkpoint_format=s.checkpoint_format)
+        shown.update(
+            best_loss=s.best_loss, optimizer_type=s.optimizer_type, checkpoint_format=s.checkpoint_format
+        )
     if s.jaxtrain:
         shown['jaxtrain'] = {k: v for k, v in s.jaxtrain.items() if k not in ('training_config', 'sha256')}
     if with_tensors:
@@ -174,6 +214,26 @@ def show(step_dir, with_tensors: bool) -> dict:
             for name, a in canonical_tensors(step_dir).items()
         ]
     return shown
+
+
+def show_text(shown: dict, table, number) -> str:
+    """`show`'s dict for people: one field per line, then the tensor table with --tensors."""
+    shown = dict(shown)
+    tensors = shown.pop('tensors', None)
+    width = max(len(k) for k in shown)
+    lines = []
+    for key, value in shown.items():
+        if key == 'notices':
+            value = '; '.join(value) or 'none'
+        lines.append(f'{key.ljust(width)}  {value}')
+    if tensors is not None:
+        rows = [
+            [t['name'], 'x'.join(map(str, t['shape'])) or '()', t['dtype']]
+            + [number(t.get(k)) for k in ('min', 'max', 'mean', 'std')]
+            for t in tensors
+        ]
+        lines += ['', table(['tensor', 'shape', 'dtype', 'min', 'max', 'mean', 'std'], rows)]
+    return '\n'.join(lines)
 
 
 # --- verify --------------------------------------------------------------------------------------------
@@ -204,9 +264,15 @@ def verify(step_dir):
             problems.append(f'{rank}: expected the same {ckpt.kind} files as rank_000000, found others')
     recorded = (ckpt.state.jaxtrain or {}).get('sha256', {})
     for name, digest in recorded.items():
-        found = hashlib.sha256((ckpt.path / name).read_bytes()).hexdigest() if (ckpt.path / name).is_file() else 'no file'
+        found = (
+            hashlib.sha256((ckpt.path / name).read_bytes()).hexdigest()
+            if (ckpt.path / name).is_file()
+            else 'no file'
+        )
         if found != digest:
-            problems.append(f'{ckpt.path / name}: sha256: expected {digest} (recorded by jaxtrain), found {found}')
+            problems.append(
+                f'{ckpt.path / name}: sha256: expected {digest} (recorded by jaxtrain), found {found}'
+            )
     if recorded and not any(p.startswith(str(ckpt.path)) and 'sha256' in p for p in problems):
         checked.append(f'sha256 of {len(recorded)} files as recorded')
     checked += ckpt.notices
@@ -220,14 +286,18 @@ def export(step_dir, output, fmt: str) -> dict:
     """Write `output` (a checkpoint_step_NNNNNN directory) in InfiniTrain format `fmt` from any checkpoint."""
     output = Path(output)
     if not it.STEP_DIR.match(output.name):
-        raise CheckpointError(f'--output: {output}: expected a checkpoint_step_NNNNNN directory to create, '
-                              f'found another name (InfiniTrain\'s --load / --resume_from take such a directory)')
+        raise CheckpointError(
+            f'--output: {output}: expected a checkpoint_step_NNNNNN directory to create, '
+            f'found another name (InfiniTrain\'s --load / --resume_from take such a directory)'
+        )
     if kind_of(step_dir) == ORBAX:
         family, params, moments, record, header = _from_orbax(step_dir)
     else:
         ckpt = _read(step_dir)
         family, params, moments = ckpt.family, ckpt.params, ckpt.moments
-        record = dict(ckpt.state.jaxtrain or {}, step=ckpt.state.global_step, learning_rate=ckpt.state.last_lr)
+        record = dict(
+            ckpt.state.jaxtrain or {}, step=ckpt.state.global_step, learning_rate=ckpt.state.last_lr
+        )
         record.setdefault('best_loss', ckpt.state.best_loss)
         shape = record.get('model_shape')
         header = model_header(family, shape) if shape else _header_from_files(ckpt)
@@ -238,25 +308,52 @@ def export(step_dir, output, fmt: str) -> dict:
         tokens = record.get('tokens_per_step')
         rows = record.get('training_config', {})
         per_batch = rows.get('batch_size', 0) * rows.get('sequence_length', 0)
-        position_batches = record['data_position'] * (tokens // per_batch) if tokens and per_batch else record['data_position']
+        position_batches = (
+            record['data_position'] * (tokens // per_batch)
+            if tokens and per_batch
+            else record['data_position']
+        )
     extras = {k: v for k, v in record.items() if k != 'data_batch_idx'}
     extras.update(checkpoint_format=fmt, model_shape=dataclasses.asdict(header))
-    common = dict(global_step=step, data_batch_idx=int(position_batches), last_lr=float(record.get('learning_rate', 0.0)),
-                  jaxtrain=extras)
+    common = dict(
+        global_step=step,
+        data_batch_idx=int(position_batches),
+        last_lr=float(record.get('learning_rate', 0.0)),
+        jaxtrain=extras,
+    )
     from llmc_io.infinitrain_state import CONFIG_DEFAULTS
 
     if fmt == it.HEAD_KIND:
         state = InfiniTrainState(HEAD, shape=dict(CONFIG_DEFAULTS[family]), **common)
     else:
         best = record.get('best_loss')
-        state = InfiniTrainState(PR, best_loss=math.inf if best is None else float(best),
-                                 optimizer_type='Adam' if moments else 'SGD', checkpoint_format='bin', **common)
+        state = InfiniTrainState(
+            PR,
+            best_loss=math.inf if best is None else float(best),
+            optimizer_type='Adam' if moments else 'SGD',
+            checkpoint_format='bin',
+            **common,
+        )
     try:
         it.write_checkpoint(output, fmt, family, params, header, moments, state)
     except LLMCFormatError as e:
         raise CheckpointError(str(e)) from None
-    return {'output': str(output), 'kind': fmt, 'model_family': family, 'step': step,
-            'optimizer_file': moments is not None}
+    return {
+        'output': str(output),
+        'kind': fmt,
+        'model_family': family,
+        'step': step,
+        'optimizer_file': moments is not None,
+    }
+
+
+def export_line(written: dict) -> str:
+    no_optimizer = '' if written['optimizer_file'] else ' (no optimizer file: no Adam state)'
+    return (
+        f"wrote {written['output']}: {written['kind']} checkpoint of {written['model_family']} step "
+        f"{written['step']}{no_optimizer}; InfiniTrain resumes it with --load (HEAD) / --resume_from (PR) "
+        f"{written['output']}"
+    )
 
 
 def _header_from_files(ckpt):
@@ -267,8 +364,10 @@ def _header_from_files(ckpt):
         return llmc_io.load_model(ckpt.path / it.FILES[ckpt.kind][0])[0]
     raise CheckpointError(
         f'{ckpt.path}: model shape: expected jaxtrain\'s record of it or an llm.c model.bin, found neither '
-        '(a CKPT file has no head count or RoPE settings, and HEAD\'s trainer_state.json holds config defaults); '
-        'export from the PR generation\'s directory, or resume it with --llmc_filepath and save again')
+        '(a CKPT file has no head count or RoPE settings, and HEAD\'s trainer_state.json holds config '
+        'defaults); '
+        'export from the PR generation\'s directory, or resume it with --llmc_filepath and save again'
+    )
 
 
 def _from_orbax(step_dir):
@@ -288,9 +387,8 @@ def _from_orbax(step_dir):
 
             for name, value in tensors.items():
                 if name.startswith('adam.m/'):
-                    tree_set(mu, name[len('adam.m/'):], value)
+                    tree_set(mu, name[len('adam.m/') :], value)
                 elif name.startswith('adam.v/'):
-                    tree_set(nu, name[len('adam.v/'):], value)
+                    tree_set(nu, name[len('adam.v/') :], value)
             moments = (mu, nu, int(tensors['adam.t']))
     return family, params, moments, record, header
-

@@ -57,7 +57,7 @@ class RunSaver:
         self._versions = library_versions()  # once per run, not per save
         self.last_saved_step = None
         self._last_save_time = time.monotonic()
-        self.last_loss = self.best_loss = None  # stored in the trainer state (ckpt ls, InfiniTrain's best_loss)
+        self.last_loss = self.best_loss = None  # into the trainer state: ckpt ls, InfiniTrain's best_loss
 
     def note_loss(self, loss: float) -> None:
         self.last_loss = loss

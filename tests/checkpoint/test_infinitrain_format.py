@@ -1,4 +1,4 @@
-"""InfiniTrain step directories on disk (jaxtrain/checkpoint/formats/infinitrain.py): both kinds written and read
+"""InfiniTrain step directories on disk (jaxtrain/checkpoint/formats/infinitrain.py): both kinds written, read
 back, atomic writes, rank_* subdirectories, the data position, and each malformed directory.
 
 The real files in ../shared/infinitrain are the independent reference: a copy of a real step directory is
@@ -31,17 +31,25 @@ def _equal(a, b):
 
 
 @needs_samples
-@pytest.mark.parametrize('folder,kind', [('head-llama3', it.HEAD_KIND), ('pr-llama3', it.PR_BIN_KIND),
-                                         ('head-gpt2', it.HEAD_KIND), ('pr-gpt2', it.PR_BIN_KIND)])
+@pytest.mark.parametrize(
+    'folder,kind',
+    [
+        ('head-llama3', it.HEAD_KIND),
+        ('pr-llama3', it.PR_BIN_KIND),
+        ('head-gpt2', it.HEAD_KIND),
+        ('pr-gpt2', it.PR_BIN_KIND),
+    ],
+)
 def test_real_step_dir_rewritten_byte_for_byte(real, tmp_path, folder, kind):
     src = real / folder / 'a' / 'checkpoint_step_000010'
     ckpt = it.read_checkpoint(src)
     assert (ckpt.kind, ckpt.state.global_step, ckpt.ranks) == (kind, 10, 1)
     header, _ = llmc_io.load_model(real / folder / 'model.bin')
-    out = it.write_checkpoint(tmp_path / 'checkpoint_step_000010', kind, ckpt.family, ckpt.params, header,
-                              ckpt.moments, ckpt.state)
+    out = it.write_checkpoint(
+        tmp_path / 'checkpoint_step_000010', kind, ckpt.family, ckpt.params, header, ckpt.moments, ckpt.state
+    )
     model, opt = it.FILES[kind]
-    # HEAD: the CKPT file in libc++ order; PR: SaveAsLLMC's llm.c file (no vocab padding, LLaMA major/minor 1/0).
+    # HEAD: the CKPT file in libc++ order; PR: SaveAsLLMC's llm.c file (no vocab padding, major/minor 1/0).
     assert (out / model).read_bytes() == (src / model).read_bytes()
     if ckpt.moments is not None:
         assert (out / opt).read_bytes() == (src / opt).read_bytes()
@@ -60,9 +68,15 @@ def test_rank_directories(real, tmp_path):
         shutil.copytree(real / 'head-gpt2' / 'a' / 'checkpoint_step_000010', step / f'rank_{r:06d}')
     assert it.detect_kind(step) == it.HEAD_KIND
     ckpt = it.read_checkpoint(step)
-    assert ckpt.ranks == 2 and ckpt.path.name == 'rank_000000' and any('2 rank directories' in n for n in ckpt.notices)
+    assert (
+        ckpt.ranks == 2
+        and ckpt.path.name == 'rank_000000'
+        and any('2 rank directories' in n for n in ckpt.notices)
+    )
     shutil.rmtree(step / 'rank_000000')
-    with pytest.raises(LLMCFormatError, match=r'rank_000000: expected a directory \(ranks are 0..N-1\), found missing'):
+    with pytest.raises(
+        LLMCFormatError, match=r'rank_000000: expected a directory \(ranks are 0..N-1\), found missing'
+    ):
         it.read_checkpoint(step)
     (step / 'rank_000001' / 'trainer_state.json').unlink()
     shutil.copytree(step / 'rank_000001', step / 'rank_000000')
@@ -73,13 +87,24 @@ def test_rank_directories(real, tmp_path):
 @needs_samples
 def test_names_that_do_not_fit_the_run(real):
     src = real / 'head-llama3' / 'a' / 'checkpoint_step_000010'
-    wrong = {path: shape for path, shape in
-             {k: v.shape for k, v in tree_leaves(it.read_checkpoint(src).params).items()}.items()}
+    wrong = {
+        path: shape
+        for path, shape in {
+            k: v.shape for k, v in tree_leaves(it.read_checkpoint(src).params).items()
+        }.items()
+    }
     wrong['h/ln_1/scale'] = (3, 8)  # a 3-layer model
     wrong['h/attn/c_attn/kernel'] = (3, 8, 16)
-    with pytest.raises(LLMCFormatError, match="tensor 'transformer.h.2.attn.c_attn.weight': expected present, found missing"):
+    with pytest.raises(
+        LLMCFormatError, match="tensor 'transformer.h.2.attn.c_attn.weight': expected present, found missing"
+    ):
         it.read_checkpoint(src, wrong)
-    gpt_shapes = {k: v.shape for k, v in tree_leaves(it.read_checkpoint(real / 'head-gpt2/a/checkpoint_step_000010').params).items()}
+    gpt_shapes = {
+        k: v.shape
+        for k, v in tree_leaves(
+            it.read_checkpoint(real / 'head-gpt2/a/checkpoint_step_000010').params
+        ).items()
+    }
     with pytest.raises(LLMCFormatError, match='model family: expected gpt2, found llama3'):
         it.read_checkpoint(src, gpt_shapes)
     with pytest.raises(LLMCFormatError, match='model.bin: model family: expected gpt2, found llama3'):
@@ -100,11 +125,15 @@ def test_data_position_translation():
 
 
 def test_failed_write_leaves_nothing(tmp_path):
-    header = llmc_io.GPT2Header(max_seq_len=4, vocab_size=8, padded_vocab_size=8, num_layers=1, num_heads=1, channels=4)
+    header = llmc_io.GPT2Header(
+        max_seq_len=4, vocab_size=8, padded_vocab_size=8, num_layers=1, num_heads=1, channels=4
+    )
     params = {'wte': {'embedding': np.full((8, 4), np.nan, np.float32)}}  # not a whole GPT-2 tree
     state = InfiniTrainState('pr', 1, 1, 0.1, optimizer_type='SGD', checkpoint_format='bin')
     with pytest.raises(LLMCFormatError):
-        it.write_checkpoint(tmp_path / 'checkpoint_step_000001', it.PR_BIN_KIND, 'gpt2', params, header, None, state)
+        it.write_checkpoint(
+            tmp_path / 'checkpoint_step_000001', it.PR_BIN_KIND, 'gpt2', params, header, None, state
+        )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -117,4 +146,7 @@ def test_prune_keeps_newest_and_protected(tmp_path):
     removed = it.prune(tmp_path, 2, protected=[tmp_path / 'checkpoint_step_000005'])
     assert [p.name for p in removed] == ['checkpoint_step_000010']
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        'checkpoint_step_000005', 'checkpoint_step_000015', 'checkpoint_step_000020']
+        'checkpoint_step_000005',
+        'checkpoint_step_000015',
+        'checkpoint_step_000020',
+    ]

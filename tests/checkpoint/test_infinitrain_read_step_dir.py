@@ -33,26 +33,42 @@ def test_adam_moments_restored_by_name(real):
     parts = _parts(real, 'llama3', optimizer='adam', beta2=0.999)
     step_dir = real / 'head-llama3' / 'a' / 'checkpoint_step_000010'
     params, opt, record = read_step_dir(step_dir, parts.state.params, parts.state.opt_state, 1, 'adam')
-    assert (record['step'], record['data_position'], record['rng'], record['kind']) == (10, 10, None, 'infinitrain')
+    assert (record['step'], record['data_position'], record['rng'], record['kind']) == (
+        10,
+        10,
+        None,
+        'infinitrain',
+    )
     assert any('no comma after "vocab_size"' in m for m in record['messages'])
     model = read_state_dict(step_dir / 'model.ckpt')
     optimizer = read_state_dict(step_dir / 'optimizer.ckpt')
     np.testing.assert_array_equal(np.asarray(params['lm_head']['kernel']), model['lm_head.weight'].array.T)
-    np.testing.assert_array_equal(np.asarray(params['h']['mlp']['c_fc2']['kernel'][1]),
-                                  model['transformer.h.1.mlp.c_fc2.weight'].array.T)
+    np.testing.assert_array_equal(
+        np.asarray(params['h']['mlp']['c_fc2']['kernel'][1]),
+        model['transformer.h.1.mlp.c_fc2.weight'].array.T,
+    )
     (adam,) = adam_states(opt)
     order = layout.parameter_order('llama3', 2)
     i = order.index('transformer.h.0.attn.c_attn.weight')
-    np.testing.assert_array_equal(np.asarray(adam.mu['h']['attn']['c_attn']['kernel'][0]),
-                                  optimizer[f'adam.m.{i}'].array.T)
-    np.testing.assert_array_equal(np.asarray(adam.nu['wte']['embedding']), optimizer[f"adam.v.{order.index('transformer.wte.weight')}"].array)
+    np.testing.assert_array_equal(
+        np.asarray(adam.mu['h']['attn']['c_attn']['kernel'][0]), optimizer[f'adam.m.{i}'].array.T
+    )
+    np.testing.assert_array_equal(
+        np.asarray(adam.nu['wte']['embedding']),
+        optimizer[f"adam.v.{order.index('transformer.wte.weight')}"].array,
+    )
     assert int(adam.count) == 10
     is_schedule = lambda n: isinstance(n, optax.ScaleByScheduleState)
     schedules = [n for n in jax.tree.leaves(opt, is_leaf=is_schedule) if is_schedule(n)]
     assert [int(n.count) for n in schedules] == [10]  # the learning-rate schedule continues at step 10
     # The PR generation's name-keyed file gives the same state.
-    _, opt_pr, record_pr = read_step_dir(real / 'pr-llama3' / 'a' / 'checkpoint_step_000010', parts.state.params,
-                                         parts.state.opt_state, 1, 'adam')
+    _, opt_pr, record_pr = read_step_dir(
+        real / 'pr-llama3' / 'a' / 'checkpoint_step_000010',
+        parts.state.params,
+        parts.state.opt_state,
+        1,
+        'adam',
+    )
     assert record_pr['kind'] == 'infinitrain-bin'
     for a, b in zip(jax.tree.leaves(opt), jax.tree.leaves(opt_pr)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -60,14 +76,25 @@ def test_adam_moments_restored_by_name(real):
 
 def test_optimizer_mismatch_says_what_it_drops(real):
     parts = _parts(real, 'llama3', optimizer='sgd')
-    _, opt, record = read_step_dir(real / 'head-llama3' / 'a' / 'checkpoint_step_000010', parts.state.params,
-                                   parts.state.opt_state, 1, 'sgd')
+    _, opt, record = read_step_dir(
+        real / 'head-llama3' / 'a' / 'checkpoint_step_000010',
+        parts.state.params,
+        parts.state.opt_state,
+        1,
+        'sgd',
+    )
     assert opt is None and any('dropped the Adam moments (m, v, t=10)' in m for m in record['messages'])
     gpt = _parts(real, 'gpt2', optimizer='adam', total_batch_size=256)  # accumulation 2
-    _, opt, record = read_step_dir(real / 'head-gpt2' / 'a' / 'checkpoint_step_000010', gpt.state.params,
-                                   gpt.state.opt_state, 2, 'adam')
+    _, opt, record = read_step_dir(
+        real / 'head-gpt2' / 'a' / 'checkpoint_step_000010', gpt.state.params, gpt.state.opt_state, 2, 'adam'
+    )
     assert opt is None and any('has no optimizer file' in m for m in record['messages'])
     assert record['data_position'] == 5  # batch 10 = 5 of our steps of 2 InfiniTrain batches
     with pytest.raises(LLMCFormatError, match='data_batch_idx: expected a multiple of 3'):
-        read_step_dir(real / 'head-gpt2' / 'a' / 'checkpoint_step_000010', gpt.state.params, gpt.state.opt_state,
-                      3, 'adam')
+        read_step_dir(
+            real / 'head-gpt2' / 'a' / 'checkpoint_step_000010',
+            gpt.state.params,
+            gpt.state.opt_state,
+            3,
+            'adam',
+        )

@@ -14,7 +14,6 @@ import re
 import numpy as np
 import pytest
 
-import llmc_io
 from infinitrain_samples import SAMPLES, unpack
 from jaxtrain.checkpoint.formats import infinitrain as it
 from jaxtrain.checkpoint.formats.infinitrain_trainer import model_header
@@ -35,22 +34,41 @@ def _to_pr_bin(src, dst_root):
     ckpt = it.read_checkpoint(src)
     extras = ckpt.state.jaxtrain
     header = model_header(ckpt.family, extras['model_shape'])
-    state = InfiniTrainState(PR, ckpt.state.global_step, ckpt.state.data_batch_idx, ckpt.state.last_lr,
-                             best_loss=extras.get('best_loss'), optimizer_type='Adam' if ckpt.moments else 'SGD',
-                             checkpoint_format='bin', jaxtrain=extras)
-    return it.write_checkpoint(dst_root / src.name, it.PR_BIN_KIND, ckpt.family, ckpt.params, header,
-                               ckpt.moments, state)
+    state = InfiniTrainState(
+        PR,
+        ckpt.state.global_step,
+        ckpt.state.data_batch_idx,
+        ckpt.state.last_lr,
+        best_loss=extras.get('best_loss'),
+        optimizer_type='Adam' if ckpt.moments else 'SGD',
+        checkpoint_format='bin',
+        jaxtrain=extras,
+    )
+    return it.write_checkpoint(
+        dst_root / src.name, it.PR_BIN_KIND, ckpt.family, ckpt.params, header, ckpt.moments, state
+    )
 
 
 @pytest.mark.parametrize('case', CASES)
 def test_resume_from_our_infinitrain_checkpoints_is_bitwise(tmp_path, case):
     options = dict(CASES[case])
     family = options.pop('family')
-    files = dict(input_bin=random_shard(tmp_path / 'train.bin', kind=family),
-                 llmc_filepath=tiny_llmc_model(tmp_path / 'model.bin', family))
-    common = dict(num_iteration=6, save_steps=3, max_checkpoint_keep=10, save_optimizer_state=True,
-                  checkpoint_format='infinitrain', **files, **options)
-    full = load_config(family, checkpoint_dir=str(tmp_path / 'full'), metrics_dir=str(tmp_path / 'm0'), **common)
+    files = dict(
+        input_bin=random_shard(tmp_path / 'train.bin', kind=family),
+        llmc_filepath=tiny_llmc_model(tmp_path / 'model.bin', family),
+    )
+    common = dict(
+        num_iteration=6,
+        save_steps=3,
+        max_checkpoint_keep=10,
+        save_optimizer_state=True,
+        checkpoint_format='infinitrain',
+        **files,
+        **options,
+    )
+    full = load_config(
+        family, checkpoint_dir=str(tmp_path / 'full'), metrics_dir=str(tmp_path / 'm0'), **common
+    )
     code, full_losses, _ = train(full)
     assert code == 0 and sorted(full_losses) == list(range(1, 7))
     step3 = tmp_path / 'full' / 'checkpoint_step_000003'
@@ -60,8 +78,13 @@ def test_resume_from_our_infinitrain_checkpoints_is_bitwise(tmp_path, case):
 
     finals = {}
     for name, source, fmt in (('head', step3, 'infinitrain-bin'), ('pr', pr_step3, 'infinitrain')):
-        resumed = load_config(family, checkpoint_dir=str(tmp_path / f'r_{name}'), metrics_dir=str(tmp_path / f'm_{name}'),
-                              resume_from=str(source), **{**common, 'checkpoint_format': fmt})
+        resumed = load_config(
+            family,
+            checkpoint_dir=str(tmp_path / f'r_{name}'),
+            metrics_dir=str(tmp_path / f'm_{name}'),
+            resume_from=str(source),
+            **{**common, 'checkpoint_format': fmt},
+        )
         code, losses, out = train(resumed)
         assert code == 0, out
         assert 'restored step 3' in out and 'was written by InfiniTrain' not in out  # our rng came back
@@ -88,10 +111,21 @@ def test_resume_from_the_real_binarys_checkpoints(tmp_path):
     for folder in ('head-gpt2', 'pr-gpt2', 'head-llama3', 'pr-llama3'):
         family = 'gpt2' if 'gpt2' in folder else 'llama3'
         config = load_config(
-            family, llmc_filepath=str(real / folder / 'model.bin'), input_bin=str(real / folder / 'train.bin'),
-            batch_size=2, sequence_length=64, total_batch_size=128, learning_rate=0.01, num_iteration=20,
-            optimizer='sgd' if family == 'gpt2' else 'adam', beta1=0.9, beta2=0.999, eps=1e-8,
-            resume_from=str(real / folder / 'a' / 'checkpoint_step_000010'), metrics_dir=str(tmp_path / folder))
+            family,
+            llmc_filepath=str(real / folder / 'model.bin'),
+            input_bin=str(real / folder / 'train.bin'),
+            batch_size=2,
+            sequence_length=64,
+            total_batch_size=128,
+            learning_rate=0.01,
+            num_iteration=20,
+            optimizer='sgd' if family == 'gpt2' else 'adam',
+            beta1=0.9,
+            beta2=0.999,
+            eps=1e-8,
+            resume_from=str(real / folder / 'a' / 'checkpoint_step_000010'),
+            metrics_dir=str(tmp_path / folder),
+        )
         code, losses, out = train(config)
         assert code == 0, out
         assert 'restored step 10' in out and 'data position 10' in out

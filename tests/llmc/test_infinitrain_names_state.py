@@ -12,22 +12,48 @@ import pytest
 from llmc_io import LLMCFormatError
 from llmc_io import infinitrain_layout as layout
 from llmc_io import infinitrain_names as names
-from llmc_io.infinitrain_state import InfiniTrainState, read_trainer_state, render_trainer_state, write_trainer_state
+from llmc_io.infinitrain_state import (
+    InfiniTrainState,
+    read_trainer_state,
+    render_trainer_state,
+    write_trainer_state,
+)
 from llmc_io.libcxx_order import LibcxxStringMap, string_hash
 from llmc_io.statedict import CkptTensor
 from llmc_io.tensors import tree_leaves, tree_set
 
 C, L, V, VP, T, H = 8, 3, 10, 16, 4, 24
 SHAPES = {
-    'gpt2': {'wte/embedding': (VP, C), 'wpe/embedding': (T, C), 'h/ln_1/scale': (L, C), 'h/ln_1/bias': (L, C),
-             'h/attn/c_attn/kernel': (L, C, 3 * C), 'h/attn/c_attn/bias': (L, 3 * C),
-             'h/attn/c_proj/kernel': (L, C, C), 'h/attn/c_proj/bias': (L, C), 'h/ln_2/scale': (L, C),
-             'h/ln_2/bias': (L, C), 'h/mlp/c_fc/kernel': (L, C, 4 * C), 'h/mlp/c_fc/bias': (L, 4 * C),
-             'h/mlp/c_proj/kernel': (L, 4 * C, C), 'h/mlp/c_proj/bias': (L, C), 'ln_f/scale': (C,), 'ln_f/bias': (C,)},
-    'llama3': {'wte/embedding': (V, C), 'h/ln_1/scale': (L, C), 'h/attn/c_attn/kernel': (L, C, 16),
-               'h/attn/c_proj/kernel': (L, C, C), 'h/ln_2/scale': (L, C), 'h/mlp/c_fc/kernel': (L, C, H),
-               'h/mlp/c_fc2/kernel': (L, C, H), 'h/mlp/c_proj/kernel': (L, H, C), 'ln_f/scale': (C,),
-               'lm_head/kernel': (C, V)},
+    'gpt2': {
+        'wte/embedding': (VP, C),
+        'wpe/embedding': (T, C),
+        'h/ln_1/scale': (L, C),
+        'h/ln_1/bias': (L, C),
+        'h/attn/c_attn/kernel': (L, C, 3 * C),
+        'h/attn/c_attn/bias': (L, 3 * C),
+        'h/attn/c_proj/kernel': (L, C, C),
+        'h/attn/c_proj/bias': (L, C),
+        'h/ln_2/scale': (L, C),
+        'h/ln_2/bias': (L, C),
+        'h/mlp/c_fc/kernel': (L, C, 4 * C),
+        'h/mlp/c_fc/bias': (L, 4 * C),
+        'h/mlp/c_proj/kernel': (L, 4 * C, C),
+        'h/mlp/c_proj/bias': (L, C),
+        'ln_f/scale': (C,),
+        'ln_f/bias': (C,),
+    },
+    'llama3': {
+        'wte/embedding': (V, C),
+        'h/ln_1/scale': (L, C),
+        'h/attn/c_attn/kernel': (L, C, 16),
+        'h/attn/c_proj/kernel': (L, C, C),
+        'h/ln_2/scale': (L, C),
+        'h/mlp/c_fc/kernel': (L, C, H),
+        'h/mlp/c_fc2/kernel': (L, C, H),
+        'h/mlp/c_proj/kernel': (L, H, C),
+        'ln_f/scale': (C,),
+        'lm_head/kernel': (C, V),
+    },
 }
 
 
@@ -78,7 +104,9 @@ def test_moments_round_trip(family, head_keys):
 def test_name_that_does_not_fit_the_model():
     sd = names.tree_to_state_dict('llama3', _tree('llama3', 0), V, T)
     sd['transformer.h.7.ln_1.weight'] = sd['transformer.h.0.ln_1.weight']
-    with pytest.raises(LLMCFormatError, match=r"x.ckpt: tensor 'transformer.h.7.ln_1.weight': expected a name"):
+    with pytest.raises(
+        LLMCFormatError, match=r"x.ckpt: tensor 'transformer.h.7.ln_1.weight': expected a name"
+    ):
         names.state_dict_to_tree('x.ckpt', sd, SHAPES['llama3'])
     del sd['transformer.h.7.ln_1.weight']
     del sd['lm_head.weight']
@@ -105,31 +133,58 @@ def test_libcxx_map_order_by_hand():
 
 
 def test_trainer_state_writer_is_valid_json_with_upstream_keys_first(tmp_path):
-    state = InfiniTrainState('head', 40, 40, 1e-05, shape={'n_layer': 12, 'n_head': 12, 'n_kv_head': 12,
-                                                           'n_embd': 768, 'vocab_size': 50304},
-                             jaxtrain={'global_step': 999, 'loss': 3.5})
+    state = InfiniTrainState(
+        'head',
+        40,
+        40,
+        1e-05,
+        shape={'n_layer': 12, 'n_head': 12, 'n_kv_head': 12, 'n_embd': 768, 'vocab_size': 50304},
+        jaxtrain={'global_step': 999, 'loss': 3.5},
+    )
     path = tmp_path / 'trainer_state.json'
     write_trainer_state(path, state)
     text = path.read_text()
     data = json.loads(text)
-    assert list(data)[:12] == ['n_layer', 'n_head', 'n_kv_head', 'n_embd', 'vocab_size', 'global_step',
-                               'consumed_batches', 'last_lr', 'ddp_size', 'tp_size', 'sp_size', 'pp_size']
+    assert list(data)[:12] == [
+        'n_layer',
+        'n_head',
+        'n_kv_head',
+        'n_embd',
+        'vocab_size',
+        'global_step',
+        'consumed_batches',
+        'last_lr',
+        'ddp_size',
+        'tp_size',
+        'sp_size',
+        'pp_size',
+    ]
     assert '"last_lr": 1e-05,' in text  # C++ ostream's %g, as upstream prints it
     # Upstream's extractor takes the first "global_step": ours, not the one inside "jaxtrain".
     assert text.index('"global_step": 40') < text.index('"jaxtrain"')
     back = read_trainer_state(path)
-    assert (back.global_step, back.data_batch_idx, back.jaxtrain, back.notices) == (40, 40, state.jaxtrain, [])
-    pr = InfiniTrainState('pr', 0, 0, 0.01, best_loss=float('inf'), optimizer_type='Adam', checkpoint_format='bin')
+    assert (back.global_step, back.data_batch_idx, back.jaxtrain, back.notices) == (
+        40,
+        40,
+        state.jaxtrain,
+        [],
+    )
+    pr = InfiniTrainState(
+        'pr', 0, 0, 0.01, best_loss=float('inf'), optimizer_type='Adam', checkpoint_format='bin'
+    )
     assert '"best_loss": null,' in render_trainer_state(pr)
 
 
-@pytest.mark.parametrize('text,field', [
-    ('{"global_step": 3}', 'consumed_batches / data_batch_idx'),
-    ('{"consumed_batches": 3, "last_lr": 0.1}', 'global_step'),
-    ('{"global_step": "x", "consumed_batches": 3, "last_lr": 0.1}', 'global_step'),
-    ('not json at all', 'JSON'),
-    ('[1, 2]', 'top level'),
-])
+@pytest.mark.parametrize(
+    'text,field',
+    [
+        ('{"global_step": 3}', 'consumed_batches / data_batch_idx'),
+        ('{"consumed_batches": 3, "last_lr": 0.1}', 'global_step'),
+        ('{"global_step": "x", "consumed_batches": 3, "last_lr": 0.1}', 'global_step'),
+        ('not json at all', 'JSON'),
+        ('[1, 2]', 'top level'),
+    ],
+)
 def test_malformed_trainer_state(tmp_path, text, field):
     path = tmp_path / 'trainer_state.json'
     path.write_text(text)
@@ -145,5 +200,7 @@ def test_missing_trainer_state(tmp_path):
 
 def test_pr_inf_best_loss_is_read(tmp_path):
     path = tmp_path / 'trainer_state.json'
-    path.write_text('{\n  "global_step": 0,\n  "data_batch_idx": 0,\n  "best_loss": inf,\n  "last_lr": 0.01\n}\n')
+    path.write_text(
+        '{\n  "global_step": 0,\n  "data_batch_idx": 0,\n  "best_loss": inf,\n  "last_lr": 0.01\n}\n'
+    )
     assert read_trainer_state(path).best_loss == float('inf')

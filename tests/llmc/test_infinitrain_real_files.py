@@ -1,4 +1,4 @@
-"""Every real file the InfiniTrain binary wrote (../shared/infinitrain) read, checked against its README, re-written.
+"""Every file the real InfiniTrain binary wrote (../shared/infinitrain): read, checked against the READMEs.
 
 Checks: md5 of each file as written (README tables), CKPT entry names / order / shapes / dtypes, tied
 wte == lm_head bytes and the causal masks in GPT-2, the Adam index -> name table (adam_map.txt) equal to the
@@ -21,7 +21,12 @@ from llmc_io.statedict import read_state_dict, state_dict_bytes
 
 pytestmark = needs_samples
 FAMILY = {'head-gpt2': 'gpt2', 'pr-gpt2': 'gpt2', 'head-llama3': 'llama3', 'pr-llama3': 'llama3'}
-BEST_LOSS = {('pr-gpt2', 10): 6.23609, ('pr-gpt2', 20): 6.21786, ('pr-llama3', 10): 6.23572, ('pr-llama3', 20): 6.23331}
+BEST_LOSS = {
+    ('pr-gpt2', 10): 6.23609,
+    ('pr-gpt2', 20): 6.21786,
+    ('pr-llama3', 10): 6.23572,
+    ('pr-llama3', 20): 6.23331,
+}
 
 
 @pytest.fixture(scope='module')
@@ -64,7 +69,9 @@ def test_every_ckpt_file_reads_and_rewrites_byte_identically(real):
                 wte, head = tensors['transformer.wte.weight'].array, tensors['lm_head.weight'].array
                 assert wte.shape == (512, 96) and wte.tobytes() == head.tobytes()
                 for i in range(2):
-                    assert np.array_equal(tensors[f'transformer.h.{i}.attn.bias'].array, names.causal_mask(64))
+                    assert np.array_equal(
+                        tensors[f'transformer.h.{i}.attn.bias'].array, names.causal_mask(64)
+                    )
             else:
                 assert len(tensors) == 17
                 assert tensors['lm_head.weight'].shape == (128256, 8)
@@ -92,7 +99,9 @@ def test_head_positional_moments_equal_pr_name_keyed_ones(real, step):
             assert head[f'adam.{kind}.{i}'].array.tobytes() == pr[f'adam.{kind}.{name}'].array.tobytes()
 
 
-@pytest.mark.parametrize('folder,step', [('pr-gpt2', 10), ('pr-gpt2', 20), ('pr-llama3', 10), ('pr-llama3', 20)])
+@pytest.mark.parametrize(
+    'folder,step', [('pr-gpt2', 10), ('pr-gpt2', 20), ('pr-llama3', 10), ('pr-llama3', 20)]
+)
 def test_pr_llmc_model_bin_maps_to_heads_model_ckpt(real, folder, step):
     d = f'checkpoint_step_{step:06d}'
     header, params = llmc_io.load_model(real / folder / 'a' / d / 'model.bin')

@@ -35,14 +35,18 @@ def _sample_entries():
     w = rng.standard_normal((3, 4)).astype('<f4')
     bf16 = np.array([0x3F80, 0xC000, 0x7FC0], dtype='<u2')  # 1.0, -2.0, NaN as bf16 bits
     mask = np.tril(np.ones((2, 2), '<f4')).reshape(1, 1, 2, 2)
-    return [
-        ('lm_head.weight', 11, (3, 4), w.tobytes()),
-        ('adam.t', 8, (), struct.pack('<q', 10)),
-        ('transformer.h.0.attn.bias', 11, (1, 1, 2, 2), mask.tobytes()),
-        ('x.bf16', 9, (3,), bf16.tobytes()),
-        ('x.u8', 1, (2,), b'\x07\xff'),
-        ('empty', 11, (0, 5), b''),
-    ], w, bf16
+    return (
+        [
+            ('lm_head.weight', 11, (3, 4), w.tobytes()),
+            ('adam.t', 8, (), struct.pack('<q', 10)),
+            ('transformer.h.0.attn.bias', 11, (1, 1, 2, 2), mask.tobytes()),
+            ('x.bf16', 9, (3,), bf16.tobytes()),
+            ('x.u8', 1, (2,), b'\x07\xff'),
+            ('empty', 11, (0, 5), b''),
+        ],
+        w,
+        bf16,
+    )
 
 
 def test_reader_and_writer_match_upstreams_layout(tmp_path):
@@ -53,7 +57,9 @@ def test_reader_and_writer_match_upstreams_layout(tmp_path):
     got = read_state_dict(path)
     assert list(got) == [e[0] for e in entries]  # file order kept
     assert got['lm_head.weight'].dtype == 11 and np.array_equal(got['lm_head.weight'].array, w)
-    assert got['adam.t'].shape == () and int(got['adam.t'].array) == 10 and got['adam.t'].dtype_name == 'kINT64'
+    assert (
+        got['adam.t'].shape == () and int(got['adam.t'].array) == 10 and got['adam.t'].dtype_name == 'kINT64'
+    )
     assert got['x.bf16'].dtype == 9 and np.array_equal(got['x.bf16'].array, bf16)
     assert got['empty'].shape == (0, 5)
     assert got['lm_head.weight'].offset == 12 + 4 + len('lm_head.weight') + 1 + 4 + 16 + 8
@@ -61,7 +67,8 @@ def test_reader_and_writer_match_upstreams_layout(tmp_path):
     assert state_dict_bytes(got) == blob
     plain = {'a': w, 't': np.array(10, np.int64)}
     assert state_dict_bytes(plain) == _cpp_save_state_dict(
-        [('a', 11, (3, 4), w.tobytes()), ('t', 8, (), struct.pack('<q', 10))])
+        [('a', 11, (3, 4), w.tobytes()), ('t', 8, (), struct.pack('<q', 10))]
+    )
     out = tmp_path / 'out' / 'optimizer.ckpt'
     out.parent.mkdir()
     write_state_dict(out, got)
@@ -77,8 +84,11 @@ def _malformed_cases():
         'version': (good[:4] + struct.pack('<I', 2) + good[8:], 'version'),
         'truncated header': (good[:6], 'version'),
         'truncated tensor': (good[:-3], "tensor 'w' data"),
-        'nbytes': (_cpp_save_state_dict([('w', 11, (2, 2), np.ones(3, '<f4').tobytes())]), "tensor 'w' nbytes"),
-        'unknown dtype': (good[:name_end] + struct.pack('<b', 42) + good[name_end + 1:], "tensor 'w' dtype"),
+        'nbytes': (
+            _cpp_save_state_dict([('w', 11, (2, 2), np.ones(3, '<f4').tobytes())]),
+            "tensor 'w' nbytes",
+        ),
+        'unknown dtype': (good[:name_end] + struct.pack('<b', 42) + good[name_end + 1 :], "tensor 'w' dtype"),
         'truncated name': (good[:12] + struct.pack('<I', 99) + b'w', 'tensor #0 name'),
         'count too high': (good[:8] + struct.pack('<I', 2) + good[12:], 'tensor #1 name length'),
         'trailing bytes': (good + b'\0', 'end of file'),

@@ -57,11 +57,19 @@ def test_every_sample_is_listed_shown_and_verified(real, capsys):
 @pytest.mark.parametrize('family', ['gpt2', 'llama3'])
 def test_head_and_pr_generations_diff_identical(real, capsys, family):
     for step in ('000010', '000020'):
-        code, out, _ = run_tool(capsys, 'diff', real / f'head-{family}/a/checkpoint_step_{step}',
-                                real / f'pr-{family}/a/checkpoint_step_{step}')
+        code, out, _ = run_tool(
+            capsys,
+            'diff',
+            real / f'head-{family}/a/checkpoint_step_{step}',
+            real / f'pr-{family}/a/checkpoint_step_{step}',
+        )
         assert code == 0 and out.rstrip().endswith('identical') and '(infinitrain-bin)' in out, out
-    code, out, _ = run_tool(capsys, 'diff', real / f'head-{family}/a/checkpoint_step_000010',
-                            real / f'head-{family}/a/checkpoint_step_000020')
+    code, out, _ = run_tool(
+        capsys,
+        'diff',
+        real / f'head-{family}/a/checkpoint_step_000010',
+        real / f'head-{family}/a/checkpoint_step_000020',
+    )
     assert code == 1 and 'different' in out
 
 
@@ -80,24 +88,38 @@ def test_damaged_sample_is_one_line(real, tmp_path, capsys):
 
 
 def test_orbax_and_infinitrain_checkpoints_of_one_state_diff_identical(tmp_path, capsys):
-    files = dict(input_bin=random_shard(tmp_path / 'train.bin'), llmc_filepath=tiny_llmc_model(tmp_path / 'model.bin'))
+    files = dict(
+        input_bin=random_shard(tmp_path / 'train.bin'), llmc_filepath=tiny_llmc_model(tmp_path / 'model.bin')
+    )
     common = dict(num_iteration=2, save_steps=2, optimizer='adam', learning_rate=1e-3, **files)
     roots = {}
     for fmt in ('orbax', 'infinitrain'):
         roots[fmt] = tmp_path / fmt
-        config = load_config('gpt2', checkpoint_dir=str(roots[fmt]), metrics_dir=str(tmp_path / f'm_{fmt}'),
-                             checkpoint_format=fmt, **common)
+        config = load_config(
+            'gpt2',
+            checkpoint_dir=str(roots[fmt]),
+            metrics_dir=str(tmp_path / f'm_{fmt}'),
+            checkpoint_format=fmt,
+            **common,
+        )
         code, losses, out = train(config)
         assert code == 0, out
-    orbax_step, it_step = roots['orbax'] / 'checkpoint_step_000002', roots['infinitrain'] / 'checkpoint_step_000002'
+    orbax_step, it_step = (
+        roots['orbax'] / 'checkpoint_step_000002',
+        roots['infinitrain'] / 'checkpoint_step_000002',
+    )
     code, out, _ = run_tool(capsys, 'diff', orbax_step, it_step)
-    assert code == 0 and out.rstrip().endswith('identical') and '(orbax)' in out and '(infinitrain)' in out, out
+    assert code == 0 and out.rstrip().endswith('identical') and '(orbax)' in out and '(infinitrain)' in out, (
+        out
+    )
     assert 'adam.m/wte/embedding' not in out  # nothing listed as changed
     code, out, _ = run_tool(capsys, 'ls', roots['infinitrain'])
     assert code == 0 and 'infinitrain' in out and f"{losses[2]:.6g}" in out  # the loss is stored and listed
     # export across kinds: Orbax -> PR generation, which diffs identical to both.
     pr_step = tmp_path / 'pr' / 'checkpoint_step_000002'
-    code, out, err = run_tool(capsys, 'export', orbax_step, '--format', 'infinitrain-bin', '--output', pr_step)
+    code, out, err = run_tool(
+        capsys, 'export', orbax_step, '--format', 'infinitrain-bin', '--output', pr_step
+    )
     assert code == 0, err
     assert sorted(p.name for p in pr_step.iterdir()) == ['model.bin', 'optimizer.bin', 'trainer_state.json']
     for other in (orbax_step, it_step):

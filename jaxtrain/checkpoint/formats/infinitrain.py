@@ -72,13 +72,20 @@ def _model_file_kind(directory: Path) -> str | None:
 def rank_dirs(step_dir) -> list[Path]:
     """[step_dir] or its rank_NNNNNN subdirectories, checked to be 0..N-1 with none missing."""
     step_dir = Path(step_dir)
-    ranks = sorted((int(m.group(1)), p) for p in step_dir.iterdir() if p.is_dir() and (m := _RANK_DIR.match(p.name)))
+    ranks = sorted(
+        (int(m.group(1)), p) for p in step_dir.iterdir() if p.is_dir() and (m := _RANK_DIR.match(p.name))
+    )
     if not ranks:
         return [step_dir]
     for expected, (index, path) in enumerate(ranks):
         if index != expected:
-            raise LLMCFormatError(step_dir, f'rank_{expected:06d}', 'a directory (ranks are 0..N-1)', 'missing',
-                                  'copy the whole step directory of every rank')
+            raise LLMCFormatError(
+                step_dir,
+                f'rank_{expected:06d}',
+                'a directory (ranks are 0..N-1)',
+                'missing',
+                'copy the whole step directory of every rank',
+            )
     return [path for _, path in ranks]
 
 
@@ -118,7 +125,8 @@ def _fit_vocab(params: dict, expected: dict | None) -> dict:
     want = expected.get('wte/embedding')
     if want and wte.shape[0] < want[0] and wte.shape[1:] == tuple(want[1:]):
         params['wte']['embedding'] = np.concatenate(
-            [wte, np.zeros((want[0] - wte.shape[0],) + wte.shape[1:], wte.dtype)])
+            [wte, np.zeros((want[0] - wte.shape[0],) + wte.shape[1:], wte.dtype)]
+        )
     return params
 
 
@@ -130,25 +138,38 @@ def _read_model(path: Path, kind: str, expected: dict | None) -> tuple[str, dict
         if expected is not None:
             wanted = 'gpt2' if 'wpe/embedding' in expected else 'llama3'
             if wanted != family:
-                raise LLMCFormatError(path, 'model family', wanted, family, 'the checkpoint is for another model')
+                raise LLMCFormatError(
+                    path, 'model family', wanted, family, 'the checkpoint is for another model'
+                )
             leaves = tree_leaves(params)
             for tree_path, shape in expected.items():
                 found = leaves.get(tree_path)
                 if found is None or tuple(found.shape) != tuple(shape):
-                    raise LLMCFormatError(path, f'params[{tree_path}]', f'shape {tuple(shape)} (this run\'s model)',
-                                          'nothing' if found is None else f'shape {tuple(found.shape)}',
-                                          'the checkpoint is for another model shape')
+                    raise LLMCFormatError(
+                        path,
+                        f'params[{tree_path}]',
+                        f'shape {tuple(shape)} (this run\'s model)',
+                        'nothing' if found is None else f'shape {tuple(found.shape)}',
+                        'the checkpoint is for another model shape',
+                    )
             for tree_path in leaves:
                 if tree_path not in expected:
-                    raise LLMCFormatError(path, f'params[{tree_path}]', 'no such entry in this run\'s model',
-                                          'an array', 'the checkpoint is for another model family')
+                    raise LLMCFormatError(
+                        path,
+                        f'params[{tree_path}]',
+                        'no such entry in this run\'s model',
+                        'an array',
+                        'the checkpoint is for another model family',
+                    )
         return family, params
     tensors = read_state_dict(path)
     shapes = expected if expected is not None else _expected_shapes_from_state_dict(tensors)
     return names.family_of(tensors), names.state_dict_to_tree(path, tensors, shapes)
 
 
-def read_checkpoint(step_dir, expected_shapes: dict | None = None, with_optimizer: bool = True) -> InfiniTrainCheckpoint:
+def read_checkpoint(
+    step_dir, expected_shapes: dict | None = None, with_optimizer: bool = True
+) -> InfiniTrainCheckpoint:
     """Read an InfiniTrain step directory. expected_shapes: {tree path: shape} of the model that will use it
     (names and shapes are checked against it), or None to take the shapes from the files."""
     step_dir = Path(step_dir)
@@ -158,21 +179,37 @@ def read_checkpoint(step_dir, expected_shapes: dict | None = None, with_optimize
     kinds = {r: _model_file_kind(r) for r in ranks}
     for r, kind in kinds.items():
         if kind is None:
-            raise LLMCFormatError(r, 'model file', 'model.ckpt, model.bin or model.pth', 'none of them',
-                                  'not an InfiniTrain checkpoint directory')
+            raise LLMCFormatError(
+                r,
+                'model file',
+                'model.ckpt, model.bin or model.pth',
+                'none of them',
+                'not an InfiniTrain checkpoint directory',
+            )
         if not (r / TRAINER_STATE).is_file():
-            raise LLMCFormatError(r / TRAINER_STATE, 'file', 'present', 'missing',
-                                  'every InfiniTrain step directory has one; copy it with the model file')
+            raise LLMCFormatError(
+                r / TRAINER_STATE,
+                'file',
+                'present',
+                'missing',
+                'every InfiniTrain step directory has one; copy it with the model file',
+            )
     first = ranks[0]
     kind = kinds[first]
     state = read_trainer_state(first / TRAINER_STATE)
     notices = list(state.notices)
     if state.tp_size != 1 or state.pp_size != 1 or state.sp_size != 1:
-        raise LLMCFormatError(first / TRAINER_STATE, 'tp_size / sp_size / pp_size', '1 (one model replica per rank)',
-                              f'{state.tp_size} / {state.sp_size} / {state.pp_size}',
-                              'tensor- or pipeline-parallel shards cannot be read yet')
+        raise LLMCFormatError(
+            first / TRAINER_STATE,
+            'tp_size / sp_size / pp_size',
+            '1 (one model replica per rank)',
+            f'{state.tp_size} / {state.sp_size} / {state.pp_size}',
+            'tensor- or pipeline-parallel shards cannot be read yet',
+        )
     if len(ranks) > 1:
-        notices.append(f'{step_dir}: {len(ranks)} rank directories; reading rank_000000 (data-parallel replicas)')
+        notices.append(
+            f'{step_dir}: {len(ranks)} rank directories; reading rank_000000 (data-parallel replicas)'
+        )
     model_path = first / FILES[kind][0]
     family, params = _read_model(model_path, kind, expected_shapes)
     moments = None
@@ -193,9 +230,14 @@ def position_from_batch_index(batch_index: int, batches_per_step: int, where='da
     token order (FORMATS.md §3: batch b covers tokens [bBT, (b+1)BT+1); rank r of DDP W reads b = kW + r).
     """
     if batch_index % batches_per_step:
-        raise LLMCFormatError(where, 'data_batch_idx', f'a multiple of {batches_per_step} (InfiniTrain batches per '
-                              'step of this run: accumulation x data parallel)', str(batch_index),
-                              'resume with the batch_size / total_batch_size the checkpoint was written with')
+        raise LLMCFormatError(
+            where,
+            'data_batch_idx',
+            f'a multiple of {batches_per_step} (InfiniTrain batches per '
+            'step of this run: accumulation x data parallel)',
+            str(batch_index),
+            'resume with the batch_size / total_batch_size the checkpoint was written with',
+        )
     return batch_index // batches_per_step
 
 
@@ -206,8 +248,10 @@ def batch_index_from_position(position: int, batches_per_step: int) -> int:
 # ---- writing ----------------------------------------------------------------------------------------------
 
 
-def write_checkpoint(final_dir, kind: str, family: str, params: dict, header, moments, state: InfiniTrainState) -> Path:
-    """Write one step directory atomically. params: NumPy tree; header: llmc_io GPT2Header / LLaMA3Header of the
+def write_checkpoint(
+    final_dir, kind: str, family: str, params: dict, header, moments, state: InfiniTrainState
+) -> Path:
+    """Write one step directory atomically. params: NumPy tree; header: llmc_io GPT2Header / LLaMA3Header of
     model; moments: (mu, nu, t) or None (no optimizer file, as upstream does for SGD)."""
     final_dir = Path(final_dir)
     final_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -218,13 +262,24 @@ def write_checkpoint(final_dir, kind: str, family: str, params: dict, header, mo
         if kind == PR_BIN_KIND:
             _save_llmc(tmp / model_name, family, params, header)
         else:
-            write_state_dict(tmp / model_name, names.tree_to_state_dict(family, params, vocab, header.max_seq_len))
+            write_state_dict(
+                tmp / model_name, names.tree_to_state_dict(family, params, vocab, header.max_seq_len)
+            )
         if moments is not None:
             mu, nu, t = moments
-            write_state_dict(tmp / opt_name, names.trees_to_moments(family, mu, nu, t, vocab, kind == HEAD_KIND))
+            write_state_dict(
+                tmp / opt_name, names.trees_to_moments(family, mu, nu, t, vocab, kind == HEAD_KIND)
+            )
         if state.jaxtrain is not None:  # lets `ckpt verify` prove the files are the ones jaxtrain wrote
-            state = dataclasses.replace(state, jaxtrain=dict(state.jaxtrain, sha256={
-                p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(tmp.iterdir())}))
+            state = dataclasses.replace(
+                state,
+                jaxtrain=dict(
+                    state.jaxtrain,
+                    sha256={
+                        p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(tmp.iterdir())
+                    },
+                ),
+            )
         write_trainer_state(tmp / TRAINER_STATE, state)
         os.chmod(tmp, 0o755)
         if final_dir.exists():  # a re-save of the same step replaces it, as Orbax's force=True does
@@ -238,7 +293,7 @@ def write_checkpoint(final_dir, kind: str, family: str, params: dict, header, mo
 
 def _save_llmc(path: Path, family: str, params: dict, header) -> None:
     if family == 'gpt2':
-        # SaveAsLLMC (f9cb65b5) writes header V, and the model's vocab (= V at TP=1) in the Vp slot: no padding.
+        # SaveAsLLMC (f9cb65b5) writes header V, and the model's vocab (V at TP=1) in the Vp slot: no padding.
         trimmed = dict(params, wte={'embedding': np.asarray(params['wte']['embedding'])[: header.vocab_size]})
         llmc_io.save_gpt2(path, dataclasses.replace(header, padded_vocab_size=header.vocab_size), trimmed)
     else:
@@ -270,4 +325,3 @@ def prune(root, keep: int, protected=()) -> list[Path]:
                 shutil.rmtree(p)
                 removed.append(p)
     return removed
-

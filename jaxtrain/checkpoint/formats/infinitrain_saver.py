@@ -32,8 +32,17 @@ def batches_per_step(parts) -> int:
 class InfiniTrainCheckpointer:
     """save / wait / close / step_dir / refuse_later_steps, as manager.Checkpointer, for InfiniTrain files."""
 
-    def __init__(self, checkpoint_dir: str, fmt: str, parts, *, family: str, keep_latest: int, keep_every: int,
-                 protected_steps=()):
+    def __init__(
+        self,
+        checkpoint_dir: str,
+        fmt: str,
+        parts,
+        *,
+        family: str,
+        keep_latest: int,
+        keep_every: int,
+        protected_steps=(),
+    ):
         self.root = Path(checkpoint_dir).absolute()
         self.root.mkdir(parents=True, exist_ok=True)
         self.fmt, self.parts, self.family = fmt, parts, family
@@ -61,13 +70,23 @@ class InfiniTrainCheckpointer:
         record = dict(trainer_state, rng=[int(x) for x in np.asarray(jax.device_get(rng)).reshape(-1)])
         parts = self.parts
         try:
-            save_step_dir(self.root, step, params, opt_state, record, self.fmt,
-                          family=self.family,
-                          model_config=parts.setup.model_config, batches_per_step=batches_per_step(parts),
-                          data_parallel=parts.geometry.data_parallel)
+            save_step_dir(
+                self.root,
+                step,
+                params,
+                opt_state,
+                record,
+                self.fmt,
+                family=self.family,
+                model_config=parts.setup.model_config,
+                batches_per_step=batches_per_step(parts),
+                data_parallel=parts.geometry.data_parallel,
+            )
         except OSError as e:
-            raise CheckpointError(f'checkpoint_dir: {self.root}: could not save {self.step_dir(step).name}: '
-                                  f'{e.strerror or e}; earlier steps are intact. Free space, then resume.') from e
+            raise CheckpointError(
+                f'checkpoint_dir: {self.root}: could not save {self.step_dir(step).name}: '
+                f'{e.strerror or e}; earlier steps are intact. Free space, then resume.'
+            ) from e
         self.blocking_saves += 1
         self._rotate()
 
@@ -111,17 +130,22 @@ def resume_from_infinitrain(config, parts, resumed_cls):
         return None
     state = parts.state
     try:
-        params, opt_state, saved = read_step_dir(step_dir, state.params, state.opt_state,
-                                                 batches_per_step(parts), config.optimizer)
+        params, opt_state, saved = read_step_dir(
+            step_dir, state.params, state.opt_state, batches_per_step(parts), config.optimizer
+        )
     except LLMCFormatError as e:
         raise CheckpointError(f'{e}') from None
     messages = list(saved.pop('messages'))
     if 'model_config' in saved:  # written by jaxtrain: the same compatibility check as our own checkpoints
-        incompatible, changes = compare_with_run(saved, dataclasses.asdict(parts.setup.model_config),
-                                                 config.to_dict())
+        incompatible, changes = compare_with_run(
+            saved, dataclasses.asdict(parts.setup.model_config), config.to_dict()
+        )
         if incompatible:
-            raise CheckpointError(f'{step_dir}: does not fit this run: ' + '; '.join(incompatible)
-                                  + '. Resume it with the settings it was saved with, or start a new run.')
+            raise CheckpointError(
+                f'{step_dir}: does not fit this run: '
+                + '; '.join(incompatible)
+                + '. Resume it with the settings it was saved with, or start a new run.'
+            )
         messages += [f'resume: changed since the checkpoint: {change}' for change in changes]
     if opt_state is None:
         from jaxtrain.checkpoint.resume import set_schedule_position
@@ -129,9 +153,15 @@ def resume_from_infinitrain(config, parts, resumed_cls):
         fresh = lambda p: set_schedule_position(parts.tx.init(p), saved['step'])
         opt_state = jax.jit(fresh, out_shardings=parts.opt_shardings)(params)
     replicated = parts.replicated
-    rng = state.rng if saved['rng'] is None else sharding.put_global(np.asarray(saved['rng'], np.uint32), replicated)
+    rng = (
+        state.rng
+        if saved['rng'] is None
+        else sharding.put_global(np.asarray(saved['rng'], np.uint32), replicated)
+    )
     if saved['rng'] is None:
-        messages.append(f'resume: {step_dir} was written by InfiniTrain: no rng saved, keeping seed {config.seed}\'s')
+        messages.append(
+            f'resume: {step_dir} was written by InfiniTrain: no rng saved, keeping seed {config.seed}\'s'
+        )
     state = state.replace(
         step=sharding.put_global(np.int32(saved['step']), replicated),
         data_position=sharding.put_global(np.int32(saved['data_position']), replicated),
@@ -139,6 +169,8 @@ def resume_from_infinitrain(config, parts, resumed_cls):
         opt_state=opt_state,
         rng=rng,
     )
-    messages.append(f"resume: restored step {saved['step']} from {step_dir} ({saved['kind']}, data position "
-                    f"{saved['data_position']})")
+    messages.append(
+        f"resume: restored step {saved['step']} from {step_dir} ({saved['kind']}, data position "
+        f"{saved['data_position']})"
+    )
     return resumed_cls(state, step_dir, saved, messages)

@@ -73,26 +73,32 @@ def read_step_dir(path, params_like, opt_like, batches_per_step: int, optimizer:
     if 'data_position' in extras:
         record['data_position'] = extras['data_position']
     else:
-        record['data_position'] = it.position_from_batch_index(state.data_batch_idx, batches_per_step,
-                                                               ckpt.path / it.TRAINER_STATE)
+        record['data_position'] = it.position_from_batch_index(
+            state.data_batch_idx, batches_per_step, ckpt.path / it.TRAINER_STATE
+        )
     record.setdefault('rng', None)
     params = _put_tree(params_like, ckpt.params)
     opt_state = None
     live_adam = adam_states(opt_like)
     if ckpt.moments is not None and not live_adam:
-        messages.append(f'resume: {path}: dropped the Adam moments (m, v, t={ckpt.moments[2]}): this run\'s '
-                        f'optimizer {optimizer} keeps none')
+        messages.append(
+            f'resume: {path}: dropped the Adam moments (m, v, t={ckpt.moments[2]}): this run\'s '
+            f'optimizer {optimizer} keeps none'
+        )
     elif ckpt.moments is None and live_adam:
-        messages.append(f'resume: {path} has no optimizer file (InfiniTrain writes none for SGD); starting '
-                        f'{optimizer} with fresh moments')
+        messages.append(
+            f'resume: {path} has no optimizer file (InfiniTrain writes none for SGD); starting '
+            f'{optimizer} with fresh moments'
+        )
     elif ckpt.moments is not None:
         mu, nu, t = ckpt.moments
         step = state.global_step
 
         def restore(node):
             if _is_adam(node):
-                return optax.ScaleByAdamState(count=_to_device(node.count, t), mu=_put_tree(node.mu, mu),
-                                              nu=_put_tree(node.nu, nu))
+                return optax.ScaleByAdamState(
+                    count=_to_device(node.count, t), mu=_put_tree(node.mu, mu), nu=_put_tree(node.nu, nu)
+                )
             if _is_schedule(node):
                 return optax.ScaleByScheduleState(count=_to_device(node.count, step))
             return node
@@ -102,13 +108,26 @@ def read_step_dir(path, params_like, opt_like, batches_per_step: int, optimizer:
 
 
 def model_header(family: str, model_config):
-    fields = dataclasses.asdict(model_config) if dataclasses.is_dataclass(model_config) else dict(model_config)
+    fields = (
+        dataclasses.asdict(model_config) if dataclasses.is_dataclass(model_config) else dict(model_config)
+    )
     cls = llmc_io.GPT2Header if family == 'gpt2' else llmc_io.LLaMA3Header
     return cls(**{f.name: fields[f.name] for f in dataclasses.fields(cls)})
 
 
-def save_step_dir(root, step: int, params, opt_state, record: dict, fmt: str, *, family: str, model_config,
-                  batches_per_step: int, data_parallel: int = 1) -> Path:
+def save_step_dir(
+    root,
+    step: int,
+    params,
+    opt_state,
+    record: dict,
+    fmt: str,
+    *,
+    family: str,
+    model_config,
+    batches_per_step: int,
+    data_parallel: int = 1,
+) -> Path:
     """Write `checkpoint_step_{step:06d}` under root in InfiniTrain's HEAD (`infinitrain`) or PR
     (`infinitrain-bin`) layout, atomically. record: our trainer-state record (trainer_state_record plus
     rng, and loss / best_loss when known); it becomes the "jaxtrain" object. opt_state None, or one
@@ -125,17 +144,27 @@ def save_step_dir(root, step: int, params, opt_state, record: dict, fmt: str, *,
     position = int(record['data_position'])
     extras = {k: v for k, v in record.items() if k != 'messages'}
     extras.update(step=step, checkpoint_format=fmt, model_shape=dataclasses.asdict(header))
-    common = dict(global_step=step, data_batch_idx=it.batch_index_from_position(position, batches_per_step),
-                  last_lr=float(record.get('learning_rate', 0.0)), ddp_size=data_parallel, jaxtrain=extras)
+    common = dict(
+        global_step=step,
+        data_batch_idx=it.batch_index_from_position(position, batches_per_step),
+        last_lr=float(record.get('learning_rate', 0.0)),
+        ddp_size=data_parallel,
+        jaxtrain=extras,
+    )
     if fmt == it.HEAD_KIND:
-        # What HEAD's main.cc writes for a model from --llmc_filepath, and CHECKs on --load: the config defaults.
+        # What HEAD's main.cc writes for a model from --llmc_filepath and CHECKs on --load: config defaults.
         state = InfiniTrainState(HEAD, shape=dict(CONFIG_DEFAULTS[family]), **common)
     else:
         best = record.get('best_loss')
-        state = InfiniTrainState(PR, data_batch_stride=data_parallel,
-                                 best_loss=math.inf if best is None else float(best),
-                                 optimizer_type=_OPTIMIZER_TYPE.get(record.get('training_config', {}).get('optimizer'),
-                                                                    'Adam' if moments else 'SGD'),
-                                 checkpoint_format='bin', **common)
+        state = InfiniTrainState(
+            PR,
+            data_batch_stride=data_parallel,
+            best_loss=math.inf if best is None else float(best),
+            optimizer_type=_OPTIMIZER_TYPE.get(
+                record.get('training_config', {}).get('optimizer'), 'Adam' if moments else 'SGD'
+            ),
+            checkpoint_format='bin',
+            **common,
+        )
     final = Path(root) / f'checkpoint_step_{step:06d}'
     return it.write_checkpoint(final, fmt, family, numpy_params, header, moments, state)
