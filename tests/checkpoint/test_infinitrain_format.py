@@ -143,10 +143,11 @@ def test_prune_keeps_newest_and_protected(tmp_path):
         d.mkdir()
         (d / 'model.ckpt').write_bytes(b'')
     (tmp_path / ('checkpoint_step_000025' + '.infinitrain-tmpabc')).mkdir()
-    removed = it.prune(tmp_path, 2, protected=[tmp_path / 'checkpoint_step_000005'])
+    removed = it.prune(tmp_path, 2, protected_steps={5})
     assert [p.name for p in removed] == ['checkpoint_step_000010']
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         'checkpoint_step_000005',
         'checkpoint_step_000015',
         'checkpoint_step_000020',
     ]
+    assert it.prune(tmp_path, 1, keep_every=15) == [tmp_path / 'checkpoint_step_000005']

@@ -98,3 +98,46 @@ def test_optimizer_mismatch_says_what_it_drops(real):
             3,
             'adam',
         )
+
+
+def test_latest_picks_the_newest_infinitrain_step(real):
+    from jaxtrain.checkpoint.formats.infinitrain_saver import _target
+
+    root = real / 'pr-gpt2' / 'a'
+    config = load_config(
+        'gpt2', resume_from='latest', checkpoint_dir=str(root), checkpoint_format='infinitrain-bin'
+    )
+    assert _target(config) == (root / 'checkpoint_step_000020').absolute()  # not checkpoint_final
+    assert _target(load_config('gpt2', resume_from='latest', checkpoint_dir=str(root))) is None  # orbax asked
+    assert (
+        _target(load_config('gpt2', load=str(root / 'checkpoint_step_000010')))
+        == root / 'checkpoint_step_000010'
+    )
+
+
+def test_a_damaged_checkpoint_stops_the_run_before_anything_is_touched(real, tmp_path):
+    import shutil
+
+    from jaxtrain.checkpoint.layout import CheckpointError
+    from trainer_runs import train
+
+    step = tmp_path / 'checkpoint_step_000010'
+    shutil.copytree(real / 'head-gpt2' / 'a' / 'checkpoint_step_000010', step)
+    (step / 'model.ckpt').write_bytes((step / 'model.ckpt').read_bytes()[:-100])
+    config = load_config(
+        'gpt2',
+        llmc_filepath=str(real / 'head-gpt2' / 'model.bin'),
+        input_bin=str(real / 'head-gpt2' / 'train.bin'),
+        batch_size=2,
+        sequence_length=64,
+        total_batch_size=128,
+        optimizer='sgd',
+        num_iteration=12,
+        resume_from=str(step),
+        checkpoint_dir=str(tmp_path / 'out'),
+        save_steps=1,
+        checkpoint_format='infinitrain',
+    )
+    with pytest.raises(CheckpointError, match=r"model.ckpt: tensor '[^']+' data: expected \d+ bytes"):
+        train(config)
+    assert not (tmp_path / 'out').exists() or not list((tmp_path / 'out').iterdir())

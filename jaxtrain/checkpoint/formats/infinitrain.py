@@ -309,19 +309,25 @@ def step_dirs(root) -> list[Path]:
     return sorted(found, key=lambda p: int(STEP_DIR.match(p.name).group(1)))
 
 
-def prune(root, keep: int, protected=()) -> list[Path]:
-    """Keep the newest `keep` step directories (0 = all) and the protected ones, as upstream's
-    max_checkpoint_keep does (it sorts the zero-padded names); leftover temporary directories go too."""
+def step_number(step_dir) -> int:
+    return int(STEP_DIR.match(Path(step_dir).name).group(1))
+
+
+def prune(root, keep: int, protected_steps=(), keep_every: int = 0) -> list[Path]:
+    """Keep the newest `keep` step directories (0 = all), as upstream's max_checkpoint_keep does, plus the
+    protected steps and every multiple of keep_every (as our Orbax rotation); leftover temporary
+    directories of killed saves go too."""
     root = Path(root)
     removed = []
     for p in root.iterdir() if root.is_dir() else ():
         if p.is_dir() and _TMP_MARK in p.name:
             shutil.rmtree(p, ignore_errors=True)
-    dirs = step_dirs(root)
-    if keep > 0:
-        protected = {Path(p).resolve() for p in protected}
-        for p in dirs[:-keep]:
-            if p.resolve() not in protected:
-                shutil.rmtree(p)
-                removed.append(p)
+    if keep <= 0:
+        return removed
+    for p in step_dirs(root)[:-keep]:
+        step = step_number(p)
+        if step in protected_steps or (keep_every > 0 and step % keep_every == 0):
+            continue
+        shutil.rmtree(p)
+        removed.append(p)
     return removed

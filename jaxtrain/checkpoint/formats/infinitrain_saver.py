@@ -55,7 +55,7 @@ class InfiniTrainCheckpointer:
         return self.root / f'checkpoint_step_{step:06d}'
 
     def refuse_later_steps(self, start_step: int, overwrite: bool) -> list[int]:
-        later = [d for d in it.step_dirs(self.root) if int(it.STEP_DIR.match(d.name).group(1)) > start_step]
+        later = [d for d in it.step_dirs(self.root) if it.step_number(d) > start_step]
         if later and not overwrite:
             raise CheckpointError(
                 f'checkpoint_dir: {self.root}: expected no checkpoints after step {start_step}, found '
@@ -64,7 +64,7 @@ class InfiniTrainCheckpointer:
             )
         for d in later:
             shutil.rmtree(d)
-        return [int(it.STEP_DIR.match(d.name).group(1)) for d in later]
+        return [it.step_number(d) for d in later]
 
     def save(self, step: int, params, opt_state, rng, trainer_state: dict):
         record = dict(trainer_state, rng=[int(x) for x in np.asarray(jax.device_get(rng)).reshape(-1)])
@@ -88,17 +88,7 @@ class InfiniTrainCheckpointer:
                 f'{e.strerror or e}; earlier steps are intact. Free space, then resume.'
             ) from e
         self.blocking_saves += 1
-        self._rotate()
-
-    def _rotate(self):
-        dirs = it.step_dirs(self.root)
-        if self.keep_latest <= 0:
-            return
-        for d in dirs[: -self.keep_latest]:
-            step = int(it.STEP_DIR.match(d.name).group(1))
-            if step in self.protected or (self.keep_every > 0 and step % self.keep_every == 0):
-                continue
-            shutil.rmtree(d)
+        it.prune(self.root, self.keep_latest, self.protected, self.keep_every)
 
     def wait(self):
         pass  # saves are synchronous
