@@ -8,6 +8,7 @@ import dataclasses
 import time
 
 from jaxtrain.checkpoint import layout
+from jaxtrain.checkpoint.formats.infinitrain_saver import saved_best_loss
 from jaxtrain.checkpoint.manager import Checkpointer
 from jaxtrain.checkpoint.trainer_state import file_sha256, library_versions, trainer_state_record
 
@@ -57,7 +58,8 @@ class RunSaver:
         self._versions = library_versions()  # once per run, not per save
         self.last_saved_step = None
         self._last_save_time = time.monotonic()
-        self.last_loss = self.best_loss = None  # into the trainer state: ckpt ls, InfiniTrain's best_loss
+        # Into the trainer state: ckpt ls, and InfiniTrain's best_loss (a running minimum across resumes).
+        self.last_loss, self.best_loss = None, saved_best_loss(resume_dir)
 
     def note_loss(self, loss: float) -> None:
         self.last_loss = loss

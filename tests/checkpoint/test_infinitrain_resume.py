@@ -96,6 +96,8 @@ def test_resume_from_our_infinitrain_checkpoints_is_bitwise(tmp_path, case):
         for path, value in tree_leaves(uninterrupted.params).items():
             np.testing.assert_array_equal(tree_leaves(ckpt.params)[path], value, err_msg=f'{name} {path}')
         assert ckpt.state.jaxtrain['data_position'] == 6 and ckpt.state.data_batch_idx == 6
+        # The running minimum loss continues across the resume, as InfiniTrain's best_loss does.
+        assert ckpt.state.jaxtrain['best_loss'] == min(full_losses.values())
 
 
 def _log_losses(path):

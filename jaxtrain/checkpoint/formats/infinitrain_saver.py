@@ -97,6 +97,25 @@ class InfiniTrainCheckpointer:
         pass
 
 
+def saved_best_loss(step_dir) -> float | None:
+    """The running minimum loss a checkpoint recorded (ours or InfiniTrain's PR field), else None."""
+    if step_dir is None:
+        return None
+    try:
+        if it.detect_kind(step_dir):
+            from llmc_io.infinitrain_state import read_trainer_state as read_infinitrain_state
+
+            state = read_infinitrain_state(it.rank_dirs(step_dir)[0] / it.TRAINER_STATE)
+            best = (state.jaxtrain or {}).get('best_loss', state.best_loss)
+        else:
+            from jaxtrain.checkpoint.trainer_state import read_trainer_state
+
+            best = read_trainer_state(step_dir).get('best_loss')
+    except (CheckpointError, LLMCFormatError, OSError):
+        return None
+    return float(best) if isinstance(best, (int, float)) and np.isfinite(best) else None
+
+
 def _target(config) -> Path | None:
     """The InfiniTrain step directory config asks to resume from, or None (not an InfiniTrain one)."""
     source = config.resume_from or config.get('load', '')
