@@ -175,11 +175,28 @@ def _model(family: str, num_layers: int) -> _Module:
     return model
 
 
+def _to_accelerator(module: _Module, seen: set[int]) -> None:
+    """Module::To(Device) for a device other than the CPU (module.cc): each module, once, rebuilds its
+    parameter and buffer maps by emplacing the old ones in their iteration order, with new tensors (which
+    also unties GPT-2's wte / lm_head), then recurses into its submodules."""
+    if id(module) in seen:
+        return
+    seen.add(id(module))
+    module.parameters = LibcxxStringMap(module.parameters.keys())
+    module.param_of = {name: _Tensor() for name in module.param_of}
+    module.buffers = LibcxxStringMap(module.buffers.keys())
+    module.buffer_of = {name: _Tensor() for name in module.buffer_of}
+    for name in module.modules.keys():
+        _to_accelerator(module.module_of[name], seen)
+
+
 @functools.lru_cache(maxsize=64)
-def _orders(family: str, num_layers: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def _orders(family: str, num_layers: int, device: str = "cpu") -> tuple[tuple[str, ...], tuple[str, ...]]:
     if family not in (GPT2, LLAMA3):
         raise ValueError(f"unknown model family {family!r}")
     model = _model(family, num_layers)
+    if device != "cpu":  # main.cc calls model->To(device), a no-op on the CPU the samples ran on
+        _to_accelerator(model, set())
     names = tuple(model.state_dict().keys())
     params = tuple(name for name, _ in model.named_parameters())
     unknown = [name for name in params if name not in names]
@@ -193,9 +210,14 @@ def state_dict_order(family: str, num_layers: int) -> tuple[str, ...]:
     return _orders(family, num_layers)[0]
 
 
-def parameter_order(family: str, num_layers: int) -> tuple[str, ...]:
-    """Module::Parameters() as StateDict names; position i is HEAD's `adam.m.{i}` / `adam.v.{i}`."""
-    return _orders(family, num_layers)[1]
+def parameter_order(family: str, num_layers: int, device: str = "cpu") -> tuple[str, ...]:
+    """Module::Parameters() as StateDict names; position i is HEAD's `adam.m.{i}` / `adam.v.{i}`.
+
+    device "cuda": after Module::To(cuda), derived from the code but not checked against a real file. For
+    LLaMA-3 it equals the CPU order (each module has one parameter, so no map changes); for GPT-2 it differs
+    (and the tie between wte and lm_head is broken), which jaxtrain cannot represent anyway.
+    """
+    return _orders(family, num_layers, device)[1]
 
 
 def adam_key_order(family: str, num_layers: int, head_keys: bool) -> tuple[str, ...]:

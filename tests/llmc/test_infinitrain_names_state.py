@@ -204,3 +204,15 @@ def test_pr_inf_best_loss_is_read(tmp_path):
         '{\n  "global_step": 0,\n  "data_batch_idx": 0,\n  "best_loss": inf,\n  "last_lr": 0.01\n}\n'
     )
     assert read_trainer_state(path).best_loss == float('inf')
+
+
+def test_accelerator_parameter_order():
+    # Module::To(cuda) rebuilds each module's maps: LLaMA-3's one-parameter modules keep their order, so a
+    # GPU-written HEAD optimizer.ckpt maps like the CPU samples; GPT-2's weight/bias maps flip, and its tie breaks.
+    for layers in (1, 2, 16):
+        assert layout.parameter_order('llama3', layers, 'cuda') == layout.parameter_order('llama3', layers)
+    cuda = layout.parameter_order('gpt2', 2, 'cuda')
+    assert (
+        cuda != layout.parameter_order('gpt2', 2) and len(cuda) == len(layout.parameter_order('gpt2', 2)) + 1
+    )
+    assert {'lm_head.weight', 'transformer.wte.weight'} <= set(cuda)
