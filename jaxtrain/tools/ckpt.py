@@ -185,6 +185,7 @@ def _show_text(step_dir, state: dict) -> str:
     )
     lines = [
         ('checkpoint', str(step_dir)),
+        ('kind', 'orbax'),
         ('step', state.get('step')),
         ('data position', position),
         ('learning rate', f"{state.get('learning_rate')} (for the next step)"),
@@ -218,7 +219,11 @@ def cmd_show(args) -> int:
     state = read_trainer_state(step_dir)
     rows = _tensor_rows(step_dir, state) if args.tensors else None
     if args.json:
-        shown = {'path': str(step_dir), 'trainer_state': {k: v for k, v in state.items() if k != 'checksums'}}
+        shown = {
+            'path': str(step_dir),
+            'kind': 'orbax',
+            'trainer_state': {k: v for k, v in state.items() if k != 'checksums'},
+        }
         if rows is not None:
             shown['tensors'] = rows
         _print_json(shown)
@@ -340,11 +345,13 @@ def cmd_verify(args) -> int:
         result = ckpt_infinitrain.verify(step_dir)
     ok = not result.problems
     if args.json:
-        _print_json({'path': str(step_dir), 'ok': ok, 'problems': result.problems, 'checked': result.checked})
+        _print_json(
+            {'path': str(step_dir), 'kind': kind, 'ok': ok, 'problems': result.problems, 'checked': result.checked}
+        )
     elif ok:
-        print(f'OK: {step_dir}: ' + '; '.join(result.checked))
+        print(f'OK: {step_dir} ({kind}): ' + '; '.join(result.checked))
     else:
-        print(f'FAILED: {step_dir}: {len(result.problems)} problem(s)')
+        print(f'FAILED: {step_dir} ({kind}): {len(result.problems)} problem(s)')
         print('\n'.join(f'  {p}' for p in result.problems))
     return EXIT_OK if ok else EXIT_FINDINGS
 

@@ -249,7 +249,7 @@ def verify(step_dir):
         ckpt = _read(step_dir)
     except CheckpointError as e:
         return Verification([str(e)], checked)
-    checked.append(f'{ckpt.kind}: model file and trainer_state.json readable ({ckpt.ranks} rank dir(s))')
+    checked.append(f'model file and trainer_state.json readable ({ckpt.ranks} rank dir(s))')
     checked.append(f'params: {len(tree_leaves(ckpt.params))} tensors fit one {ckpt.family} model')
     for name, value in tree_leaves(ckpt.params).items():
         if not np.all(np.isfinite(value)):
