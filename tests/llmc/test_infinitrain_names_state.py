@@ -216,3 +216,69 @@ def test_accelerator_parameter_order():
         cuda != layout.parameter_order('gpt2', 2) and len(cuda) == len(layout.parameter_order('gpt2', 2)) + 1
     )
     assert {'lm_head.weight', 'transformer.wte.weight'} <= set(cuda)
+
+
+def _cpp_extract(content, key, kind, fallback):
+    """InfiniTrain's ExtractNumberField / ExtractStringField (b24d92f checkpoint.cc, f9cb65b5 checkpoint.cc),
+    re-implemented: first '"key"', then ':', skip spaces and newlines, read to ',' / newline / '}', then
+    `std::stringstream >> T` (a leading number; failure keeps the fallback)."""
+    at = content.find(f'"{key}"')
+    if at < 0:
+        return fallback
+    colon = content.find(':', at)
+    if kind is str:
+        first = content.find('"', colon + 1)
+        second = content.find('"', first + 1)
+        return content[first + 1 : second]
+    start = colon + 1
+    while start < len(content) and content[start] in ' \n':
+        start += 1
+    end = start
+    while end < len(content) and content[end] not in ',\n}':
+        end += 1
+    import re
+
+    number = re.match(
+        r'[+-]?\d+' if kind is int else r'[+-]?(\d+\.?\d*([eE][+-]?\d+)?|inf)', content[start:end]
+    )
+    return kind(number.group(0)) if number else fallback
+
+
+@pytest.mark.parametrize('generation', ['head', 'pr'])
+def test_upstreams_extractor_reads_what_we_write(generation):
+    extras = {'global_step': 1, 'last_lr': 9.0, 'consumed_batches': 2, 'data_batch_idx': 3, 'note': 'x, y}'}
+    if generation == 'head':
+        state = InfiniTrainState(
+            'head',
+            40,
+            80,
+            0.0003,
+            shape=dict.fromkeys(('n_layer', 'n_head', 'n_kv_head', 'n_embd', 'vocab_size'), 7),
+            ddp_size=2,
+            jaxtrain=extras,
+        )
+        fields = {'global_step': 40, 'consumed_batches': 80, 'n_layer': 7, 'vocab_size': 7, 'ddp_size': 2}
+    else:
+        state = InfiniTrainState(
+            'pr',
+            40,
+            80,
+            0.0003,
+            data_batch_stride=2,
+            best_loss=float('inf'),
+            optimizer_type='Adam',
+            checkpoint_format='bin',
+            ddp_size=2,
+            jaxtrain=extras,
+        )
+        fields = {'global_step': 40, 'data_batch_idx': 80, 'data_batch_stride': 2, 'ddp_size': 2}
+    text = render_trainer_state(state)
+    json.loads(text)
+    for key, value in fields.items():
+        assert _cpp_extract(text, key, int, 0) == value, key
+    assert _cpp_extract(text, 'last_lr', float, 0.0) == 0.0003
+    assert _cpp_extract(text, 'tp_size', int, 1) == 1
+    if generation == 'pr':
+        assert _cpp_extract(text, 'best_loss', float, float('inf')) == float('inf')  # null -> the default
+        assert _cpp_extract(text, 'optimizer_type', str, 'unknown') == 'Adam'
+        assert _cpp_extract(text, 'checkpoint_format', str, 'bin') == 'bin'

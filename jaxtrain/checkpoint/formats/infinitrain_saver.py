@@ -43,6 +43,12 @@ class InfiniTrainCheckpointer:
         keep_every: int,
         protected_steps=(),
     ):
+        if jax.process_count() > 1:
+            raise CheckpointError(
+                f'checkpoint_format: {fmt} saves from one process only (it gathers every array on the host); '
+                f'found {jax.process_count()} processes. Save as orbax, then convert a step with '
+                f'python -m jaxtrain.ckpt export STEP_DIR --format {fmt} --output DIR.'
+            )
         self.root = Path(checkpoint_dir).absolute()
         self.root.mkdir(parents=True, exist_ok=True)
         self.fmt, self.parts, self.family = fmt, parts, family
