@@ -409,9 +409,10 @@ def build_parser() -> argparse.ArgumentParser:
         'ls',
         parents=[common],
         help='the checkpoints under a root',
-        description='Every checkpoint step directory under a root: step, committed or not (an Orbax '
-        'temporary directory is a save that never finished), size, when written, whether it holds '
-        "the optimizer state, and which one '--resume_from latest' would pick.",
+        description='Every checkpoint step directory under a root: step, kind (orbax, infinitrain, '
+        'infinitrain-bin, infinitrain-pth), committed or not (an Orbax temporary directory is a save that '
+        'never finished), size, when written, whether it holds the optimizer state, the loss stored with '
+        "it, and which one '--resume_from latest' would pick.",
     )
     ls.add_argument('dir', metavar='CHECKPOINT_DIR', help='the root (the run\'s --checkpoint_dir)')
     ls.set_defaults(run=cmd_ls)
@@ -445,9 +446,11 @@ def build_parser() -> argparse.ArgumentParser:
         'verify',
         parents=[common],
         help='check one checkpoint completely',
-        description='Every item present (params, trainer_state; opt_state when has_optimizer_state), '
+        description='Orbax: every item present (params, trainer_state; opt_state when has_optimizer_state), '
         'the JSON readable, every tensor checksum equal to the recorded one, and the params shaped as '
-        'the model config implies. Exit 0 when all is well, 1 with the list of problems otherwise.',
+        'the model config implies. InfiniTrain: every file parses, names and shapes fit one model, every '
+        'rank directory is there, Adam t equals the step, values finite, and the sha256 jaxtrain recorded '
+        'match. Exit 0 when all is well, 1 with the list of problems otherwise.',
     )
     verify.add_argument('step_dir', metavar='STEP_DIR', help='a checkpoint_step_NNNNNN directory')
     verify.set_defaults(run=cmd_verify)
