@@ -127,7 +127,9 @@ def cmd_ls(args) -> int:
     if latest is None:
         print(f'latest: none (no committed checkpoint in {args.dir})')
     else:
-        print(f"latest: step {latest} (what --resume_from latest --checkpoint_dir {args.dir} picks)")
+        kind = next(e['kind'] for e in entries if ckpt_infinitrain.is_latest(e, latest))
+        flag = '' if kind == 'orbax' else f" --checkpoint_format {kind.replace('-pth', '-bin')}"
+        print(f'latest: step {latest} (what --resume_from latest --checkpoint_dir {args.dir}{flag} picks)')
     return EXIT_OK
 
 
