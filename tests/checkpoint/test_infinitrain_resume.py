@@ -6,7 +6,8 @@
    Orbax resume does too; the final parameters agree exactly. GPT-2 fp32 (SGD) and LLaMA-3 bf16 (Adam).
 2. The real binary's: every sample folder resumed from its step-10 checkpoint with its own model, data and
    flags (batch 2 x seq 64, lr 0.01; SGD for GPT-2, Adam for LLaMA-3) prints steps 11-20 within 1e-5 of the
-   real b.log (FORMATS.md's fp32 threshold; measured at most 3e-6, the logs round to 6 decimals).
+   real b.log (FORMATS.md's fp32 threshold; measured at most 3e-6, the logs round to 6 decimals); also the
+   PR generation's pth checkpoint (pr-gpt2/p) against its q.log.
 """
 
 import re
@@ -110,7 +111,9 @@ def test_resume_from_the_real_binarys_checkpoints(tmp_path):
         pytest.skip(f'{SAMPLES} absent')
     real = unpack(tmp_path / 'real')
     worst = {}
-    for folder in ('head-gpt2', 'pr-gpt2', 'head-llama3', 'pr-llama3'):
+    # (folder, run that saved step 10, log of the real resume from it); pr-gpt2/p is the pth format.
+    runs = [(f, 'a', 'b.log') for f in ('head-gpt2', 'pr-gpt2', 'head-llama3', 'pr-llama3')]
+    for folder, saved, log in runs + [('pr-gpt2', 'p', 'q.log')]:
         family = 'gpt2' if 'gpt2' in folder else 'llama3'
         config = load_config(
             family,
@@ -125,13 +128,13 @@ def test_resume_from_the_real_binarys_checkpoints(tmp_path):
             beta1=0.9,
             beta2=0.999,
             eps=1e-8,
-            resume_from=str(real / folder / 'a' / 'checkpoint_step_000010'),
-            metrics_dir=str(tmp_path / folder),
+            resume_from=str(real / folder / saved / 'checkpoint_step_000010'),
+            metrics_dir=str(tmp_path / f'{folder}-{saved}'),
         )
         code, losses, out = train(config)
         assert code == 0, out
         assert 'restored step 10' in out and 'data position 10' in out
-        reference = _log_losses(real / folder / 'b.log')
+        reference = _log_losses(real / folder / log)
         assert sorted(losses) == sorted(reference) == list(range(11, 21))
-        worst[folder] = max(abs(losses[s] - reference[s]) for s in reference)
+        worst[folder, saved] = max(abs(losses[s] - reference[s]) for s in reference)
     assert max(worst.values()) < 1e-5, worst
