@@ -141,3 +141,26 @@ def test_a_damaged_checkpoint_stops_the_run_before_anything_is_touched(real, tmp
     with pytest.raises(CheckpointError, match=r"model.ckpt: tensor '[^']+' data: expected \d+ bytes"):
         train(config)
     assert not (tmp_path / 'out').exists() or not list((tmp_path / 'out').iterdir())
+
+
+def test_other_adam_flavour_keeps_the_moments_and_says_so(real):
+    parts = _parts(real, 'llama3', optimizer='adamw')
+    _, opt, record = read_step_dir(
+        real / 'pr-llama3' / 'a' / 'checkpoint_step_000010',
+        parts.state.params,
+        parts.state.opt_state,
+        1,
+        'adamw',
+    )
+    assert int(adam_states(opt)[0].count) == 10
+    assert any('was trained with Adam; its m, v, t continue in adamw' in m for m in record['messages'])
+
+
+def test_resume_from_and_load_must_agree(real):
+    from jaxtrain.checkpoint.formats.infinitrain_saver import _target
+    from jaxtrain.checkpoint.layout import CheckpointError
+
+    a, b = (real / 'head-gpt2' / 'a' / f'checkpoint_step_0000{s}' for s in (10, 20))
+    with pytest.raises(CheckpointError, match='resume_from / load: expected one checkpoint'):
+        _target(load_config('gpt2', resume_from=str(a), load=str(b)))
+    assert _target(load_config('gpt2', resume_from=str(a), load=str(a))) == a

@@ -91,6 +91,9 @@ def read_step_dir(path, params_like, opt_like, batches_per_step: int, optimizer:
             f'{optimizer} with fresh moments'
         )
     elif ckpt.moments is not None:
+        saved = state.optimizer_type or (state.jaxtrain or {}).get('training_config', {}).get('optimizer')
+        if saved and saved.lower() != optimizer:  # e.g. Adam's moments continued by adamw
+            messages.append(f'resume: {path} was trained with {saved}; its m, v, t continue in {optimizer}')
         mu, nu, t = ckpt.moments
         step = state.global_step
 
