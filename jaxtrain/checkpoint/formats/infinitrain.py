@@ -101,7 +101,7 @@ def detect_kind(step_dir) -> str | None:
     return _model_file_kind(first) if first.is_dir() else None
 
 
-def _expected_shapes_from_state_dict(tensors: dict) -> dict:
+def _expected_shapes_from_state_dict(path, tensors: dict) -> dict:
     """Our tree shapes for the model a CKPT file holds (Vp = V, as upstream keeps at TP=1)."""
     family = names.family_of(tensors)
     num_layers = names.num_layers_of(tensors)
@@ -109,7 +109,7 @@ def _expected_shapes_from_state_dict(tensors: dict) -> dict:
     shapes = {}
     for name, (path, layer, transposed) in table.items():
         if name not in tensors:
-            raise LLMCFormatError('state dict', f"tensor '{name}'", 'present', 'missing')
+            raise LLMCFormatError(path, f"tensor '{name}'", 'present', 'missing')
         shape = tuple(tensors[name].shape)
         if transposed:
             shape = shape[:-2] + (shape[-1], shape[-2])
@@ -163,7 +163,7 @@ def _read_model(path: Path, kind: str, expected: dict | None) -> tuple[str, dict
                     )
         return family, params
     tensors = read_state_dict(path)
-    shapes = expected if expected is not None else _expected_shapes_from_state_dict(tensors)
+    shapes = expected if expected is not None else _expected_shapes_from_state_dict(path, tensors)
     return names.family_of(tensors), names.state_dict_to_tree(path, tensors, shapes)
 
 
