@@ -8,8 +8,7 @@ import dataclasses
 import time
 
 from jaxtrain.checkpoint import layout
-from jaxtrain.checkpoint.formats.infinitrain_saver import saved_best_loss
-from jaxtrain.checkpoint.manager import Checkpointer
+from jaxtrain.checkpoint.formats.infinitrain_saver import open_checkpointer, saved_best_loss
 from jaxtrain.checkpoint.trainer_state import file_sha256, library_versions, trainer_state_record
 
 
@@ -31,25 +30,8 @@ class RunSaver:
                 and resume_dir.parent.absolute() == layout.Path(config.checkpoint_dir).absolute()
                 else []
             )
-            if config.get('checkpoint_format', 'orbax') != 'orbax':
-                from jaxtrain.checkpoint.formats.infinitrain_saver import InfiniTrainCheckpointer
-
-                self.checkpointer = InfiniTrainCheckpointer(
-                    config.checkpoint_dir,
-                    config.checkpoint_format,
-                    parts,
-                    family=config.model_family,
-                    keep_latest=config.max_checkpoint_keep,
-                    keep_every=config.keep_every_steps,
-                    protected_steps=protected,
-                )
-            else:
-                self.checkpointer = Checkpointer(
-                    config.checkpoint_dir,
-                    keep_latest=config.max_checkpoint_keep,
-                    keep_every=config.keep_every_steps,
-                    protected_steps=protected,
-                )
+            # Orbax's Checkpointer, or InfiniTrain's files for --checkpoint_format infinitrain*.
+            self.checkpointer = open_checkpointer(config, parts, protected)
             self.deleted_later_steps = self.checkpointer.refuse_later_steps(
                 start_step, config.overwrite_later_checkpoints
             )

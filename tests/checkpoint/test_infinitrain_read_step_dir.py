@@ -164,3 +164,26 @@ def test_resume_from_and_load_must_agree(real):
     with pytest.raises(CheckpointError, match='resume_from / load: expected one checkpoint'):
         _target(load_config('gpt2', resume_from=str(a), load=str(b)))
     assert _target(load_config('gpt2', resume_from=str(a), load=str(a))) == a
+
+
+def test_one_kind_per_checkpoint_dir(real):
+    from jaxtrain.checkpoint.layout import CheckpointError
+    from trainer_runs import train
+
+    root = real / 'head-gpt2' / 'a'
+    before = sorted(p.name for p in root.iterdir())
+    config = load_config(
+        'gpt2',
+        llmc_filepath=str(real / 'head-gpt2' / 'model.bin'),
+        input_bin=str(real / 'head-gpt2' / 'train.bin'),
+        batch_size=2,
+        sequence_length=64,
+        total_batch_size=128,
+        optimizer='sgd',
+        num_iteration=1,
+        checkpoint_dir=str(root),
+        save_steps=1,
+    )
+    with pytest.raises(CheckpointError, match='expected only orbax checkpoints, found InfiniTrain ones'):
+        train(config)
+    assert sorted(p.name for p in root.iterdir()) == before  # Orbax never opened the root

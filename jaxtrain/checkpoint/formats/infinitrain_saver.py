@@ -17,7 +17,8 @@ import numpy as np
 
 from jaxtrain.checkpoint.formats import infinitrain as it
 from jaxtrain.checkpoint.formats.infinitrain_trainer import read_step_dir, save_step_dir
-from jaxtrain.checkpoint.layout import CheckpointError
+from jaxtrain.checkpoint.layout import CheckpointError, committed_steps, step_dir_name
+from jaxtrain.checkpoint.manager import Checkpointer
 from jaxtrain.checkpoint.trainer_state import compare_with_run
 from jaxtrain.parallel import sharding
 from llmc_io.errors import LLMCFormatError
@@ -101,6 +102,40 @@ class InfiniTrainCheckpointer:
 
     def close(self):
         pass
+
+
+def open_checkpointer(config, parts, protected_steps):
+    """The run's checkpointer for config.checkpoint_format, refusing a root that holds the other kind:
+    Orbax's rotation would count (and delete) InfiniTrain step directories as its own, and ours would
+    skip Orbax steps."""
+    fmt = config.get('checkpoint_format', 'orbax')
+    root = Path(config.checkpoint_dir)
+    theirs = it.step_dirs(root)
+    ours = committed_steps(root)
+    if (fmt == 'orbax' and theirs) or (fmt != 'orbax' and ours):
+        other = 'InfiniTrain' if fmt == 'orbax' else 'Orbax'
+        found = theirs[0].name if fmt == 'orbax' else step_dir_name(ours[0])
+        raise CheckpointError(
+            f'checkpoint_dir: {root.absolute()}: expected only {fmt} checkpoints, found {other} ones '
+            f'({found}); '
+            'keep each kind in its own --checkpoint_dir (resuming from the other root is fine)'
+        )
+    if fmt == 'orbax':
+        return Checkpointer(
+            config.checkpoint_dir,
+            keep_latest=config.max_checkpoint_keep,
+            keep_every=config.keep_every_steps,
+            protected_steps=protected_steps,
+        )
+    return InfiniTrainCheckpointer(
+        config.checkpoint_dir,
+        fmt,
+        parts,
+        family=config.model_family,
+        keep_latest=config.max_checkpoint_keep,
+        keep_every=config.keep_every_steps,
+        protected_steps=protected_steps,
+    )
 
 
 def saved_best_loss(step_dir) -> float | None:
