@@ -204,7 +204,12 @@ def resume_into(config, parts) -> Resumed:
     is touched (every incompatibility at once), and restores it onto the run's shardings.
     `parts` is train/setup.py's TrainerSetup; its fresh state is returned unchanged when
     there is nothing to resume."""
-    step_dir, notice = resolve_resume(config.resume_from, config.checkpoint_dir)
+    from jaxtrain.checkpoint.formats.infinitrain_saver import resume_from_infinitrain
+
+    foreign = resume_from_infinitrain(config, parts, Resumed)  # an InfiniTrain step directory
+    if foreign is not None:
+        return foreign
+    step_dir, notice = resolve_resume(config.resume_from or config.get('load', ''), config.checkpoint_dir)
     messages = [notice] if notice else []
     if step_dir is None:
         return Resumed(parts.state, None, None, messages)

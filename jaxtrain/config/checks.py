@@ -13,6 +13,7 @@ CHOICES = {
     'lr_schedule': SCHEDULES,
     'attention': IMPLEMENTATIONS,
     'deterministic': ('auto', 'true', 'false'),
+    'checkpoint_format': ('orbax', 'infinitrain', 'infinitrain-bin'),
 }
 NON_NEGATIVE = (
     'num_devices',

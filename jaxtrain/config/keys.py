@@ -78,7 +78,18 @@ KEYS = (
     ('keep_every_steps', 0, 'also keep, forever, checkpoints whose step is a multiple of N (0 = off)'),
     ('save_every_minutes', 0.0, 'also save when this many minutes passed since the last save (0 = off)'),
     ('save_optimizer_state', True, 'save the optimizer state too (needed for an exact resume)'),
-    ('resume_from', '', "a checkpoint_step_NNNNNN directory, or 'latest' (newest in checkpoint_dir)"),
+    (
+        'resume_from',
+        '',
+        "a checkpoint_step_NNNNNN directory (ours or InfiniTrain's), or 'latest' (newest in checkpoint_dir)",
+    ),
+    ('load', '', "InfiniTrain HEAD's spelling of resume_from (a step directory)"),
+    (
+        'checkpoint_format',
+        'orbax',
+        'orbax | infinitrain (HEAD: model.ckpt, optimizer.ckpt) | infinitrain-bin (PR: llm.c model.bin, '
+        'optimizer.bin)',
+    ),
     (
         'overwrite_later_checkpoints',
         False,

@@ -1,4 +1,4 @@
-"""Read jaxtrain checkpoints from a shell: list, show, diff, verify, export to llm.c.
+"""Read jaxtrain checkpoints from a shell: list, show, diff, verify, export (to llm.c or InfiniTrain).
 
     python -m jaxtrain.ckpt ls CHECKPOINT_DIR
     python -m jaxtrain.ckpt show STEP_DIR [--tensors]
@@ -7,7 +7,9 @@
     python -m jaxtrain.ckpt export STEP_DIR --output model.bin [--version 3|5] [--merge-lora [--base FILE]]
     python -m jaxtrain.ckpt export STEP_DIR --format hf --output HF_DIR
 
-STEP_DIR is one `checkpoint_step_NNNNNN` directory (checkpoint.py describes the layout). A LoRA
+STEP_DIR is one `checkpoint_step_NNNNNN` directory: ours (Orbax) or InfiniTrain's (HEAD model.ckpt, PR
+model.bin / model.pth, with or without rank_* subdirectories); every command says which kind it read
+(tools/ckpt_infinitrain.py), and diff compares across kinds. A LoRA
 checkpoint (adapters only; checkpoint/lora_record.py) is shown, verified and diffed like any other
 and exported only merged into its base (--merge-lora). Every
 command takes --json (for machines; a table for people otherwise) and --verbose (a traceback with
@@ -21,7 +23,6 @@ not a checkpoint, a root where a step directory is expected, a damaged item, a b
 
 import argparse
 import contextlib
-import dataclasses
 import datetime
 import json
 import logging
@@ -29,6 +30,7 @@ import math
 import os
 import sys
 import traceback
+from pathlib import Path
 
 EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2  # findings: diff saw a difference, verify a problem
 PROG = 'python -m jaxtrain.ckpt'
@@ -94,36 +96,43 @@ def _bytes(n: int) -> str:
 def cmd_ls(args) -> int:
     from jaxtrain.tools import ckpt_inspect
 
+    from jaxtrain.tools import ckpt_infinitrain
+
     entries, latest = ckpt_inspect.list_checkpoints(args.dir)
+    entries = ckpt_infinitrain.annotate_entries(args.dir, entries)  # kind and loss; InfiniTrain dirs
+    latest = ckpt_infinitrain.latest_step(entries, latest)
     if args.json:
         _print_json(
             {
                 'root': str(args.dir),
                 'latest': latest,
                 'checkpoints': [
-                    {**dataclasses.asdict(e), 'path': str(e.path), 'latest': e.committed and e.step == latest}
-                    for e in entries
+                    {**e, 'latest': ckpt_infinitrain.is_latest(e, latest)} for e in entries
                 ],
             }
         )
         return EXIT_OK
     rows = [
         [
-            e.step,
-            e.path.name,
-            e.status,
-            _bytes(e.size_bytes),
-            _when(e.written_at) + ('' if e.written_from == 'trainer_state' else ' (mtime)'),
-            'yes' if e.has_optimizer_state else 'no',
-            'latest' if e.committed and e.step == latest else '',
+            e['step'],
+            Path(e['path']).name,
+            e['kind'],
+            e['status'],
+            _bytes(e['size_bytes']),
+            _when(e['written_at']) + ('' if e['written_from'] == 'trainer_state' else ' (mtime)'),
+            'yes' if e['has_optimizer_state'] else 'no',
+            _number(e['loss']) if e['loss'] is not None else 'n/a',
+            'latest' if ckpt_infinitrain.is_latest(e, latest) else '',
         ]
         for e in entries
     ]
-    print(_table(['step', 'directory', 'state', 'size', 'written', 'optimizer', ''], rows))
+    print(_table(['step', 'directory', 'kind', 'state', 'size', 'written', 'optimizer', 'loss', ''], rows))
     if latest is None:
         print(f'latest: none (no committed checkpoint in {args.dir})')
     else:
-        print(f"latest: step {latest} (what --resume_from latest --checkpoint_dir {args.dir} picks)")
+        kind = next(e['kind'] for e in entries if ckpt_infinitrain.is_latest(e, latest))
+        flag = '' if kind == 'orbax' else f" --checkpoint_format {kind.replace('-pth', '-bin')}"
+        print(f'latest: step {latest} (what --resume_from latest --checkpoint_dir {args.dir}{flag} picks)')
     return EXIT_OK
 
 
@@ -181,6 +190,7 @@ def _show_text(step_dir, state: dict) -> str:
     )
     lines = [
         ('checkpoint', str(step_dir)),
+        ('kind', 'orbax'),
         ('step', state.get('step')),
         ('data position', position),
         ('learning rate', f"{state.get('learning_rate')} (for the next step)"),
@@ -214,11 +224,19 @@ def cmd_show(args) -> int:
     from jaxtrain.tools import ckpt_inspect
     from jaxtrain.checkpoint.trainer_state import read_trainer_state
 
+    from jaxtrain.tools import ckpt_infinitrain
+
+    if ckpt_infinitrain.kind_of(args.step_dir) != 'orbax':
+        return _show_infinitrain(args)
     step_dir = ckpt_inspect.find_finished_step_dir(args.step_dir)
     state = read_trainer_state(step_dir)
     rows = _tensor_rows(step_dir, state) if args.tensors else None
     if args.json:
-        shown = {'path': str(step_dir), 'trainer_state': {k: v for k, v in state.items() if k != 'checksums'}}
+        shown = {
+            'path': str(step_dir),
+            'kind': 'orbax',
+            'trainer_state': {k: v for k, v in state.items() if k != 'checksums'},
+        }
         if rows is not None:
             shown['tensors'] = rows
         _print_json(shown)
@@ -245,6 +263,17 @@ def cmd_show(args) -> int:
     return EXIT_OK
 
 
+def _show_infinitrain(args) -> int:
+    from jaxtrain.tools import ckpt_infinitrain
+
+    shown = ckpt_infinitrain.show(Path(args.step_dir), args.tensors)
+    if args.json:
+        _print_json(shown)
+    else:
+        print(ckpt_infinitrain.show_text(shown, _table, _number))
+    return EXIT_OK
+
+
 # --- diff --------------------------------------------------------------------------------
 
 
@@ -252,17 +281,30 @@ def cmd_diff(args) -> int:
     from jaxtrain.tools import ckpt_inspect
     from jaxtrain.checkpoint.trainer_state import read_trainer_state
 
-    step_a, step_b = ckpt_inspect.find_finished_step_dir(args.a), ckpt_inspect.find_finished_step_dir(args.b)
-    state_a, state_b = read_trainer_state(step_a), read_trainer_state(step_b)
+    from jaxtrain.tools import ckpt_infinitrain
+
+    kinds = [ckpt_infinitrain.kind_of(p) for p in (args.a, args.b)]
+    step_a, step_b = (
+        ckpt_inspect.find_finished_step_dir(p) if k == 'orbax' else Path(p)
+        for p, k in zip((args.a, args.b), kinds)
+    )
+    if kinds == ['orbax', 'orbax']:
+        state_a, state_b = read_trainer_state(step_a), read_trainer_state(step_b)
+        tensors = []
+        for item in ckpt_inspect.ARRAY_ITEMS:
+            # An item on one side only (opt_state not saved) lists all its tensors as one-sided.
+            sides = [
+                ckpt_inspect.read_tensors(s, item) if (s / item).is_dir() else None for s in (step_a, step_b)
+            ]
+            if sides != [None, None]:
+                tensors += ckpt_inspect.compare_tensors(item, sides[0] or {}, sides[1] or {})
+    else:  # across kinds: params and Adam's m, v, t under common names (ckpt_infinitrain.py)
+        state_a, state_b = ckpt_infinitrain.record_of(step_a), ckpt_infinitrain.record_of(step_b)
+        common = [ckpt_infinitrain.canonical_tensors(s) for s in (step_a, step_b)]
+        tensors = ckpt_inspect.compare_tensors('', *common)
+        for row in tensors:
+            row['name'] = row['name'].lstrip('/')
     fields = ckpt_inspect.config_differences(state_a, state_b)
-    tensors = []
-    for item in ckpt_inspect.ARRAY_ITEMS:
-        # An item on one side only (opt_state not saved) lists all its tensors as one-sided.
-        sides = [
-            ckpt_inspect.read_tensors(s, item) if (s / item).is_dir() else None for s in (step_a, step_b)
-        ]
-        if sides != [None, None]:
-            tensors += ckpt_inspect.compare_tensors(item, sides[0] or {}, sides[1] or {})
     model_equal = not any(f.startswith(('model_config.', 'model_family')) for f, _, _ in fields)
     identical = model_equal and all(t['status'] == 'identical' for t in tensors)
     if args.json:
@@ -270,13 +312,14 @@ def cmd_diff(args) -> int:
             {
                 'a': str(step_a),
                 'b': str(step_b),
+                'kinds': kinds,
                 'identical': identical,
                 'fields': [{'field': f, 'a': a, 'b': b} for f, a, b in fields],
                 'tensors': tensors,
             }
         )
         return EXIT_OK if identical else EXIT_FINDINGS
-    print(f'A: {step_a}\nB: {step_b}')
+    print(f'A: {step_a} ({kinds[0]})\nB: {step_b} ({kinds[1]})')
     if fields:
         print(_table(['field', 'A', 'B'], [[f, repr(a), repr(b)] for f, a, b in fields]))
     else:
@@ -304,15 +347,24 @@ def cmd_diff(args) -> int:
 def cmd_verify(args) -> int:
     from jaxtrain.tools import ckpt_inspect
 
-    step_dir = ckpt_inspect.find_step_dir(args.step_dir)
-    result = ckpt_inspect.verify(step_dir)
+    from jaxtrain.tools import ckpt_infinitrain
+
+    kind = ckpt_infinitrain.kind_of(args.step_dir)
+    if kind == 'orbax':
+        step_dir = ckpt_inspect.find_step_dir(args.step_dir)
+        result = ckpt_inspect.verify(step_dir)
+    else:
+        step_dir = Path(args.step_dir)
+        result = ckpt_infinitrain.verify(step_dir)
     ok = not result.problems
     if args.json:
-        _print_json({'path': str(step_dir), 'ok': ok, 'problems': result.problems, 'checked': result.checked})
+        _print_json(
+            {'path': str(step_dir), 'kind': kind, 'ok': ok, 'problems': result.problems, 'checked': result.checked}
+        )
     elif ok:
-        print(f'OK: {step_dir}: ' + '; '.join(result.checked))
+        print(f'OK: {step_dir} ({kind}): ' + '; '.join(result.checked))
     else:
-        print(f'FAILED: {step_dir}: {len(result.problems)} problem(s)')
+        print(f'FAILED: {step_dir} ({kind}): {len(result.problems)} problem(s)')
         print('\n'.join(f'  {p}' for p in result.problems))
     return EXIT_OK if ok else EXIT_FINDINGS
 
@@ -324,6 +376,19 @@ def cmd_export(args) -> int:
     from jaxtrain.tools import ckpt_export
     from jaxtrain.tools import ckpt_inspect
 
+    from jaxtrain.tools import ckpt_infinitrain
+
+    if args.format in ('infinitrain', 'infinitrain-bin'):
+        written = ckpt_infinitrain.export(args.step_dir, args.output, args.format)
+        if args.json:
+            _print_json({'path': str(args.step_dir), **written})
+        else:
+            print(ckpt_infinitrain.export_line(written))
+        return EXIT_OK
+    if ckpt_infinitrain.kind_of(args.step_dir) != 'orbax':
+        raise ckpt_infinitrain.CheckpointError(
+            f'{args.step_dir}: expected an Orbax checkpoint for --format {args.format}, found an InfiniTrain one; '
+            'its PR generation already holds an llm.c model.bin (export --format infinitrain-bin)')
     step_dir = ckpt_inspect.find_finished_step_dir(args.step_dir)
     if args.format == 'hf':
         if args.version is not None:
@@ -373,9 +438,10 @@ def build_parser() -> argparse.ArgumentParser:
         'ls',
         parents=[common],
         help='the checkpoints under a root',
-        description='Every checkpoint step directory under a root: step, committed or not (an Orbax '
-        'temporary directory is a save that never finished), size, when written, whether it holds '
-        "the optimizer state, and which one '--resume_from latest' would pick.",
+        description='Every checkpoint step directory under a root: step, kind (orbax, infinitrain, '
+        'infinitrain-bin, infinitrain-pth), committed or not (an Orbax temporary directory is a save that '
+        'never finished), size, when written, whether it holds the optimizer state, the loss stored with '
+        "it, and which one '--resume_from latest' would pick.",
     )
     ls.add_argument('dir', metavar='CHECKPOINT_DIR', help='the root (the run\'s --checkpoint_dir)')
     ls.set_defaults(run=cmd_ls)
@@ -409,9 +475,11 @@ def build_parser() -> argparse.ArgumentParser:
         'verify',
         parents=[common],
         help='check one checkpoint completely',
-        description='Every item present (params, trainer_state; opt_state when has_optimizer_state), '
+        description='Orbax: every item present (params, trainer_state; opt_state when has_optimizer_state), '
         'the JSON readable, every tensor checksum equal to the recorded one, and the params shaped as '
-        'the model config implies. Exit 0 when all is well, 1 with the list of problems otherwise.',
+        'the model config implies. InfiniTrain: every file parses, names and shapes fit one model, every '
+        'rank directory is there, Adam t equals the step, values finite, and the sha256 jaxtrain recorded '
+        'match. Exit 0 when all is well, 1 with the list of problems otherwise.',
     )
     verify.add_argument('step_dir', metavar='STEP_DIR', help='a checkpoint_step_NNNNNN directory')
     verify.set_defaults(run=cmd_verify)
@@ -419,22 +487,29 @@ def build_parser() -> argparse.ArgumentParser:
     export = commands.add_parser(
         'export',
         parents=[common],
-        help='write the params as an llm.c model file or a Hugging Face folder',
-        description='Write the params as an llm.c file that --llmc_filepath reads: GPT-2 in llm.c\'s '
-        'layout (head tied to wte; version 3 fp32 or 5 bf16), LLaMA-3 in InfiniTrain\'s layout '
-        '(version 3 only); or, with --format hf, as a Hugging Face folder. The params are verified '
-        'against their checksums first.',
+        help='write the params as an llm.c model file or a Hugging Face folder, or the state as an '
+        'InfiniTrain checkpoint',
+        description='--format llmc (default): write the params as an llm.c file that --llmc_filepath reads: '
+        'GPT-2 in llm.c\'s layout (head tied to wte; version 3 fp32 or 5 bf16), LLaMA-3 in InfiniTrain\'s '
+        'layout (version 3 only); the params are verified against their checksums first. --format hf: a '
+        'Hugging Face folder. --format infinitrain | infinitrain-bin: write --output (a '
+        'checkpoint_step_NNNNNN directory) as InfiniTrain HEAD (model.ckpt, optimizer.ckpt) or PR (llm.c '
+        'model.bin, optimizer.bin) files, from any kind.',
     )
     export.add_argument('step_dir', metavar='STEP_DIR', help='a checkpoint_step_NNNNNN directory')
     export.add_argument(
-        '--output', required=True, metavar='PATH', help='the llm.c file (--format hf: the folder) to write'
+        '--output',
+        required=True,
+        metavar='PATH',
+        help='the llm.c file (llmc), the folder (hf) or the step directory (infinitrain*) to write',
     )
     export.add_argument(
         '--format',
-        choices=('llmc', 'hf'),
+        choices=('llmc', 'hf', 'infinitrain', 'infinitrain-bin'),
         default='llmc',
-        help='llmc: an llm.c model file (default); hf: a Hugging Face folder, config.json + '
-        'model.safetensors (fp32), for GPT2LMHeadModel / LlamaForCausalLM (GPT-2 head tied)',
+        help='llmc (default): an llm.c model file; hf: a Hugging Face folder, config.json + '
+        'model.safetensors (fp32), for GPT2LMHeadModel / LlamaForCausalLM (GPT-2 head tied); '
+        'infinitrain / infinitrain-bin: an InfiniTrain step directory',
     )
     export.add_argument(
         '--version', type=int, choices=(3, 5), default=None, help='3: fp32 (default); 5: bf16, GPT-2 only'

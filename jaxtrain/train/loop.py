@@ -120,6 +120,7 @@ def _run(config) -> int:
         elapsed, last_read = now - last_read, now
         loss = float(metrics['loss'])
         check_finite(done, loss, bool(metrics['params_finite']), saver.last_good())
+        saver.note_loss(loss)
         log.step(
             done,
             config.num_iteration,

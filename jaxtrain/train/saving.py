@@ -8,8 +8,8 @@ import dataclasses
 import time
 
 from jaxtrain.checkpoint import layout
+from jaxtrain.checkpoint.formats.infinitrain_saver import open_checkpointer, saved_best_loss
 from jaxtrain.checkpoint.lora_record import lora_record
-from jaxtrain.checkpoint.manager import Checkpointer
 from jaxtrain.checkpoint.resume_checks import cached_sha256
 from jaxtrain.checkpoint.trainer_state import library_versions, trainer_state_record
 from jaxtrain.data.identity import data_identity
@@ -36,12 +36,8 @@ class RunSaver:
                 and resume_dir.parent.resolve() == layout.Path(config.checkpoint_dir).resolve()
                 else []
             )
-            self.checkpointer = Checkpointer(
-                config.checkpoint_dir,
-                keep_latest=config.max_checkpoint_keep,
-                keep_every=config.keep_every_steps,
-                protected_steps=protected,
-            )
+            # Orbax's Checkpointer, or InfiniTrain's files for --checkpoint_format infinitrain*.
+            self.checkpointer = open_checkpointer(config, parts, protected)
             self.deleted_later_steps = self.checkpointer.refuse_later_steps(
                 start_step, config.overwrite_later_checkpoints
             )
@@ -52,6 +48,12 @@ class RunSaver:
         self._versions = library_versions()  # once per run, not per save
         self.last_saved_step = None
         self._last_save_time = time.monotonic()
+        # Into the trainer state: ckpt ls, and InfiniTrain's best_loss (a running minimum across resumes).
+        self.last_loss, self.best_loss = None, saved_best_loss(resume_dir)
+
+    def note_loss(self, loss: float) -> None:
+        self.last_loss = loss
+        self.best_loss = loss if self.best_loss is None else min(self.best_loss, loss)
 
     def clock_due(self) -> bool:
         minutes = self.config.save_every_minutes
@@ -87,6 +89,8 @@ class RunSaver:
         if parts.setup.lora is not None:  # adapters only: the record names their base (lora_record.py)
             record['lora'] = lora_record(parts.setup, count_parameters(state.params))
         record['data'] = self._data
+        if self.last_loss is not None:
+            record.update(loss=self.last_loss, best_loss=self.best_loss)
         opt_state = state.opt_state if config.save_optimizer_state else None
         self.checkpointer.save(step, state.params, opt_state, state.rng, record)
         self.last_saved_step, self._last_save_time = step, time.monotonic()

@@ -1,0 +1,333 @@
+"""InfiniTrain checkpoint directories, both generations, read into and written from NumPy parameter trees.
+
+Kinds (what `ckpt ls` prints), after InfiniTensor/InfiniTrain's own code:
+  infinitrain       HEAD b24d92f infini_train/src/checkpoint/checkpoint.cc: model.ckpt, [optimizer.ckpt],
+                    trainer_state.json (HEAD schema, not valid JSON as upstream writes it)
+  infinitrain-bin   PR f9cb65b5 infini_train/src/checkpoint.cc, --checkpoint_format bin: model.bin (an llm.c
+                    file, SaveAsLLMC), [optimizer.bin (CKPT, name-keyed Adam)], trainer_state.json (PR schema)
+  infinitrain-pth   the same with --checkpoint_format pth: model.pth / optimizer.pth, both CKPT
+A multi-rank run writes each rank under `<step dir>/rank_{:06d}`; data-parallel ranks hold the same
+weights, so rank 0 is read and the others must exist. Tensor/pipeline-parallel shards are refused.
+No optimizer file is normal: SGD has an empty StateDict and upstream then writes none.
+
+Writing goes into a temporary sibling directory that is renamed to `checkpoint_step_NNNNNN` once every
+file is complete, so a killed save never leaves a directory that looks finished.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+import llmc_io
+from llmc_io import infinitrain_names as names
+from llmc_io.errors import LLMCFormatError
+from llmc_io.infinitrain_state import InfiniTrainState, read_trainer_state, write_trainer_state
+from llmc_io.statedict import read_state_dict, write_state_dict
+from llmc_io.tensors import tree_leaves
+
+HEAD_KIND = 'infinitrain'
+PR_BIN_KIND = 'infinitrain-bin'
+PR_PTH_KIND = 'infinitrain-pth'
+KINDS = (HEAD_KIND, PR_BIN_KIND, PR_PTH_KIND)
+# kind -> (model file, optimizer file)
+FILES = {
+    HEAD_KIND: ('model.ckpt', 'optimizer.ckpt'),
+    PR_BIN_KIND: ('model.bin', 'optimizer.bin'),
+    PR_PTH_KIND: ('model.pth', 'optimizer.pth'),
+}
+TRAINER_STATE = 'trainer_state.json'
+_RANK_DIR = re.compile(r'^rank_(\d{6})$')
+STEP_DIR = re.compile(r'^checkpoint_step_(\d{6,})$')
+_TMP_MARK = '.infinitrain-tmp'
+
+
+@dataclasses.dataclass
+class InfiniTrainCheckpoint:
+    path: Path  # the directory the files were read from (rank_000000 for a multi-rank step)
+    kind: str
+    family: str
+    params: dict  # NumPy tree, PARAMS_SPEC layout
+    moments: tuple | None  # (mu tree, nu tree, adam t) or None when there is no optimizer file
+    state: InfiniTrainState
+    ranks: int  # rank directories found (1 without rank_*)
+    notices: list
+
+
+def _model_file_kind(directory: Path) -> str | None:
+    # PR's Checkpoint::InferFormat prefers model.pth over model.bin; HEAD only knows model.ckpt.
+    for kind in (HEAD_KIND, PR_PTH_KIND, PR_BIN_KIND):
+        if (directory / FILES[kind][0]).is_file():
+            return kind
+    return None
+
+
+def rank_dirs(step_dir) -> list[Path]:
+    """[step_dir] or its rank_NNNNNN subdirectories, checked to be 0..N-1 with none missing."""
+    step_dir = Path(step_dir)
+    ranks = sorted(
+        (int(m.group(1)), p) for p in step_dir.iterdir() if p.is_dir() and (m := _RANK_DIR.match(p.name))
+    )
+    if not ranks:
+        return [step_dir]
+    for expected, (index, path) in enumerate(ranks):
+        if index != expected:
+            raise LLMCFormatError(
+                step_dir,
+                f'rank_{expected:06d}',
+                'a directory (ranks are 0..N-1)',
+                'missing',
+                'copy the whole step directory of every rank',
+            )
+    return [path for _, path in ranks]
+
+
+def detect_kind(step_dir) -> str | None:
+    """The InfiniTrain kind of a step directory (looking into rank_000000 if present), or None."""
+    step_dir = Path(step_dir)
+    if not step_dir.is_dir():
+        return None
+    try:
+        first = rank_dirs(step_dir)[0]
+    except LLMCFormatError:
+        first = step_dir / 'rank_000000'
+    return _model_file_kind(first) if first.is_dir() else None
+
+
+def _expected_shapes_from_state_dict(path, tensors: dict) -> dict:
+    """Our tree shapes for the model a CKPT file holds (Vp = V, as upstream keeps at TP=1)."""
+    family = names.family_of(tensors)
+    num_layers = names.num_layers_of(tensors)
+    table = names.name_to_path(family, num_layers)
+    shapes = {}
+    for name, (path, layer, transposed) in table.items():
+        if name not in tensors:
+            raise LLMCFormatError(path, f"tensor '{name}'", 'present', 'missing')
+        shape = tuple(tensors[name].shape)
+        if transposed:
+            shape = shape[:-2] + (shape[-1], shape[-2])
+        shapes[path] = shape if layer is None else (num_layers,) + shape
+    return shapes
+
+
+def _fit_vocab(params: dict, expected: dict | None) -> dict:
+    """An llm.c tree with Vp = V (SaveAsLLMC) padded with zero rows to the Vp the run expects."""
+    if expected is None or 'wte' not in params:
+        return params
+    wte = params['wte']['embedding']
+    want = expected.get('wte/embedding')
+    if want and wte.shape[0] < want[0] and wte.shape[1:] == tuple(want[1:]):
+        params['wte']['embedding'] = np.concatenate(
+            [wte, np.zeros((want[0] - wte.shape[0],) + wte.shape[1:], wte.dtype)]
+        )
+    return params
+
+
+def _read_model(path: Path, kind: str, expected: dict | None) -> tuple[str, dict]:
+    if kind == PR_BIN_KIND:
+        header, params = llmc_io.load_model(path)
+        family = 'gpt2' if isinstance(header, llmc_io.GPT2Header) else 'llama3'
+        params = _fit_vocab(params, expected)
+        if expected is not None:
+            wanted = 'gpt2' if 'wpe/embedding' in expected else 'llama3'
+            if wanted != family:
+                raise LLMCFormatError(
+                    path, 'model family', wanted, family, 'the checkpoint is for another model'
+                )
+            leaves = tree_leaves(params)
+            for tree_path, shape in expected.items():
+                found = leaves.get(tree_path)
+                if found is None or tuple(found.shape) != tuple(shape):
+                    raise LLMCFormatError(
+                        path,
+                        f'params[{tree_path}]',
+                        f'shape {tuple(shape)} (this run\'s model)',
+                        'nothing' if found is None else f'shape {tuple(found.shape)}',
+                        'the checkpoint is for another model shape',
+                    )
+            for tree_path in leaves:
+                if tree_path not in expected:
+                    raise LLMCFormatError(
+                        path,
+                        f'params[{tree_path}]',
+                        'no such entry in this run\'s model',
+                        'an array',
+                        'the checkpoint is for another model family',
+                    )
+        return family, params
+    tensors = read_state_dict(path)
+    shapes = expected if expected is not None else _expected_shapes_from_state_dict(path, tensors)
+    return names.family_of(tensors), names.state_dict_to_tree(path, tensors, shapes)
+
+
+def read_checkpoint(
+    step_dir, expected_shapes: dict | None = None, with_optimizer: bool = True
+) -> InfiniTrainCheckpoint:
+    """Read an InfiniTrain step directory. expected_shapes: {tree path: shape} of the model that will use it
+    (names and shapes are checked against it), or None to take the shapes from the files."""
+    step_dir = Path(step_dir)
+    if not step_dir.is_dir():
+        raise LLMCFormatError(step_dir, 'directory', 'an InfiniTrain checkpoint directory', 'nothing there')
+    ranks = rank_dirs(step_dir)
+    kinds = {r: _model_file_kind(r) for r in ranks}
+    for r, kind in kinds.items():
+        if kind is None:
+            raise LLMCFormatError(
+                r,
+                'model file',
+                'model.ckpt, model.bin or model.pth',
+                'none of them',
+                'not an InfiniTrain checkpoint directory',
+            )
+        if not (r / TRAINER_STATE).is_file():
+            raise LLMCFormatError(
+                r / TRAINER_STATE,
+                'file',
+                'present',
+                'missing',
+                'every InfiniTrain step directory has one; copy it with the model file',
+            )
+    first = ranks[0]
+    kind = kinds[first]
+    state = read_trainer_state(first / TRAINER_STATE)
+    notices = list(state.notices)
+    if state.tp_size != 1 or state.pp_size != 1 or state.sp_size != 1:
+        raise LLMCFormatError(
+            first / TRAINER_STATE,
+            'tp_size / sp_size / pp_size',
+            '1 (one model replica per rank)',
+            f'{state.tp_size} / {state.sp_size} / {state.pp_size}',
+            'tensor- or pipeline-parallel shards cannot be read yet',
+        )
+    if len(ranks) > 1:
+        notices.append(
+            f'{step_dir}: {len(ranks)} rank directories; reading rank_000000 (data-parallel replicas)'
+        )
+    model_path = first / FILES[kind][0]
+    family, params = _read_model(model_path, kind, expected_shapes)
+    moments = None
+    opt_path = first / FILES[kind][1]
+    if with_optimizer and opt_path.is_file():
+        shapes = expected_shapes or {k: v.shape for k, v in tree_leaves(params).items()}
+        moments = names.moments_to_trees(opt_path, read_state_dict(opt_path), shapes)
+    return InfiniTrainCheckpoint(first, kind, family, params, moments, state, len(ranks), notices)
+
+
+# ---- the data position ------------------------------------------------------------------------------------
+
+
+def position_from_batch_index(batch_index: int, batches_per_step: int, where='data_batch_idx') -> int:
+    """Our window position from InfiniTrain's DataLoader batch index (rank 0's: the next batch it reads).
+
+    One of our windows is `batches_per_step` = accumulation x data-parallel InfiniTrain batches, in the same
+    token order (FORMATS.md §3: batch b covers tokens [bBT, (b+1)BT+1); rank r of DDP W reads b = kW + r).
+    """
+    if batch_index % batches_per_step:
+        raise LLMCFormatError(
+            where,
+            'data_batch_idx',
+            f'a multiple of {batches_per_step} (InfiniTrain batches per '
+            'step of this run: accumulation x data parallel)',
+            str(batch_index),
+            'resume with the batch_size / total_batch_size the checkpoint was written with',
+        )
+    return batch_index // batches_per_step
+
+
+def batch_index_from_position(position: int, batches_per_step: int) -> int:
+    return position * batches_per_step
+
+
+# ---- writing ----------------------------------------------------------------------------------------------
+
+
+def write_checkpoint(
+    final_dir, kind: str, family: str, params: dict, header, moments, state: InfiniTrainState
+) -> Path:
+    """Write one step directory atomically. params: NumPy tree; header: llmc_io GPT2Header / LLaMA3Header of
+    model; moments: (mu, nu, t) or None (no optimizer file, as upstream does for SGD)."""
+    final_dir = Path(final_dir)
+    final_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=final_dir.name + _TMP_MARK, dir=final_dir.parent))
+    try:
+        model_name, opt_name = FILES[kind]
+        vocab = header.vocab_size
+        if kind == PR_BIN_KIND:
+            _save_llmc(tmp / model_name, family, params, header)
+        else:
+            write_state_dict(
+                tmp / model_name, names.tree_to_state_dict(family, params, vocab, header.max_seq_len)
+            )
+        if moments is not None:
+            mu, nu, t = moments
+            write_state_dict(
+                tmp / opt_name, names.trees_to_moments(family, mu, nu, t, vocab, kind == HEAD_KIND)
+            )
+        if state.jaxtrain is not None:  # lets `ckpt verify` prove the files are the ones jaxtrain wrote
+            state = dataclasses.replace(
+                state,
+                jaxtrain=dict(
+                    state.jaxtrain,
+                    sha256={
+                        p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(tmp.iterdir())
+                    },
+                ),
+            )
+        write_trainer_state(tmp / TRAINER_STATE, state)
+        os.chmod(tmp, 0o755)
+        if final_dir.exists():  # a re-save of the same step replaces it, as Orbax's force=True does
+            shutil.rmtree(final_dir)
+        os.replace(tmp, final_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final_dir
+
+
+def _save_llmc(path: Path, family: str, params: dict, header) -> None:
+    if family == 'gpt2':
+        # SaveAsLLMC (f9cb65b5) writes header V, and the model's vocab (V at TP=1) in the Vp slot: no padding.
+        trimmed = dict(params, wte={'embedding': np.asarray(params['wte']['embedding'])[: header.vocab_size]})
+        llmc_io.save_gpt2(path, dataclasses.replace(header, padded_vocab_size=header.vocab_size), trimmed)
+    else:
+        llmc_io.save_llama3(path, header, params)  # major/minor 1/0, floats bit-cast, as SaveAsLLMC
+
+
+def step_dirs(root) -> list[Path]:
+    """The committed InfiniTrain step directories under root, oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and STEP_DIR.match(p.name) and detect_kind(p)]
+    return sorted(found, key=lambda p: int(STEP_DIR.match(p.name).group(1)))
+
+
+def step_number(step_dir) -> int:
+    return int(STEP_DIR.match(Path(step_dir).name).group(1))
+
+
+def prune(root, keep: int, protected_steps=(), keep_every: int = 0) -> list[Path]:
+    """Keep the newest `keep` step directories (0 = all), as upstream's max_checkpoint_keep does, plus the
+    protected steps and every multiple of keep_every (as our Orbax rotation); leftover temporary
+    directories of killed saves go too."""
+    root = Path(root)
+    removed = []
+    for p in root.iterdir() if root.is_dir() else ():
+        if p.is_dir() and _TMP_MARK in p.name:
+            shutil.rmtree(p, ignore_errors=True)
+    if keep <= 0:
+        return removed
+    for p in step_dirs(root)[:-keep]:
+        step = step_number(p)
+        if step in protected_steps or (keep_every > 0 and step % keep_every == 0):
+            continue
+        shutil.rmtree(p)
+        removed.append(p)
+    return removed

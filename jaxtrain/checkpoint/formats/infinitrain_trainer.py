@@ -1,0 +1,173 @@
+"""InfiniTrain step directories <-> the trainer's live state: read_step_dir and save_step_dir.
+
+What maps to what:
+  params                 <-> model.ckpt / model.bin / model.pth (llmc_io.infinitrain_names)
+  optax ScaleByAdamState <-> Adam's StateDict: mu/nu = adam.m/adam.v by parameter name, count = adam.t
+  ScaleByScheduleState   <-  global_step (the learning rate continues where the checkpoint stopped)
+  data_position          <-> data_batch_idx / consumed_batches: one of our windows is accumulation x
+                             data-parallel InfiniTrain batches, in the same token order (infinitrain.py)
+  rng, exact data position, loss, configs  -> the "jaxtrain" object of trainer_state.json (ours only)
+A checkpoint written by InfiniTrain itself has no "jaxtrain" object: the run keeps its own seed's rng
+(InfiniTrain's training has no randomness) and the position comes from the batch index.
+
+Data beyond the end: InfiniTrain's DataLoader clamps its batch index at the last batch (b24d92f
+infini_train/src/dataloader.cc operator++), i.e. it cannot train past one pass; our stream wraps to a
+new epoch instead. Inside the first pass both read the same tokens; a wrapped position is written as the
+unwrapped batch count (upstream would clamp it) and kept exactly in the "jaxtrain" object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import jax
+import numpy as np
+import optax
+
+import llmc_io
+from jaxtrain.checkpoint.formats import infinitrain as it
+from llmc_io.infinitrain_state import CONFIG_DEFAULTS, HEAD, PR, InfiniTrainState
+from llmc_io.tensors import tree_leaves
+
+FORMATS = ('orbax', it.HEAD_KIND, it.PR_BIN_KIND)  # --checkpoint_format values
+_OPTIMIZER_TYPE = {'sgd': 'SGD', 'adam': 'Adam', 'adamw': 'AdamW'}
+
+
+def _is_adam(node) -> bool:
+    return isinstance(node, optax.ScaleByAdamState)
+
+
+def _is_schedule(node) -> bool:
+    return isinstance(node, optax.ScaleByScheduleState)
+
+
+def adam_states(opt_state) -> list:
+    return [n for n in jax.tree.leaves(opt_state, is_leaf=_is_adam) if _is_adam(n)]
+
+
+def _to_device(like, value):
+    return jax.device_put(np.asarray(value, dtype=like.dtype), like.sharding)
+
+
+def _put_tree(like_tree, numpy_tree):
+    return jax.tree.map(_to_device, like_tree, numpy_tree)
+
+
+def expected_shapes(params_like) -> dict:
+    return {path: tuple(leaf.shape) for path, leaf in tree_leaves(params_like).items()}
+
+
+def read_step_dir(path, params_like, opt_like, batches_per_step: int, optimizer: str):
+    """(params, opt_state or None, record) from an InfiniTrain step directory, on the shardings of the
+    live trees. None: no moments to restore (no optimizer file, or this run's optimizer has none); the
+    caller then starts fresh moments at the record's step. The record has step, data_position, rng (None
+    unless jaxtrain wrote the checkpoint), learning_rate, kind and `messages` (lines for the log)."""
+    ckpt = it.read_checkpoint(path, expected_shapes(params_like))
+    state = ckpt.state
+    messages = list(ckpt.notices)
+    extras = state.jaxtrain or {}
+    record = dict(extras)
+    record.update(step=state.global_step, learning_rate=state.last_lr, kind=ckpt.kind, messages=messages)
+    if 'data_position' in extras:
+        record['data_position'] = extras['data_position']
+    else:
+        record['data_position'] = it.position_from_batch_index(
+            state.data_batch_idx, batches_per_step, ckpt.path / it.TRAINER_STATE
+        )
+    record.setdefault('rng', None)
+    params = _put_tree(params_like, ckpt.params)
+    opt_state = None
+    live_adam = adam_states(opt_like)
+    if ckpt.moments is not None and not live_adam:
+        messages.append(
+            f'resume: {path}: dropped the Adam moments (m, v, t={ckpt.moments[2]}): this run\'s '
+            f'optimizer {optimizer} keeps none'
+        )
+    elif ckpt.moments is None and live_adam:
+        messages.append(
+            f'resume: {path} has no optimizer file (InfiniTrain writes none for SGD); starting '
+            f'{optimizer} with fresh moments'
+        )
+    elif ckpt.moments is not None:
+        saved = state.optimizer_type or (state.jaxtrain or {}).get('training_config', {}).get('optimizer')
+        if saved and saved.lower() != optimizer:  # e.g. Adam's moments continued by adamw
+            messages.append(f'resume: {path} was trained with {saved}; its m, v, t continue in {optimizer}')
+        mu, nu, t = ckpt.moments
+        step = state.global_step
+
+        def restore(node):
+            if _is_adam(node):
+                return optax.ScaleByAdamState(
+                    count=_to_device(node.count, t), mu=_put_tree(node.mu, mu), nu=_put_tree(node.nu, nu)
+                )
+            if _is_schedule(node):
+                return optax.ScaleByScheduleState(count=_to_device(node.count, step))
+            return node
+
+        opt_state = jax.tree.map(restore, opt_like, is_leaf=lambda n: _is_adam(n) or _is_schedule(n))
+    return params, opt_state, record
+
+
+def model_header(family: str, model_config):
+    fields = (
+        dataclasses.asdict(model_config) if dataclasses.is_dataclass(model_config) else dict(model_config)
+    )
+    cls = llmc_io.GPT2Header if family == 'gpt2' else llmc_io.LLaMA3Header
+    return cls(**{f.name: fields[f.name] for f in dataclasses.fields(cls)})
+
+
+def save_step_dir(
+    root,
+    step: int,
+    params,
+    opt_state,
+    record: dict,
+    fmt: str,
+    *,
+    family: str,
+    model_config,
+    batches_per_step: int,
+    data_parallel: int = 1,
+) -> Path:
+    """Write `checkpoint_step_{step:06d}` under root in InfiniTrain's HEAD (`infinitrain`) or PR
+    (`infinitrain-bin`) layout, atomically. record: our trainer-state record (trainer_state_record plus
+    rng, and loss / best_loss when known); it becomes the "jaxtrain" object. opt_state None, or one
+    without Adam moments (SGD), writes no optimizer file, as upstream."""
+    if fmt not in (it.HEAD_KIND, it.PR_BIN_KIND):
+        raise ValueError(f'checkpoint_format: expected {it.HEAD_KIND} or {it.PR_BIN_KIND}, found {fmt!r}')
+    header = model_header(family, model_config)
+    numpy_params = jax.tree.map(np.asarray, jax.device_get(params))
+    moments = None
+    found = adam_states(opt_state) if opt_state is not None else []
+    if found:
+        adam = jax.device_get(found[0])
+        moments = (jax.tree.map(np.asarray, adam.mu), jax.tree.map(np.asarray, adam.nu), int(adam.count))
+    position = int(record['data_position'])
+    extras = {k: v for k, v in record.items() if k != 'messages'}
+    extras.update(step=step, checkpoint_format=fmt, model_shape=dataclasses.asdict(header))
+    common = dict(
+        global_step=step,
+        data_batch_idx=it.batch_index_from_position(position, batches_per_step),
+        last_lr=float(record.get('learning_rate', 0.0)),
+        ddp_size=data_parallel,
+        jaxtrain=extras,
+    )
+    if fmt == it.HEAD_KIND:
+        # What HEAD's main.cc writes for a model from --llmc_filepath and CHECKs on --load: config defaults.
+        state = InfiniTrainState(HEAD, shape=dict(CONFIG_DEFAULTS[family]), **common)
+    else:
+        best = record.get('best_loss')
+        state = InfiniTrainState(
+            PR,
+            data_batch_stride=data_parallel,
+            best_loss=math.inf if best is None else float(best),
+            optimizer_type=_OPTIMIZER_TYPE.get(
+                record.get('training_config', {}).get('optimizer'), 'Adam' if moments else 'SGD'
+            ),
+            checkpoint_format='bin',
+            **common,
+        )
+    final = Path(root) / f'checkpoint_step_{step:06d}'
+    return it.write_checkpoint(final, fmt, family, numpy_params, header, moments, state)

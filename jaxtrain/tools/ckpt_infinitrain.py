@@ -1,0 +1,394 @@
+"""`jaxtrain.ckpt` on InfiniTrain step directories: which kind a checkpoint is, listing, show, verify, diff
+across kinds, and export between kinds.
+
+Kinds: `orbax` (ours), `infinitrain` (HEAD model.ckpt), `infinitrain-bin` (PR llm.c model.bin),
+`infinitrain-pth` (PR model.pth) -- jaxtrain/checkpoint/formats/infinitrain.py.
+Across kinds tensors are compared under common names: `params/<tree path>` (PARAMS_SPEC layout, kernels
+(in, out)), and Adam's `adam.m/<tree path>`, `adam.v/<tree path>`, `adam.t` (optax's mu / nu / count of
+its ScaleByAdamState; InfiniTrain's adam.m / adam.v / adam.t). The learning-rate schedule's count has no
+InfiniTrain counterpart: it is the step, which the configs compare.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+
+from jaxtrain.checkpoint.formats import infinitrain as it
+from jaxtrain.checkpoint.formats.infinitrain_trainer import model_header
+from jaxtrain.checkpoint.layout import CheckpointError
+from llmc_io.errors import LLMCFormatError
+from llmc_io.infinitrain_state import HEAD, PR, InfiniTrainState
+from llmc_io.tensors import tree_leaves
+
+ORBAX = 'orbax'
+
+
+def kind_of(path) -> str:
+    """'orbax' or one of the InfiniTrain kinds (an InfiniTrain directory is recognised by its model file)."""
+    return it.detect_kind(path) or ORBAX
+
+
+def _read(step_dir) -> it.InfiniTrainCheckpoint:
+    """Read with the shapes of our model config when jaxtrain wrote it (GPT-2: Vp rows), else the files'."""
+    try:
+        first = it.rank_dirs(step_dir)[0]
+        expected = None
+        from llmc_io.infinitrain_state import read_trainer_state
+
+        extras = read_trainer_state(first / it.TRAINER_STATE).jaxtrain or {}
+        if extras.get('model_config') and extras.get('model_family'):
+            from jaxtrain.tools.ckpt_inspect import expected_param_layouts
+
+            expected = {
+                k: v[0]
+                for k, v in expected_param_layouts(extras['model_family'], extras['model_config']).items()
+            }
+        return it.read_checkpoint(step_dir, expected)
+    except LLMCFormatError as e:
+        raise CheckpointError(str(e)) from None
+
+
+# --- the common view of any checkpoint -----------------------------------------------------------------
+
+
+def record_of(step_dir) -> dict:
+    """A trainer-state dict for config_differences: ours as saved; InfiniTrain's jaxtrain object or fields."""
+    if kind_of(step_dir) == ORBAX:
+        from jaxtrain.checkpoint.trainer_state import read_trainer_state
+
+        return read_trainer_state(step_dir)
+    ckpt = _read(step_dir)
+    record = dict(ckpt.state.jaxtrain or {})
+    record.setdefault('model_family', ckpt.family)
+    record['step'] = ckpt.state.global_step
+    record.setdefault('data_batch_idx', ckpt.state.data_batch_idx)
+    return record
+
+
+def canonical_tensors(step_dir) -> dict[str, np.ndarray]:
+    """{common name: array} of params and Adam moments, for a diff across kinds."""
+    out = {}
+    if kind_of(step_dir) == ORBAX:
+        from jaxtrain.tools.ckpt_inspect import read_tensors
+
+        out.update({f'params/{k}': v for k, v in read_tensors(step_dir, 'params').items()})
+        if (Path(step_dir) / 'opt_state').is_dir():
+            opt = read_tensors(step_dir, 'opt_state')
+            prefixes = {m.group(1) for k in opt if (m := re.fullmatch(r'(.*?)/?mu/.+', k))}
+            for key, value in opt.items():
+                m = re.fullmatch(r'(.*?)/?(mu|nu)/(.+)', key)
+                if m and m.group(1) in prefixes:
+                    out[f"adam.{'m' if m.group(2) == 'mu' else 'v'}/{m.group(3)}"] = value
+                elif key.rsplit('/', 1)[0] in prefixes and key.endswith('count'):
+                    out['adam.t'] = np.asarray(value, np.int64)
+        return out
+    ckpt = _read(step_dir)
+    out.update({f'params/{k}': v for k, v in tree_leaves(ckpt.params).items()})
+    if ckpt.moments is not None:
+        mu, nu, t = ckpt.moments
+        out.update({f'adam.m/{k}': v for k, v in tree_leaves(mu).items()})
+        out.update({f'adam.v/{k}': v for k, v in tree_leaves(nu).items()})
+        out['adam.t'] = np.asarray(t, np.int64)
+    return out
+
+
+# --- ls ------------------------------------------------------------------------------------------------
+
+
+def annotate_entries(root, entries) -> list[dict]:
+    """ckpt_inspect's StepEntry list as dicts with `kind` and `loss`; InfiniTrain directories (which that
+    listing sees as incomplete Orbax steps) re-described, and PR's checkpoint_final added."""
+    rows = []
+    for e in entries:
+        row = {**dataclasses.asdict(e), 'path': str(e.path), 'kind': ORBAX, 'loss': None}
+        kind = it.detect_kind(e.path)
+        if kind is not None:
+            row.update(_infinitrain_row(e.path, kind))
+        elif e.committed:
+            from jaxtrain.checkpoint.trainer_state import read_trainer_state
+
+            try:
+                row['loss'] = read_trainer_state(e.path).get('loss')
+            except CheckpointError:
+                pass
+        rows.append(row)
+    final = Path(root) / 'checkpoint_final'
+    if it.detect_kind(final):
+        row = _infinitrain_row(final, it.detect_kind(final))
+        rows.append(
+            {
+                'path': str(final),
+                'size_bytes': sum(p.stat().st_size for p in final.rglob('*') if p.is_file()),
+                'written_at': final.stat().st_mtime,
+                'written_from': 'mtime',
+                **row,
+            }
+        )
+    return rows
+
+
+def _infinitrain_row(path: Path, kind: str) -> dict:
+    row = {'kind': kind, 'committed': True, 'status': 'committed', 'written_from': 'mtime'}
+    try:
+        first = it.rank_dirs(path)[0]
+        from llmc_io.infinitrain_state import read_trainer_state
+
+        state = read_trainer_state(first / it.TRAINER_STATE)
+        extras = state.jaxtrain or {}
+        row.update(
+            step=state.global_step,
+            loss=extras.get('loss'),
+            has_optimizer_state=(first / it.FILES[kind][1]).is_file(),
+        )
+        if extras.get('saved_at'):
+            row.update(written_at=float(extras['saved_at']), written_from='trainer_state')
+        if row['loss'] is None and state.best_loss is not None and math.isfinite(state.best_loss):
+            row['loss'] = f'best {state.best_loss:g}'  # PR's running minimum; upstream keeps no step loss
+    except (LLMCFormatError, OSError) as e:
+        row.update(committed=False, status=f'damaged: {e}')
+    return row
+
+
+def latest_step(entries: list[dict], orbax_latest):
+    """The newest committed step of either kind (PR's checkpoint_final is a copy, not a step of its own)."""
+    if orbax_latest is not None and all(e['kind'] == ORBAX for e in entries):
+        return orbax_latest
+    steps = [e['step'] for e in entries if e['committed'] and not e['path'].endswith('checkpoint_final')]
+    return max(steps) if steps else None
+
+
+def is_latest(entry: dict, latest) -> bool:
+    return entry['committed'] and entry['step'] == latest and not entry['path'].endswith('checkpoint_final')
+
+
+# --- show ----------------------------------------------------------------------------------------------
+
+
+def show(step_dir, with_tensors: bool) -> dict:
+    ckpt = _read(step_dir)
+    s = ckpt.state
+    files = {p.name: p.stat().st_size for p in sorted(ckpt.path.iterdir()) if p.is_file()}
+    header = {k: v.shape for k, v in tree_leaves(ckpt.params).items()}
+    shown = {
+        'path': str(step_dir),
+        'kind': ckpt.kind,
+        'generation': s.generation,
+        'family': ckpt.family,
+        'ranks': ckpt.ranks,
+        'global_step': s.global_step,
+        'data_batch_idx' if s.generation == PR else 'consumed_batches': s.data_batch_idx,
+        'last_lr': s.last_lr,
+        'topology': {k: getattr(s, k) for k in ('ddp_size', 'tp_size', 'sp_size', 'pp_size')},
+        'optimizer': 'Adam (m, v, t = %d)' % ckpt.moments[2]
+        if ckpt.moments
+        else 'no optimizer file (SGD, or not saved)',
+        'files': files,
+        'notices': ckpt.notices,
+        'model': {
+            'num_layers': header['h/ln_1/scale'][0],
+            'channels': header['h/ln_1/scale'][1],
+            'vocab_rows': header['wte/embedding'][0],
+        },
+    }
+    if s.generation == HEAD:
+        shown['shape_fields'] = (
+            s.shape
+        )  # GPT2Config()/LLaMA3Config() defaults when trained from an llm.c file
+    else:
+        shown.update(
+            best_loss=s.best_loss, optimizer_type=s.optimizer_type, checkpoint_format=s.checkpoint_format
+        )
+    if s.jaxtrain:
+        shown['jaxtrain'] = {k: v for k, v in s.jaxtrain.items() if k not in ('training_config', 'sha256')}
+    if with_tensors:
+        from jaxtrain.tools.ckpt_inspect import tensor_stats
+
+        shown['tensors'] = [
+            {'name': name, 'shape': list(a.shape), 'dtype': a.dtype.name, **tensor_stats(a)}
+            for name, a in canonical_tensors(step_dir).items()
+        ]
+    return shown
+
+
+def show_text(shown: dict, table, number) -> str:
+    """`show`'s dict for people: one field per line, then the tensor table with --tensors."""
+    shown = dict(shown)
+    tensors = shown.pop('tensors', None)
+    width = max(len(k) for k in shown)
+    lines = []
+    for key, value in shown.items():
+        if key == 'notices':
+            value = '; '.join(value) or 'none'
+        lines.append(f'{key.ljust(width)}  {value}')
+    if tensors is not None:
+        rows = [
+            [t['name'], 'x'.join(map(str, t['shape'])) or '()', t['dtype']]
+            + [number(t.get(k)) for k in ('min', 'max', 'mean', 'std')]
+            for t in tensors
+        ]
+        lines += ['', table(['tensor', 'shape', 'dtype', 'min', 'max', 'mean', 'std'], rows)]
+    return '\n'.join(lines)
+
+
+# --- verify --------------------------------------------------------------------------------------------
+
+
+def verify(step_dir):
+    """Verification(problems, checked) of an InfiniTrain directory: every file parses byte-exactly, names and
+    shapes fit one model, GPT-2's tied copy and causal masks, Adam's keys and t, finiteness, our sha256s."""
+    from jaxtrain.tools.ckpt_inspect import Verification
+
+    problems, checked = [], []
+    try:
+        ckpt = _read(step_dir)
+    except CheckpointError as e:
+        return Verification([str(e)], checked)
+    checked.append(f'model file and trainer_state.json readable ({ckpt.ranks} rank dir(s))')
+    checked.append(f'params: {len(tree_leaves(ckpt.params))} tensors fit one {ckpt.family} model')
+    for name, value in tree_leaves(ckpt.params).items():
+        if not np.all(np.isfinite(value)):
+            problems.append(f'{ckpt.path}: params[{name}]: expected finite values, found NaN or inf')
+    if ckpt.moments is not None:
+        t = ckpt.moments[2]
+        checked.append(f'optimizer: Adam m and v for every parameter, t = {t}')
+        if t != ckpt.state.global_step:
+            problems.append(f'{ckpt.path}: adam.t: expected global_step {ckpt.state.global_step}, found {t}')
+    for rank in it.rank_dirs(step_dir)[1:]:
+        if it.detect_kind(rank) != ckpt.kind:
+            problems.append(f'{rank}: expected the same {ckpt.kind} files as rank_000000, found others')
+    recorded = (ckpt.state.jaxtrain or {}).get('sha256', {})
+    for name, digest in recorded.items():
+        found = (
+            hashlib.sha256((ckpt.path / name).read_bytes()).hexdigest()
+            if (ckpt.path / name).is_file()
+            else 'no file'
+        )
+        if found != digest:
+            problems.append(
+                f'{ckpt.path / name}: sha256: expected {digest} (recorded by jaxtrain), found {found}'
+            )
+    if recorded and not any(p.startswith(str(ckpt.path)) and 'sha256' in p for p in problems):
+        checked.append(f'sha256 of {len(recorded)} files as recorded')
+    checked += ckpt.notices
+    return Verification(problems, checked)
+
+
+# --- export --------------------------------------------------------------------------------------------
+
+
+def export(step_dir, output, fmt: str) -> dict:
+    """Write `output` (a checkpoint_step_NNNNNN directory) in InfiniTrain format `fmt` from any checkpoint."""
+    output = Path(output)
+    if not it.STEP_DIR.match(output.name):
+        raise CheckpointError(
+            f'--output: {output}: expected a checkpoint_step_NNNNNN directory to create, '
+            f'found another name (InfiniTrain\'s --load / --resume_from take such a directory)'
+        )
+    if kind_of(step_dir) == ORBAX:
+        family, params, moments, record, header = _from_orbax(step_dir)
+    else:
+        ckpt = _read(step_dir)
+        family, params, moments = ckpt.family, ckpt.params, ckpt.moments
+        record = dict(
+            ckpt.state.jaxtrain or {}, step=ckpt.state.global_step, learning_rate=ckpt.state.last_lr
+        )
+        record.setdefault('best_loss', ckpt.state.best_loss)
+        shape = record.get('model_shape')
+        header = model_header(family, shape) if shape else _header_from_files(ckpt)
+        record.setdefault('data_batch_idx', ckpt.state.data_batch_idx)
+    step = int(record['step'])
+    position_batches = record.get('data_batch_idx')
+    if position_batches is None:
+        tokens = record.get('tokens_per_step')
+        rows = record.get('training_config', {})
+        per_batch = rows.get('batch_size', 0) * rows.get('sequence_length', 0)
+        position_batches = (
+            record['data_position'] * (tokens // per_batch)
+            if tokens and per_batch
+            else record['data_position']
+        )
+    extras = {k: v for k, v in record.items() if k != 'data_batch_idx'}
+    extras.update(checkpoint_format=fmt, model_shape=dataclasses.asdict(header))
+    common = dict(
+        global_step=step,
+        data_batch_idx=int(position_batches),
+        last_lr=float(record.get('learning_rate', 0.0)),
+        jaxtrain=extras,
+    )
+    from llmc_io.infinitrain_state import CONFIG_DEFAULTS
+
+    if fmt == it.HEAD_KIND:
+        state = InfiniTrainState(HEAD, shape=dict(CONFIG_DEFAULTS[family]), **common)
+    else:
+        best = record.get('best_loss')
+        state = InfiniTrainState(
+            PR,
+            best_loss=math.inf if best is None else float(best),
+            optimizer_type='Adam' if moments else 'SGD',
+            checkpoint_format='bin',
+            **common,
+        )
+    try:
+        it.write_checkpoint(output, fmt, family, params, header, moments, state)
+    except LLMCFormatError as e:
+        raise CheckpointError(str(e)) from None
+    return {
+        'output': str(output),
+        'kind': fmt,
+        'model_family': family,
+        'step': step,
+        'optimizer_file': moments is not None,
+    }
+
+
+def export_line(written: dict) -> str:
+    no_optimizer = '' if written['optimizer_file'] else ' (no optimizer file: no Adam state)'
+    return (
+        f"wrote {written['output']}: {written['kind']} checkpoint of {written['model_family']} step "
+        f"{written['step']}{no_optimizer}; InfiniTrain resumes it with --load (HEAD) / --resume_from (PR) "
+        f"{written['output']}"
+    )
+
+
+def _header_from_files(ckpt):
+    """The model header of an upstream-written directory: only the PR's llm.c model.bin carries one."""
+    if ckpt.kind == it.PR_BIN_KIND:
+        import llmc_io
+
+        return llmc_io.load_model(ckpt.path / it.FILES[ckpt.kind][0])[0]
+    raise CheckpointError(
+        f'{ckpt.path}: model shape: expected jaxtrain\'s record of it or an llm.c model.bin, found neither '
+        '(a CKPT file has no head count or RoPE settings, and HEAD\'s trainer_state.json holds config '
+        'defaults); '
+        'export from the PR generation\'s directory, or resume it with --llmc_filepath and save again'
+    )
+
+
+def _from_orbax(step_dir):
+    from jaxtrain.checkpoint.trainer_state import read_trainer_state
+    from jaxtrain.tools.ckpt_inspect import model_config_object, restore_item
+
+    record = read_trainer_state(step_dir)
+    family = record['model_family']
+    header = model_header(family, dataclasses.asdict(model_config_object(family, record['model_config'])))
+    params = restore_item(step_dir, 'params')
+    moments = None
+    if (Path(step_dir) / 'opt_state').is_dir():
+        tensors = canonical_tensors(step_dir)
+        if 'adam.t' in tensors:
+            mu, nu = {}, {}
+            from llmc_io.tensors import tree_set
+
+            for name, value in tensors.items():
+                if name.startswith('adam.m/'):
+                    tree_set(mu, name[len('adam.m/') :], value)
+                elif name.startswith('adam.v/'):
+                    tree_set(nu, name[len('adam.v/') :], value)
+            moments = (mu, nu, int(tensors['adam.t']))
+    return family, params, moments, record, header

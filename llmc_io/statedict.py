@@ -1,0 +1,212 @@
+"""InfiniTrain's "CKPT" state-dict binary (model.ckpt / optimizer.ckpt at HEAD; model.pth / optimizer.pth /
+optimizer.bin in the PR generation), read and written byte for byte.
+
+Layout (InfiniTensor/InfiniTrain b24d92f infini_train/src/checkpoint/checkpoint.cc, SaveStateDict /
+LoadStateDict; the same code is in f9cb65b5 infini_train/src/checkpoint.cc), little-endian, packed:
+
+    u32 magic 0x54504B43 ("CKPT") | u32 version 1 | u32 count
+    count x { u32 name_len | name | i8 dtype | u32 ndim | ndim x i64 dims | u64 nbytes | nbytes raw data }
+
+Nothing follows the last tensor. The entries come in the writer's std::unordered_map order, which this
+module keeps (a dict in file order), so reading a file and writing it back gives the same bytes.
+dtype is `enum class DataType : int8_t` (b24d92f infini_train/include/datatype.h). NumPy has no bf16:
+bf16 tensors travel as their uint16 bit patterns, with dtype code 9 kept beside them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import struct
+import tempfile
+from collections.abc import Mapping
+
+import numpy as np
+
+from llmc_io.errors import LLMCFormatError
+
+CKPT_MAGIC = 0x54504B43
+CKPT_VERSION = 1
+
+# DataType enum value -> (upstream name, NumPy dtype of one element on disk).
+DTYPES: dict[int, tuple[str, np.dtype]] = {
+    0: ("kBOOL", np.dtype("?")),
+    1: ("kUINT8", np.dtype("u1")),
+    2: ("kINT8", np.dtype("i1")),
+    3: ("kUINT16", np.dtype("<u2")),
+    4: ("kINT16", np.dtype("<i2")),
+    5: ("kUINT32", np.dtype("<u4")),
+    6: ("kINT32", np.dtype("<i4")),
+    7: ("kUINT64", np.dtype("<u8")),
+    8: ("kINT64", np.dtype("<i8")),
+    9: ("kBFLOAT16", np.dtype("<u2")),  # bit patterns
+    10: ("kFLOAT16", np.dtype("<f2")),
+    11: ("kFLOAT32", np.dtype("<f4")),
+    12: ("kFLOAT64", np.dtype("<f8")),
+}
+KFLOAT32 = 11
+KINT64 = 8
+KBFLOAT16 = 9
+
+# The dtype code a plain NumPy array is written with (bf16 needs an explicit CkptTensor(dtype=9)).
+_CODE_OF_NUMPY = {dt.newbyteorder("<").str: code for code, (_, dt) in DTYPES.items() if code != KBFLOAT16}
+
+
+@dataclasses.dataclass(frozen=True)
+class CkptTensor:
+    """One entry: the enum code, and the values as a NumPy array of the file's shape."""
+
+    dtype: int
+    array: np.ndarray
+    offset: int = -1  # byte offset of the data in the file it came from; -1 when built in memory
+
+    @property
+    def dtype_name(self) -> str:
+        return DTYPES[self.dtype][0]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.array.shape)
+
+
+def dtype_code(array: np.ndarray) -> int:
+    """The DataType code for a NumPy array (float32 -> 11, int64 -> 8, ...)."""
+    key = np.dtype(array.dtype).newbyteorder("<").str
+    if key not in _CODE_OF_NUMPY:
+        raise ValueError(f"no InfiniTrain DataType for NumPy dtype {array.dtype}")
+    return _CODE_OF_NUMPY[key]
+
+
+class _Reader:
+    """Bounds-checked sequential reads; every shortfall names the field being read."""
+
+    def __init__(self, path: str, f, size: int):
+        self.path, self.f, self.size, self.pos = path, f, size, 0
+
+    def take(self, nbytes: int, field: str) -> bytes:
+        if self.pos + nbytes > self.size:
+            raise LLMCFormatError(
+                self.path,
+                field,
+                f"{nbytes} bytes at offset {self.pos}",
+                f"end of file after {self.size - self.pos} bytes",
+                "the file is truncated; copy it again from the run that wrote it",
+            )
+        data = self.f.read(nbytes)
+        self.pos += nbytes
+        return data
+
+    def unpack(self, fmt: str, field: str):
+        return struct.unpack("<" + fmt, self.take(struct.calcsize("<" + fmt), field))
+
+
+def read_state_dict(path: str | os.PathLike) -> dict[str, CkptTensor]:
+    """{name: CkptTensor} of a CKPT file, in file order. Raises LLMCFormatError on any malformation."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise LLMCFormatError(path, "file", "a CKPT state-dict file", "nothing there")
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        r = _Reader(path, f, size)
+        (magic,) = r.unpack("I", "magic")
+        if magic != CKPT_MAGIC:
+            raise LLMCFormatError(
+                path,
+                "magic",
+                f"0x{CKPT_MAGIC:08X} ('CKPT')",
+                f"0x{magic:08X}",
+                "not an InfiniTrain state dict",
+            )
+        (version,) = r.unpack("I", "version")
+        if version != CKPT_VERSION:
+            raise LLMCFormatError(path, "version", str(CKPT_VERSION), str(version))
+        (count,) = r.unpack("I", "count")
+        tensors: dict[str, CkptTensor] = {}
+        for index in range(count):
+            where = f"tensor #{index}"
+            (name_len,) = r.unpack("I", f"{where} name length")
+            raw_name = r.take(name_len, f"{where} name")
+            try:
+                name = raw_name.decode("utf-8")
+            except UnicodeDecodeError:
+                raise LLMCFormatError(path, f"{where} name", "UTF-8 text", repr(raw_name[:40])) from None
+            where = f"tensor '{name}'"
+            if name in tensors:
+                raise LLMCFormatError(path, f"{where}", "each name once", "a second entry with this name")
+            (code,) = r.unpack("b", f"{where} dtype")
+            if code not in DTYPES:
+                raise LLMCFormatError(path, f"{where} dtype", f"a DataType code 0..{max(DTYPES)}", str(code))
+            (ndim,) = r.unpack("I", f"{where} ndim")
+            dims = r.unpack(f"{ndim}q", f"{where} dims") if ndim else ()
+            if any(d < 0 for d in dims):
+                raise LLMCFormatError(path, f"{where} dims", "non-negative sizes", str(list(dims)))
+            (nbytes,) = r.unpack("Q", f"{where} nbytes")
+            disk_dtype = DTYPES[code][1]
+            expected = int(np.prod(dims, dtype=np.int64)) * disk_dtype.itemsize
+            if nbytes != expected:
+                raise LLMCFormatError(
+                    path,
+                    f"{where} nbytes",
+                    f"{expected} (= dims {list(dims)} x {disk_dtype.itemsize} bytes of {DTYPES[code][0]})",
+                    str(nbytes),
+                )
+            offset = r.pos
+            data = r.take(nbytes, f"{where} data")
+            array = np.frombuffer(data, dtype=disk_dtype).reshape(dims).copy()
+            tensors[name] = CkptTensor(code, array, offset)
+        if r.pos != size:
+            raise LLMCFormatError(
+                path,
+                "end of file",
+                f"nothing after the {count} tensors the header counts",
+                f"{size - r.pos} more bytes at offset {r.pos}",
+            )
+    return tensors
+
+
+def _entry(name: str, value) -> CkptTensor:
+    if isinstance(value, CkptTensor):
+        return value
+    array = np.asarray(value)
+    return CkptTensor(dtype_code(array), array)
+
+
+def state_dict_bytes(tensors: Mapping[str, CkptTensor | np.ndarray]) -> bytes:
+    """The exact bytes SaveStateDict writes for `tensors`, in the mapping's order."""
+    parts = [struct.pack("<III", CKPT_MAGIC, CKPT_VERSION, len(tensors))]
+    for name, value in tensors.items():
+        entry = _entry(name, value)
+        if entry.dtype not in DTYPES:
+            raise ValueError(f"tensor '{name}': unknown DataType code {entry.dtype}")
+        disk_dtype = DTYPES[entry.dtype][1]
+        data = np.asarray(entry.array, dtype=disk_dtype, order="C")  # ascontiguousarray would make 0-d 1-d
+        encoded = name.encode("utf-8")
+        parts.append(struct.pack("<I", len(encoded)) + encoded)
+        parts.append(struct.pack("<bI", entry.dtype, data.ndim))
+        parts.append(struct.pack(f"<{data.ndim}q", *data.shape))
+        parts.append(struct.pack("<Q", data.nbytes))
+        parts.append(data.tobytes())
+    return b"".join(parts)
+
+
+def write_state_dict(path: str | os.PathLike, tensors: Mapping[str, CkptTensor | np.ndarray]) -> None:
+    """Write a CKPT file atomically (a temporary name in the same directory, then a rename)."""
+    path = os.fspath(path)
+    payload = state_dict_bytes(tensors)
+    atomic_write_bytes(path, payload)
+
+
+def atomic_write_bytes(path: str | os.PathLike, payload: bytes) -> None:
+    """`payload` under `path`, appearing only once complete, so a crash never leaves half a file."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise

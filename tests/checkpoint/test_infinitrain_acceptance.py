@@ -1,0 +1,107 @@
+"""The seed's acceptance experiment with InfiniTrain-format checkpoints, as real processes: train 100 steps
+saving every 20 with --checkpoint_format infinitrain (HEAD files) or infinitrain-bin (PR files), resume a
+second run from step 40 with InfiniTrain's own flag spelling (--load / --resume_from), and InfiniTrain's loss
+comparison of steps 41-100 finds zero difference; the two step-100 checkpoints diff identical.
+One case per format, covering GPT-2 fp32 (SGD, no optimizer file) and LLaMA-3 bf16 (Adam)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from jaxtrain.checkpoint.formats import infinitrain as it
+from trainer_runs import random_shard, tiny_llmc_model
+
+pytestmark = pytest.mark.slow
+
+
+def _run(config_file, *args, log):
+    command = [sys.executable, '-m', 'jaxtrain.main', f'--config={config_file}', *map(str, args)]
+    env = dict(os.environ, XLA_FLAGS='')  # one CPU device, as a user would run it
+    return subprocess.run(
+        command, stdout=log, stderr=subprocess.STDOUT, env=env, text=True, timeout=900
+    ).returncode
+
+
+@pytest.mark.parametrize(
+    'family,dtype,fmt,optimizer,resume_flag',
+    [
+        ('gpt2', 'float32', 'infinitrain', 'sgd', '--load'),
+        ('llama3', 'bfloat16', 'infinitrain-bin', 'adam', '--resume_from'),
+    ],
+)
+def test_acceptance_with_infinitrain_checkpoints(tmp_path, family, dtype, fmt, optimizer, resume_flag):
+    train_bin = random_shard(tmp_path / 'TRAIN.bin', kind=family, num_tokens=60_000)
+    model_bin = tiny_llmc_model(tmp_path / 'MODEL.bin', family)
+    suffix = '_bfloat16' if dtype == 'bfloat16' else ''
+    common = [
+        '--input_bin',
+        train_bin,
+        '--llmc_filepath',
+        model_bin,
+        '--num_iteration',
+        100,
+        '--save_steps',
+        20,
+        '--save_optimizer_state',
+        'true',
+        '--max_checkpoint_keep',
+        10,
+        '--dtype',
+        dtype,
+        '--optimizer',
+        optimizer,
+        '--checkpoint_format',
+        fmt,
+    ]
+    (tmp_path / 'base').mkdir(), (tmp_path / 'test').mkdir()
+    config_file = f'configs/{family}.py'
+    noresume, resumed = tmp_path / 'ck' / 'noresume', tmp_path / 'ck' / 'resumefrom40'
+    with open(tmp_path / 'base' / f'{family}{suffix}.log', 'w') as log:
+        assert _run(config_file, *common, '--checkpoint_dir', noresume, log=log) == 0
+    with open(tmp_path / 'test' / f'{family}{suffix}.log', 'w') as log:
+        code = _run(
+            config_file,
+            *common,
+            '--checkpoint_dir',
+            resumed,
+            resume_flag,
+            noresume / 'checkpoint_step_000040',
+            log=log,
+        )
+    assert code == 0, (tmp_path / 'test' / f'{family}{suffix}.log').read_text()[-2000:]
+    assert [d.name[-6:] for d in it.step_dirs(noresume)] == ['000020', '000040', '000060', '000080', '000100']
+    assert [d.name[-6:] for d in it.step_dirs(resumed)] == ['000060', '000080', '000100']
+    assert {it.detect_kind(d) for d in it.step_dirs(noresume)} == {fmt}
+    assert (noresume / 'checkpoint_step_000040' / it.FILES[fmt][1]).exists() == (optimizer == 'adam')
+    compare = subprocess.run(
+        [
+            sys.executable,
+            '-m',
+            'jaxtrain.compare_loss',
+            tmp_path / 'base',
+            tmp_path / 'test',
+            '--threshold-fp32',
+            '0',
+            '--threshold-bf16',
+            '0',
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert compare.returncode == 0, compare.stdout
+    assert '60/60' in compare.stdout
+    diff = subprocess.run(
+        [
+            sys.executable,
+            '-m',
+            'jaxtrain.ckpt',
+            'diff',
+            noresume / 'checkpoint_step_000100',
+            resumed / 'checkpoint_step_000100',
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert diff.returncode == 0, diff.stdout + diff.stderr

@@ -1,0 +1,189 @@
+"""read_step_dir on the real binary's checkpoints, against a built (not trained) trainer state: the params and
+Adam moments land where the files say, the optimizer mismatch cases say what they drop, and the data position
+is translated through the batch geometry."""
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from infinitrain_samples import SAMPLES, unpack
+from jaxtrain.checkpoint.formats.infinitrain_trainer import adam_states, read_step_dir
+from jaxtrain.train.setup import build_trainer
+from llmc_io import LLMCFormatError
+from llmc_io import infinitrain_layout as layout
+from llmc_io.statedict import read_state_dict
+from trainer_runs import load_config
+
+
+@pytest.fixture(scope='module')
+def real(tmp_path_factory):
+    if not SAMPLES.is_dir():
+        pytest.skip(f'{SAMPLES} absent')
+    return unpack(tmp_path_factory.mktemp('real'))
+
+
+def _parts(real, family, **overrides):
+    settings = {**dict(batch_size=2, sequence_length=64, total_batch_size=128), **overrides}
+    config = load_config(family, llmc_filepath=str(real / f'head-{family}' / 'model.bin'), **settings)
+    return build_trainer(config)
+
+
+def test_adam_moments_restored_by_name(real):
+    parts = _parts(real, 'llama3', optimizer='adam', beta2=0.999)
+    step_dir = real / 'head-llama3' / 'a' / 'checkpoint_step_000010'
+    params, opt, record = read_step_dir(step_dir, parts.state.params, parts.state.opt_state, 1, 'adam')
+    assert (record['step'], record['data_position'], record['rng'], record['kind']) == (
+        10,
+        10,
+        None,
+        'infinitrain',
+    )
+    assert any('no comma after "vocab_size"' in m for m in record['messages'])
+    model = read_state_dict(step_dir / 'model.ckpt')
+    optimizer = read_state_dict(step_dir / 'optimizer.ckpt')
+    np.testing.assert_array_equal(np.asarray(params['lm_head']['kernel']), model['lm_head.weight'].array.T)
+    np.testing.assert_array_equal(
+        np.asarray(params['h']['mlp']['c_fc2']['kernel'][1]),
+        model['transformer.h.1.mlp.c_fc2.weight'].array.T,
+    )
+    (adam,) = adam_states(opt)
+    order = layout.parameter_order('llama3', 2)
+    i = order.index('transformer.h.0.attn.c_attn.weight')
+    np.testing.assert_array_equal(
+        np.asarray(adam.mu['h']['attn']['c_attn']['kernel'][0]), optimizer[f'adam.m.{i}'].array.T
+    )
+    np.testing.assert_array_equal(
+        np.asarray(adam.nu['wte']['embedding']),
+        optimizer[f"adam.v.{order.index('transformer.wte.weight')}"].array,
+    )
+    assert int(adam.count) == 10
+    is_schedule = lambda n: isinstance(n, optax.ScaleByScheduleState)
+    schedules = [n for n in jax.tree.leaves(opt, is_leaf=is_schedule) if is_schedule(n)]
+    assert [int(n.count) for n in schedules] == [10]  # the learning-rate schedule continues at step 10
+    # The PR generation's name-keyed file gives the same state.
+    _, opt_pr, record_pr = read_step_dir(
+        real / 'pr-llama3' / 'a' / 'checkpoint_step_000010',
+        parts.state.params,
+        parts.state.opt_state,
+        1,
+        'adam',
+    )
+    assert record_pr['kind'] == 'infinitrain-bin'
+    for a, b in zip(jax.tree.leaves(opt), jax.tree.leaves(opt_pr)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_optimizer_mismatch_says_what_it_drops(real):
+    parts = _parts(real, 'llama3', optimizer='sgd')
+    _, opt, record = read_step_dir(
+        real / 'head-llama3' / 'a' / 'checkpoint_step_000010',
+        parts.state.params,
+        parts.state.opt_state,
+        1,
+        'sgd',
+    )
+    assert opt is None and any('dropped the Adam moments (m, v, t=10)' in m for m in record['messages'])
+    gpt = _parts(real, 'gpt2', optimizer='adam', total_batch_size=256)  # accumulation 2
+    _, opt, record = read_step_dir(
+        real / 'head-gpt2' / 'a' / 'checkpoint_step_000010', gpt.state.params, gpt.state.opt_state, 2, 'adam'
+    )
+    assert opt is None and any('has no optimizer file' in m for m in record['messages'])
+    assert record['data_position'] == 5  # batch 10 = 5 of our steps of 2 InfiniTrain batches
+    with pytest.raises(LLMCFormatError, match='data_batch_idx: expected a multiple of 3'):
+        read_step_dir(
+            real / 'head-gpt2' / 'a' / 'checkpoint_step_000010',
+            gpt.state.params,
+            gpt.state.opt_state,
+            3,
+            'adam',
+        )
+
+
+def test_latest_picks_the_newest_infinitrain_step(real):
+    from jaxtrain.checkpoint.formats.infinitrain_saver import _target
+
+    root = real / 'pr-gpt2' / 'a'
+    config = load_config(
+        'gpt2', resume_from='latest', checkpoint_dir=str(root), checkpoint_format='infinitrain-bin'
+    )
+    assert _target(config) == (root / 'checkpoint_step_000020').absolute()  # not checkpoint_final
+    assert _target(load_config('gpt2', resume_from='latest', checkpoint_dir=str(root))) is None  # orbax asked
+    assert (
+        _target(load_config('gpt2', load=str(root / 'checkpoint_step_000010')))
+        == root / 'checkpoint_step_000010'
+    )
+
+
+def test_a_damaged_checkpoint_stops_the_run_before_anything_is_touched(real, tmp_path):
+    import shutil
+
+    from jaxtrain.checkpoint.layout import CheckpointError
+    from trainer_runs import train
+
+    step = tmp_path / 'checkpoint_step_000010'
+    shutil.copytree(real / 'head-gpt2' / 'a' / 'checkpoint_step_000010', step)
+    (step / 'model.ckpt').write_bytes((step / 'model.ckpt').read_bytes()[:-100])
+    config = load_config(
+        'gpt2',
+        llmc_filepath=str(real / 'head-gpt2' / 'model.bin'),
+        input_bin=str(real / 'head-gpt2' / 'train.bin'),
+        batch_size=2,
+        sequence_length=64,
+        total_batch_size=128,
+        optimizer='sgd',
+        num_iteration=12,
+        resume_from=str(step),
+        checkpoint_dir=str(tmp_path / 'out'),
+        save_steps=1,
+        checkpoint_format='infinitrain',
+    )
+    with pytest.raises(CheckpointError, match=r"model.ckpt: tensor '[^']+' data: expected \d+ bytes"):
+        train(config)
+    assert not (tmp_path / 'out').exists() or not list((tmp_path / 'out').iterdir())
+
+
+def test_other_adam_flavour_keeps_the_moments_and_says_so(real):
+    parts = _parts(real, 'llama3', optimizer='adamw')
+    _, opt, record = read_step_dir(
+        real / 'pr-llama3' / 'a' / 'checkpoint_step_000010',
+        parts.state.params,
+        parts.state.opt_state,
+        1,
+        'adamw',
+    )
+    assert int(adam_states(opt)[0].count) == 10
+    assert any('was trained with Adam; its m, v, t continue in adamw' in m for m in record['messages'])
+
+
+def test_resume_from_and_load_must_agree(real):
+    from jaxtrain.checkpoint.formats.infinitrain_saver import _target
+    from jaxtrain.checkpoint.layout import CheckpointError
+
+    a, b = (real / 'head-gpt2' / 'a' / f'checkpoint_step_0000{s}' for s in (10, 20))
+    with pytest.raises(CheckpointError, match='resume_from / load: expected one checkpoint'):
+        _target(load_config('gpt2', resume_from=str(a), load=str(b)))
+    assert _target(load_config('gpt2', resume_from=str(a), load=str(a))) == a
+
+
+def test_one_kind_per_checkpoint_dir(real):
+    from jaxtrain.checkpoint.layout import CheckpointError
+    from trainer_runs import train
+
+    root = real / 'head-gpt2' / 'a'
+    before = sorted(p.name for p in root.iterdir())
+    config = load_config(
+        'gpt2',
+        llmc_filepath=str(real / 'head-gpt2' / 'model.bin'),
+        input_bin=str(real / 'head-gpt2' / 'train.bin'),
+        batch_size=2,
+        sequence_length=64,
+        total_batch_size=128,
+        optimizer='sgd',
+        num_iteration=1,
+        checkpoint_dir=str(root),
+        save_steps=1,
+    )
+    with pytest.raises(CheckpointError, match='expected only orbax checkpoints, found InfiniTrain ones'):
+        train(config)
+    assert sorted(p.name for p in root.iterdir()) == before  # Orbax never opened the root

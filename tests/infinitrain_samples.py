@@ -1,0 +1,61 @@
+"""The real InfiniTrain files in ../shared/infinitrain, unpacked once per test session.
+
+Every `.gz` is gunzipped into a temporary copy of the tree (the READMEs list both md5s), so tests see the
+files exactly as the C++ binary wrote them. Tests that use this skip only when the folder is absent.
+"""
+
+import gzip
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+SAMPLES = Path(__file__).resolve().parents[1].parent.parent / 'shared' / 'infinitrain'
+if not SAMPLES.is_dir():
+    SAMPLES = Path('/work/shared/infinitrain')
+FOLDERS = ('head-gpt2', 'head-llama3', 'pr-gpt2', 'pr-llama3')
+
+needs_samples = pytest.mark.skipif(not SAMPLES.is_dir(), reason=f'{SAMPLES} absent')
+
+
+def unpack(dest: Path) -> Path:
+    """A copy of the sample tree under dest with every .gz replaced by its contents."""
+    for src in SAMPLES.rglob('*'):
+        if not src.is_file():
+            continue
+        rel = src.relative_to(SAMPLES)
+        out = dest / rel
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if src.suffix == '.gz':
+            with gzip.open(src, 'rb') as f_in, open(out.with_suffix(''), 'wb') as f_out:
+                shutil.copyfileobj(f_in, f_out)
+        else:
+            shutil.copyfile(src, out)
+    return dest
+
+
+def listed_md5s(folder: str) -> dict[str, str]:
+    """{relative path: md5 of the file as written} from a folder README's file table (gz: after gunzip)."""
+    md5s = {}
+    for line in (SAMPLES / folder / 'README.md').read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip('|').split('|')]
+        # File rows are 'path | bytes | md5 [| bytes after gunzip | md5 after gunzip]'.
+        if (
+            len(cells) < 3
+            or not re.fullmatch(r'[\d,]+', cells[1])
+            or not re.fullmatch(r'[0-9a-f]{32}', cells[2])
+        ):
+            continue
+        name = cells[0]
+        if name.endswith('.gz'):
+            if len(cells) >= 5 and re.fullmatch(r'[0-9a-f]{32}', cells[4]):
+                md5s[name[:-3]] = cells[4]
+        else:
+            md5s[name] = cells[2]
+    return md5s
+
+
+def step_dirs(root: Path) -> list[Path]:
+    """Every checkpoint directory InfiniTrain wrote under root (checkpoint_step_* and checkpoint_final)."""
+    return sorted(p for p in root.rglob('checkpoint_*') if p.is_dir())

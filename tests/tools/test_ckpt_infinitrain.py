@@ -1,0 +1,132 @@
+"""python -m jaxtrain.ckpt on InfiniTrain directories: every real sample listed, shown, verified and diffed
+across generations; and our own Orbax vs InfiniTrain checkpoints of one run state diff as identical.
+
+Independent expectations: the sample READMEs (steps, kinds, HEAD and PR files holding the same numbers), and
+two separate training runs with the same settings, one saving Orbax and one --checkpoint_format infinitrain.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from infinitrain_samples import SAMPLES, needs_samples, step_dirs, unpack
+from jaxtrain.tools import ckpt
+from trainer_runs import load_config, random_shard, tiny_llmc_model, train
+
+KIND = {'head': 'infinitrain', 'pr': 'infinitrain-bin'}
+
+
+def run_tool(capsys, *argv):
+    code = ckpt.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope='module')
+def real(tmp_path_factory):
+    if not SAMPLES.is_dir():
+        pytest.skip(f'{SAMPLES} absent')
+    return unpack(tmp_path_factory.mktemp('real'))
+
+
+@needs_samples
+def test_every_sample_is_listed_shown_and_verified(real, capsys):
+    roots = sorted({d.parent for d in step_dirs(real)})
+    assert len(roots) == 10  # a/ b/ of every folder, head-llama3 c/, pr-gpt2 p/
+    for root in roots:
+        code, out, err = run_tool(capsys, 'ls', root, '--json')
+        assert code == 0, err
+        listed = json.loads(out)['checkpoints']
+        expected_kind = 'infinitrain-pth' if root.name == 'p' else KIND[root.parent.name.split('-')[0]]
+        assert {e['kind'] for e in listed} == {expected_kind}
+        assert sorted(Path(e['path']).name for e in listed) == sorted(p.name for p in root.iterdir())
+    for d in step_dirs(real):
+        code, out, err = run_tool(capsys, 'show', d, '--json', '--tensors')
+        assert code == 0, err
+        shown = json.loads(out)
+        assert shown['global_step'] == (20 if d.name == 'checkpoint_final' else int(d.name[-6:]))
+        assert shown['family'] == ('gpt2' if 'gpt2' in str(d) else 'llama3')
+        names = {t['name'] for t in shown['tensors']}
+        assert ('adam.t' in names) == ('llama3' in str(d))
+        code, out, err = run_tool(capsys, 'verify', d)
+        assert code == 0 and out.startswith('OK: '), out + err
+
+
+@needs_samples
+@pytest.mark.parametrize('family', ['gpt2', 'llama3'])
+def test_head_and_pr_generations_diff_identical(real, capsys, family):
+    for step in ('000010', '000020'):
+        code, out, _ = run_tool(
+            capsys,
+            'diff',
+            real / f'head-{family}/a/checkpoint_step_{step}',
+            real / f'pr-{family}/a/checkpoint_step_{step}',
+        )
+        assert code == 0 and out.rstrip().endswith('identical') and '(infinitrain-bin)' in out, out
+    code, out, _ = run_tool(
+        capsys,
+        'diff',
+        real / f'head-{family}/a/checkpoint_step_000010',
+        real / f'head-{family}/a/checkpoint_step_000020',
+    )
+    assert code == 1 and 'different' in out
+
+
+@needs_samples
+def test_damaged_sample_is_one_line(real, tmp_path, capsys):
+    import shutil
+
+    d = tmp_path / 'checkpoint_step_000010'
+    shutil.copytree(real / 'head-gpt2/a/checkpoint_step_000010', d)
+    data = (d / 'model.ckpt').read_bytes()
+    (d / 'model.ckpt').write_bytes(data[:-10])
+    code, out, err = run_tool(capsys, 'verify', d)
+    assert code == 1 and "tensor 'transformer.h.1.attn.c_attn.weight' data: expected" in out
+    code, out, err = run_tool(capsys, 'show', d)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and 'model.ckpt' in err
+
+
+def test_orbax_and_infinitrain_checkpoints_of_one_state_diff_identical(tmp_path, capsys):
+    files = dict(
+        input_bin=random_shard(tmp_path / 'train.bin'), llmc_filepath=tiny_llmc_model(tmp_path / 'model.bin')
+    )
+    common = dict(num_iteration=2, save_steps=2, optimizer='adam', learning_rate=1e-3, **files)
+    roots = {}
+    for fmt in ('orbax', 'infinitrain'):
+        roots[fmt] = tmp_path / fmt
+        config = load_config(
+            'gpt2',
+            checkpoint_dir=str(roots[fmt]),
+            metrics_dir=str(tmp_path / f'm_{fmt}'),
+            checkpoint_format=fmt,
+            **common,
+        )
+        code, losses, out = train(config)
+        assert code == 0, out
+    orbax_step, it_step = (
+        roots['orbax'] / 'checkpoint_step_000002',
+        roots['infinitrain'] / 'checkpoint_step_000002',
+    )
+    code, out, _ = run_tool(capsys, 'diff', orbax_step, it_step)
+    assert code == 0 and out.rstrip().endswith('identical') and '(orbax)' in out and '(infinitrain)' in out, (
+        out
+    )
+    assert 'adam.m/wte/embedding' not in out  # nothing listed as changed
+    code, out, _ = run_tool(capsys, 'ls', roots['infinitrain'])
+    assert code == 0 and 'infinitrain' in out and f"{losses[2]:.6g}" in out  # the loss is stored and listed
+    # export across kinds: Orbax -> PR generation, which diffs identical to both.
+    pr_step = tmp_path / 'pr' / 'checkpoint_step_000002'
+    code, out, err = run_tool(
+        capsys, 'export', orbax_step, '--format', 'infinitrain-bin', '--output', pr_step
+    )
+    assert code == 0, err
+    assert sorted(p.name for p in pr_step.iterdir()) == ['model.bin', 'optimizer.bin', 'trainer_state.json']
+    for other in (orbax_step, it_step):
+        code, out, _ = run_tool(capsys, 'diff', pr_step, other)
+        assert code == 0 and out.rstrip().endswith('identical'), out
+    code, out, _ = run_tool(capsys, 'verify', pr_step)
+    assert code == 0 and 'sha256 of 2 files' in out
+    (pr_step / 'optimizer.bin').write_bytes((pr_step / 'optimizer.bin').read_bytes()[:-4] + b'\0\0\0\1')
+    code, out, _ = run_tool(capsys, 'verify', pr_step)
+    assert code == 1 and 'optimizer.bin: sha256: expected' in out
