@@ -56,6 +56,7 @@ class InfiniTrainCheckpointer:
         self.keep_latest, self.keep_every = keep_latest, keep_every
         self.protected = {s for s in protected_steps if s is not None}
         self.blocking_saves = 0
+        self.set_aside = []  # uncommitted step directories moved out of the way: none (saves are atomic renames)
         it.prune(self.root, 0)  # removes what a killed save left under a temporary name
 
     def step_dir(self, step: int) -> Path:
@@ -99,6 +100,13 @@ class InfiniTrainCheckpointer:
 
     def wait(self):
         pass  # saves are synchronous
+
+    def abort_notice(self) -> str:
+        """For a run aborted at once (stop_signal.py): a synchronous save is either renamed into
+        place or not started, so nothing half-written is lost."""
+        steps = [it.step_number(d) for d in it.step_dirs(self.root)]
+        newest = f'the newest checkpoint is {self.step_dir(max(steps))}' if steps else f'no checkpoint in {self.root}'
+        return f'every save started was committed; {newest}; steps trained after it are lost'
 
     def close(self):
         pass
