@@ -76,6 +76,7 @@ def trainer_state_record(
     versions: dict,
     llmc_file: str,
     llmc_sha256: str,
+    loss: float | None = None,
 ) -> dict:
     """The trainer_state JSON of one checkpoint (every field `ckpt show` prints), less the
     rng and the per-tensor checksums, which Checkpointer.save adds off the loop."""
@@ -94,6 +95,7 @@ def trainer_state_record(
         'llmc_file': llmc_file,
         'llmc_sha256': llmc_sha256,
         'has_optimizer_state': bool(config.save_optimizer_state),
+        'loss': loss,  # the train loss of the saved step (None: not known to the saver)
         'saved_at': time.time(),
     }
 

@@ -112,11 +112,12 @@ def cmd_ls(args) -> int:
             _bytes(e.size_bytes),
             _when(e.written_at) + ('' if e.written_from == 'trainer_state' else ' (mtime)'),
             'yes' if e.has_optimizer_state else 'no',
+            '-' if e.loss is None else f'{e.loss:.6f}',
             'latest' if e.committed and e.step == latest else '',
         ]
         for e in entries
     ]
-    print(_table(['step', 'directory', 'state', 'size', 'written', 'optimizer', ''], rows))
+    print(_table(['step', 'directory', 'state', 'size', 'written', 'optimizer', 'loss', ''], rows))
     if latest is None:
         print(f'latest: none (no committed checkpoint in {args.dir})')
     else:

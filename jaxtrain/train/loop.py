@@ -62,7 +62,7 @@ def run(config) -> int:
     for message in resumed.messages:
         log.info(message)
     step, data_position = int(state.step), int(state.data_position)
-    saver = RunSaver(config, parts, stream, resumed.step_dir, step)
+    saver = RunSaver(config, parts, stream, resumed.step_dir, step, report=log.info)
     if saver.deleted_later_steps:
         log.info(
             f'overwrite_later_checkpoints: deleted steps {saver.deleted_later_steps} of {saver.checkpointer.root}'
@@ -111,7 +111,7 @@ def run(config) -> int:
                 log.record({'step': step, 'val_loss': val_loss})
             stopping, due_by_clock = agree_on_step_end(bool(stop), saver.clock_due())
             if saver.due(step, due_by_clock, stopping):
-                log.record({'step': step, 'save_blocked_s': saver.save(state, step, data_position)})
+                log.record({'step': step, 'save_blocked_s': saver.save(state, step, data_position, loss)})
             if stopping:
                 break
     finally:
