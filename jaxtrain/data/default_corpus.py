@@ -15,6 +15,7 @@ import pathlib
 import sys
 import sysconfig
 import tempfile
+import time
 
 import numpy as np
 
@@ -118,18 +119,24 @@ def _write_atomically(path: pathlib.Path, tokens: np.ndarray) -> None:
             os.remove(tmp)
 
 
-def ensure_default_corpus(directory: str | os.PathLike | None = None) -> tuple[str, str]:
+def ensure_default_corpus(directory: str | os.PathLike | None = None, report=None) -> tuple[str, str]:
     """(train_path, val_path) of the default corpus shards, building them if absent.
 
     Files are named after the Python version and CORPUS_VERSION, since both change the contents.
+    `report` (e.g. print) is told when a build starts and ends: it takes seconds, once.
     """
     directory = pathlib.Path(directory) if directory is not None else cache_dir()
     stem = "stdlib_py{}.{}.{}_v{}".format(*sys.version_info[:3], CORPUS_VERSION)
     train_path = directory / f"{stem}_train.bin"
     val_path = directory / f"{stem}_val.bin"
     if not (train_path.exists() and val_path.exists()):
+        began = time.perf_counter()
+        if report:
+            report(f"data: building the built-in corpus from the stdlib's source into {directory} (once)...")
         directory.mkdir(parents=True, exist_ok=True)
         tokens = build_tokens()
         _write_atomically(train_path, tokens[:-VAL_TOKENS])
         _write_atomically(val_path, tokens[-VAL_TOKENS:])
+        if report:
+            report(f'data: built {len(tokens):,} tokens in {time.perf_counter() - began:.1f} s')
     return str(train_path), str(val_path)

@@ -3,6 +3,13 @@
 from jaxtrain.data.stream import TokenStream
 
 
+def _print_on_process_0(line: str) -> None:
+    import jax
+
+    if jax.process_index() == 0:
+        print(line, flush=True)
+
+
 def data_paths(config) -> tuple[str, str]:
     """(train glob, val glob): the run's --input_bin, else the built-in corpus."""
     if config.input_bin:
@@ -14,7 +21,7 @@ def data_paths(config) -> tuple[str, str]:
         )
     from jaxtrain.data.default_corpus import ensure_default_corpus
 
-    train_path, val_path = ensure_default_corpus()
+    train_path, val_path = ensure_default_corpus(report=_print_on_process_0)
     return train_path, config.input_val_bin or val_path
 
 

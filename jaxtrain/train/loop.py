@@ -18,6 +18,7 @@ from jaxtrain.data.run_streams import open_run_streams
 from jaxtrain.parallel import sharding
 from jaxtrain.parallel.distributed import agree_on_step_end
 from jaxtrain.train.banner import run_banner
+from jaxtrain.train.progress import Progress
 from jaxtrain.train.run_log import RunLog
 from jaxtrain.train.saving import RunSaver
 from jaxtrain.train.setup import build_trainer
@@ -78,6 +79,7 @@ def run(config) -> int:
     stopping = False  # `stop` as all processes agree on it (agree_on_step_end)
     epoch = stream.epoch_of(data_position)
     batch_shape = (geometry.accumulation, geometry.rows_per_micro_step, geometry.sequence_length)
+    progress = Progress(step, config.num_iteration, geometry.tokens_per_step, log.info)  # + compiling line
     try:
         while step < config.num_iteration:
             # Every process reads the whole window (a pure function of the position) and
@@ -102,6 +104,7 @@ def run(config) -> int:
                 geometry.data_parallel,
                 {'grad_norm': float(metrics['grad_norm'])},
             )
+            progress.step(step, loss, elapsed)
             if stream.epoch_of(data_position) != epoch:
                 epoch = stream.epoch_of(data_position)
                 log.info(f'data: epoch {epoch} begins (the stream wrapped to its start after step {step})')
@@ -118,6 +121,7 @@ def run(config) -> int:
         stop.restore()
         saver.close()
         log.close()
+    progress.summary(saver.events.committed if saver.events else [])
     return _exit(log, stop, stopping, saver, step)
 
 
