@@ -1,6 +1,7 @@
 """Refuses a bad config before anything is built: one line naming the key, what was
 expected and what was found."""
 
+from jaxtrain.config.path_checks import path_problems
 from jaxtrain.models.attention import IMPLEMENTATIONS
 from jaxtrain.train.optim import OPTIMIZERS, SCHEDULES
 
@@ -57,6 +58,7 @@ def check_config(config):
             'checkpoint_dir: expected a directory because save_steps/save_every_minutes is set; '
             'found none. Pass --checkpoint_dir DIR.'
         )
+    problems += path_problems(config)
     if problems:
         raise ValueError('; '.join(problems))
 
