@@ -238,6 +238,22 @@ def cmd_show(args) -> int:
 # --- diff --------------------------------------------------------------------------------
 
 
+def _one_sided_items_summarised(changed: list[dict], one_sided: dict) -> list[list]:
+    """Table rows of the differing tensors, with an item that only one side saved (the
+    optimizer state of a params-only checkpoint) as one row instead of one per tensor."""
+    rows, counted = [], {}
+    for t in changed:
+        item = t['name'].split('/', 1)[0]
+        if item in one_sided:
+            counted[item] = counted.get(item, 0) + 1
+            continue
+        rows.append([t['name'], t['status'], _number(t.get('max_abs_diff')), _number(t.get('max_rel_diff'))])
+    for item, count in counted.items():
+        side, other = one_sided[item], 'B' if one_sided[item] == 'A' else 'A'
+        rows.append([f'{item}/ ({count} tensors)', f'only in {side}: {other} has no {item}', '', ''])
+    return rows
+
+
 def cmd_diff(args) -> int:
     from jaxtrain.tools import ckpt_inspect
     from jaxtrain.checkpoint.trainer_state import read_trainer_state
@@ -246,6 +262,7 @@ def cmd_diff(args) -> int:
     state_a, state_b = read_trainer_state(step_a), read_trainer_state(step_b)
     fields = ckpt_inspect.config_differences(state_a, state_b)
     tensors = []
+    one_sided = {}  # item -> the side that has it ('A' or 'B'), e.g. opt_state of a params-only save
     for item in ckpt_inspect.ARRAY_ITEMS:
         # An item on one side only (opt_state not saved) lists all its tensors as one-sided.
         sides = [
@@ -253,6 +270,9 @@ def cmd_diff(args) -> int:
         ]
         if sides != [None, None]:
             tensors += ckpt_inspect.compare_tensors(item, sides[0] or {}, sides[1] or {})
+        if (sides[0] is None) != (sides[1] is None):
+            one_sided[item] = 'A' if sides[0] is not None else 'B'
+
     model_equal = not any(f.startswith(('model_config.', 'model_family')) for f, _, _ in fields)
     identical = model_equal and all(t['status'] == 'identical' for t in tensors)
     if args.json:
@@ -277,10 +297,7 @@ def cmd_diff(args) -> int:
         print(
             _table(
                 ['tensor', 'status', 'max abs diff', 'max rel diff'],
-                [
-                    [t['name'], t['status'], _number(t.get('max_abs_diff')), _number(t.get('max_rel_diff'))]
-                    for t in changed
-                ],
+                _one_sided_items_summarised(changed, one_sided),
             )
         )
     print(f'tensors: {len(tensors) - len(changed)} of {len(tensors)} bit-identical')
