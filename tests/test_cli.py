@@ -55,6 +55,8 @@ def test_each_command_reaches_its_own_tool_and_only_it():
     bench = _run([*JAXTRAIN, 'bench', '--help'])
     assert "Benchmark the trainer's own train step" in bench.stdout, bench.stderr
     assert '--save_every:' in bench.stdout
+    cited = set(re.findall(r'\b([\w/]+\.md)\b', bench.stdout))  # documents --help points to exist
+    assert cited and all((REPO / name).is_file() for name in cited), cited
     ckpt = _run([*JAXTRAIN, 'ckpt', 'ls', str(REPO / 'no such dir')])
     assert ckpt.returncode == 2 and 'ckpt ls: error' in ckpt.stderr, ckpt.stderr
 
