@@ -17,6 +17,7 @@ import traceback
 from absl import flags
 
 from jaxtrain.config.config_path import resolve_config_argument
+from jaxtrain.config.key_help import help_with_default
 from jaxtrain.config.keys import KEYS
 
 _TRUE, _FALSE = ('true', '1', 'yes', 'on'), ('false', '0', 'no', 'off')
@@ -37,6 +38,7 @@ def define_key_flags():
     for key, default, text in KEYS:
         if key in flags.FLAGS or key == 'model_family':
             continue
+        text = help_with_default(key, text, default)
         if isinstance(default, bool):
             flags.DEFINE_string(key, None, f'{text} [true|false]')
         elif isinstance(default, int):
