@@ -11,6 +11,7 @@ with the reason (readme_commands.NOT_IN_CI).
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -47,6 +48,21 @@ def block_dirs(tmp_path_factory):
     return directory
 
 
+@pytest.fixture(scope='module')
+def bin_dir(tmp_path_factory):
+    """A directory for PATH holding this interpreter's bin/ and, where `pip install` has not
+    made one (a checkout used through PYTHONPATH), the `jaxtrain` console script as pip
+    writes it from [project.scripts]: `jaxtrain.cli:main`."""
+    bin_dir = os.path.dirname(sys.executable)
+    if shutil.which('jaxtrain', path=bin_dir):
+        return bin_dir
+    shim_dir = tmp_path_factory.mktemp('bin')
+    shim = shim_dir / 'jaxtrain'
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m jaxtrain.cli "$@"\n')
+    shim.chmod(0o755)
+    return f'{shim_dir}{os.pathsep}{bin_dir}'
+
+
 def _prepare_redirections(command: str, cwd) -> None:
     for target in re.findall(r'>\s*(\S+)', command):
         if '/' in target and not target.startswith('&'):
@@ -55,7 +71,7 @@ def _prepare_redirections(command: str, cwd) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize('command', COMMANDS, ids=[f'line{c.line}:{c.text[:40]}' for c in COMMANDS])
-def test_readme_command_runs_as_written(command, block_dirs):
+def test_readme_command_runs_as_written(command, block_dirs, bin_dir):
     why = needs(command)
     if why:
         pytest.skip(f'README line {command.line} {why}: {command.text}')
@@ -63,7 +79,7 @@ def test_readme_command_runs_as_written(command, block_dirs):
     _prepare_redirections(command.text, cwd)
     env = {k: v for k, v in os.environ.items() if k not in ('XLA_FLAGS',)}  # a user's plain shell
     env.update(
-        PATH=f'{os.path.dirname(sys.executable)}{os.pathsep}{env.get("PATH", "")}',
+        PATH=f'{bin_dir}{os.pathsep}{env.get("PATH", "")}',
         PYTHONPATH=str(REPO),
         JAX_PLATFORMS='cpu',
     )
