@@ -1,9 +1,11 @@
 """LLaMA-3 as InfiniTrain defines it.
 
-  python -m jaxtrain.main --config=configs/llama3.py:tiny --input_bin 'llama3_train_*.bin'
-needs LLaMA-3 token shards (magic 20240801, uint32): there is no offline LLaMA-3
-tokenizer to build a default corpus with. A random-init tiny model starts near
-ln(128256) ≈ 11.8 and its loss falls every step on a repeated corpus.
+  python -m jaxtrain.main --config=configs/llama3.py:tiny
+trains a random-init tiny LLaMA-3 offline on the built-in corpus: the Python standard
+library's source as byte-level ids in LLaMA-3 token shards (magic 20240801, uint32),
+built once into the cache directory. Its loss starts near ln(128256) ≈ 11.8 and falls.
+Your own data: --input_bin 'llama3_train_*.bin' (llm.c's dev/data scripts, or
+`python -m llmc_io shard FILES --family llama3 --output PREFIX`).
 
 Variants: configs/llama3.py:tiny|small|llama3.2-1b|llama3-8b. With --llmc_filepath the file's
 header sets the shape.

@@ -76,6 +76,7 @@ def trainer_state_record(
     versions: dict,
     llmc_file: str,
     llmc_sha256: str,
+    loss: float | None = None,
 ) -> dict:
     """The trainer_state JSON of one checkpoint (every field `ckpt show` prints), less the
     rng and the per-tensor checksums, which Checkpointer.save adds off the loop."""
@@ -94,6 +95,7 @@ def trainer_state_record(
         'llmc_file': llmc_file,
         'llmc_sha256': llmc_sha256,
         'has_optimizer_state': bool(config.save_optimizer_state),
+        'loss': loss,  # the train loss of the saved step (None: not known to the saver)
         'saved_at': time.time(),
     }
 
@@ -134,17 +136,29 @@ _MAY_CHANGE = (
 
 
 def compare_with_run(saved: dict, model_config: dict, training_config: dict) -> tuple[list[str], list[str]]:
-    """Returns (incompatible fields, allowed changes), each 'field: checkpoint X, now Y'."""
+    """Returns (incompatible fields, allowed changes), each 'field: checkpoint X, now Y'.
+
+    The model family comes first: across families only the shape fields both have are
+    compared (the others say nothing a person needs), and within one family a field only
+    one side has is named once, not printed as None."""
     incompatible, changes = [], []
-    saved_model = saved.get('model_config', {})
-    for key in sorted(set(saved_model) | set(model_config)):
-        if saved_model.get(key) != model_config.get(key):
-            incompatible.append(
-                f'model_config.{key}: checkpoint {saved_model.get(key)!r}, now {model_config.get(key)!r}'
-            )
     saved_training = saved.get('training_config', {})
+    saved_family = saved.get('model_family', saved_training.get('model_family'))
+    family = training_config.get('model_family')
+    if saved_family != family:
+        incompatible.append(f'model_family: checkpoint {saved_family!r}, now {family!r}')
+    saved_model = saved.get('model_config', {})
+    for key in sorted(set(saved_model) & set(model_config)):
+        if saved_model[key] != model_config[key]:
+            incompatible.append(f'model_config.{key}: checkpoint {saved_model[key]!r}, now {model_config[key]!r}')
+    only_saved, only_now = sorted(set(saved_model) - set(model_config)), sorted(set(model_config) - set(saved_model))
+    if saved_family == family and (only_saved or only_now):
+        incompatible.append(
+            'model_config: fields only in the checkpoint: '
+            f"{', '.join(only_saved) or 'none'}; only in this run: {', '.join(only_now) or 'none'}"
+        )
     for key in _MUST_MATCH:
-        if saved_training.get(key) != training_config.get(key):
+        if key != 'model_family' and saved_training.get(key) != training_config.get(key):
             incompatible.append(
                 f'{key}: checkpoint {saved_training.get(key)!r}, now {training_config.get(key)!r}'
             )

@@ -3,6 +3,7 @@ expected and what was found."""
 
 from pathlib import Path
 
+from jaxtrain.config.path_checks import path_problems
 from jaxtrain.models.attention import IMPLEMENTATIONS
 from jaxtrain.train.optim import OPTIMIZERS, SCHEDULES
 
@@ -60,6 +61,7 @@ def check_config(config):
             'checkpoint_dir: expected a directory because save_steps/save_every_minutes is set; '
             'found none. Pass --checkpoint_dir DIR.'
         )
+    problems += path_problems(config)
     if problems:
         raise ValueError('; '.join(problems))
 

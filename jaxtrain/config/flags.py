@@ -16,6 +16,8 @@ import traceback
 
 from absl import flags
 
+from jaxtrain.config.config_path import resolve_config_argument
+from jaxtrain.config.key_help import help_with_default
 from jaxtrain.config.keys import KEYS
 
 _TRUE, _FALSE = ('true', '1', 'yes', 'on'), ('false', '0', 'no', 'off')
@@ -36,6 +38,7 @@ def define_key_flags():
     for key, default, text in KEYS:
         if key in flags.FLAGS or key == 'model_family':
             continue
+        text = help_with_default(key, text, default)
         if isinstance(default, bool):
             flags.DEFINE_string(key, None, f'{text} [true|false]')
         elif isinstance(default, int):
@@ -137,6 +140,7 @@ def _fail(message: str, verbose: bool):
 def parse_command_line(argv: list[str]) -> list[str]:
     """absl's flag parsing with every mistake on one line on stderr and exit status 1
     (a traceback too with --verbose). Returns the arguments left after the flags."""
+    argv = resolve_config_argument(argv)  # --config=configs/... from any directory
     verbose = any(arg in _VERBOSE_SPELLINGS for arg in argv)
     problem = _unknown_config_key(argv)
     if problem:

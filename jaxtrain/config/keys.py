@@ -38,7 +38,7 @@ KEYS = (
         'auto | xla | cudnn | pallas (auto: on GPU in bf16 cuDNN, or Pallas when deterministic and '
         'unrolled; else XLA)',
     ),
-    ('input_bin', '', "glob of llm.c token shards ('' = built-in stdlib corpus, GPT-2 only)"),
+    ('input_bin', '', "glob of llm.c token shards ('' = the built-in stdlib corpus, in the family's shards)"),
     ('input_val_bin', '', "glob of validation shards ('' = none, or the built-in corpus's val shard)"),
     ('val_loss_every', 0, 'validation loss every N steps (0 = never)'),
     ('val_max_steps', 5, 'validation batches per evaluation'),

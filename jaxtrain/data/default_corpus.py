@@ -1,4 +1,4 @@
-"""An offline default corpus: the Python standard library's own source as GPT-2 byte tokens.
+"""An offline default corpus: the Python standard library's own source as byte tokens.
 
 With no input_bin the trainer still needs real text that exists on every machine without a download.
 The stdlib's *.py files (sorted, so the corpus is deterministic for a given Python) are encoded one
@@ -6,6 +6,10 @@ byte per token with GPT-2's byte-level ids, so the real GPT-2 tokenizer (and llm
 decodes them; each file is preceded by the end-of-text token 50256, as llm.c's fineweb.py does for
 documents. The stream is capped so building takes about a second and is written once, as
 ordinary llm.c GPT-2 shards (magic 20240520, version 1, uint16), to the cache directory.
+
+LLaMA-3 gets the same bytes as the same ids (its tokenizer's first 256 ids are the bytes in
+GPT-2's order: llmc_io/byte_tokens.py), each file preceded by <|begin_of_text|> 128000 (llm.c's
+dev/data delimiter for llama-3) instead of 50256, in LLaMA-3 shards (magic 20240801, uint32).
 """
 
 from __future__ import annotations
@@ -15,37 +19,17 @@ import pathlib
 import sys
 import sysconfig
 import tempfile
+import time
 
 import numpy as np
+
+from llmc_io.byte_tokens import BYTE_TO_TOKEN, DOCUMENT_START, TOKEN_TO_BYTE, encode_bytes  # noqa: F401
 
 EOT_TOKEN = 50256
 TRAIN_TOKENS = 3 * 2**20  # 3,145,728: enough that a small model does not memorise it in minutes
 VAL_TOKENS = 2**17  # 131,072: the tail of the capped stream, never seen in training
 # Bump when the corpus recipe changes, so stale cache files are not reused under the same name.
 CORPUS_VERSION = 1
-
-
-def _gpt2_byte_order() -> list[int]:
-    """Bytes in the order of GPT-2's first 256 token ids (openai/gpt-2 encoder.py bytes_to_unicode).
-
-    The printable bytes come first, keeping their own order; the rest follow in increasing order.
-    """
-    printable = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    return printable + [b for b in range(256) if b not in printable]
-
-
-BYTE_TO_TOKEN = np.zeros(256, np.uint16)
-BYTE_TO_TOKEN[_gpt2_byte_order()] = np.arange(256, dtype=np.uint16)
-TOKEN_TO_BYTE = np.array(_gpt2_byte_order(), np.uint8)
-
-
-def encode_bytes(data: bytes) -> np.ndarray:
-    """GPT-2 token ids (uint16), one per byte of `data`."""
-    return BYTE_TO_TOKEN[np.frombuffer(data, np.uint8)]
 
 
 def decode_tokens(ids) -> bytes:
@@ -102,7 +86,7 @@ def cache_dir() -> pathlib.Path:
     return pathlib.Path(xdg) / "jaxtrain"
 
 
-def _write_atomically(path: pathlib.Path, tokens: np.ndarray) -> None:
+def _write_atomically(path: pathlib.Path, tokens: np.ndarray, family: str) -> None:
     # Several processes may build at once (one per host); each writes a private temp file and renames,
     # so a reader never sees a partial shard and the identical results simply replace each other.
     from llmc_io.shards import write_shard
@@ -110,7 +94,7 @@ def _write_atomically(path: pathlib.Path, tokens: np.ndarray) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     os.close(fd)
     try:
-        write_shard(tmp, tokens, kind="gpt2")
+        write_shard(tmp, tokens, kind=family)
         os.chmod(tmp, 0o644)  # mkstemp makes it private; a shared cache should stay readable
         os.replace(tmp, path)
     finally:
@@ -118,18 +102,37 @@ def _write_atomically(path: pathlib.Path, tokens: np.ndarray) -> None:
             os.remove(tmp)
 
 
-def ensure_default_corpus(directory: str | os.PathLike | None = None) -> tuple[str, str]:
+def for_family(tokens: np.ndarray, family: str) -> np.ndarray:
+    """The GPT-2 corpus `tokens` as `family`'s ids: the same byte ids, its document start."""
+    if family == "gpt2":
+        return tokens
+    out = tokens.astype(np.uint32)
+    out[tokens == EOT_TOKEN] = DOCUMENT_START[family]
+    return out
+
+
+def ensure_default_corpus(
+    directory: str | os.PathLike | None = None, report=None, family: str = "gpt2"
+) -> tuple[str, str]:
     """(train_path, val_path) of the default corpus shards, building them if absent.
 
     Files are named after the Python version and CORPUS_VERSION, since both change the contents.
+    `report` (e.g. print) is told when a build starts and ends: it takes seconds, once.
     """
     directory = pathlib.Path(directory) if directory is not None else cache_dir()
     stem = "stdlib_py{}.{}.{}_v{}".format(*sys.version_info[:3], CORPUS_VERSION)
+    if family != "gpt2":
+        stem += f"_{family}"
     train_path = directory / f"{stem}_train.bin"
     val_path = directory / f"{stem}_val.bin"
     if not (train_path.exists() and val_path.exists()):
+        began = time.perf_counter()
+        if report:
+            report(f"data: building the built-in corpus from the stdlib's source into {directory} (once)...")
         directory.mkdir(parents=True, exist_ok=True)
-        tokens = build_tokens()
-        _write_atomically(train_path, tokens[:-VAL_TOKENS])
-        _write_atomically(val_path, tokens[-VAL_TOKENS:])
+        tokens = for_family(build_tokens(), family)
+        _write_atomically(train_path, tokens[:-VAL_TOKENS], family)
+        _write_atomically(val_path, tokens[-VAL_TOKENS:], family)
+        if report:
+            report(f'data: built {len(tokens):,} tokens in {time.perf_counter() - began:.1f} s')
     return str(train_path), str(val_path)

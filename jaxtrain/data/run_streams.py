@@ -3,18 +3,21 @@
 from jaxtrain.data.stream import TokenStream
 
 
+def _print_on_process_0(line: str) -> None:
+    import jax
+
+    if jax.process_index() == 0:
+        print(line, flush=True)
+
+
 def data_paths(config) -> tuple[str, str]:
     """(train glob, val glob): the run's --input_bin, else the built-in corpus."""
     if config.input_bin:
         return config.input_bin, config.input_val_bin
-    if config.model_family != 'gpt2':
-        raise ValueError(
-            'input_bin: expected a glob of LLaMA-3 token shards, found none; the built-in '
-            'corpus is GPT-2 only. Pass --input_bin PATTERN.'
-        )
     from jaxtrain.data.default_corpus import ensure_default_corpus
 
-    train_path, val_path = ensure_default_corpus()
+    # The built-in corpus, in the family's shards (the same bytes as the same ids for both).
+    train_path, val_path = ensure_default_corpus(report=_print_on_process_0, family=config.model_family)
     return train_path, config.input_val_bin or val_path
 
 

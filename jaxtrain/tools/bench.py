@@ -7,11 +7,12 @@ r"""Benchmark the trainer's own train step: speed, MFU, memory, and what checkpo
 builds the model, optimizer and state as train.run does, feeds the jitted train step one
 synthetic batch of the configured geometry (random token ids, no shard), and prints one
 block: compile seconds, median ms/step, tokens/s, MFU, peak device memory, the first and
-last timed loss. The ANCHORS.md shape is the command above (d12, bf16, batch 16 x 1024).
+last timed loss. The command above is the shape of the GPU reference figures in BENCHMARKS.md
+(GPT-2 124M, bf16, batch 16 x 1024; llm.c's CUDA trainer runs it at about 471K tokens/s on an H200).
 
 MFU is llm.c's: flops_per_token(T) x tokens/s / (peak x devices), where the peak is
 measured in the same process by a bf16 matmul (8192^3 on GPU, 1024^3 on CPU), so a noisy
-shared machine moves both numbers together. The peak is the burst rate, as in ANCHORS.md;
+shared machine moves both numbers together. The peak is the burst rate (about 790 TFLOP/s on an H200);
 the sustained rate (lower on an H200: power-limited) is printed beside it.
 
 --profile_steps N traces N more steps with jax.profiler after the timed phases and prints
@@ -158,8 +159,8 @@ def _settings() -> Settings:
 def measure_matmul_flops(size: int) -> dict:
     """FLOP/s of a bf16 size^3 matmul on the first device, two ways.
 
-    burst: the median of short runs, each after a rest, as ANCHORS.md's 790 TFLOP/s was
-    measured; sustained: the median of the second half of a long back-to-back run. An H200
+    burst: the median of short runs, each after a rest, as the H200's 790 TFLOP/s reference
+    figure was measured; sustained: the median of the second half of a long back-to-back run. An H200
     keeps its burst rate for ~50 ms, then its power limit settles it near 670 TFLOP/s
     (measured here), and a training run lives in that second regime.
     """
@@ -659,7 +660,12 @@ def main(argv):
 
 
 def entry_point():
-    app.run(lambda argv: sys.exit(main(argv)))
+    from jaxtrain.config.config_path import resolve_config_argument  # --config from any directory
+
+    app.run(
+        lambda argv: sys.exit(main(argv)),
+        flags_parser=lambda argv: app.parse_flags_with_usage(resolve_config_argument(argv)),
+    )
 
 
 if __name__ == '__main__':

@@ -277,6 +277,22 @@ def _show_infinitrain(args) -> int:
 # --- diff --------------------------------------------------------------------------------
 
 
+def _one_sided_items_summarised(changed: list[dict], one_sided: dict) -> list[list]:
+    """Table rows of the differing tensors, with an item that only one side saved (the
+    optimizer state of a params-only checkpoint) as one row instead of one per tensor."""
+    rows, counted = [], {}
+    for t in changed:
+        item = t['name'].split('/', 1)[0]
+        if item in one_sided:
+            counted[item] = counted.get(item, 0) + 1
+            continue
+        rows.append([t['name'], t['status'], _number(t.get('max_abs_diff')), _number(t.get('max_rel_diff'))])
+    for item, count in counted.items():
+        side, other = one_sided[item], 'B' if one_sided[item] == 'A' else 'A'
+        rows.append([f'{item}/ ({count} tensors)', f'only in {side}: {other} has no {item}', '', ''])
+    return rows
+
+
 def cmd_diff(args) -> int:
     from jaxtrain.tools import ckpt_inspect
     from jaxtrain.checkpoint.trainer_state import read_trainer_state
@@ -288,6 +304,7 @@ def cmd_diff(args) -> int:
         ckpt_inspect.find_finished_step_dir(p) if k == 'orbax' else Path(p)
         for p, k in zip((args.a, args.b), kinds)
     )
+    one_sided = {}  # item -> the side that has it ('A' or 'B'), e.g. opt_state of a params-only save
     if kinds == ['orbax', 'orbax']:
         state_a, state_b = read_trainer_state(step_a), read_trainer_state(step_b)
         tensors = []
@@ -298,6 +315,8 @@ def cmd_diff(args) -> int:
             ]
             if sides != [None, None]:
                 tensors += ckpt_inspect.compare_tensors(item, sides[0] or {}, sides[1] or {})
+            if (sides[0] is None) != (sides[1] is None):
+                one_sided[item] = 'A' if sides[0] is not None else 'B'
     else:  # across kinds: params and Adam's m, v, t under common names (ckpt_infinitrain.py)
         state_a, state_b = ckpt_infinitrain.record_of(step_a), ckpt_infinitrain.record_of(step_b)
         common = [ckpt_infinitrain.canonical_tensors(s) for s in (step_a, step_b)]
@@ -330,10 +349,7 @@ def cmd_diff(args) -> int:
         print(
             _table(
                 ['tensor', 'status', 'max abs diff', 'max rel diff'],
-                [
-                    [t['name'], t['status'], _number(t.get('max_abs_diff')), _number(t.get('max_rel_diff'))]
-                    for t in changed
-                ],
+                _one_sided_items_summarised(changed, one_sided),
             )
         )
     print(f'tensors: {len(tensors) - len(changed)} of {len(tensors)} bit-identical')

@@ -41,6 +41,7 @@ class StepEntry:
     written_at: float  # seconds since the epoch
     written_from: str  # trainer_state (its saved_at) | mtime (no readable trainer state)
     has_optimizer_state: bool
+    loss: float | None = None  # the train loss of the saved step (trainer_state; older ones lack it)
 
 
 def _size_on_disk(path: Path) -> int:
@@ -51,11 +52,13 @@ def _step_entry(path: Path, step: int, temporary: bool) -> StepEntry:
     committed = not temporary and is_committed(path)
     written_at, written_from = path.stat().st_mtime, 'mtime'
     has_optimizer_state = (path / 'opt_state').is_dir()
+    loss = None
     if committed:
         try:
             state = read_trainer_state(path)
             written_at, written_from = float(state['saved_at']), 'trainer_state'
             has_optimizer_state = bool(state.get('has_optimizer_state', has_optimizer_state))
+            loss = state.get('loss') if isinstance(state.get('loss'), (int, float)) else None
         except (CheckpointError, KeyError, TypeError, ValueError):
             pass  # listed from the directory alone; `verify` says what is wrong
     if temporary:
@@ -65,7 +68,7 @@ def _step_entry(path: Path, step: int, temporary: bool) -> StepEntry:
     else:
         status = 'committed'
     return StepEntry(
-        step, path, committed, status, _size_on_disk(path), written_at, written_from, has_optimizer_state
+        step, path, committed, status, _size_on_disk(path), written_at, written_from, has_optimizer_state, loss
     )
 
 

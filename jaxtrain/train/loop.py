@@ -23,6 +23,7 @@ from jaxtrain.parallel import sharding
 from jaxtrain.parallel.distributed import agree_on_step_end
 from jaxtrain.train.banner import run_banner
 from jaxtrain.train.optim import learning_rate_at
+from jaxtrain.train.progress import Progress
 from jaxtrain.train.run_log import RunLog
 from jaxtrain.train.samples import make_sampler
 from jaxtrain.train.saving import RunSaver
@@ -76,7 +77,7 @@ def _run(config) -> int:
     for message in resumed.messages:
         log.info(message)
     step, data_position = int(state.step), int(state.data_position)
-    saver = RunSaver(config, parts, stream, resumed.step_dir, step)
+    saver = RunSaver(config, parts, stream, resumed.step_dir, step, report=log.info)
     if saver.checkpointer is not None and saver.checkpointer.set_aside:
         aside = saver.checkpointer.set_aside
         log.info(f'checkpoint_dir: not committed (no trainer state), set aside: {aside}')
@@ -121,6 +122,7 @@ def _run(config) -> int:
         loss = float(metrics['loss'])
         check_finite(done, loss, bool(metrics['params_finite']), saver.last_good())
         saver.note_loss(loss)
+        progress.step(done, loss, elapsed)
         log.step(
             done,
             config.num_iteration,
@@ -135,6 +137,7 @@ def _run(config) -> int:
             epoch = stream.epoch_of(position)
             log.info(f'data: epoch {epoch} begins (the stream wrapped to its start after step {done})')
 
+    progress = Progress(step, config.num_iteration, geometry.tokens_per_step, log.info)  # + compiling line
     try:
         batch = device_batch(data_position) if step < config.num_iteration else None
         while step < config.num_iteration:
@@ -170,6 +173,7 @@ def _run(config) -> int:
         finally:
             stop.restore()
             log.close()
+    progress.summary(saver.events.committed if saver.events else [])
     return _exit(log, stop, stopping, saver, step)
 
 

@@ -7,6 +7,8 @@ since the last save, at the last step, and when the run is stopping on a signal.
 import dataclasses
 import time
 
+import jax
+
 from jaxtrain.checkpoint import layout
 from jaxtrain.checkpoint.formats.infinitrain_saver import open_checkpointer, saved_best_loss
 from jaxtrain.checkpoint.lora_record import lora_record
@@ -15,18 +17,21 @@ from jaxtrain.checkpoint.trainer_state import library_versions, trainer_state_re
 from jaxtrain.data.identity import data_identity
 from jaxtrain.models.lora import count_parameters
 from jaxtrain.train.optim import learning_rate_at
+from jaxtrain.train.save_events import SaveEvents
 
 
 class RunSaver:
     """Owns the run's Checkpointer (None without a checkpoint_dir) and remembers the last
     save, which is also the last good state should a later step go non-finite."""
 
-    def __init__(self, config, parts, stream, resume_dir, start_step: int):
+    def __init__(self, config, parts, stream, resume_dir, start_step: int, report=None):
+        """`report`: where the per-save and per-rotation lines go (save_events.py)."""
         self.config, self.parts, self.stream = config, parts, stream
         self.resume_dir = resume_dir
         self.saving = bool(config.checkpoint_dir) and (config.save_steps > 0 or config.save_every_minutes > 0)
         self.checkpointer = None
         self.deleted_later_steps = []
+        self.events = None
         if config.checkpoint_dir:
             # The checkpoint this run resumed from is never rotated away.
             protected = (
@@ -41,6 +46,14 @@ class RunSaver:
             self.deleted_later_steps = self.checkpointer.refuse_later_steps(
                 start_step, config.overwrite_later_checkpoints
             )
+            if jax.process_index() == 0:  # the one that prints
+                self.events = SaveEvents(
+                    self.checkpointer.root,
+                    keep_latest=config.max_checkpoint_keep,
+                    keep_every=config.keep_every_steps,
+                    protected=protected,
+                    report=report,
+                )
         setup = parts.setup
         self._llmc_sha256 = cached_sha256(setup.llmc_file) if setup.llmc_file else ''
         # Checked on resume; reads 16 blocks of 64 KiB per shard, so only when it will be saved.
@@ -62,6 +75,8 @@ class RunSaver:
     def due(self, step: int, due_by_clock: bool, stopping: bool) -> bool:
         if self.checkpointer is None:
             return False
+        if self.events is not None:
+            self.events.poll()  # commits and rotations of earlier saves
         save_steps = self.config.save_steps
         scheduled = self.saving and (
             (save_steps > 0 and step % save_steps == 0) or step == self.config.num_iteration or due_by_clock
@@ -70,7 +85,8 @@ class RunSaver:
 
     def save(self, state, step: int, position: int) -> float:
         """Starts an asynchronous save of `state`, which is at (host-side) `step` and data
-        `position`; returns the seconds the loop was blocked."""
+        `position`; returns the seconds the loop was blocked. The loop has read that step's
+        loss (note_loss) before it saves, so the record carries it."""
         began = time.perf_counter()
         config, parts = self.config, self.parts
         record = trainer_state_record(
@@ -85,16 +101,20 @@ class RunSaver:
             versions=self._versions,
             llmc_file=parts.setup.llmc_file,
             llmc_sha256=self._llmc_sha256,
+            loss=self.last_loss,
         )
         if parts.setup.lora is not None:  # adapters only: the record names their base (lora_record.py)
             record['lora'] = lora_record(parts.setup, count_parameters(state.params))
         record['data'] = self._data
-        if self.last_loss is not None:
-            record.update(loss=self.last_loss, best_loss=self.best_loss)
+        if self.best_loss is not None:
+            record['best_loss'] = self.best_loss
         opt_state = state.opt_state if config.save_optimizer_state else None
         self.checkpointer.save(step, state.params, opt_state, state.rng, record)
         self.last_saved_step, self._last_save_time = step, time.monotonic()
-        return time.perf_counter() - began
+        blocked = time.perf_counter() - began
+        if self.events is not None:
+            self.events.started(step, began, blocked)
+        return blocked
 
     def last_good(self):
         """The last good state on disk: this run's last save, else the one it resumed."""
@@ -110,3 +130,5 @@ class RunSaver:
     def close(self):
         if self.checkpointer is not None:
             self.checkpointer.close()  # waits for the last write to be committed
+            if self.events is not None:
+                self.events.poll()

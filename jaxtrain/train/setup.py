@@ -17,6 +17,7 @@ from jaxtrain.parallel import mesh as mesh_lib
 from jaxtrain.parallel import sharding
 from jaxtrain.data.batch_geometry import BatchGeometry, batch_geometry
 from jaxtrain.config.checks import check_config
+from jaxtrain.data.mesh_default_batch import fit_default_total_to_mesh
 from jaxtrain.models.setup import ModelSetup, setup_model
 from jaxtrain.train.optim import build_optimizer
 from jaxtrain.train.step import TrainState, WithFrozen, make_eval_step, make_train_step
@@ -52,6 +53,7 @@ def build_trainer(config) -> TrainerSetup:
     replicated = NamedSharding(mesh, P())
     train_batch_sharding = sharding.batch_sharding(mesh, micro_steps=True)
     val_batch_sharding = sharding.batch_sharding(mesh, micro_steps=False)
+    fit_default_total_to_mesh(config, mesh_lib.data_parallel_size(mesh))  # e.g. 2 hosts x fsdp 4
     geometry = batch_geometry(
         config.batch_size,
         config.sequence_length,

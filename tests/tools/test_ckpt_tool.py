@@ -303,6 +303,20 @@ def test_diff_lists_tensors_present_on_one_side(runs, tmp_path, capsys):
     assert {s for n, s in statuses.items() if n.startswith('params/')} == {'identical'}
 
 
+def test_diff_against_a_params_only_checkpoint_summarises_the_optimizer_state(runs, tmp_path, capsys):
+    without_optimizer = tmp_path / 'checkpoint_step_000004'
+    shutil.copytree(runs.step(runs.a, 4), without_optimizer)
+    shutil.rmtree(without_optimizer / 'opt_state')
+    _, result = run_json(capsys, 'diff', runs.step(runs.a, 4), without_optimizer)
+    count = sum(t['name'].startswith('opt_state/') for t in result['tensors'])
+    assert count > 10
+    code, out, _ = run_tool(capsys, 'diff', runs.step(runs.a, 4), without_optimizer)
+    assert code == 1
+    assert not [line for line in out.splitlines() if line.startswith('opt_state/0')]
+    [row] = [line for line in out.splitlines() if line.startswith('opt_state/')]
+    assert row.split() == ['opt_state/', f'({count}', 'tensors)', 'only', 'in', 'A:', 'B', 'has', 'no', 'opt_state']
+
+
 # --- verify ------------------------------------------------------------------------------
 
 

@@ -1,0 +1,52 @@
+"""Refuses paths of the wrong kind before anything runs: a checkpoint or metrics directory
+that names a file (the run would train, then fail at its first save), data or a model file
+that names a directory (a bare `[Errno 21]` otherwise). One line each: the key, what was
+expected, what was found, what to do."""
+
+import glob
+import os
+from pathlib import Path
+
+# Keys naming a directory the run creates or fills.
+DIRECTORY_KEYS = ('checkpoint_dir', 'metrics_dir')
+# Keys naming files: a glob of shards, or one file.
+SHARD_GLOB_KEYS = ('input_bin', 'input_val_bin')
+FILE_KEYS = ('llmc_filepath',)
+
+
+def _file_in_the_way(path: Path) -> Path | None:
+    """The path itself or the nearest existing parent, when that is not a directory."""
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            return None if candidate.is_dir() else candidate
+    return None
+
+
+def path_problems(config) -> list[str]:
+    problems = []
+    for key in DIRECTORY_KEYS:
+        if not config[key]:
+            continue
+        blocker = _file_in_the_way(Path(config[key]).absolute())
+        if blocker is not None:
+            where = 'is' if blocker == Path(config[key]).absolute() else f'is under {blocker}, which is'
+            problems.append(
+                f'{key}: expected a directory (or a path to create), found that {config[key]} {where} a file; '
+                f'pass a directory to --{key}'
+            )
+    for key in SHARD_GLOB_KEYS:
+        pattern = config[key]
+        if not pattern:
+            continue
+        named = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+        directories = [p for p in named if os.path.isdir(p)]
+        if directories:
+            example = os.path.join(directories[0], '*.bin')
+            problems.append(
+                f"{key}: expected llm.c token shard files, found the directory {directories[0]}; pass a glob "
+                f"of the shards in it, e.g. --{key} '{example}'"
+            )
+    for key in FILE_KEYS:
+        if config[key] and os.path.isdir(config[key]):
+            problems.append(f'{key}: expected an llm.c model file, found the directory {config[key]}')
+    return problems

@@ -1,0 +1,77 @@
+"""What a run says about its progress, beside InfiniTrain's step line (which stays as it
+is, so that its compare_loss.py reads our logs):
+
+  compiling the train step (step 1's time includes it)...
+  progress: step 120/300 (40%) | elapsed 0:01:02 | 2.05 steps/s | ETA 0:01:28
+  summary: 300 steps (1-300) | 76,800 tokens | wall 0:02:31 | 540 tokens/s mean | loss final 2.51 ...
+
+The progress line comes every PROGRESS_EVERY_S seconds of a run (a short run prints
+none). Rates leave out this run's first step, which includes the compilation.
+"""
+
+import time
+
+PROGRESS_EVERY_S = 30.0
+
+
+def clock_text(seconds: float) -> str:
+    seconds = int(round(max(seconds, 0.0)))
+    return f'{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}'
+
+
+class Progress:
+    """Created just before the loop's first step (it prints the compiling line then);
+    `step()` after each step's line; `summary()` once the loop is over."""
+
+    def __init__(self, first_step: int, num_steps: int, tokens_per_step: int, report, clock=time.monotonic):
+        self.first_step, self.num_steps, self.tokens_per_step = first_step, num_steps, tokens_per_step
+        self.report, self.clock = report, clock
+        self.began = self._last_line = clock()
+        self.steps_done = 0
+        self.step_seconds = []  # each step's own time (as the step line shows it)
+        self.final = None  # (step, loss)
+        self.best = None  # (loss, step)
+        if first_step < num_steps:
+            report(f"compiling the train step (step {first_step + 1}'s time includes it)...")
+
+    def _rate(self) -> float | None:
+        """Steps per second of wall time after this run's first step (None before there is one)."""
+        if self.steps_done < 2:
+            return None
+        return (self.steps_done - 1) / max(self.clock() - self._after_first, 1e-9)
+
+    def step(self, step: int, loss: float, seconds: float) -> None:
+        self.steps_done += 1
+        if self.steps_done == 1:
+            self._after_first = self.clock()
+        self.step_seconds.append(seconds)
+        self.final = (step, loss)
+        if self.best is None or loss < self.best[0]:
+            self.best = (loss, step)
+        now, rate = self.clock(), self._rate()
+        if now - self._last_line < PROGRESS_EVERY_S or step >= self.num_steps or not rate:
+            return
+        self._last_line = now
+        self.report(
+            f'progress: step {step}/{self.num_steps} ({100 * step / self.num_steps:.0f}%) | '
+            f'elapsed {clock_text(now - self.began)} | {rate:.2f} steps/s | '
+            f'ETA {clock_text((self.num_steps - step) / rate)}'
+        )
+
+    def summary(self, checkpoints_written: list[int]) -> None:
+        if self.steps_done == 0:
+            return
+        last = self.final[0]
+        timed = self.step_seconds[1:] or self.step_seconds  # without the compiling step when there are more
+        mean_tokens_per_s = self.tokens_per_step * len(timed) / max(sum(timed), 1e-9)
+        saved = (
+            f"{len(checkpoints_written)} (steps {', '.join(map(str, checkpoints_written))})"
+            if checkpoints_written
+            else '0'
+        )
+        self.report(
+            f'summary: {self.steps_done} steps ({last - self.steps_done + 1}-{last}) | '
+            f'{self.steps_done * self.tokens_per_step:,} tokens | wall {clock_text(self.clock() - self.began)} | '
+            f'{mean_tokens_per_s:,.0f} tokens/s mean | loss final {self.final[1]:.6f}, '
+            f'best {self.best[0]:.6f} at step {self.best[1]} | checkpoints written: {saved}'
+        )

@@ -1,0 +1,72 @@
+"""The lines a run prints about its checkpoints as they happen: each save as it starts
+(how long the loop was blocked), when it is committed on disk (how long the write took),
+and each step rotation deleted (and which keep rule let it go).
+
+Saves are written in the background (checkpoint/manager.py), so commits and deletions are
+found by looking at the checkpoint root: `poll()` lists it, and only while something is
+still to happen (a save not yet committed, or more steps on disk than the keep rules
+keep), so a run that is not saving never touches the disk for it.
+"""
+
+import time
+
+from jaxtrain.checkpoint.layout import committed_steps, step_dir_name
+
+
+class SaveEvents:
+    def __init__(self, root, *, keep_latest: int, keep_every: int, protected=(), report=None):
+        self.root = root
+        self.keep_latest, self.keep_every, self.protected = keep_latest, keep_every, frozenset(protected)
+        self.report = report or (lambda line: None)
+        self._on_disk = set(committed_steps(root))
+        self._started = {}  # step -> perf_counter when its save began, until it is seen committed
+        self.committed = []  # steps this run wrote and saw committed, in order
+        self._reported_deleted = set()
+
+    def _kept(self, steps) -> set:
+        """What the manager's keep policy (manager._KeepPolicy) leaves of `steps`."""
+        newest = set(sorted(steps)[-self.keep_latest :]) if self.keep_latest else set(steps)
+        return {
+            s
+            for s in steps
+            if s in newest or s in self.protected or (self.keep_every > 0 and s % self.keep_every == 0)
+        }
+
+    def started(self, step: int, began: float, blocked_s: float) -> None:
+        """A save of `step` began at perf_counter `began` and blocked the loop `blocked_s`."""
+        self._started[step] = began
+        self.report(
+            f'save: step {step} -> {self.root / step_dir_name(step)} '
+            f'(loop blocked {blocked_s * 1e3:.1f} ms; writing in the background)'
+        )
+
+    def _pending(self) -> bool:
+        return bool(self._started) or self._kept(self._on_disk) != self._on_disk
+
+    def poll(self) -> None:
+        """Reports what was committed or deleted since the last look (cheap when nothing is pending)."""
+        if not self._pending():
+            return
+        now = set(committed_steps(self.root))
+        # Saves commit in order, and rotation follows a commit: a step of ours that is not
+        # on disk while a later one is was committed and rotated away between two looks.
+        newest = max(now, default=-1)
+        rotated_unseen = {s for s in self._started if s not in now and s < newest}
+        for step in sorted((now - self._on_disk) | rotated_unseen):
+            if step in self._started:
+                seconds = time.perf_counter() - self._started.pop(step)
+                self.committed.append(step)
+                self.report(f'save: step {step} committed ({seconds:.2f} s after the save began)')
+        for step in sorted((self._on_disk | set(self.committed)) - now - self._reported_deleted):
+            self._reported_deleted.add(step)
+            self.report(f'rotation: deleted {step_dir_name(step)} ({self._why_deleted(step, now)})')
+        self._on_disk = now
+
+    def _why_deleted(self, step: int, now: set) -> str:
+        if not self.keep_latest:
+            return 'not by this run\'s keep rules: max_checkpoint_keep 0 keeps every step'
+        newest = ', '.join(str(s) for s in sorted(now)[-self.keep_latest :])
+        reason = f'max_checkpoint_keep {self.keep_latest} keeps the newest: {newest}'
+        if self.keep_every > 0:
+            reason += f'; {step} is not a multiple of keep_every_steps {self.keep_every}'
+        return reason

@@ -1,0 +1,140 @@
+"""`python -m llmc_io shard`: text, token ids or shards -> llm.c token shards of either family.
+
+    python -m llmc_io shard book.txt notes.txt --family llama3 --output data/mine
+    python -m llmc_io shard ids.npy --from ids --family gpt2 --output data/mine
+    python -m llmc_io shard 'gpt2_train_*.bin' --from shard --family llama3 --output data/wide
+
+--from text: each file is one document, encoded byte-level (byte_tokens.py: one id per
+  byte, in the order both families' tokenizers give their first 256 ids) after the
+  family's document-start id, as llm.c's dev/data scripts delimit documents.
+--from ids: .npy arrays of integer ids, taken as they are.
+--from shard: llm.c shards of either family, their ids taken as they are: uint16 -> uint32
+  (gpt2 -> llama3 magic) or back, which refuses ids above 65535 rather than wrap them.
+
+The tokens of all inputs, in the order given, are cut into shards of --shard_tokens as
+llm.c's fineweb.py names them: OUTPUT_val_000000.bin first when --val_tokens > 0 (the
+first that many tokens), then OUTPUT_train_000001.bin, ... (OUTPUT_train_000000.bin, ...
+without a validation shard). Nothing is written when an input is refused.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import numpy as np
+
+from llmc_io import header as hdr
+from llmc_io.byte_tokens import encode_documents
+from llmc_io.errors import LLMCFormatError
+from llmc_io.shards import MAX_TOKENS, SHARD_KINDS, read_shard, write_shard
+
+SOURCES = ("text", "ids", "shard")
+DEFAULT_SHARD_TOKENS = 10**8  # llm.c's fineweb.py shard_size
+
+
+def add_parser(commands, parents) -> None:
+    shard = commands.add_parser(
+        "shard",
+        parents=parents,
+        help="make token shards from text, ids or other shards (u16 <-> u32)",
+        description=__doc__.split("\n\n", 1)[1],
+        formatter_class=__import__("argparse").RawDescriptionHelpFormatter,
+    )
+    shard.add_argument("inputs", nargs="+", metavar="INPUT", help="files or globs, read in the order given")
+    shard.add_argument("--output", required=True, help="path prefix of the shards, e.g. data/mine")
+    shard.add_argument("--family", choices=tuple(SHARD_KINDS), required=True, help="shard kind to write")
+    shard.add_argument("--from", dest="source", choices=SOURCES, default="text", help="what the inputs are")
+    shard.add_argument(
+        "--shard_tokens", type=int, default=DEFAULT_SHARD_TOKENS, help="tokens per shard (default 10^8)"
+    )
+    shard.add_argument("--val_tokens", type=int, default=0, help="first N tokens to a val shard (default 0)")
+
+
+def _expand(patterns) -> list[str]:
+    paths = []
+    for pattern in patterns:
+        found = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+        if not found:
+            raise LLMCFormatError(pattern, "INPUT", "files matching the glob", "none")
+        for path in found:
+            if not os.path.isfile(path):
+                raise LLMCFormatError(path, "INPUT", "a file", "a directory" if os.path.isdir(path) else "nothing")
+        paths += found
+    return paths
+
+
+def _ids_of(path: str) -> np.ndarray:
+    try:
+        ids = np.load(path, allow_pickle=False)
+    except (ValueError, OSError) as error:
+        raise LLMCFormatError(path, "content", "a .npy array of token ids", f"unreadable ({error})") from None
+    if ids.dtype.kind not in "iu":
+        raise LLMCFormatError(path, "dtype", "an integer array", str(ids.dtype))
+    return ids.reshape(-1)
+
+
+def read_tokens(paths, source: str, family: str) -> np.ndarray:
+    """All tokens of the inputs as int64, checked to fit the family's shard dtype."""
+    if source == "text":
+        documents = []
+        for path in paths:
+            with open(path, "rb") as f:
+                documents.append(f.read())
+        parts = [encode_documents(documents, family)]
+    elif source == "ids":
+        parts = [_ids_of(path) for path in paths]
+    else:
+        parts = [np.asarray(read_shard(path)) for path in paths]
+    tokens = np.concatenate([p.astype(np.int64) for p in parts]) if parts else np.zeros(0, np.int64)
+    limit = int(np.iinfo(SHARD_KINDS[family].dtype).max)
+    for path, part in zip(paths, parts):
+        if part.size and (int(part.min()) < 0 or int(part.max()) > limit):
+            at = int(np.flatnonzero((part < 0) | (part > limit))[0])
+            raise LLMCFormatError(
+                path,
+                f"token {at}",
+                f"an id in [0, {limit}] for a {family} shard",
+                int(part[at]),
+                "LLaMA-3 ids need --family llama3" if family == "gpt2" else None,
+            )
+    return tokens
+
+
+def shard_names(output: str, count: int, has_val: bool) -> list[str]:
+    names = []
+    for index in range(count):
+        split = "val" if has_val and index == 0 else "train"
+        names.append(f"{output}_{split}_{index:06d}.bin")
+    return names
+
+
+def make_shards(inputs, output: str, family: str, source: str, shard_tokens: int, val_tokens: int) -> list[str]:
+    """Writes the shards; returns their paths."""
+    if not 0 < shard_tokens <= MAX_TOKENS:
+        raise LLMCFormatError(output, "--shard_tokens", f"between 1 and {MAX_TOKENS:,}", shard_tokens)
+    tokens = read_tokens(_expand(inputs), source, family)
+    if tokens.size == 0:
+        raise LLMCFormatError(output, "tokens", "at least one input token", 0)
+    if val_tokens < 0 or val_tokens >= tokens.size:
+        raise LLMCFormatError(
+            output, "--val_tokens", f"0 or fewer than the {tokens.size:,} input tokens", val_tokens
+        )
+    pieces = [tokens[:val_tokens]] if val_tokens else []
+    train = tokens[val_tokens:]
+    pieces += [train[i : i + shard_tokens] for i in range(0, train.size, shard_tokens)]
+    names = shard_names(output, len(pieces), bool(val_tokens))
+    directory = os.path.dirname(output)
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+    for name, piece in zip(names, pieces):
+        write_shard(name, piece.astype(SHARD_KINDS[family].dtype), kind=family)
+    return names
+
+
+def run(args) -> None:
+    names = make_shards(args.inputs, args.output, args.family, args.source, args.shard_tokens, args.val_tokens)
+    kind = SHARD_KINDS[args.family]
+    for name in names:
+        count = (os.path.getsize(name) - hdr.HEADER_BYTES) // kind.dtype.itemsize
+        print(f"wrote {name}: {args.family} shard (magic {kind.magic}, {kind.dtype.name}), {count:,} tokens")

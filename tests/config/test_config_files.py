@@ -1,0 +1,46 @@
+"""The config files: `--config=configs/...` from any directory, and docstrings that say
+only true things (the flags they show exist, the variants they list are the models')."""
+
+import ast
+import re
+
+import pytest
+
+from cli_runs import run_cli
+from jaxtrain.config.config_path import resolve_config_argument
+from jaxtrain.config.keys import KEYS
+from jaxtrain.models import gpt2, llama3
+from trainer_runs import REPO, random_shard
+
+
+def test_relative_config_path_works_from_another_directory(tmp_path, monkeypatch):
+    shard = random_shard(tmp_path / 'train.bin')
+    monkeypatch.chdir(tmp_path)
+    assert not (tmp_path / 'configs').exists()
+    result = run_cli('--config=configs/gpt2.py:tiny', '--input_bin', shard, '--num_iteration', 0, config=None)
+    assert result.code == 0, result.err
+    assert 'model: gpt2 GPT2Config(max_seq_len=256' in result.out and 'nothing to do' in result.out
+
+
+def test_resolution_prefers_the_working_directory_and_keeps_unknown_paths(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert resolve_config_argument(['p', '--config', 'configs/llama3.py:tiny']) == [
+        'p', '--config', f'{REPO}/configs/llama3.py:tiny'
+    ]
+    (tmp_path / 'configs').mkdir()
+    (tmp_path / 'configs' / 'gpt2.py').write_text('# a local config wins')
+    assert resolve_config_argument(['p', '--config=configs/gpt2.py']) == ['p', '--config=configs/gpt2.py']
+    assert resolve_config_argument(['p', '--config=configs/none.py']) == ['p', '--config=configs/none.py']
+    result = run_cli('--config=configs/none.py', config=None)
+    assert result.code == 1 and 'found nothing at configs/none.py' in result.err
+
+
+@pytest.mark.parametrize('family, variants', [('gpt2', gpt2.VARIANTS), ('llama3', llama3.VARIANTS)])
+def test_config_docstrings_name_real_flags_and_variants(family, variants):
+    doc = ast.get_docstring(ast.parse((REPO / 'configs' / f'{family}.py').read_text()))
+    keys = {key for key, _, _ in KEYS} | {'config'}
+    trainer_text = re.sub(r'`python -m llmc_io[^`]*`', '', doc)  # another tool's flags
+    assert set(re.findall(r'--(\w+)', trainer_text)) <= keys
+    listed = re.search(rf'configs/{family}\.py:([\w.|-]+)', doc.split('Variants:')[1]).group(1).rstrip('.').split('|')
+    assert set(listed) == set(variants)
+    assert 'is not\npromised' not in doc and 'is not promised' not in doc

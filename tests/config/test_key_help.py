@@ -1,0 +1,37 @@
+"""--help / --helpfull show every config key's default, and the shipped configs' value
+where they set another."""
+
+import re
+
+import pytest
+
+from cli_runs import run_cli
+from jaxtrain.config.keys import KEYS
+from trainer_runs import load_config
+
+
+def _flag_help(out: str) -> dict[str, str]:
+    """{flag: its help text with the line wrapping undone}."""
+    entries = re.split(r'\n\s+--(?=[a-z_0-9]+:)', out)
+    return {e.split(':', 1)[0]: ' '.join(e.split(':', 1)[1].split()) for e in entries[1:] if ':' in e}
+
+
+def _shown(value):
+    return ('true' if value else 'false') if isinstance(value, bool) else repr(value) if isinstance(value, str) else str(value)
+
+
+@pytest.mark.parametrize('help_flag', ['--help', '--helpfull'])
+def test_help_shows_each_keys_default(help_flag):
+    result = run_cli(help_flag)
+    texts = _flag_help(result.out)
+    configs = {family: load_config(family, '').to_dict() for family in ('gpt2', 'llama3')}
+    for key, default, _ in KEYS:
+        if key == 'model_family':
+            continue
+        assert key in texts, key
+        assert f'(default: {_shown(default)}' in texts[key], (key, texts[key])
+        for family, config in configs.items():
+            if key not in ('num_devices',) and config[key] != default:
+                assert f'configs/{family}.py: {_shown(config[key])}' in texts[key], (key, texts[key])
+    assert 'configs/llama3.py: 1e-05' in texts['learning_rate']
+    assert "configs/gpt2.py: 'small'" in texts['model']

@@ -1,0 +1,43 @@
+"""Paths of the wrong kind are refused in one line before anything runs (no step, nothing
+on disk changed): a --checkpoint_dir that is a file, an --input_bin that is a directory."""
+
+import pytest
+
+from cli_runs import run_cli, tree_digest
+from trainer_runs import random_shard
+
+
+@pytest.fixture
+def shard(tmp_path):
+    (tmp_path / 'data').mkdir()
+    return random_shard(tmp_path / 'data' / 'train.bin')
+
+
+def _refused(tmp_path, *args):
+    before = tree_digest(tmp_path)
+    result = run_cli('--config.model=tiny', '--num_iteration', 2, *args)
+    assert result.code == 1, result.out + result.err
+    assert len(result.error_lines) == 1, result.err
+    assert not [line for line in result.out.splitlines() if line.startswith(('step ', 'compiling'))]
+    assert tree_digest(tmp_path) == before
+    return result.error_lines[0]
+
+
+def test_checkpoint_dir_naming_a_file(tmp_path, shard):
+    (tmp_path / 'ck').write_text('a file, not a directory')
+    line = _refused(tmp_path, '--input_bin', shard, '--checkpoint_dir', tmp_path / 'ck', '--save_steps', 1)
+    assert line.startswith('error: checkpoint_dir: expected a directory')
+    assert f'{tmp_path / "ck"} is a file' in line and 'pass a directory to --checkpoint_dir' in line
+
+
+def test_checkpoint_dir_under_a_file(tmp_path, shard):
+    (tmp_path / 'ck').write_text('a file')
+    line = _refused(tmp_path, '--input_bin', shard, '--checkpoint_dir', tmp_path / 'ck' / 'run1', '--save_steps', 1)
+    assert f'is under {tmp_path / "ck"}, which is a file' in line
+
+
+def test_input_bin_naming_a_directory(tmp_path, shard):
+    line = _refused(tmp_path, '--input_bin', tmp_path / 'data')
+    assert line.startswith(f'error: input_bin: expected llm.c token shard files, found the directory {tmp_path / "data"}')
+    assert f"--input_bin '{tmp_path / 'data' / '*.bin'}'" in line
+    assert 'Errno' not in line

@@ -1,0 +1,100 @@
+"""The shell commands of README.md's code blocks, as written, and what each needs to run.
+
+A command is a line of a fenced ```bash / ```sh / ```shell block, or of an indented
+(4-space) block whose line starts like a command; a line ending in `\\` continues on the
+next; a `# comment` after the command is dropped. `A && B` where A is a `pip install` runs
+B only (the install is CI's own first step, .ci/run).
+
+`needs(command)` says why a command cannot run in CI (GPUs, SLURM, the network, or being
+the test suite itself), or None: then the test runs it.
+"""
+
+import dataclasses
+import re
+from pathlib import Path
+
+_FENCE = re.compile(r'^```\s*(\w*)\s*$')
+_SHELL_FENCES = ('bash', 'sh', 'shell', 'console')  # a bare ``` block is text (the layout)
+_COMMAND_START = re.compile(r'^(python|launch/|jaxtrain\b|pip\b|sbatch\b|[A-Z_]+=\S*\s)')
+_COMMENT = re.compile(r'(^|\s)#\s.*$')
+
+# (pattern, why it does not run in CI). The first match wins.
+NOT_IN_CI = (
+    (re.compile(r'\bsbatch\b'), 'needs SLURM'),
+    (re.compile(r'PLATFORM=gpu|\bGPUS=|launch/one_host\.sh|launch/gpu_acceptance\.sh'), 'needs GPUs'),
+    (re.compile(r'^pip install'), 'installs packages (needs the network; .ci/run does it)'),
+    (re.compile(r'python -m pytest'), 'is the test suite itself (CI runs it)'),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    text: str
+    block: int  # index of its code block: commands of one block run in order, in one directory
+    line: int  # README line where it starts
+
+
+def _strip_comment(line: str) -> str:
+    return _COMMENT.sub('', line).rstrip()
+
+
+def _commands_of(lines: list[tuple[int, str]], block: int) -> list[Command]:
+    commands, pending, start = [], '', None
+    for number, raw in lines:
+        line = _strip_comment(raw.strip())
+        if not line and not pending:
+            continue
+        if start is None:
+            start = number
+        if line.endswith('\\'):
+            pending += line[:-1].rstrip() + ' '
+            continue
+        text = (pending + line).strip()
+        pending, first = '', start
+        start = None
+        for part in _split_install(text):
+            commands.append(Command(part, block, first))
+    return commands
+
+
+def _split_install(text: str) -> list[str]:
+    """`pip install X && Y` -> ['pip install X', 'Y'] (Y runs without the install)."""
+    match = re.match(r'^(pip install \S+(?: \S+)*?) && (.*)$', text)
+    return [match.group(1), match.group(2)] if match else [text]
+
+
+def readme_commands(path: Path) -> list[Command]:
+    lines = path.read_text().splitlines()
+    commands, block, index = [], 0, 0
+    while index < len(lines):
+        fence = _FENCE.match(lines[index])
+        if fence:
+            end = index + 1
+            while end < len(lines) and not lines[end].startswith('```'):
+                end += 1
+            if fence.group(1) in _SHELL_FENCES:
+                body = [(n + 1, lines[n]) for n in range(index + 1, end)]
+                commands += _commands_of(body, block)
+                block += 1
+            index = end + 1
+            continue
+        previous_blank = index == 0 or not lines[index - 1].strip()
+        if previous_blank and lines[index].startswith('    ') and _COMMAND_START.match(lines[index].strip()):
+            end = index
+            while end < len(lines) and lines[end].startswith('    '):
+                end += 1
+            commands += _commands_of([(n + 1, lines[n]) for n in range(index, end)], block)
+            block += 1
+            index = end
+            continue
+        index += 1
+    return commands
+
+
+def needs(command: Command) -> str | None:
+    for pattern, why in NOT_IN_CI:
+        if pattern.search(command.text):
+            return why
+    if re.search(r'(^|\s)\.\.\.(\s|$)', command.text):
+        return 'has a placeholder (...) for the reader to fill in'
+    return None

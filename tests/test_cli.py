@@ -1,0 +1,79 @@
+"""`jaxtrain COMMAND`: the console script is registered, dispatches to the tools, and
+`jaxtrain train` is the same run as `python -m jaxtrain.main`."""
+
+import os
+import re
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+from trainer_runs import REPO, metrics_losses
+
+from jaxtrain import cli
+
+# What `pip install` makes of [project.scripts] jaxtrain = "jaxtrain.cli:main": a script
+# that imports jaxtrain.cli and exits with main()'s status; `-m jaxtrain.cli` runs the same.
+JAXTRAIN = [sys.executable, '-m', 'jaxtrain.cli']
+
+
+def _run(command, **kwargs):
+    env = {**os.environ, 'PYTHONPATH': str(REPO), 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': ''}
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, **kwargs)
+
+
+def test_pyproject_registers_the_jaxtrain_script():
+    scripts = tomllib.loads((REPO / 'pyproject.toml').read_text())['project']['scripts']
+    module, function = scripts['jaxtrain'].split(':')
+    assert (module, function) == ('jaxtrain.cli', 'main')
+
+
+def _step_lines(out: str) -> list[str]:
+    """InfiniTrain's step lines less their timings (which differ between two runs)."""
+    return [re.sub(r'\(.*\)', '', line) for line in out.splitlines() if line.startswith('step ')]
+
+
+@pytest.mark.slow
+def test_jaxtrain_train_is_the_same_run_as_python_m_jaxtrain_main(tmp_path):
+    args = ['--config=configs/gpt2.py:tiny', '--num_iteration', '2', '--num_devices', '1']
+    main = _run([sys.executable, '-m', 'jaxtrain.main', *args, '--metrics_dir', str(tmp_path / 'main')])
+    train = _run([*JAXTRAIN, 'train', *args, '--metrics_dir', str(tmp_path / 'cli')])
+    assert main.returncode == 0, main.stderr
+    assert train.returncode == 0, train.stderr
+    assert len(_step_lines(main.stdout)) == 2
+    assert _step_lines(train.stdout) == _step_lines(main.stdout)
+    assert metrics_losses(tmp_path / 'cli') == metrics_losses(tmp_path / 'main')
+
+
+def test_each_command_reaches_its_own_tool_and_only_it():
+    # Importing the trainer and the benchmark in one process would define --config twice.
+    # absl's --help exits 1 after printing __main__'s docstring and its flags.
+    train = _run([*JAXTRAIN, 'train', '--help'])
+    assert 'Train GPT-2 or LLaMA-3' in train.stdout, train.stderr
+    assert '--save_steps' in train.stdout and '--save_every:' not in train.stdout
+    bench = _run([*JAXTRAIN, 'bench', '--help'])
+    assert "Benchmark the trainer's own train step" in bench.stdout, bench.stderr
+    assert '--save_every:' in bench.stdout
+    cited = set(re.findall(r'\b([\w/]+\.md)\b', bench.stdout))  # documents --help points to exist
+    assert cited and all((REPO / name).is_file() for name in cited), cited
+    ckpt = _run([*JAXTRAIN, 'ckpt', 'ls', str(REPO / 'no such dir')])
+    assert ckpt.returncode == 2 and 'ckpt ls: error' in ckpt.stderr, ckpt.stderr
+
+
+def test_a_command_whose_module_is_absent_says_not_installed_yet(monkeypatch, capsys):
+    monkeypatch.setitem(
+        cli.COMMANDS, 'future', cli.Command('jaxtrain.tools.not_written_yet', 'main', 'a later tool')
+    )
+    assert cli.main(['future', '--help']) == 2
+    assert 'not installed yet' in capsys.readouterr().err
+    assert cli.main([]) == 2
+    listing = capsys.readouterr().out
+    assert re.search(r'future\s+a later tool\s+\[not installed yet\]', listing)
+    assert re.search(r'train\s+train GPT-2', listing) and 'train GPT-2 or LLaMA-3 (python -m jaxtrain.main)  [' not in listing
+
+
+def test_an_unknown_command_is_one_line_naming_the_commands(capsys):
+    assert cli.main(['trian']) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count('\n') == 0 and 'train, ckpt, compare, bench' in err and "'trian'" in err

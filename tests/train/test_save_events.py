@@ -1,0 +1,51 @@
+"""Saves are visible: a line per save (step, directory, ms the loop was blocked), one when
+it is committed, one per rotation (which step and why); the loss of the saved step is in
+its trainer state and `ckpt ls` shows it."""
+
+import re
+
+from jaxtrain.checkpoint import layout
+from jaxtrain.checkpoint.trainer_state import read_trainer_state
+from jaxtrain.tools import ckpt
+from trainer_runs import load_config, random_shard, tiny_llmc_model, train
+
+
+def test_each_save_commit_and_rotation_is_a_line_and_the_loss_is_kept(tmp_path, capsys):
+    root = tmp_path / 'ck'
+    config = load_config(
+        'gpt2',
+        input_bin=random_shard(tmp_path / 'train.bin'),
+        llmc_filepath=tiny_llmc_model(tmp_path / 'model.bin'),
+        checkpoint_dir=str(root),
+        metrics_dir=str(tmp_path / 'metrics'),
+        num_iteration=6,
+        save_steps=2,
+        max_checkpoint_keep=2,
+    )
+    code, losses, out = train(config)
+    assert code == 0, out
+    on_disk = layout.committed_steps(root)
+    assert on_disk == [4, 6]  # the newest two
+
+    saves = re.findall(r'^save: step (\d+) -> (\S+) \(loop blocked ([\d.]+) ms', out, re.M)
+    assert [int(s) for s, _, _ in saves] == [2, 4, 6]
+    assert [d for _, d, _ in saves] == [str(root.absolute() / layout.step_dir_name(s)) for s in (2, 4, 6)]
+    assert all(float(ms) > 0 for _, _, ms in saves)
+    committed = re.findall(r'^save: step (\d+) committed \(([\d.]+) s after the save began\)', out, re.M)
+    assert [int(s) for s, _ in committed] == [2, 4, 6]
+    rotations = re.findall(r'^rotation: deleted (\S+) \((.*)\)$', out, re.M)
+    assert rotations == [(layout.step_dir_name(2), 'max_checkpoint_keep 2 keeps the newest: 4, 6')]
+    # a save line comes after its step's line, its commit after the save line
+    lines = out.splitlines()
+    assert lines.index(next(l for l in lines if l.startswith('save: step 2 ->'))) > lines.index(
+        next(l for l in lines if l.startswith('step    2/6'))
+    )
+
+    for step in on_disk:  # the loss metrics.jsonl recorded for that step
+        assert read_trainer_state(root / layout.step_dir_name(step))['loss'] == losses[step]
+    capsys.readouterr()
+    assert ckpt.main(['ls', str(root)]) == 0
+    listing = capsys.readouterr().out.splitlines()
+    assert listing[0].split()[-1] == 'loss'
+    for step, line in zip(on_disk, listing[1:3]):
+        assert line.split()[0] == str(step) and f'{losses[step]:.6f}' in line.split()
