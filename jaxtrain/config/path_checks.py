@@ -29,10 +29,10 @@ def path_problems(config) -> list[str]:
             continue
         blocker = _file_in_the_way(Path(config[key]).absolute())
         if blocker is not None:
-            where = 'is' if blocker == Path(config[key]).absolute() else f'is under {blocker}, which is'
+            # The path first, as root_access.py's checks of the same key word it.
             problems.append(
-                f'{key}: expected a directory (or a path to create), found that {config[key]} {where} a file; '
-                f'pass a directory to --{key}'
+                f'{key}: {config[key]}: expected a directory (or a path to create), found that {blocker} is '
+                f'a file; pass a directory to --{key}'
             )
     for key in SHARD_GLOB_KEYS:
         pattern = config[key]

@@ -121,7 +121,7 @@ def cmd_ls(args) -> int:
             _bytes(e['size_bytes']),
             _when(e['written_at']) + ('' if e['written_from'] == 'trainer_state' else ' (mtime)'),
             'yes' if e['has_optimizer_state'] else 'no',
-            _number(e['loss']) if e['loss'] is not None else 'n/a',
+            f"{e['loss']:.6f}" if e['loss'] is not None else 'n/a',  # as the step line prints it
             'latest' if ckpt_infinitrain.is_latest(e, latest) else '',
         ]
         for e in entries

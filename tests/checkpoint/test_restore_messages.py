@@ -32,6 +32,17 @@ def _corrupt_zstd_frames(item_dir):
         open(path, 'wb').write(data)
 
 
+def _corrupt_tensor_bytes(item_dir):
+    """Flips the bytes in the middle of every data file of an item. The trainer saves its
+    tensors uncompressed (manager.py), so this damage reaches the values themselves and is
+    caught by the per-tensor checksums."""
+    for path in glob.glob(f'{item_dir}/ocdbt.process_0/d/*'):
+        data = bytearray(open(path, 'rb').read())
+        for k in range(len(data) // 2, min(len(data) // 2 + 64, len(data))):
+            data[k] ^= 0xFF
+        open(path, 'wb').write(data)
+
+
 def test_a_corrupt_zstd_chunk_is_one_line_without_logged_tracebacks(tmp_path, caplog):
     """Eight arrays read concurrently: each failed read used to be logged by asyncio with
     its traceback and TensorStore spec (769 lines for GPT-2 124M)."""
@@ -59,7 +70,7 @@ def test_the_advice_for_a_damaged_newest_step_names_the_one_before(tiny, tmp_pat
     root = tmp_path / 'ck'
     saving = ['--checkpoint_dir', root, '--save_steps', 2]
     assert run_cli(*tiny, *saving, '--num_iteration', 4).code == 0
-    _corrupt_zstd_frames(root / layout.step_dir_name(4) / 'params')
+    _corrupt_tensor_bytes(root / layout.step_dir_name(4) / 'params')
     damaged = run_cli(*tiny, *saving, '--num_iteration', 6, '--resume_from', 'latest')
     assert damaged.code == 1 and len(damaged.error_lines) == 1, damaged.err
     earlier = root / layout.step_dir_name(2)

@@ -26,14 +26,15 @@ def _refused(tmp_path, *args):
 def test_checkpoint_dir_naming_a_file(tmp_path, shard):
     (tmp_path / 'ck').write_text('a file, not a directory')
     line = _refused(tmp_path, '--input_bin', shard, '--checkpoint_dir', tmp_path / 'ck', '--save_steps', 1)
-    assert line.startswith('error: checkpoint_dir: expected a directory')
-    assert f'{tmp_path / "ck"} is a file' in line and 'pass a directory to --checkpoint_dir' in line
+    assert line.startswith(f'error: checkpoint_dir: {tmp_path / "ck"}: expected a directory')
+    assert f'found that {tmp_path / "ck"} is a file' in line and 'pass a directory to --checkpoint_dir' in line
 
 
 def test_checkpoint_dir_under_a_file(tmp_path, shard):
     (tmp_path / 'ck').write_text('a file')
     line = _refused(tmp_path, '--input_bin', shard, '--checkpoint_dir', tmp_path / 'ck' / 'run1', '--save_steps', 1)
-    assert f'is under {tmp_path / "ck"}, which is a file' in line
+    assert line.startswith(f'error: checkpoint_dir: {tmp_path / "ck" / "run1"}: expected a directory')
+    assert f'found that {tmp_path / "ck"} is a file' in line
 
 
 def test_input_bin_naming_a_directory(tmp_path, shard):
