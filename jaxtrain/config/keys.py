@@ -26,6 +26,13 @@ KEYS = (
     ('mesh_fsdp', 1, 'mesh axis fsdp: batch split, parameters and optimizer state sharded (-1 = fill)'),
     ('mesh_tensor', 1, 'mesh axis tensor: tensor-parallel MLP and attention projections (-1 = fill)'),
     (
+        'zero_stage',
+        0,
+        'ZeRO over the data axis: 0 off | 1 optimizer state sharded | 2 + gradients '
+        'reduce-scattered | 3 + parameters sharded (= fsdp)',
+    ),
+    ('device', 'auto', 'auto | cpu | cuda: the platform to train on (cuda without a GPU is an error)'),
+    (
         'coordinator_address',
         '',
         "many processes: host:port of process 0 ('' = JAX_COORDINATOR_ADDRESS, SLURM, or one process)",
@@ -42,9 +49,10 @@ KEYS = (
     ('input_val_bin', '', "glob of validation shards ('' = none, or the built-in corpus's val shard)"),
     ('val_loss_every', 0, 'validation loss every N steps (0 = never)'),
     ('val_max_steps', 5, 'validation batches per evaluation'),
+    ('overfit_single_batch', False, "train every step on the stream's first batch (a smoke test)"),
     ('batch_size', 4, 'sequences per data-parallel rank per micro-step'),
     ('sequence_length', 64, 'tokens per sequence (T)'),
-    ('total_batch_size', 256, 'tokens per optimizer step; sets gradient accumulation'),
+    ('total_batch_size', 256, 'tokens per optimizer step; sets gradient accumulation (0 = one micro-step)'),
     ('num_iteration', 10, 'optimizer steps in total (global step, counted across resumes)'),
     ('optimizer', 'adamw', 'adamw | adam | sgd'),
     ('learning_rate', 1e-4, 'peak learning rate'),
@@ -64,6 +72,12 @@ KEYS = (
     ('keep_every_steps', 0, 'also keep, forever, checkpoints whose step is a multiple of N (0 = off)'),
     ('save_every_minutes', 0.0, 'also save when this many minutes passed since the last save (0 = off)'),
     ('save_optimizer_state', True, 'save the optimizer state too (needed for an exact resume)'),
+    (
+        'checkpoint_format',
+        'orbax',
+        'orbax | infinitrain (model.ckpt CKPT state dicts) | infinitrain-bin (llm.c model.bin); '
+        "InfiniTrain's bin/pth are aliases",
+    ),
     ('resume_from', '', "a checkpoint_step_NNNNNN directory, or 'latest' (newest in checkpoint_dir)"),
     (
         'overwrite_later_checkpoints',

@@ -66,7 +66,15 @@ VARIANTS = {
     'd36': GPT2Config(num_layers=36, num_heads=20, channels=1280),  # 774M
     'd48': GPT2Config(num_layers=48, num_heads=25, channels=1600),  # 1558M
 }
-VARIANTS['gpt2'] = VARIANTS['d12']
+# InfiniTrain's --model names (example/gpt2/main.cc at b24d92f): the OpenAI sizes.
+VARIANTS.update(
+    {
+        'gpt2': VARIANTS['d12'],
+        'gpt2-medium': VARIANTS['d24'],
+        'gpt2-large': VARIANTS['d36'],
+        'gpt2-xl': VARIANTS['d48'],
+    }
+)
 
 
 def _normal(std):

@@ -94,6 +94,9 @@ VARIANTS = {
         use_scaled_rope=False,
     ),
     'llama3.2-1b': LLaMA3Config(),
+    # InfiniTrain's --model llama3 (example/llama3/config.h at b24d92f): the 1B shape with
+    # its own FFN rounding (same hidden size 8192) and unscaled RoPE.
+    'llama3': LLaMA3Config(ffn_dim_multiplier=1.5, multiple_of=256, use_scaled_rope=False),
     'llama3-8b': LLaMA3Config(
         num_layers=32,
         num_heads=32,

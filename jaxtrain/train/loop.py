@@ -21,6 +21,7 @@ from jaxtrain.parallel import mesh as mesh_lib
 from jaxtrain.parallel import sharding
 from jaxtrain.data.stream import TokenStream
 from jaxtrain.parallel.distributed import agree_on_step_end
+from jaxtrain.train import run_log
 from jaxtrain.train.run_log import RunLog
 from jaxtrain.train.stop_signal import StopRequest
 from jaxtrain.train.setup import build_trainer
@@ -133,6 +134,7 @@ def run(config) -> int:
             opt_state=opt_state,
             rng=sharding.put_global(np.asarray(saved['rng'], dtype=np.uint32), replicated),
         )
+        log.info(run_log.ckpt_load_done_line(saved))
         log.info(
             f"resume: restored step {saved['step']} from {resume_dir} "
             f"({ckpt.topology_change(saved.get('topology', {}), topology)})"
@@ -180,7 +182,10 @@ def run(config) -> int:
             llmc_file=setup.llmc_file,
             llmc_sha256=llmc_sha256,
         )
+        as_given = ckpt.Path(config.checkpoint_dir) / ckpt.step_dir_name(step)  # as InfiniTrain prints it
+        log.info(run_log.ckpt_save_begin_line(as_given, step))
         checkpointer.save(step, state.params, opt_state, state.rng, record)
+        log.info(run_log.ckpt_save_done_line(as_given))  # handed off; see run_log
         return time.perf_counter() - began
 
     # --- the loop ---
@@ -213,7 +218,7 @@ def run(config) -> int:
         while step < config.num_iteration:
             # Every process reads the whole window (a pure function of the position) and
             # supplies its own devices' rows of it.
-            inputs, targets = stream.window(data_position)
+            inputs, targets = stream.window(0 if config.overfit_single_batch else data_position)
             shape = (geometry.accumulation, geometry.rows_per_micro_step, geometry.sequence_length)
             inputs, targets = sharding.put_global(
                 (inputs.reshape(shape), targets.reshape(shape)), parts.train_batch_sharding
@@ -243,7 +248,7 @@ def run(config) -> int:
                 float(schedule(step - 1)),
                 elapsed,
                 geometry.tokens_per_step,
-                geometry.data_parallel,
+                parts.parallel_sizes,
                 {'grad_norm': float(metrics['grad_norm'])},
             )
             if stream.epoch_of(data_position) != epoch:

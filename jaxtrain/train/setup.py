@@ -31,6 +31,7 @@ class TrainerSetup:
     val_batch_sharding: NamedSharding  # (rows, T)
     geometry: BatchGeometry
     topology: dict  # what the trainer state records about where it was saved
+    parallel_sizes: dict  # {'DP', 'TP', 'SP', 'PP'} as InfiniTrain's step line prints them
     setup: ModelSetup
     tx: optax.GradientTransformation
     schedule: object  # step -> learning rate
@@ -62,6 +63,12 @@ def build_trainer(config) -> TrainerSetup:
         'device_count': len(devices),
         'process_count': jax.process_count(),
         'mesh': dict(mesh.shape),
+    }
+    parallel_sizes = {
+        'DP': geometry.data_parallel,
+        'TP': mesh.shape['tensor'],
+        'SP': 1,  # sequence parallelism is not built yet (infinitrain_flags.py refuses it)
+        'PP': 1,
     }
 
     # --- model ---
@@ -113,6 +120,7 @@ def build_trainer(config) -> TrainerSetup:
         val_batch_sharding=val_batch_sharding,
         geometry=geometry,
         topology=topology,
+        parallel_sizes=parallel_sizes,
         setup=setup,
         tx=tx,
         schedule=schedule,
