@@ -58,8 +58,6 @@ def check_config(config):
         )
     if config.zero_stage not in (0, 1, 2, 3):
         problems.append(f'zero_stage: expected 0, 1, 2 or 3, found {config.zero_stage}')
-    elif config.zero_stage:
-        problems.append(f'zero_stage: {config.zero_stage} is not supported yet; use 0')
     if config.checkpoint_format in CHECKPOINT_FORMATS_NOT_YET:
         problems.append(
             f'checkpoint_format: {config.checkpoint_format!r} is not supported yet (InfiniTrain '

@@ -82,9 +82,11 @@ def build_trainer(config) -> TrainerSetup:
 
     # --- optimizer and state ---
     tx, schedule = build_optimizer(config)
-    param_shardings = sharding.parameter_shardings(setup.params, mesh)
+    zero = config.zero_stage  # ZeRO over the data axis (sharding.py)
+    param_shardings = sharding.parameter_shardings(setup.params, mesh, zero)
     params = sharding.put_global(setup.params, param_shardings)
-    opt_shardings = sharding.opt_state_shardings(jax.eval_shape(tx.init, params), params, mesh)
+    opt_shardings = sharding.opt_state_shardings(jax.eval_shape(tx.init, params), params, mesh, zero)
+    grad_shardings = sharding.gradient_shardings(setup.params, mesh, zero)
     state_shardings = TrainState(
         step=replicated,
         data_position=replicated,
@@ -102,7 +104,7 @@ def build_trainer(config) -> TrainerSetup:
 
     # --- the steps: jitted once with the state's shardings in and out ---
     train_step = jax.jit(
-        make_train_step(setup.graphdef, tx, model_config.vocab_size),
+        make_train_step(setup.graphdef, tx, model_config.vocab_size, grad_shardings),
         in_shardings=(state_shardings, train_batch_sharding, train_batch_sharding),
         out_shardings=(state_shardings, replicated),
         donate_argnums=0,
