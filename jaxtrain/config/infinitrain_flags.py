@@ -79,14 +79,7 @@ UPSTREAM = (
         'devices this process trains on (data parallel over what tensor_parallel leaves)',
     ),
     _same('tensor_parallel', 'int', 1, 'renamed', 'mesh_tensor', 'tensor-parallel size (the mesh tensor axis)'),
-    _same(
-        'sequence_parallel',
-        'bool',
-        False,
-        'later',
-        'Megatron sequence parallelism',
-        'shard activations along T over the tensor axis',
-    ),
+    _same('sequence_parallel', 'bool', False),
     _same('pipeline_parallel', 'int', 1, 'later', 'pipeline parallelism (issue 19)', 'pipeline stages'),
     _same(
         'virtual_pipeline_parallel',

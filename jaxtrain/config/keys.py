@@ -26,6 +26,11 @@ KEYS = (
     ('mesh_fsdp', 1, 'mesh axis fsdp: batch split, parameters and optimizer state sharded (-1 = fill)'),
     ('mesh_tensor', 1, 'mesh axis tensor: tensor-parallel MLP and attention projections (-1 = fill)'),
     (
+        'sequence_parallel',
+        False,
+        'Megatron sequence parallelism: residual stream and norms split along T over mesh_tensor',
+    ),
+    (
         'zero_stage',
         0,
         'ZeRO over the data axis: 0 off | 1 optimizer state sharded | 2 + gradients '

@@ -14,7 +14,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxtrain.parallel import mesh as mesh_lib
-from jaxtrain.parallel import sharding
+from jaxtrain.parallel import sequence_parallel, sharding
 from jaxtrain.data.batch_geometry import BatchGeometry, batch_geometry
 from jaxtrain.config.checks import check_config
 from jaxtrain.models.setup import ModelSetup, setup_model
@@ -67,13 +67,18 @@ def build_trainer(config) -> TrainerSetup:
     parallel_sizes = {
         'DP': geometry.data_parallel,
         'TP': mesh.shape['tensor'],
-        'SP': 1,  # sequence parallelism is not built yet (infinitrain_flags.py refuses it)
+        'SP': mesh.shape['tensor'] if config.sequence_parallel else 1,  # as InfiniTrain counts it
         'PP': 1,
     }
 
     # --- model ---
     setup = setup_model(config)
     model_config = setup.model_config
+    if config.sequence_parallel and config.sequence_length % mesh.shape['tensor']:
+        raise ValueError(
+            f"sequence_length: expected a multiple of the tensor size {mesh.shape['tensor']} with "
+            f'sequence_parallel, found {config.sequence_length}'
+        )
     if config.sequence_length > model_config.max_seq_len:
         raise ValueError(
             f'sequence_length: expected at most the model max_seq_len {model_config.max_seq_len}, '
@@ -87,6 +92,7 @@ def build_trainer(config) -> TrainerSetup:
     params = sharding.put_global(setup.params, param_shardings)
     opt_shardings = sharding.opt_state_shardings(jax.eval_shape(tx.init, params), params, mesh, zero)
     grad_shardings = sharding.gradient_shardings(setup.params, mesh, zero)
+    time_split = sequence_parallel.time_split_sharding(mesh) if config.sequence_parallel else None
     state_shardings = TrainState(
         step=replicated,
         data_position=replicated,
@@ -104,13 +110,13 @@ def build_trainer(config) -> TrainerSetup:
 
     # --- the steps: jitted once with the state's shardings in and out ---
     train_step = jax.jit(
-        make_train_step(setup.graphdef, tx, model_config.vocab_size, grad_shardings),
+        make_train_step(setup.graphdef, tx, model_config.vocab_size, grad_shardings, time_split),
         in_shardings=(state_shardings, train_batch_sharding, train_batch_sharding),
         out_shardings=(state_shardings, replicated),
         donate_argnums=0,
     )
     eval_step = jax.jit(
-        make_eval_step(setup.graphdef, model_config.vocab_size),
+        make_eval_step(setup.graphdef, model_config.vocab_size, time_split),
         in_shardings=(param_shardings, val_batch_sharding, val_batch_sharding),
         out_shardings=replicated,
     )

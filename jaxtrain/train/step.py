@@ -11,6 +11,7 @@ import optax
 from flax import nnx
 
 from jaxtrain.models.lm_head_loss import lm_head_cross_entropy
+from jaxtrain.parallel import sequence_parallel
 
 
 @flax.struct.dataclass
@@ -24,21 +25,26 @@ class TrainState:
     rng: jax.Array  # uint32[2]: raw key data, for anything stochastic
 
 
-def make_loss_fn(graphdef: nnx.GraphDef, vocab_size: int):
-    """loss(params, inputs_BxT, targets_BxT) with the model rebuilt from its pure params."""
+def make_loss_fn(graphdef: nnx.GraphDef, vocab_size: int, time_split=None):
+    """loss(params, inputs_BxT, targets_BxT) with the model rebuilt from its pure params.
+    `time_split`: the activations' sharding under sequence parallelism (None: off)."""
 
     def loss_fn(params, inputs_BxT, targets_BxT):
         model = nnx.merge(graphdef, nnx.State(params))
         head_weight, vocab_axis = model.head_weight()
-        return lm_head_cross_entropy(
-            model.features(inputs_BxT), head_weight, targets_BxT, vocab_size, vocab_axis
-        )
+        with sequence_parallel.activations_split(time_split):
+            features = model.features(inputs_BxT)
+        return lm_head_cross_entropy(features, head_weight, targets_BxT, vocab_size, vocab_axis)
 
     return loss_fn
 
 
 def make_train_step(
-    graphdef: nnx.GraphDef, tx: optax.GradientTransformation, vocab_size: int, grad_shardings=None
+    graphdef: nnx.GraphDef,
+    tx: optax.GradientTransformation,
+    vocab_size: int,
+    grad_shardings=None,
+    time_split=None,
 ):
     """Returns train_step(state, inputs_AxBxT, targets_AxBxT) -> (state, metrics).
 
@@ -47,7 +53,7 @@ def make_train_step(
     stage 2+, sharding.gradient_shardings) pins every micro-step's gradients and their sum
     to a split layout, so they are reduce-scattered instead of all-reduced.
     """
-    value_and_grad = jax.value_and_grad(make_loss_fn(graphdef, vocab_size))
+    value_and_grad = jax.value_and_grad(make_loss_fn(graphdef, vocab_size, time_split))
 
     def grad_fn(params, inputs_BxT, targets_BxT):
         loss, grads = value_and_grad(params, inputs_BxT, targets_BxT)
@@ -93,8 +99,8 @@ def make_train_step(
     return train_step
 
 
-def make_eval_step(graphdef: nnx.GraphDef, vocab_size: int):
-    loss_fn = make_loss_fn(graphdef, vocab_size)
+def make_eval_step(graphdef: nnx.GraphDef, vocab_size: int, time_split=None):
+    loss_fn = make_loss_fn(graphdef, vocab_size, time_split)
 
     def eval_step(params, inputs_BxT, targets_BxT):
         return loss_fn(params, inputs_BxT, targets_BxT)
