@@ -68,7 +68,7 @@ def check_config(config):
         problems.append(
             f'keep_every_steps: expected a multiple of save_steps {config.save_steps}, found '
             f'{config.keep_every_steps}: only steps that are multiples of both would be kept. '
-            f'Pass --keep_every_steps {config.save_steps * max(1, round(config.keep_every_steps / config.save_steps))}'
+            f'Pass --keep_every_steps {save_steps * max(1, round(keep_every / save_steps))}'
         )
     saving = config.save_steps > 0 or config.save_every_minutes > 0
     if saving and not config.checkpoint_dir:

@@ -46,11 +46,12 @@ def _same(name, kind, default, handling='key', target='', help='', llama3=None):
     return UpstreamFlag(name, kind, default, default if llama3 is None else llama3, handling, target, help)
 
 
+_TEXT = 'text generation (issue 18)'
 UPSTREAM = (
     # I/O
     _same('input_bin', 'string', ''),
     _same('input_val_bin', 'string', ''),
-    _same('tokenizer_bin', 'string', '', 'later', 'text generation (issue 18)', 'llm.c tokenizer file'),
+    _same('tokenizer_bin', 'string', '', 'later', _TEXT, 'llm.c tokenizer file'),
     _same('llmc_filepath', 'string', ''),
     _same('model', 'string', 'gpt2', llama3='llama3'),
     # token layout and workload
@@ -58,14 +59,14 @@ UPSTREAM = (
     _same('sequence_length', 'int', 64),
     _same('total_batch_size', 'int', 256),
     _same('num_iteration', 'int', 10),
-    _same('freq_generate_txt', 'int', 10, 'later', 'text generation (issue 18)', 'generate text every N steps'),
-    _same('text_length', 'int', 64, 'later', 'text generation (issue 18)', 'tokens of generated text'),
+    _same('freq_generate_txt', 'int', 10, 'later', _TEXT, 'generate text every N steps'),
+    _same('text_length', 'int', 64, 'later', _TEXT, 'tokens of generated text'),
     # optimization
     _same('learning_rate', 'float', 1e-4, llama3=1e-5),
     _same('zero_stage', 'int', 0),
     # evaluation
     _same('val_loss_every', 'int', 0),
-    _same('sample_every', 'int', 0, 'later', 'text generation (issue 18)', 'sample from the model every N steps'),
+    _same('sample_every', 'int', 0, 'later', _TEXT, 'sample from the model every N steps'),
     # debugging, device
     _same('overfit_single_batch', 'bool', True),
     _same('device', 'string', 'cuda'),
@@ -78,7 +79,7 @@ UPSTREAM = (
         'num_devices',
         'devices this process trains on (data parallel over what tensor_parallel leaves)',
     ),
-    _same('tensor_parallel', 'int', 1, 'renamed', 'mesh_tensor', 'tensor-parallel size (the mesh tensor axis)'),
+    _same('tensor_parallel', 'int', 1, 'renamed', 'mesh_tensor', 'tensor-parallel size (mesh tensor axis)'),
     _same('sequence_parallel', 'bool', False),
     _same('pipeline_parallel', 'int', 1, 'later', 'pipeline parallelism (issue 19)', 'pipeline stages'),
     _same(
@@ -92,7 +93,7 @@ UPSTREAM = (
     # precision, checkpoints (HEAD names)
     _same('dtype', 'string', 'float32'),
     _same('save_interval', 'int', 0, 'renamed', 'save_steps', 'save every N steps (= --save_steps)'),
-    _same('load', 'string', '', 'renamed', 'resume_from', 'checkpoint directory to resume from (= --resume_from)'),
+    _same('load', 'string', '', 'renamed', 'resume_from', 'checkpoint directory to resume (= --resume_from)'),
     _same('save', 'string', '', 'renamed', 'checkpoint_dir', 'root of the checkpoints (= --checkpoint_dir)'),
     _same('max_checkpoint_keep', 'int', 3),
     _same('save_optimizer_state', 'bool', True),

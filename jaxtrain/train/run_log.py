@@ -129,7 +129,8 @@ class RunLog:
         sizes as a dict, or the data-parallel size alone (the others 1)."""
         peak = peak_memory_mb()
         memory = peak_memory_fields()
-        self.info(step_line(step, num_steps, loss, lr, seconds, tokens, parallel_sizes(data_parallel), memory))
+        sizes = parallel_sizes(data_parallel)
+        self.info(step_line(step, num_steps, loss, lr, seconds, tokens, sizes, memory))
         self.record(
             {
                 'step': step,

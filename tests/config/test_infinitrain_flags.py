@@ -72,7 +72,8 @@ def test_the_table_is_upstreams_list_of_39_flags():
     assert [f.name for f in table.UPSTREAM] == list(upstream)
     for flag in table.UPSTREAM:
         kind, gpt2_default, llama3_default = upstream[flag.name]
-        assert (flag.kind, flag.gpt2_default, flag.llama3_default) == (KIND[kind], gpt2_default, llama3_default)
+        ours = (flag.kind, flag.gpt2_default, flag.llama3_default)
+        assert ours == (KIND[kind], gpt2_default, llama3_default), flag.name
     assert table.HEAD_COMMIT.startswith('b24d92f')
 
 
@@ -128,7 +129,8 @@ LATER_VALUES = {
 
 def _later_names():
     table = _table()
-    return [name for name in LATER_VALUES if table.BY_NAME[name].handling == 'later' and name in table.alias_names()]
+    later = [name for name in LATER_VALUES if table.BY_NAME[name].handling == 'later']
+    return [name for name in later if name in table.alias_names()]  # not yet a config key
 
 
 @pytest.mark.parametrize('name', _later_names())
@@ -170,7 +172,8 @@ def test_save_and_save_interval_must_come_together(files, tmp_path):
 def test_checkpoint_formats_not_written_yet_are_refused(files):
     assert _table().canonical_checkpoint_format('pth') == 'infinitrain'
     assert _table().canonical_checkpoint_format('bin') == 'infinitrain-bin'
-    for args in (('--checkpoint_format', 'pth'), ('--checkpoint_format', 'infinitrain'), ('--use_llmc_checkpoint_io',)):
+    formats = (('--checkpoint_format', 'pth'), ('--checkpoint_format', 'infinitrain'))
+    for args in (*formats, ('--use_llmc_checkpoint_io',)):
         result = run_cli(*_gpt2(files, *args))
         assert result.code == 1 and len(result.error_lines) == 1, result.err
         assert 'checkpoint_format' in result.err and 'not supported yet' in result.err
@@ -185,7 +188,8 @@ def test_device_cuda_without_a_gpu_is_an_error(files):
 def test_nthread_per_process_and_tensor_parallel_shape_the_mesh(files):
     """InfiniTrain: DP = nthread_per_process / tensor_parallel; the step line says so."""
     result = run_cli(
-        *_gpt2(files, '--nthread_per_process', 4, '--tensor_parallel', 2, '--batch_size', 2, '--num_iteration', 1),
+        *_gpt2(files, '--nthread_per_process', 4, '--tensor_parallel', 2, '--batch_size', 2),
+        '--num_iteration', 1,
         num_devices=None,
     )
     assert result.code == 0, result.err

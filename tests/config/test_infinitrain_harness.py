@@ -109,7 +109,8 @@ def ours(command: str, files: dict, ckpt_root: Path) -> tuple[str, list[str]]:
         upstream.VARIABLES[f'{family}_INPUT_BIN']: files[f'{model}_shard'],
         upstream.VARIABLES[f'{family}_LLMC_FILEPATH']: files[f'{model}_model'],
     }
-    argv = [swap.get(word, word.replace(upstream.VARIABLES['CKPT_ROOT_DIR'], str(ckpt_root))) for word in words[1:]]
+    root = upstream.VARIABLES['CKPT_ROOT_DIR']
+    argv = [swap.get(word, word.replace(root, str(ckpt_root))) for word in words[1:]]
     if jax.default_backend() != 'gpu':
         argv[argv.index('--device') + 1] = 'cpu'
     return f'configs/{model}.py:infinitrain', argv
@@ -167,7 +168,9 @@ def run_rows(rows, models, files, tmp_path) -> Path:
                 continue
             assert result.code == 0, f'{log.name}: {command}\n{result.err}'
             steps = shrink(args)['num_iteration']
-            first = int(re.search(r'checkpoint_step_(\d+)', argv[argv.index('--load') + 1])[1]) + 1 if '--load' in argv else 1
+            first = 1
+            if '--load' in argv:
+                first += int(re.search(r'checkpoint_step_(\d+)', argv[argv.index('--load') + 1])[1])
             assert sorted(parse(LOSS, log)) == list(range(first, steps + 1)), log.read_text()
             tps = parse(TPS, log)
             assert sorted(tps) == list(range(first, steps + 1)) and all(v > 0 for v in tps.values())

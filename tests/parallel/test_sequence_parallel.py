@@ -47,6 +47,6 @@ def test_sequence_parallel_saves_activation_memory_and_keeps_the_losses(tmp_path
     tokens = np.random.default_rng(0).integers(0, 512, (2, 1, 8, 64))
     whole_bytes, whole_losses = _run(model, False, tokens)
     split_bytes, split_losses = _run(model, True, tokens)
-    print(f'per-device step temporaries: {whole_bytes:,} B without, {split_bytes:,} B with sequence parallelism')
+    print(f'per-device step temporaries: {whole_bytes:,} B without, {split_bytes:,} B with it')
     assert split_bytes < 0.75 * whole_bytes
     np.testing.assert_allclose(split_losses, whole_losses, rtol=2e-6)

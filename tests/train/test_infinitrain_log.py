@@ -53,7 +53,8 @@ def test_the_step_line_is_upstreams_byte_for_byte(folder):
 
 
 def test_the_step_line_with_gpu_sized_numbers():
-    line = run_log.step_line(7, 100, 3.25, 6e-4, 0.123456, 524288, {'DP': 8, 'TP': 2, 'SP': 2, 'PP': 1}, (81234, 95000))
+    sizes = {'DP': 8, 'TP': 2, 'SP': 2, 'PP': 1}
+    line = run_log.step_line(7, 100, 3.25, 6e-4, 0.123456, 524288, sizes, (81234, 95000))
     assert line == (
         'step    7/100 | train loss 3.250000 | lr 6.00e-04 | (123.46 ms | 4246760 tok/s | '
         'peak used: 81234 MB | peak reserved: 95000 MB, DP=8, TP=2, SP=2, PP=1)'
