@@ -2,6 +2,7 @@
 expected and what was found."""
 
 from jaxtrain.models.attention import IMPLEMENTATIONS
+from jaxtrain.train import precision_check
 from jaxtrain.train.optim import OPTIMIZERS, SCHEDULES
 
 CHOICES = {
@@ -70,6 +71,11 @@ def check_config(config):
             f'{config.keep_every_steps}: only steps that are multiples of both would be kept. '
             f'Pass --keep_every_steps {save_steps * max(1, round(keep_every / save_steps))}'
         )
+    if config.precision_check:
+        try:
+            precision_check.parse(config.precision_check)
+        except ValueError as e:
+            problems.append(str(e).removeprefix('--'))
     saving = config.save_steps > 0 or config.save_every_minutes > 0
     if saving and not config.checkpoint_dir:
         problems.append(

@@ -97,14 +97,7 @@ UPSTREAM = (
     _same('save', 'string', '', 'renamed', 'checkpoint_dir', 'root of the checkpoints (= --checkpoint_dir)'),
     _same('max_checkpoint_keep', 'int', 3),
     _same('save_optimizer_state', 'bool', True),
-    _same(
-        'precision_check',
-        'string',
-        '',
-        'later',
-        'the precision checker',
-        'level=N,path=...,format=simple|md5,...',
-    ),
+    _same('precision_check', 'string', ''),
     # LoRA
     _same('lora_rank', 'int', 0, 'later', 'LoRA (issue 17)', 'LoRA rank (0 = off)'),
     _same('lora_alpha', 'float', 16.0, 'later', 'LoRA (issue 17)', 'LoRA alpha'),

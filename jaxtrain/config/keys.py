@@ -70,6 +70,12 @@ KEYS = (
     ('weight_decay', 0.0, 'AdamW decoupled weight decay, on tensors of 2+ dimensions only'),
     ('grad_clip', 0.0, 'global-norm gradient clipping (0 = off, as in InfiniTrain)'),
     ('seed', 42, 'seed of the random init and the training rng'),
+    (
+        'precision_check',
+        '',
+        "InfiniTrain's precision checker: 'level=1,path=DIR,format=simple|md5,save_tensors=true,"
+        "md5_tolerance=X' ('' = off)",
+    ),
     ('metrics_dir', '', "directory for metrics.jsonl ('' = no file)"),
     ('checkpoint_dir', '', 'root of this run\'s checkpoints (checkpoint_step_NNNNNN/ inside)'),
     ('save_steps', 0, 'save every N steps (0 = never); the last step is saved whenever saving is on'),

@@ -20,6 +20,7 @@ from flax import nnx
 from jaxtrain.models.attention import causal_attention
 from jaxtrain.models.embedding import embedding_lookup
 from jaxtrain.models.layer_stack import apply_blocks, stack_blocks
+from jaxtrain.models.precision_tap import tap  # no-op unless --precision_check
 from jaxtrain.parallel.sequence_parallel import split_over_time  # no-op unless --sequence_parallel
 
 
@@ -191,8 +192,9 @@ class Block(nnx.Module):
 
     def __call__(self, x_BxTxC, cos_TxH2, sin_TxH2):
         attended = self.attn(self.ln_1(x_BxTxC).astype(self.dtype), cos_TxH2, sin_TxH2)
-        x_BxTxC = split_over_time(x_BxTxC + attended)
-        return split_over_time(x_BxTxC + self.mlp(self.ln_2(x_BxTxC).astype(self.dtype)))
+        x_BxTxC = split_over_time(x_BxTxC + tap('CausalSelfAttention', attended))
+        mixed = tap('MLP', self.mlp(self.ln_2(x_BxTxC).astype(self.dtype)))
+        return tap('Block', split_over_time(x_BxTxC + mixed))
 
 
 class LLaMA3(nnx.Module):

@@ -18,6 +18,7 @@ from jaxtrain.parallel import sequence_parallel, sharding
 from jaxtrain.data.batch_geometry import BatchGeometry, batch_geometry
 from jaxtrain.config.checks import check_config
 from jaxtrain.models.setup import ModelSetup, setup_model
+from jaxtrain.train import precision_check
 from jaxtrain.train.optim import build_optimizer
 from jaxtrain.train.step import TrainState, make_eval_step, make_train_step
 
@@ -93,6 +94,11 @@ def build_trainer(config) -> TrainerSetup:
     opt_shardings = sharding.opt_state_shardings(jax.eval_shape(tx.init, params), params, mesh, zero)
     grad_shardings = sharding.gradient_shardings(setup.params, mesh, zero)
     time_split = sequence_parallel.time_split_sharding(mesh) if config.sequence_parallel else None
+    checker = None  # --precision_check (precision_check.py)
+    if config.precision_check and precision_check.parse(config.precision_check).level > 0:
+        checker_config = precision_check.parse(config.precision_check)
+        rank = jax.process_index()
+        checker = precision_check.PrecisionChecker(checker_config, model_config.num_layers, rank)
     state_shardings = TrainState(
         step=replicated,
         data_position=replicated,
@@ -110,7 +116,7 @@ def build_trainer(config) -> TrainerSetup:
 
     # --- the steps: jitted once with the state's shardings in and out ---
     train_step = jax.jit(
-        make_train_step(setup.graphdef, tx, model_config.vocab_size, grad_shardings, time_split),
+        make_train_step(setup.graphdef, tx, model_config.vocab_size, grad_shardings, time_split, checker),
         in_shardings=(state_shardings, train_batch_sharding, train_batch_sharding),
         out_shardings=(state_shardings, replicated),
         donate_argnums=0,

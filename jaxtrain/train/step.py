@@ -11,6 +11,7 @@ import optax
 from flax import nnx
 
 from jaxtrain.models.lm_head_loss import lm_head_cross_entropy
+from jaxtrain.models import precision_tap
 from jaxtrain.parallel import sequence_parallel
 
 
@@ -45,6 +46,7 @@ def make_train_step(
     vocab_size: int,
     grad_shardings=None,
     time_split=None,
+    checker=None,
 ):
     """Returns train_step(state, inputs_AxBxT, targets_AxBxT) -> (state, metrics).
 
@@ -62,6 +64,10 @@ def make_train_step(
         return loss, grads
 
     def train_step(state: TrainState, inputs_AxBxT, targets_AxBxT):
+        with precision_tap.checking(checker, state.step):  # --precision_check; else a no-op
+            return _train_step(state, inputs_AxBxT, targets_AxBxT)
+
+    def _train_step(state: TrainState, inputs_AxBxT, targets_AxBxT):
         accumulation = inputs_AxBxT.shape[0]
         if accumulation == 1:
             loss, grads = grad_fn(state.params, inputs_AxBxT[0], targets_AxBxT[0])
