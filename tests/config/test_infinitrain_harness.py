@@ -210,12 +210,12 @@ def test_upstream_command_is_built_as_the_harness_builds_it():
     assert len(upstream.TEST_GROUPS) == 52
 
 
-FAST_IDS = {'1', 'ckpt_no_resume', 'ckpt_resume'}
+FAST_IDS = {'ckpt_no_resume', 'ckpt_resume'}  # basic 1's command: test_infinitrain_crosscheck.py
 
 
 def test_harness_rows_run_or_are_refused_on_one_line(files, tmp_path):
-    """Every row that is refused (cheap: nothing is built), and the GPT-2 runs of basic 1 and
-    the checkpoint pair; slow: test_every_harness_row_through_both_models."""
+    """Every row that is refused (cheap: nothing is built), and the GPT-2 runs of the
+    checkpoint pair; slow: test_every_harness_row_through_both_models."""
     rows = [row for row in upstream.TEST_GROUPS if row[1] in FAST_IDS or refusal_expected(row[2])]
     fast = [row for row in rows if not refusal_expected(row[2])]
     run_rows([row for row in rows if refusal_expected(row[2])], ['gpt2', 'llama3'], files, tmp_path)
