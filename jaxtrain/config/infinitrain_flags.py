@@ -163,7 +163,7 @@ def define_flags() -> list[str]:
             continue
         text = f'InfiniTrain --{name}: {flag.help}'
         if flag.handling == 'later':
-            text += f' [not supported yet: {flag.target}; only the default {flag.gpt2_default!r} runs]'
+            text += f' [not supported yet: {flag.target}; only upstream\'s default runs]'
         if flag.kind == 'bool':
             flags.DEFINE_string(name, None, text + ' [true|false]')
         elif flag.kind == 'int':
