@@ -7,8 +7,10 @@ built once into the cache directory. Its loss starts near ln(128256) ≈ 11.8 an
 Your own data: --input_bin 'llama3_train_*.bin' (llm.c's dev/data scripts, or
 `python -m llmc_io shard FILES --family llama3 --output PREFIX`).
 
-Variants: configs/llama3.py:tiny|small|llama3.2-1b|llama3-8b. With --llmc_filepath the file's
-header sets the shape.
+Variants: configs/llama3.py:tiny|small|llama3.2-1b|llama3-8b|llama3 (InfiniTrain's 1B
+shape), and `infinitrain`: every default of InfiniTrain's llama3 example (Adam, β2 0.999,
+constant 1e-5, one device, keep 3 checkpoints; notes/cli.md lists the differences). With
+--llmc_filepath the file's header sets the shape.
 """
 
 from jaxtrain.config.keys import base_config
@@ -19,4 +21,11 @@ def get_config(variant: str = ''):
     config.model = variant or 'llama3.2-1b'  # LLaMA-3 variant; an --llmc_filepath header overrides it
     config.learning_rate = 1e-5  # InfiniTrain's LLaMA-3 example
     config.beta2 = 0.999  # InfiniTrain's LLaMA-3 Adam
+    if variant == 'infinitrain':
+        # example/llama3/main.cc at InfiniTensor/InfiniTrain b24d92f: its defaults, key by key.
+        config.model = 'llama3'  # --model llama3; --llmc_filepath overrides it
+        config.optimizer = 'adam'  # optimizers::Adam: β1 0.9, β2 0.999, eps 1e-8, no weight decay
+        config.lr_schedule = 'constant'  # a fixed --learning_rate
+        config.num_devices = 1  # --nthread_per_process 1
+        config.max_checkpoint_keep = 3  # --max_checkpoint_keep 3
     return config

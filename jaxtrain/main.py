@@ -19,6 +19,7 @@ from ml_collections import config_flags
 
 from jaxtrain.train import deterministic_flag
 from jaxtrain.config import flags as key_flags
+from jaxtrain.config import infinitrain_flags
 
 _DEFAULT_CONFIG = str(Path(__file__).resolve().parents[1] / 'configs' / 'gpt2.py')
 config_flags.DEFINE_config_file(
@@ -26,7 +27,10 @@ config_flags.DEFINE_config_file(
 )
 _VERBOSE = flags.DEFINE_boolean('verbose', False, 'print a traceback with errors')
 _KEY_FLAGS = key_flags.define_key_flags()
+_INFINITRAIN_FLAGS = infinitrain_flags.define_flags()  # --save, --device, ... (InfiniTrain's names)
+key_flags.BOOLEAN_FLAGS.update(infinitrain_flags.boolean_names())
 flags.adopt_module_key_flags(key_flags)  # so --help lists every training key, not only --config
+flags.adopt_module_key_flags(infinitrain_flags)
 
 
 def _enable_compilation_cache():
@@ -67,19 +71,25 @@ def main(argv):
     try:
         import jax
 
-        from jaxtrain.parallel import distributed
+        from jaxtrain.parallel import distributed, platform
         from jaxtrain.config.checks import deterministic_wanted
 
         config = flags.FLAGS.config
         key_flags.apply_key_flags(config, _KEY_FLAGS, warn=print)
+        infinitrain_flags.apply(config, _INFINITRAIN_FLAGS)
         deterministic_flag.request(deterministic_wanted(config))
         _enable_compilation_cache()
+        platform.request(config.device)
         joined = distributed.initialize(config)  # before anything asks JAX for devices
+        platform.check(config.device)
         if joined and jax.process_index() == 0:
             print(joined, flush=True)
         from jaxtrain.train import loop as train
 
         return train.run(config)
+    except infinitrain_flags.FlagError as e:
+        print(f'error: {e}', file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print('interrupted', file=sys.stderr)
         return 130

@@ -38,12 +38,13 @@ def _forget_previous_command_line(flag_values):
     flag_values.unparse_flags()
 
 
-def run_cli(*args, config='configs/gpt2.py', flags_parser=None) -> CliResult:
+def run_cli(*args, config='configs/gpt2.py', flags_parser=None, num_devices=1) -> CliResult:
     """Runs `python -m jaxtrain.main --config=CONFIG --num_devices 1 ARGS` in this process.
 
     One device, as a user's CPU run has (the tests' 8 fake devices would change the batch
-    split). `config=None` leaves --config out of the command line. `flags_parser` runs
-    main() under app.run with that parser instead of entry_point()'s own.
+    split); `num_devices=None` leaves the flag out. `config=None` leaves --config out of the
+    command line. `flags_parser` runs main() under app.run with that parser instead of
+    entry_point()'s own.
     """
     from absl import app, flags
 
@@ -52,7 +53,7 @@ def run_cli(*args, config='configs/gpt2.py', flags_parser=None) -> CliResult:
     argv = ['jaxtrain.main']
     if config:
         argv.append(f'--config={REPO / config}')  # an absolute config stays as it is
-    argv += ['--num_devices', '1', *map(str, args)]
+    argv += (['--num_devices', str(num_devices)] if num_devices is not None else []) + list(map(str, args))
     _forget_previous_command_line(flags.FLAGS)
     saved_argv, saved_xla_flags = sys.argv, os.environ.get('XLA_FLAGS')
     out, err = io.StringIO(), io.StringIO()

@@ -209,7 +209,7 @@ def resume_into(config, parts) -> Resumed:
     foreign = resume_from_infinitrain(config, parts, Resumed)  # an InfiniTrain step directory
     if foreign is not None:
         return foreign
-    step_dir, notice = resolve_resume(config.resume_from or config.get('load', ''), config.checkpoint_dir)
+    step_dir, notice = resolve_resume(config.resume_from, config.checkpoint_dir)
     messages = [notice] if notice else []
     if step_dir is None:
         return Resumed(parts.state, None, None, messages)

@@ -5,6 +5,7 @@ from pathlib import Path
 
 from jaxtrain.config.path_checks import path_problems
 from jaxtrain.models.attention import IMPLEMENTATIONS
+from jaxtrain.train import precision_check
 from jaxtrain.train.optim import OPTIMIZERS, SCHEDULES
 
 CHOICES = {
@@ -14,6 +15,7 @@ CHOICES = {
     'lr_schedule': SCHEDULES,
     'attention': IMPLEMENTATIONS,
     'deterministic': ('auto', 'true', 'false'),
+    'device': ('auto', 'cpu', 'cuda'),
     'checkpoint_format': ('orbax', 'infinitrain', 'infinitrain-bin'),
 }
 NON_NEGATIVE = (
@@ -31,8 +33,9 @@ NON_NEGATIVE = (
     'grad_clip',
     'llmc_ffn_dim_multiplier',
     'llmc_norm_eps',
+    'total_batch_size',  # 0: one micro-step per rank (batch_geometry.py)
 )
-POSITIVE = ('batch_size', 'sequence_length', 'total_batch_size')
+POSITIVE = ('batch_size', 'sequence_length')
 MESH_AXES = ('mesh_data', 'mesh_fsdp', 'mesh_tensor')  # a size, or -1 to fill (mesh.py)
 
 
@@ -55,6 +58,20 @@ def check_config(config):
         problems.append(
             f'process_id: expected a value >= 0, or -1 (from the environment), found {config.process_id}'
         )
+    if config.zero_stage not in (0, 1, 2, 3):
+        problems.append(f'zero_stage: expected 0, 1, 2 or 3, found {config.zero_stage}')
+    keep_every, save_steps = config.keep_every_steps, config.save_steps
+    if keep_every and save_steps and keep_every % save_steps and not config.save_every_minutes:
+        problems.append(
+            f'keep_every_steps: expected a multiple of save_steps {config.save_steps}, found '
+            f'{config.keep_every_steps}: only steps that are multiples of both would be kept. '
+            f'Pass --keep_every_steps {save_steps * max(1, round(keep_every / save_steps))}'
+        )
+    if config.precision_check:
+        try:
+            precision_check.parse(config.precision_check)
+        except ValueError as e:
+            problems.append(str(e).removeprefix('--'))
     saving = config.save_steps > 0 or config.save_every_minutes > 0
     if saving and not config.checkpoint_dir:
         problems.append(

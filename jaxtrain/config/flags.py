@@ -1,8 +1,9 @@
 """Plain flags for every config key, so InfiniTrain's commands run with only the program
 name changed: `--input_bin X`, `--num_iteration 100`, `--save_optimizer_state true`.
 
-They apply after `--config.KEY=VALUE` overrides. Booleans take a value (gflags style:
-`--flag true|false|1|0`), because a bare absl boolean would read `--flag false` as true.
+They apply after `--config.KEY=VALUE` overrides. Booleans take every spelling gflags and
+absl accept: `--flag`, `--noflag`, `--flag=false` and `--flag true|false|1|0` (a bare
+`--flag` followed by another flag is true, and never swallows that flag).
 
 `parse_command_line` is the parser main.py gives absl's app.run: a mistyped key, a value
 of the wrong type or a config file that is not there is reported on one line, like every
@@ -21,6 +22,7 @@ from jaxtrain.config.key_help import help_with_default
 from jaxtrain.config.keys import KEYS
 
 _TRUE, _FALSE = ('true', '1', 'yes', 'on'), ('false', '0', 'no', 'off')
+BOOLEAN_FLAGS: set[str] = set()  # string flags holding a boolean (normalize_booleans)
 
 
 def parse_bool(name: str, text: str) -> bool:
@@ -41,6 +43,7 @@ def define_key_flags():
         text = help_with_default(key, text, default)
         if isinstance(default, bool):
             flags.DEFINE_string(key, None, f'{text} [true|false]')
+            BOOLEAN_FLAGS.add(key)
         elif isinstance(default, int):
             flags.DEFINE_integer(key, None, text)
         elif isinstance(default, float):
@@ -49,6 +52,60 @@ def define_key_flags():
             flags.DEFINE_string(key, None, text)
         defined.append(key)
     return defined
+
+
+def normalize_booleans(argv: list[str], names) -> list[str]:
+    """Rewrites the boolean flags in `argv` to `--name=value`, so that absl (which holds them
+    as strings) reads every gflags/absl spelling: `--name` -> true, `--noname` -> false,
+    `--name VALUE` -> VALUE when the next word is not a flag. Nothing after `--` changes."""
+    names = set(names)
+    out, i = list(argv[:1]), 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg == '--':
+            out += argv[i:]
+            break
+        bare = arg.lstrip('-') if arg.startswith('-') and '=' not in arg else None
+        if bare in names:
+            following = argv[i + 1] if i + 1 < len(argv) else None
+            if following is not None and not following.startswith('-'):
+                out.append(f'--{bare}={following}')
+                i += 2
+                continue
+            out.append(f'--{bare}=true')
+        elif bare and bare.startswith('no') and bare[2:] in names and bare not in flags.FLAGS:
+            out.append(f'--{bare[2:]}=false')
+        else:
+            out.append(arg)
+        i += 1
+    return out
+
+
+def _given_on_command_line(key: str) -> bool:
+    """`--KEY` or `--config.KEY=` was on the command line (not only in the config file)."""
+    if key in flags.FLAGS and flags.FLAGS[key].present:
+        return True
+    return any(re.match(rf'^--?config\.{key}(=|$)', arg) for arg in sys.argv[1:])
+
+
+def derive_total_batch_size(config, warn) -> None:
+    """`--batch_size 8` alone: the config's total_batch_size (256 tokens by default, as
+    InfiniTrain's) would not be a multiple of 8 x 64, so take one micro-step per rank
+    (total_batch_size 0, batch_geometry.py) and say so, instead of refusing the run."""
+    changed = [k for k in ('batch_size', 'sequence_length') if _given_on_command_line(k)]
+    if not changed or _given_on_command_line('total_batch_size') or config.total_batch_size <= 0:
+        return
+    if config.batch_size <= 0 or config.sequence_length <= 0:
+        return  # check_config names the bad key
+    per_rank = config.batch_size * config.sequence_length
+    if config.total_batch_size % per_rank == 0:
+        return  # accumulation as InfiniTrain computes it
+    warn(
+        f'total_batch_size: not given, and the default {config.total_batch_size} is not a multiple of '
+        f'batch_size × sequence_length = {per_rank}; training with one micro-step per rank '
+        f'({per_rank} × data-parallel ranks tokens per step). Pass --total_batch_size to choose.'
+    )
+    config.total_batch_size = 0
 
 
 def apply_key_flags(config, keys, warn) -> None:
@@ -63,6 +120,7 @@ def apply_key_flags(config, keys, warn) -> None:
         elif isinstance(config[key], float):
             value = float(value)
         config[key] = value
+    derive_total_batch_size(config, warn)
 
 
 # --- the command line as a whole --------------------------------------------------
@@ -145,6 +203,7 @@ def parse_command_line(argv: list[str]) -> list[str]:
     problem = _unknown_config_key(argv)
     if problem:
         _fail(problem, verbose=False)
+    argv = normalize_booleans(argv, BOOLEAN_FLAGS)
     try:
         remaining = flags.FLAGS(argv)
     except flags.Error as error:

@@ -26,6 +26,18 @@ KEYS = (
     ('mesh_fsdp', 1, 'mesh axis fsdp: batch split, parameters and optimizer state sharded (-1 = fill)'),
     ('mesh_tensor', 1, 'mesh axis tensor: tensor-parallel MLP and attention projections (-1 = fill)'),
     (
+        'sequence_parallel',
+        False,
+        'Megatron sequence parallelism: residual stream and norms split along T over mesh_tensor',
+    ),
+    (
+        'zero_stage',
+        0,
+        'ZeRO over the data axis: 0 off | 1 optimizer state sharded | 2 + gradients '
+        'reduce-scattered | 3 + parameters sharded (= fsdp)',
+    ),
+    ('device', 'auto', 'auto | cpu | cuda: the platform to train on (cuda without a GPU is an error)'),
+    (
         'coordinator_address',
         '',
         "many processes: host:port of process 0 ('' = JAX_COORDINATOR_ADDRESS, SLURM, or one process)",
@@ -56,9 +68,10 @@ KEYS = (
         '',
         "llm.c tokenizer file for samples ('' = built-in byte tokenizer for GPT-2's vocabulary)",
     ),
+    ('overfit_single_batch', False, "train every step on the stream's first batch (a smoke test)"),
     ('batch_size', 4, 'sequences per data-parallel rank per micro-step'),
     ('sequence_length', 64, 'tokens per sequence (T)'),
-    ('total_batch_size', 256, 'tokens per optimizer step; sets gradient accumulation'),
+    ('total_batch_size', 256, 'tokens per optimizer step; sets gradient accumulation (0 = one micro-step)'),
     ('num_iteration', 10, 'optimizer steps in total (global step, counted across resumes)'),
     ('optimizer', 'adamw', 'adamw | adam | sgd'),
     ('learning_rate', 1e-4, 'peak learning rate'),
@@ -71,6 +84,12 @@ KEYS = (
     ('weight_decay', 0.0, 'AdamW decoupled weight decay, on tensors of 2+ dimensions only'),
     ('grad_clip', 0.0, 'global-norm gradient clipping (0 = off, as in InfiniTrain)'),
     ('seed', 42, 'seed of the random init and the training rng'),
+    (
+        'precision_check',
+        '',
+        "InfiniTrain's precision checker: 'level=1,path=DIR,format=simple|md5,save_tensors=true,"
+        "md5_tolerance=X' ('' = off)",
+    ),
     ('metrics_dir', '', "directory for metrics.jsonl ('' = no file)"),
     ('checkpoint_dir', '', 'root of this run\'s checkpoints (checkpoint_step_NNNNNN/ inside)'),
     ('save_steps', 0, 'save every N steps (0 = never); the last step is saved whenever saving is on'),
@@ -79,16 +98,15 @@ KEYS = (
     ('save_every_minutes', 0.0, 'also save when this many minutes passed since the last save (0 = off)'),
     ('save_optimizer_state', True, 'save the optimizer state too (needed for an exact resume)'),
     (
-        'resume_from',
-        '',
-        "a checkpoint_step_NNNNNN directory (ours or InfiniTrain's), or 'latest' (newest in checkpoint_dir)",
-    ),
-    ('load', '', "InfiniTrain HEAD's spelling of resume_from (a step directory)"),
-    (
         'checkpoint_format',
         'orbax',
         'orbax | infinitrain (HEAD: model.ckpt, optimizer.ckpt) | infinitrain-bin (PR: llm.c model.bin, '
-        'optimizer.bin)',
+        "optimizer.bin); InfiniTrain's pth/ckpt/bin are aliases",
+    ),
+    (
+        'resume_from',
+        '',
+        "a checkpoint_step_NNNNNN directory (ours or InfiniTrain's), or 'latest' (newest in checkpoint_dir)",
     ),
     (
         'overwrite_later_checkpoints',

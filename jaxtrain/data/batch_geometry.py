@@ -30,20 +30,26 @@ class BatchGeometry:
 def batch_geometry(
     batch_size: int, sequence_length: int, total_batch_size: int, data_parallel: int
 ) -> BatchGeometry:
+    """total_batch_size 0 means one micro-step: batch_size × sequence_length × data_parallel."""
     for key, value in (
         ('batch_size', batch_size),
         ('sequence_length', sequence_length),
-        ('total_batch_size', total_batch_size),
     ):
         if value <= 0:
             raise ValueError(f'{key}: expected a positive integer, found {value}')
+    if total_batch_size < 0:
+        raise ValueError(
+            f'total_batch_size: expected a positive integer (or 0: one micro-step), found {total_batch_size}'
+        )
     tokens_per_micro_step = batch_size * sequence_length * data_parallel
+    total_batch_size = total_batch_size or tokens_per_micro_step
     if total_batch_size % tokens_per_micro_step:
         raise ValueError(
             f'total_batch_size: expected a multiple of batch_size × sequence_length × data_parallel '
             f'(mesh data × fsdp) = '
             f'{batch_size} × {sequence_length} × {data_parallel} = {tokens_per_micro_step}; found '
-            f'{total_batch_size}. Change total_batch_size or batch_size.'
+            f'{total_batch_size}. Pass --total_batch_size {tokens_per_micro_step} (no accumulation) '
+            'or a multiple of it, or change batch_size.'
         )
     return BatchGeometry(
         batch_size, sequence_length, data_parallel, total_batch_size // tokens_per_micro_step

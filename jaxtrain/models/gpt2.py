@@ -24,6 +24,8 @@ from jaxtrain.models.attention import causal_attention
 from jaxtrain.models.embedding import embedding_lookup
 from jaxtrain.models.layer_stack import apply_blocks, stack_blocks
 from jaxtrain.models.lora import linear
+from jaxtrain.models.precision_tap import tap  # no-op unless --precision_check
+from jaxtrain.parallel.sequence_parallel import split_over_time  # no-op unless --sequence_parallel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +69,15 @@ VARIANTS = {
     'd36': GPT2Config(num_layers=36, num_heads=20, channels=1280),  # 774M
     'd48': GPT2Config(num_layers=48, num_heads=25, channels=1600),  # 1558M
 }
-VARIANTS['gpt2'] = VARIANTS['d12']
+# InfiniTrain's --model names (example/gpt2/main.cc at b24d92f): the OpenAI sizes.
+VARIANTS.update(
+    {
+        'gpt2': VARIANTS['d12'],
+        'gpt2-medium': VARIANTS['d24'],
+        'gpt2-large': VARIANTS['d36'],
+        'gpt2-xl': VARIANTS['d48'],
+    }
+)
 
 
 def _normal(std):
@@ -115,8 +125,10 @@ class Block(nnx.Module):
         self.dtype = dtype
 
     def __call__(self, x_BxTxC):
-        x_BxTxC = x_BxTxC + self.attn(self.ln_1(x_BxTxC).astype(self.dtype))
-        return x_BxTxC + self.mlp(self.ln_2(x_BxTxC).astype(self.dtype))
+        attended = tap('CausalSelfAttention', self.attn(self.ln_1(x_BxTxC).astype(self.dtype)))
+        x_BxTxC = split_over_time(x_BxTxC + attended)
+        mixed = tap('MLP', self.mlp(self.ln_2(x_BxTxC).astype(self.dtype)))
+        return tap('Block', split_over_time(x_BxTxC + mixed))
 
 
 class GPT2(nnx.Module):

@@ -21,6 +21,8 @@ from jaxtrain.models.attention import causal_attention
 from jaxtrain.models.embedding import embedding_lookup
 from jaxtrain.models.layer_stack import apply_blocks, stack_blocks
 from jaxtrain.models.lora import linear
+from jaxtrain.models.precision_tap import tap  # no-op unless --precision_check
+from jaxtrain.parallel.sequence_parallel import split_over_time  # no-op unless --sequence_parallel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +97,9 @@ VARIANTS = {
         use_scaled_rope=False,
     ),
     'llama3.2-1b': LLaMA3Config(),
+    # InfiniTrain's --model llama3 (example/llama3/config.h at b24d92f): the 1B shape with
+    # its own FFN rounding (same hidden size 8192) and unscaled RoPE.
+    'llama3': LLaMA3Config(ffn_dim_multiplier=1.5, multiple_of=256, use_scaled_rope=False),
     'llama3-8b': LLaMA3Config(
         num_layers=32,
         num_heads=32,
@@ -187,8 +192,10 @@ class Block(nnx.Module):
         self.dtype = dtype
 
     def __call__(self, x_BxTxC, cos_TxH2, sin_TxH2):
-        x_BxTxC = x_BxTxC + self.attn(self.ln_1(x_BxTxC).astype(self.dtype), cos_TxH2, sin_TxH2)
-        return x_BxTxC + self.mlp(self.ln_2(x_BxTxC).astype(self.dtype))
+        attended = self.attn(self.ln_1(x_BxTxC).astype(self.dtype), cos_TxH2, sin_TxH2)
+        x_BxTxC = split_over_time(x_BxTxC + tap('CausalSelfAttention', attended))
+        mixed = tap('MLP', self.mlp(self.ln_2(x_BxTxC).astype(self.dtype)))
+        return tap('Block', split_over_time(x_BxTxC + mixed))
 
 
 class LLaMA3(nnx.Module):

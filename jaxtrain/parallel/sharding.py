@@ -18,6 +18,13 @@ and the axes below are counted after it). One table, RULES, names the axes:
 The optimizer state gets its parameter's sharding wherever it holds a copy of the
 parameter tree (Adam's mu and nu); its counters are replicated.
 
+ZeRO (`zero_stage`, as InfiniTrain's --zero_stage and DeepSpeed define the stages) splits
+over `data` too, on an axis of the tensor the rules above leave free (the largest that the
+data size divides; never L): stage 1 the optimizer state's copies of the parameters, stage 2
+also the gradients (the train step constrains them, so XLA reduce-scatters them and the
+accumulated gradient is kept split; at stage 1 they are pinned whole), stage 3 also the
+parameters (FSDP over `data`).
+
 The batch (A micro-steps, B rows, T) is split on B over data × fsdp and replicated over
 tensor. With one process the host's global batch is `device_put`; with several, every
 process holds the same host value (the data stream is a pure function of its position)
@@ -85,23 +92,54 @@ def parameter_spec(name: str, shape: tuple, mesh: Mesh) -> P:
     return P(*spec)
 
 
-def parameter_shardings(params, mesh: Mesh):
-    """A tree like `params` of NamedShardings."""
+def zero_spec(name: str, shape: tuple, mesh: Mesh) -> P:
+    """parameter_spec with the `data` axis added on a free axis it divides (ZeRO's split of
+    a tensor over the data-parallel ranks); unchanged where there is none or data is 1."""
+    spec = list(parameter_spec(name, shape, mesh))
+    spec += [None] * (len(shape) - len(spec))
+    data = mesh.shape['data']
+    first = 1 if name.startswith(LAYER_STACKED_PREFIX) else 0
+    free = [a for a in range(first, len(shape)) if spec[a] is None and shape[a] % data == 0]
+    if data > 1 and free:
+        spec[max(free, key=lambda a: (shape[a], -a))] = 'data'
+    while spec and spec[-1] is None:
+        spec.pop()
+    return P(*spec)
+
+
+def _spec(name: str, shape: tuple, mesh: Mesh, zero: bool) -> P:
+    return zero_spec(name, shape, mesh) if zero else parameter_spec(name, shape, mesh)
+
+
+def parameter_shardings(params, mesh: Mesh, zero_stage: int = 0):
+    """A tree like `params` of NamedShardings (split over data too from ZeRO stage 3)."""
     return jax.tree_util.tree_map_with_path(
-        lambda path, x: NamedSharding(mesh, parameter_spec(_dict_path(path), x.shape, mesh)), params
+        lambda path, x: NamedSharding(mesh, _spec(_dict_path(path), x.shape, mesh, zero_stage >= 3)), params
     )
 
 
-def opt_state_shardings(opt_state, params, mesh: Mesh):
+def gradient_shardings(params, mesh: Mesh, zero_stage: int):
+    """Where the train step keeps the gradients: from ZeRO stage 2 split over data; at stage
+    1 laid out like the parameters (all-reduced: every rank holds the whole gradient, as
+    ZeRO-1 defines it; left alone, the compiler would split them after the optimizer state
+    and make stage 1 a stage 2); at stage 0 None (the compiler's choice)."""
+    if zero_stage == 0:
+        return None
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: NamedSharding(mesh, _spec(_dict_path(path), x.shape, mesh, zero_stage >= 2)), params
+    )
+
+
+def opt_state_shardings(opt_state, params, mesh: Mesh, zero_stage: int = 0):
     """A tree like `opt_state`: a leaf that is a copy of a parameter (same name at the end
-    of its path, same shape) gets that parameter's sharding; everything else is replicated.
-    `opt_state` may be abstract (jax.eval_shape)."""
+    of its path, same shape) gets that parameter's sharding (split over data too from ZeRO
+    stage 1); everything else is replicated. `opt_state` may be abstract (jax.eval_shape)."""
     shapes = {_dict_path(path): tuple(x.shape) for path, x in jax.tree_util.tree_flatten_with_path(params)[0]}
 
     def sharding(path, x):
         name = _dict_path(path)
         if shapes.get(name) == tuple(x.shape):
-            return NamedSharding(mesh, parameter_spec(name, tuple(x.shape), mesh))
+            return NamedSharding(mesh, _spec(name, tuple(x.shape), mesh, zero_stage >= 1))
         return NamedSharding(mesh, P())
 
     return jax.tree_util.tree_map_with_path(sharding, opt_state)

@@ -21,6 +21,7 @@ from jaxtrain.data.run_streams import open_run_streams
 from jaxtrain.models.lora_setup import save_lora_weights
 from jaxtrain.parallel import sharding
 from jaxtrain.parallel.distributed import agree_on_step_end
+from jaxtrain.train import run_log
 from jaxtrain.train.banner import run_banner
 from jaxtrain.train.optim import learning_rate_at
 from jaxtrain.train.progress import Progress
@@ -76,6 +77,8 @@ def _run(config) -> int:
     state, parts.state = resumed.state, None  # no second reference may keep the fresh state alive
     for message in resumed.messages:
         log.info(message)
+    if resumed.record is not None:
+        log.info(run_log.ckpt_load_done_line(resumed.record))  # InfiniTrain's line, for diffing logs
     step, data_position = int(state.step), int(state.data_position)
     saver = RunSaver(config, parts, stream, resumed.step_dir, step, report=log.info)
     if saver.checkpointer is not None and saver.checkpointer.set_aside:
@@ -100,7 +103,7 @@ def _run(config) -> int:
     def device_batch(position):
         # Every process reads the whole window (a pure function of the position) and
         # supplies its own devices' rows of it.
-        inputs, targets = stream.window(position)
+        inputs, targets = stream.window(0 if config.overfit_single_batch else position)
         return sharding.put_global(
             (inputs.reshape(batch_shape), targets.reshape(batch_shape)), parts.train_batch_sharding
         )
@@ -130,7 +133,7 @@ def _run(config) -> int:
             learning_rate_at(schedule, done - 1),
             elapsed,
             geometry.tokens_per_step,
-            geometry.data_parallel,
+            parts.parallel_sizes,
             {'grad_norm': float(metrics['grad_norm'])},
         )
         if stream.epoch_of(position) != epoch:

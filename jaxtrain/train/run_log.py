@@ -1,5 +1,21 @@
-"""What a run prints: InfiniTrain's step line (so its compare_loss.py reads our logs), a
-start-up summary, and optionally a JSONL metrics file. Only process 0 writes."""
+"""What a run prints: InfiniTrain's step and [CKPT] lines (so its compare_loss.py and
+compare_tps.py read our logs, and the logs of the two programs diff cleanly), a start-up
+summary, and optionally a JSONL metrics file. Only process 0 writes.
+
+The step line is byte for byte the format of example/{gpt2,llama3}/main.cc at
+InfiniTensor/InfiniTrain b24d92f:
+  step {:4d}/{} | train loss {:.6f} | lr {:.2e} | ({:.2f} ms | {:.0f} tok/s | peak used: {:5d} MB |
+  peak reserved: {:5d} MB, DP={}, TP={}, SP={}, PP={})
+The memory fields are the first local device's allocator statistics in MiB: `peak used` its
+peak bytes in use, `peak reserved` the peak of the pool the allocator took from the device
+(or, without that statistic, its limit). JAX does not reset a peak, so both are peaks since
+the process started, where InfiniTrain resets them every step. On CPU JAX keeps no
+statistics and both print 0, as InfiniTrain's CPU build does.
+
+`[CKPT] Save begin/done` and `[CKPT] Load done` follow checkpoint.cc at the same commit. Our
+saves are asynchronous: `Save done` is printed when the arrays are handed to the background
+writer (the loop goes on), and the closing `saved:` line when the last write is committed.
+"""
 
 import json
 import sys
@@ -9,10 +25,77 @@ from pathlib import Path
 import jax
 
 
+def _memory_stats() -> dict:
+    return jax.local_devices()[0].memory_stats() or {}
+
+
 def peak_memory_mb() -> int | None:
-    stats = jax.local_devices()[0].memory_stats() or {}
-    peak = stats.get('peak_bytes_in_use')
+    peak = _memory_stats().get('peak_bytes_in_use')
     return None if peak is None else int(peak // 2**20)
+
+
+def peak_memory_fields() -> tuple[int, int]:
+    """(peak used, peak reserved) in MiB for the step line; (0, 0) where JAX keeps none."""
+    stats = _memory_stats()
+    used = stats.get('peak_bytes_in_use', 0)
+    reserved = next((stats[k] for k in ('peak_pool_bytes', 'pool_bytes', 'bytes_limit') if k in stats), used)
+    return int(used // 2**20), int(max(reserved, used) // 2**20)
+
+
+def parallel_sizes(data_parallel) -> dict:
+    """{'DP', 'TP', 'SP', 'PP'} from a dict of them, or from a bare data-parallel size."""
+    if isinstance(data_parallel, dict):
+        return {axis: int(data_parallel.get(axis, 1)) for axis in ('DP', 'TP', 'SP', 'PP')}
+    return {'DP': int(data_parallel), 'TP': 1, 'SP': 1, 'PP': 1}
+
+
+def step_line(step, num_steps, loss, lr, seconds, tokens, sizes: dict, memory_mb: tuple[int, int]) -> str:
+    used, reserved = memory_mb
+    return (
+        f'step {step:4d}/{num_steps} | train loss {loss:.6f} | lr {lr:.2e} | '
+        f'({seconds * 1e3:.2f} ms | {tokens / seconds:.0f} tok/s | peak used: {used:5d} MB | '
+        f"peak reserved: {reserved:5d} MB, DP={sizes['DP']}, TP={sizes['TP']}, SP={sizes['SP']}, "
+        f"PP={sizes['PP']})"
+    )
+
+
+# --- InfiniTrain's [CKPT] lines (infini_train/src/checkpoint/checkpoint.cc at b24d92f) ---
+
+
+def _cpp_path(path) -> str:
+    """A path as C++'s `operator<<(std::filesystem::path)` prints it (std::quoted)."""
+    text = str(path).replace('\\', '\\\\').replace('"', '\\"')
+    return f'"{text}"'
+
+
+def _cpp_float(value: float) -> str:
+    """A double as a default-formatted C++ ostream prints it (%g, 6 significant digits)."""
+    return f'{value:g}'
+
+
+def ckpt_save_begin_line(step_dir, step: int) -> str:
+    return f'[CKPT] Save begin: dir={_cpp_path(step_dir)}, global_step={step}'
+
+
+def ckpt_save_done_line(step_dir) -> str:
+    return f'[CKPT] Save done: dir={_cpp_path(step_dir)}'
+
+
+def ckpt_load_done_line(trainer_state: dict, sequence_parallel: bool = False) -> str:
+    """From our trainer state: consumed_batches counts InfiniTrain's loader batches (rows of
+    batch_size sequences) that the saved steps read, across all data-parallel ranks."""
+    config = trainer_state.get('training_config', {})
+    rows = config.get('batch_size', 1) * config.get('sequence_length', 1)
+    consumed = trainer_state.get('data_position', 0) * trainer_state.get('tokens_per_step', rows) // rows
+    mesh = trainer_state.get('topology', {}).get('mesh', {})
+    dp = mesh.get('data', 1) * mesh.get('fsdp', 1)
+    tp = mesh.get('tensor', 1)
+    sp = tp if sequence_parallel else 1
+    return (
+        f"[CKPT] Load done: global_step={trainer_state.get('step', 0)}, consumed_batches ={consumed}, "
+        f"last_lr={_cpp_float(trainer_state.get('learning_rate', 0.0))}, "
+        f'topology(ddp,tp,sp,pp)=({dp},{tp},{sp},1)'
+    )
 
 
 class RunLog:
@@ -39,16 +122,15 @@ class RunLog:
         lr: float,
         seconds: float,
         tokens: int,
-        data_parallel: int,
+        data_parallel,
         extra: dict | None = None,
     ):
-        """`step   41/100 | train loss 3.123456 | lr 1.00e-04 | (12.34 ms | 20745 tok/s | ...)`."""
+        """InfiniTrain's step line (the module docstring). `data_parallel`: the DP/TP/SP/PP
+        sizes as a dict, or the data-parallel size alone (the others 1)."""
         peak = peak_memory_mb()
-        tail = f'{seconds * 1e3:.2f} ms | {tokens / seconds:.0f} tok/s'
-        if peak is not None:
-            tail += f' | peak used: {peak:5d} MB'
-        tail += f', DP={data_parallel}'
-        self.info(f'step {step:4d}/{num_steps} | train loss {loss:.6f} | lr {lr:.2e} | ({tail})')
+        memory = peak_memory_fields()
+        sizes = parallel_sizes(data_parallel)
+        self.info(step_line(step, num_steps, loss, lr, seconds, tokens, sizes, memory))
         self.record(
             {
                 'step': step,

@@ -16,6 +16,7 @@ from jaxtrain.checkpoint.resume_checks import cached_sha256
 from jaxtrain.checkpoint.trainer_state import library_versions, trainer_state_record
 from jaxtrain.data.identity import data_identity
 from jaxtrain.models.lora import count_parameters
+from jaxtrain.train import run_log
 from jaxtrain.train.optim import learning_rate_at
 from jaxtrain.train.save_events import SaveEvents
 
@@ -32,6 +33,7 @@ class RunSaver:
         self.checkpointer = None
         self.deleted_later_steps = []
         self.events = None
+        self._report = report or (lambda line: None)
         if config.checkpoint_dir:
             # The checkpoint this run resumed from is never rotated away.
             protected = (
@@ -109,7 +111,11 @@ class RunSaver:
         if self.best_loss is not None:
             record['best_loss'] = self.best_loss
         opt_state = state.opt_state if config.save_optimizer_state else None
+        as_given = layout.Path(config.checkpoint_dir) / layout.step_dir_name(step)  # as InfiniTrain prints it
+        self._report(run_log.ckpt_save_begin_line(as_given, step))
         self.checkpointer.save(step, state.params, opt_state, state.rng, record)
+        # InfiniTrain's "done" line: the save is handed off here; save_events.py says when it is committed.
+        self._report(run_log.ckpt_save_done_line(as_given))
         self.last_saved_step, self._last_save_time = step, time.monotonic()
         blocked = time.perf_counter() - began
         if self.events is not None:

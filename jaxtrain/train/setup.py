@@ -14,11 +14,12 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxtrain.parallel import mesh as mesh_lib
-from jaxtrain.parallel import sharding
+from jaxtrain.parallel import sequence_parallel, sharding
 from jaxtrain.data.batch_geometry import BatchGeometry, batch_geometry
 from jaxtrain.config.checks import check_config
 from jaxtrain.data.mesh_default_batch import fit_default_total_to_mesh
 from jaxtrain.models.setup import ModelSetup, setup_model
+from jaxtrain.train import precision_check
 from jaxtrain.train.optim import build_optimizer
 from jaxtrain.train.step import TrainState, WithFrozen, make_eval_step, make_train_step
 
@@ -32,6 +33,7 @@ class TrainerSetup:
     val_batch_sharding: NamedSharding  # (rows, T)
     geometry: BatchGeometry
     topology: dict  # what the trainer state records about where it was saved
+    parallel_sizes: dict  # {'DP', 'TP', 'SP', 'PP'} as InfiniTrain's step line prints them
     setup: ModelSetup
     tx: optax.GradientTransformation
     schedule: object  # step -> learning rate
@@ -66,10 +68,21 @@ def build_trainer(config) -> TrainerSetup:
         'process_count': jax.process_count(),
         'mesh': dict(mesh.shape),
     }
+    parallel_sizes = {
+        'DP': geometry.data_parallel,
+        'TP': mesh.shape['tensor'],
+        'SP': mesh.shape['tensor'] if config.sequence_parallel else 1,  # as InfiniTrain counts it
+        'PP': 1,
+    }
 
     # --- model ---
     setup = setup_model(config)
     model_config = setup.model_config
+    if config.sequence_parallel and config.sequence_length % mesh.shape['tensor']:
+        raise ValueError(
+            f"sequence_length: expected a multiple of the tensor size {mesh.shape['tensor']} with "
+            f'sequence_parallel, found {config.sequence_length}'
+        )
     if config.sequence_length > model_config.max_seq_len:
         raise ValueError(
             f'sequence_length: expected at most the model max_seq_len {model_config.max_seq_len}, '
@@ -81,13 +94,21 @@ def build_trainer(config) -> TrainerSetup:
     # A LoRA run trains (and the optimizer and checkpoints hold) the adapters only.
     lora = setup.lora is not None
     trainable = setup.lora_params if lora else setup.params
-    param_shardings = sharding.parameter_shardings(trainable, mesh)
+    zero = config.zero_stage  # ZeRO over the data axis (sharding.py)
+    param_shardings = sharding.parameter_shardings(trainable, mesh, zero)
     params = sharding.put_global(trainable, param_shardings)
     frozen, frozen_shardings = (), ()
     if lora:
-        frozen_shardings = (sharding.parameter_shardings(setup.params, mesh),)
+        frozen_shardings = (sharding.parameter_shardings(setup.params, mesh, zero),)
         frozen = (sharding.put_global(setup.params, frozen_shardings[0]),)
-    opt_shardings = sharding.opt_state_shardings(jax.eval_shape(tx.init, params), params, mesh)
+    opt_shardings = sharding.opt_state_shardings(jax.eval_shape(tx.init, params), params, mesh, zero)
+    grad_shardings = sharding.gradient_shardings(trainable, mesh, zero)
+    time_split = sequence_parallel.time_split_sharding(mesh) if config.sequence_parallel else None
+    checker = None  # --precision_check (precision_check.py)
+    if config.precision_check and precision_check.parse(config.precision_check).level > 0:
+        checker_config = precision_check.parse(config.precision_check)
+        rank = jax.process_index()
+        checker = precision_check.PrecisionChecker(checker_config, model_config.num_layers, rank)
     state_shardings = TrainState(
         step=replicated,
         data_position=replicated,
@@ -105,13 +126,13 @@ def build_trainer(config) -> TrainerSetup:
 
     # --- the steps: jitted once with the state's shardings in and out ---
     train_step = jax.jit(
-        make_train_step(setup.graphdef, tx, model_config.vocab_size),
+        make_train_step(setup.graphdef, tx, model_config.vocab_size, grad_shardings, time_split, checker),
         in_shardings=(state_shardings, train_batch_sharding, train_batch_sharding, *frozen_shardings),
         out_shardings=(state_shardings, replicated),
         donate_argnums=0,
     )
     eval_step = jax.jit(
-        make_eval_step(setup.graphdef, model_config.vocab_size),
+        make_eval_step(setup.graphdef, model_config.vocab_size, time_split),
         in_shardings=(param_shardings, val_batch_sharding, val_batch_sharding, *frozen_shardings),
         out_shardings=replicated,
     )
@@ -125,6 +146,7 @@ def build_trainer(config) -> TrainerSetup:
         val_batch_sharding=val_batch_sharding,
         geometry=geometry,
         topology=topology,
+        parallel_sizes=parallel_sizes,
         setup=setup,
         tx=tx,
         schedule=schedule,

@@ -11,6 +11,8 @@ import optax
 from flax import nnx
 
 from jaxtrain.models.lm_head_loss import lm_head_cross_entropy
+from jaxtrain.models import precision_tap
+from jaxtrain.parallel import sequence_parallel
 
 
 @flax.struct.dataclass
@@ -24,29 +26,49 @@ class TrainState:
     rng: jax.Array  # uint32[2]: raw key data, for anything stochastic
 
 
-def make_loss_fn(graphdef: nnx.GraphDef, vocab_size: int):
+def make_loss_fn(graphdef: nnx.GraphDef, vocab_size: int, time_split=None):
     """loss(params, inputs_BxT, targets_BxT, *frozen) with the model rebuilt from its pure
-    params; `frozen` (a LoRA run's base weights, models/lora.py) joins them undifferentiated."""
+    params; `frozen` (a LoRA run's base weights, models/lora.py) joins them undifferentiated.
+    `time_split`: the activations' sharding under sequence parallelism (None: off)."""
 
     def loss_fn(params, inputs_BxT, targets_BxT, *frozen):
         model = nnx.merge(graphdef, nnx.State(params), *(nnx.State(f) for f in frozen))
         head_weight, vocab_axis = model.head_weight()
-        return lm_head_cross_entropy(
-            model.features(inputs_BxT), head_weight, targets_BxT, vocab_size, vocab_axis
-        )
+        with sequence_parallel.activations_split(time_split):
+            features = model.features(inputs_BxT)
+        return lm_head_cross_entropy(features, head_weight, targets_BxT, vocab_size, vocab_axis)
 
     return loss_fn
 
 
-def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, vocab_size: int):
+def make_train_step(
+    graphdef: nnx.GraphDef,
+    tx: optax.GradientTransformation,
+    vocab_size: int,
+    grad_shardings=None,
+    time_split=None,
+    checker=None,
+):
     """Returns train_step(state, inputs_AxBxT, targets_AxBxT) -> (state, metrics).
 
     The reported loss is the mean over micro-steps of each micro-step's mean loss, as
-    InfiniTrain prints it; gradients are averaged the same way.
+    InfiniTrain prints it; gradients are averaged the same way. `grad_shardings` (ZeRO
+    stage 2+, sharding.gradient_shardings) pins every micro-step's gradients and their sum
+    to a split layout, so they are reduce-scattered instead of all-reduced.
     """
-    grad_fn = jax.value_and_grad(make_loss_fn(graphdef, vocab_size))
+    value_and_grad = jax.value_and_grad(make_loss_fn(graphdef, vocab_size, time_split))
+
+    def grad_fn(params, inputs_BxT, targets_BxT, *frozen):
+        loss, grads = value_and_grad(params, inputs_BxT, targets_BxT, *frozen)
+        if grad_shardings is not None:
+            grads = jax.lax.with_sharding_constraint(grads, grad_shardings)
+        return loss, grads
 
     def train_step(state: TrainState, inputs_AxBxT, targets_AxBxT, *frozen):
+        with precision_tap.checking(checker, state.step):  # --precision_check; else a no-op
+            return _train_step(state, inputs_AxBxT, targets_AxBxT, *frozen)
+
+    def _train_step(state: TrainState, inputs_AxBxT, targets_AxBxT, *frozen):
         accumulation = inputs_AxBxT.shape[0]
         if accumulation == 1:
             loss, grads = grad_fn(state.params, inputs_AxBxT[0], targets_AxBxT[0], *frozen)
@@ -58,6 +80,8 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, vo
                 return (loss_sum + loss, jax.tree.map(jnp.add, grad_sum, grads)), None
 
             zeros = jax.tree.map(jnp.zeros_like, state.params)
+            if grad_shardings is not None:
+                zeros = jax.lax.with_sharding_constraint(zeros, grad_shardings)
             (loss, grads), _ = jax.lax.scan(
                 micro_step, (jnp.float32(0), zeros), (inputs_AxBxT, targets_AxBxT)
             )
@@ -82,8 +106,8 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, vo
     return train_step
 
 
-def make_eval_step(graphdef: nnx.GraphDef, vocab_size: int):
-    loss_fn = make_loss_fn(graphdef, vocab_size)
+def make_eval_step(graphdef: nnx.GraphDef, vocab_size: int, time_split=None):
+    loss_fn = make_loss_fn(graphdef, vocab_size, time_split)
 
     def eval_step(params, inputs_BxT, targets_BxT, *frozen):
         return loss_fn(params, inputs_BxT, targets_BxT, *frozen)

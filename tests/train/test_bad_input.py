@@ -426,13 +426,14 @@ CASES = {
     ),
     # config
     'config: batch sizes that do not divide': Case(
-        lambda f, t: f.gpt2('--batch_size', 3),
+        # total_batch_size given: a --batch_size alone derives it (tests/config/test_cli_flags.py)
+        lambda f, t: f.gpt2('--batch_size', 3, '--total_batch_size', 256),
         (
             'total_batch_size',
             'expected a multiple of',
             '3 × 64 × 1 = 192',
             'found 256',
-            'Change total_batch_size',
+            'Pass --total_batch_size 192',
         ),
     ),
     'config: negative save_steps': Case(

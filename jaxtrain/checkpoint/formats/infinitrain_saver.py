@@ -167,13 +167,7 @@ def saved_best_loss(step_dir) -> float | None:
 
 def _target(config) -> Path | None:
     """The InfiniTrain step directory config asks to resume from, or None (not an InfiniTrain one)."""
-    load = config.get('load', '')
-    if load and config.resume_from and Path(load).absolute() != Path(config.resume_from).absolute():
-        raise CheckpointError(
-            f'resume_from / load: expected one checkpoint to resume from, found --resume_from '
-            f'{config.resume_from} and --load {load}; pass one of them (--load is HEAD\'s spelling)'
-        )
-    source = config.resume_from or load
+    source = config.resume_from  # HEAD's --load arrives here too (config/infinitrain_flags.py)
     if not source:
         return None
     if source == 'latest':
