@@ -9,7 +9,7 @@ Your own data: --input_bin 'llama3_train_*.bin' (llm.c's dev/data scripts, or
 
 Variants: configs/llama3.py:tiny|small|llama3.2-1b|llama3-8b|llama3 (InfiniTrain's 1B
 shape), and `infinitrain`: every default of InfiniTrain's llama3 example (Adam, β2 0.999,
-constant 1e-5, one device, keep 3 checkpoints; notes/cli.md lists the differences). With
+constant 1e-5, one device, keep 3 checkpoints; README's "InfiniTrain's command line" lists the differences). With
 --llmc_filepath the file's header sets the shape.
 """
 

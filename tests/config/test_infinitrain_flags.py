@@ -170,14 +170,22 @@ def test_save_and_save_interval_must_come_together(files, tmp_path):
     assert not (tmp_path / 'ck').exists()
 
 
-def test_checkpoint_formats_not_written_yet_are_refused(files):
+def test_checkpoint_format_spellings_write_infinitrain_files(files, tmp_path):
+    """Upstream's spellings pick our InfiniTrain writers: pth (f9cb65b's CKPT state dicts) writes
+    HEAD's model.ckpt, and the PR branch's --use_llmc_checkpoint_io the llm.c model.bin."""
     assert _table().canonical_checkpoint_format('pth') == 'infinitrain'
     assert _table().canonical_checkpoint_format('bin') == 'infinitrain-bin'
-    formats = (('--checkpoint_format', 'pth'), ('--checkpoint_format', 'infinitrain'))
-    for args in (*formats, ('--use_llmc_checkpoint_io',)):
-        result = run_cli(*_gpt2(files, *args))
-        assert result.code == 1 and len(result.error_lines) == 1, result.err
-        assert 'checkpoint_format' in result.err and 'not supported yet' in result.err
+    cases = {
+        'pth': (('--checkpoint_format', 'pth'), 'model.ckpt'),
+        'infinitrain': (('--checkpoint_format', 'infinitrain'), 'model.ckpt'),
+        'llmc_io': (('--use_llmc_checkpoint_io',), 'model.bin'),
+    }
+    for name, (args, model_file) in cases.items():
+        root = tmp_path / name
+        result = run_cli(*_gpt2(files, *args, '--checkpoint_dir', root, '--save_steps', 1, '--num_iteration', 1))
+        assert result.code == 0, result.err
+        written = sorted(p.name for p in (root / 'checkpoint_step_000001').iterdir())
+        assert model_file in written and 'trainer_state.json' in written, (name, written)
 
 
 def test_device_cuda_without_a_gpu_is_an_error(files):
