@@ -15,6 +15,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxtrain.parallel import mesh as mesh_lib
 from jaxtrain.parallel import sharding
+from jaxtrain.parallel.pipeline import check_pipeline, make_pipeline_loss_and_grads
 from jaxtrain.data.batch_geometry import BatchGeometry, batch_geometry
 from jaxtrain.config.checks import check_config
 from jaxtrain.models.setup import ModelSetup, setup_model
@@ -62,6 +63,8 @@ def build_trainer(config) -> TrainerSetup:
         'device_count': len(devices),
         'process_count': jax.process_count(),
         'mesh': dict(mesh.shape),
+        'pp_size': mesh_lib.pipeline_size(mesh),  # InfiniTrain's trainer_state.json names it so
+        'vpp_size': config.get('virtual_pipeline_parallel', 1),
     }
 
     # --- model ---
@@ -72,6 +75,9 @@ def build_trainer(config) -> TrainerSetup:
             f'sequence_length: expected at most the model max_seq_len {model_config.max_seq_len}, '
             f'found {config.sequence_length}'
         )
+    check_pipeline(
+        model_config.num_layers, topology['pp_size'], topology['vpp_size'], geometry.accumulation
+    )
 
     # --- optimizer and state ---
     tx, schedule = build_optimizer(config)
@@ -95,7 +101,14 @@ def build_trainer(config) -> TrainerSetup:
 
     # --- the steps: jitted once with the state's shardings in and out ---
     train_step = jax.jit(
-        make_train_step(setup.graphdef, tx, model_config.vocab_size),
+        make_train_step(
+            setup.graphdef,
+            tx,
+            model_config.vocab_size,
+            loss_and_grads=None
+            if topology['pp_size'] == 1
+            else make_pipeline_loss_and_grads(setup.graphdef, model_config.vocab_size, mesh, topology['vpp_size']),
+        ),
         in_shardings=(state_shardings, train_batch_sharding, train_batch_sharding),
         out_shardings=(state_shardings, replicated),
         donate_argnums=0,
