@@ -128,17 +128,14 @@ def make_pipeline_loss(graphdef: nnx.GraphDef, vocab_size: int, mesh: Mesh, virt
         items = M * V
         _, extra = embed(model, inputs_MxBxT[0])
 
-        def head_loss(y_BxTxC, targets_BxT):
-            return lm_head_cross_entropy(finish(model, y_BxTxC), head_weight, targets_BxT, vocab_size, vocab_axis)
-
-        def no_loss(y_BxTxC, targets_BxT):
-            return jax.lax.pcast(jnp.float32(0), PIPELINE, to='varying')
+        # Rematerialised: the backward recomputes a chunk's insides from its input, so a
+        # stage keeps one (B, T, C) input per tick instead of every layer's activations of
+        # all M microbatches (GPipe's memory), for one more forward pass of the blocks.
+        remat_chunk = jax.checkpoint(lambda params, x: run_chunk(block_def, params, x, extra, model.scan_layers))
 
         def tick(carry, t):
-            received_BxTxC, stash_MxBxTxC, loss_sum = carry
-            item = t - stage
-            working = (item >= 0) & (item < items)
-            item = jnp.clip(item, 0, items - 1)
+            received_BxTxC, stash_MxBxTxC = carry
+            item = jnp.clip(t - stage, 0, items - 1)  # outside 0..items-1 the stage idles
             chunk, micro = item // M, item % M
             if V > 1:
                 # What stage P - 1 sent at tick t - 1 (item t - P) is the input of stage 0's
@@ -154,17 +151,31 @@ def make_pipeline_loss(graphdef: nnx.GraphDef, vocab_size: int, mesh: Mesh, virt
                 stage == 0, jnp.where(chunk == 0, embedded_BxTxC, from_last_stage), received_BxTxC
             )
             chunk_params = jax.tree.map(lambda p: _index(p, chunk), chunks)
-            y_BxTxC = run_chunk(block_def, chunk_params, x_BxTxC, extra, model.scan_layers)
-            finished = working & (stage == stages - 1) & (chunk == V - 1)
-            loss = jax.lax.cond(finished, head_loss, no_loss, y_BxTxC, _index(targets_MxBxT, micro))
+            y_BxTxC = remat_chunk(chunk_params, x_BxTxC)
             received_BxTxC = jax.lax.ppermute(y_BxTxC, PIPELINE, send_to_next)
-            return (received_BxTxC, stash_MxBxTxC, loss_sum + loss), None
+            return (received_BxTxC, stash_MxBxTxC), y_BxTxC
 
         zeros_BxTxC = varying(jnp.zeros((B, T, model.config.channels), model.dtype))
         stash_MxBxTxC = varying(jnp.zeros((M if V > 1 else 1, B, T, model.config.channels), model.dtype))
-        carry = (zeros_BxTxC, stash_MxBxTxC, varying(jnp.float32(0)))
-        (_, _, loss_sum), _ = jax.lax.scan(tick, carry, jnp.arange(items + stages - 1))
-        return jax.lax.psum(loss_sum, PIPELINE) / M  # only the last stage's sum is not 0
+        _, y_TICKSxBxTxC = jax.lax.scan(tick, (zeros_BxTxC, stash_MxBxTxC), jnp.arange(items + stages - 1))
+        # The last stage finishes microbatch m at tick (V - 1)·M + m + P - 1: a static slice.
+        first = (V - 1) * M + stages - 1
+        y_MxBxTxC = y_TICKSxBxTxC[first : first + M]
+
+        def head_loss(y_MxBxTxC, targets_MxBxT):
+            # All microbatches in one call, as (B, M·T): the fused head keeps one dW for the
+            # backward (one per microbatch inside the scan would hold M vocabulary-sized
+            # copies), and the mean over B·M·T rows is the mean of the microbatch means.
+            C = y_MxBxTxC.shape[-1]
+            h_BxMTxC = finish(model, jnp.moveaxis(y_MxBxTxC, 0, 1).reshape(B, M * T, C))
+            targets_BxMT = jnp.moveaxis(targets_MxBxT, 0, 1).reshape(B, M * T)
+            return lm_head_cross_entropy(h_BxMTxC, head_weight, targets_BxMT, vocab_size, vocab_axis)
+
+        def no_loss(y_MxBxTxC, targets_MxBxT):
+            return varying(jnp.float32(0))
+
+        loss = jax.lax.cond(stage == stages - 1, head_loss, no_loss, y_MxBxTxC, targets_MxBxT)
+        return jax.lax.psum(loss, PIPELINE)  # the last stage's, the others give 0
 
     program = jax.shard_map(
         stage_program,
