@@ -30,9 +30,12 @@ and the scan runs backwards. Ticks: M·V + P - 1 each way, so the bubble (the sh
 stage-ticks without work) is (P - 1) / (M·V + P - 1). Why GPipe and not 1F1B: in this
 SPMD form 1F1B would have to interleave forward and backward by hand (a custom VJP
 around the whole schedule); GPipe gets the backward from autodiff, bit-exact and with the
-same bubble as non-interleaved 1F1B. Its cost is memory: every stage keeps the
-activations of all M microbatches for its L/P layers, which still falls as P grows
-(notes/pipe.md has the measured figures).
+same bubble as non-interleaved 1F1B. Its cost is memory: a stage keeps something for
+every microbatch until the backward starts. Here that is little: each chunk is
+rematerialised (its (B, T, C) input is kept, its insides recomputed in the backward), and
+the head and loss run once on the last stage over all M microbatches' outputs, so one
+vocabulary-sized dW is held, not one per tick. Memory per device falls as P grows
+(measured: tests/tools/test_pipeline_bench.py; notes/pipe.md has the figures).
 """
 
 import jax

@@ -4,7 +4,8 @@ conftest.py, held to the 1-device trainer, whose step is the plain micro-step sc
 - GPT-2 on pipeline 2 × fsdp 2 × tensor 2 gives the 1-device run's losses within fp32
   rounding; its checkpoint is the one global tree, so it resumes on the same layout bit
   for bit and on 1 device within fp32 rounding, and its trainer state records pp_size.
-- LLaMA-3 with 4 layers, P = 2 and V = 2 (interleaved chunks) gives the 1-device losses.
+- A 1-device LLaMA-3 checkpoint (8 layers) continues on P = 4 × V = 2 (interleaved chunks)
+  with the 1-device run's losses.
 - The schedule's layer assignment and bubble against InfiniTrain's GPipe table (written
   out here from pipeline_schedule.cc), and the one-line errors.
 """
@@ -87,18 +88,38 @@ def test_resume_a_pipeline_checkpoint_on_one_device(files, one_device, pipelined
     ) in out
 
 
-def test_interleaved_llama3_equals_the_one_device_run(tmp_path):
+def test_one_device_llama3_checkpoint_continues_interleaved_on_4_stages(tmp_path):
+    """8 layers in 4 stages × 2 chunks: stage 0 runs layers 0 and 4. The 1-device run saves
+    at step 1; the pipelined run resumes there, so its step-3 loss follows its own step-2
+    update."""
     files = dict(
         input_bin=random_shard(tmp_path / 'train.bin', kind='llama3'),
-        llmc_filepath=tiny_llmc_model(tmp_path / 'model.bin', family='llama3', num_layers=4),
+        llmc_filepath=tiny_llmc_model(tmp_path / 'model.bin', family='llama3', num_layers=8),
     )
-    keys = dict(COMMON, num_iteration=2, save_steps=0, **files)
-    runs = {}
-    for name, layout in (('one', dict(num_devices=1)), ('p2v2', dict(num_devices=2, pipeline_parallel=2, virtual_pipeline_parallel=2))):
-        config = load_config('llama3', metrics_dir=str(tmp_path / name), **keys, **layout)
-        code, runs[name], out = train(config)
-        assert code == 0, out
-    assert_close(runs['p2v2'], runs['one'], (1, 2))
+    keys = dict(COMMON, num_iteration=3, save_steps=1, **files)
+    runs, outs = {}, {}
+    for name, layout in (
+        ('one', dict(num_devices=1)),
+        (
+            'p4v2',
+            dict(
+                num_devices=4,
+                pipeline_parallel=4,
+                virtual_pipeline_parallel=2,
+                resume_from=str(tmp_path / 'one' / 'checkpoint_step_000001'),
+            ),
+        ),
+    ):
+        config = load_config(
+            'llama3', checkpoint_dir=str(tmp_path / name), metrics_dir=str(tmp_path / name), **keys, **layout
+        )
+        code, runs[name], outs[name] = train(config)
+        assert code == 0, outs[name]
+    assert_close(runs['p4v2'], runs['one'], (2, 3))
+    assert (
+        'topology changed: saved on 1 cpu device(s) in 1 process(es), mesh data 1 × fsdp 1 × tensor 1, '
+        'now 4 cpu device(s) in 1 process(es), mesh pipeline 4 × data 1 × fsdp 1 × tensor 1, 2 chunks per stage'
+    ) in outs['p4v2']
 
 
 # --- the schedule and the errors (no training) -------------------------------------------
