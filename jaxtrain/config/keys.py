@@ -33,7 +33,7 @@ KEYS = (
     (
         'virtual_pipeline_parallel',
         1,
-        'layer chunks V per pipeline stage (interleaved: chunk c on stage c mod P); layers divisible by P × V',
+        'layer chunks V per pipeline stage (interleaved: chunk c on stage c mod P); P × V must divide L',
     ),
     (
         'coordinator_address',

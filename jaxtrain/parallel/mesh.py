@@ -83,7 +83,8 @@ def pipeline_stages(stages: int, device_count: int) -> int:
         )
     if device_count % stages:
         raise ValueError(
-            f'pipeline_parallel: expected a divisor of the {device_count} devices of the run, found {stages}; '
+            f'pipeline_parallel: expected a divisor of the {device_count} devices of the run, '
+            f'found {stages}; '
             'every stage needs the same devices'
         )
     return stages

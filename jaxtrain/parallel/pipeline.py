@@ -134,11 +134,15 @@ def make_pipeline_loss(graphdef: nnx.GraphDef, vocab_size: int, mesh: Mesh, virt
         # Rematerialised: the backward recomputes a chunk's insides from its input, so a
         # stage keeps one (B, T, C) input per tick instead of every layer's activations of
         # all M microbatches (GPipe's memory), for one more forward pass of the blocks.
-        remat_chunk = jax.checkpoint(lambda params, x: run_chunk(block_def, params, x, extra, model.scan_layers))
+        remat_chunk = jax.checkpoint(
+            lambda params, x_BxTxC: run_chunk(block_def, params, x_BxTxC, extra, model.scan_layers)
+        )
 
         def tick(carry, t):
             received_BxTxC, stash_MxBxTxC = carry
-            item = jnp.clip(t - stage, 0, items - 1)  # outside 0..items-1 the stage idles
+            # Outside items 0..M·V-1 a stage has no work: it runs a clipped item, and nothing
+            # reads the result (the bubble).
+            item = jnp.clip(t - stage, 0, items - 1)
             chunk, micro = item // M, item % M
             if V > 1:
                 # What stage P - 1 sent at tick t - 1 (item t - P) is the input of stage 0's

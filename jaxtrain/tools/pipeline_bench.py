@@ -42,7 +42,8 @@ def compiled_memory(compiled) -> dict:
 
 def compile_step(subject):
     """The subject's train step (bench.build), compiled for its state and batch."""
-    return subject.parts.train_step.lower(subject.state, subject.inputs_AxBxT, subject.targets_AxBxT).compile()
+    lowered = subject.parts.train_step.lower(subject.state, subject.inputs_AxBxT, subject.targets_AxBxT)
+    return lowered.compile()
 
 
 def fastest_steps(runs: list, warmup: int, steps: int) -> list[float]:
@@ -105,7 +106,8 @@ def report(config, warmup: int, steps: int) -> str:
             f"M={r['microbatches']} microbatches (GPipe)",
             f"  memory/device {mib(r['per_device_bytes'])} (arguments {mib(r['argument_bytes'])}, "
             f"temporaries {mib(r['temp_bytes'])}; XLA's analysis of the compiled step)",
-            f"  bubble        measured {100 * r['bubble_measured']:.1f}% (fastest step {r['step_ms_m']:.2f} ms with M, "
+            f"  bubble        measured {100 * r['bubble_measured']:.1f}% "
+            f"(fastest step {r['step_ms_m']:.2f} ms with M, "
             f"{r['step_ms_2m']:.2f} ms with 2M: 2 - t(2M)/t(M)); schedule (P-1)/(M·V+P-1) = "
             f"{100 * r['bubble_schedule']:.1f}%",
         ]

@@ -100,15 +100,13 @@ def build_trainer(config) -> TrainerSetup:
     )
 
     # --- the steps: jitted once with the state's shardings in and out ---
+    pipelined = None  # P = 1: the plain micro-step scan
+    if topology['pp_size'] > 1:
+        pipelined = make_pipeline_loss_and_grads(
+            setup.graphdef, model_config.vocab_size, mesh, topology['vpp_size']
+        )
     train_step = jax.jit(
-        make_train_step(
-            setup.graphdef,
-            tx,
-            model_config.vocab_size,
-            loss_and_grads=None
-            if topology['pp_size'] == 1
-            else make_pipeline_loss_and_grads(setup.graphdef, model_config.vocab_size, mesh, topology['vpp_size']),
-        ),
+        make_train_step(setup.graphdef, tx, model_config.vocab_size, loss_and_grads=pipelined),
         in_shardings=(state_shardings, train_batch_sharding, train_batch_sharding),
         out_shardings=(state_shardings, replicated),
         donate_argnums=0,

@@ -118,7 +118,8 @@ def test_one_device_llama3_checkpoint_continues_interleaved_on_4_stages(tmp_path
     assert_close(runs['p4v2'], runs['one'], (2, 3))
     assert (
         'topology changed: saved on 1 cpu device(s) in 1 process(es), mesh data 1 × fsdp 1 × tensor 1, '
-        'now 4 cpu device(s) in 1 process(es), mesh pipeline 4 × data 1 × fsdp 1 × tensor 1, 2 chunks per stage'
+        'now 4 cpu device(s) in 1 process(es), mesh pipeline 4 × data 1 × fsdp 1 × tensor 1, '
+        '2 chunks per stage'
     ) in outs['p4v2']
 
 
@@ -157,7 +158,7 @@ def test_bubble_matches_the_gpipe_table():
             dict(num_devices=2, pipeline_parallel=2, batch_size=8),
             r'^total_batch_size: expected at least pipeline_parallel = 2 microbatches .* found 1',
         ),
-        (dict(virtual_pipeline_parallel=2), r'^virtual_pipeline_parallel: expected 1 without pipeline stages'),
+        (dict(virtual_pipeline_parallel=2), r'^virtual_pipeline_parallel: expected 1 without pipeline'),
     ],
     ids=['layers', 'devices', 'microbatches', 'virtual-alone'],
 )
