@@ -10,8 +10,9 @@ inside one):
   pipeline  (only with pipeline_parallel P > 1, then the first axis) pipeline stages: the
           layer-stacked parameters split on L, the rest replicated over it; the batch is
           not split over it (pipeline.py runs the microbatch schedule)
-One size may be -1: it takes the devices the others leave (after the P stages). The defaults (data -1, fsdp 1,
-tensor 1) are plain data parallelism over every device, so one GPU box needs nothing set.
+One size may be -1: it takes the devices the others leave (within a stage). The defaults
+(data -1, fsdp 1, tensor 1) are plain data parallelism over every device, so one GPU box
+needs nothing set.
 
 Axes are `AxisType.Auto`: the compiler propagates shardings through the step (jax.make_mesh
 would make them Explicit, which asks every operation for a sharding rule).

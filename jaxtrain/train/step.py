@@ -49,24 +49,25 @@ def make_train_step(
     """
     grad_fn = jax.value_and_grad(make_loss_fn(graphdef, vocab_size))
 
-    def accumulate(params, inputs_AxBxT, targets_AxBxT):
-        accumulation = inputs_AxBxT.shape[0]
-        if accumulation == 1:
-            return grad_fn(params, inputs_AxBxT[0], targets_AxBxT[0])
-
-        def micro_step(carry, batch):
-            loss_sum, grad_sum = carry
-            loss, grads = grad_fn(params, *batch)
-            return (loss_sum + loss, jax.tree.map(jnp.add, grad_sum, grads)), None
-
-        zeros = jax.tree.map(jnp.zeros_like, params)
-        (loss, grads), _ = jax.lax.scan(micro_step, (jnp.float32(0), zeros), (inputs_AxBxT, targets_AxBxT))
-        return loss / accumulation, jax.tree.map(lambda g: g / accumulation, grads)
-
-    loss_and_grads = loss_and_grads or accumulate
-
     def train_step(state: TrainState, inputs_AxBxT, targets_AxBxT):
-        loss, grads = loss_and_grads(state.params, inputs_AxBxT, targets_AxBxT)
+        accumulation = inputs_AxBxT.shape[0]
+        if loss_and_grads is not None:
+            loss, grads = loss_and_grads(state.params, inputs_AxBxT, targets_AxBxT)
+        elif accumulation == 1:
+            loss, grads = grad_fn(state.params, inputs_AxBxT[0], targets_AxBxT[0])
+        else:
+
+            def micro_step(carry, batch):
+                loss_sum, grad_sum = carry
+                loss, grads = grad_fn(state.params, *batch)
+                return (loss_sum + loss, jax.tree.map(jnp.add, grad_sum, grads)), None
+
+            zeros = jax.tree.map(jnp.zeros_like, state.params)
+            (loss, grads), _ = jax.lax.scan(
+                micro_step, (jnp.float32(0), zeros), (inputs_AxBxT, targets_AxBxT)
+            )
+            loss = loss / accumulation
+            grads = jax.tree.map(lambda g: g / accumulation, grads)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         new_state = state.replace(
             step=state.step + 1,
