@@ -79,7 +79,7 @@ def restore_params(step_dir):
     return ocp.StandardCheckpointer().restore(Path(step_dir) / 'params')
 
 
-def tiny_llmc_model(path, family='gpt2', vocab=512, seed=0):
+def tiny_llmc_model(path, family='gpt2', vocab=512, seed=0, num_layers=2):
     """A small-vocabulary llm.c model file (fast to train on CPU) with random weights."""
     import dataclasses
 
@@ -92,7 +92,12 @@ def tiny_llmc_model(path, family='gpt2', vocab=512, seed=0):
     model_cls, config_cls, _ = FAMILIES[family]
     if family == 'gpt2':
         config = config_cls(
-            max_seq_len=128, vocab_size=vocab, padded_vocab_size=vocab, num_layers=2, num_heads=2, channels=32
+            max_seq_len=128,
+            vocab_size=vocab,
+            padded_vocab_size=vocab,
+            num_layers=num_layers,
+            num_heads=2,
+            channels=32,
         )
         header = llmc_io.GPT2Header(**dataclasses.asdict(config))
         save = llmc_io.save_gpt2
@@ -100,7 +105,7 @@ def tiny_llmc_model(path, family='gpt2', vocab=512, seed=0):
         config = config_cls(
             max_seq_len=128,
             vocab_size=vocab,
-            num_layers=2,
+            num_layers=num_layers,
             num_heads=4,
             num_kv_heads=2,
             channels=32,

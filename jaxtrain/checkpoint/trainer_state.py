@@ -130,6 +130,8 @@ _MAY_CHANGE = (
     'mesh_data',
     'mesh_fsdp',
     'mesh_tensor',
+    'pipeline_parallel',
+    'virtual_pipeline_parallel',
     'val_loss_every',
     'input_val_bin',
 )
@@ -172,6 +174,8 @@ def describe_topology(topology: dict) -> str:
     """'8 cpu devices in 1 process, mesh data 2 × fsdp 4 × tensor 1' (fields may be missing
     in older checkpoints: '?')."""
     mesh = ' × '.join(f'{axis} {size}' for axis, size in topology.get('mesh', {}).items()) or '?'
+    if topology.get('vpp_size', 1) > 1:  # interleaved pipeline (parallel/pipeline.py)
+        mesh += f", {topology['vpp_size']} chunks per stage"
     return (
         f"{topology.get('device_count', '?')} {topology.get('platform', '?')} device(s) in "
         f"{topology.get('process_count', '?')} process(es), mesh {mesh}"
@@ -181,6 +185,7 @@ def describe_topology(topology: dict) -> str:
 def topology_change(saved: dict, now: dict) -> str:
     """One clause for the resume line: 'same topology (...)' or 'topology changed: ... -> ...'."""
     fields = ('platform', 'device_count', 'process_count', 'mesh')
-    if all(saved.get(f) == now.get(f) for f in fields):
+    same_chunks = saved.get('vpp_size', 1) == now.get('vpp_size', 1)  # 1 before pipelines existed
+    if all(saved.get(f) == now.get(f) for f in fields) and same_chunks:
         return f'same topology ({describe_topology(now)})'
     return f'topology changed: saved on {describe_topology(saved)}, now {describe_topology(now)}'

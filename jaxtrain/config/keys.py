@@ -26,6 +26,16 @@ KEYS = (
     ('mesh_fsdp', 1, 'mesh axis fsdp: batch split, parameters and optimizer state sharded (-1 = fill)'),
     ('mesh_tensor', 1, 'mesh axis tensor: tensor-parallel MLP and attention projections (-1 = fill)'),
     (
+        'pipeline_parallel',
+        1,
+        'pipeline stages P: the layers split evenly over a mesh axis pipeline, microbatches = accumulation',
+    ),
+    (
+        'virtual_pipeline_parallel',
+        1,
+        'layer chunks V per pipeline stage (interleaved: chunk c on stage c mod P); P × V must divide L',
+    ),
+    (
         'sequence_parallel',
         False,
         'Megatron sequence parallelism: residual stream and norms split along T over mesh_tensor',

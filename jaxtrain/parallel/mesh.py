@@ -7,8 +7,12 @@ inside one):
           state sharded (sharding.py)
   tensor  tensor parallelism inside the MLP and attention projections (sharding.py); the
           batch is not split over it
-One size may be -1: it takes the devices the others leave. The defaults (data -1, fsdp 1,
-tensor 1) are plain data parallelism over every device, so one GPU box needs nothing set.
+  pipeline  (only with pipeline_parallel P > 1, then the first axis) pipeline stages: the
+          layer-stacked parameters split on L, the rest replicated over it; the batch is
+          not split over it (pipeline.py runs the microbatch schedule)
+One size may be -1: it takes the devices the others leave (within a stage). The defaults
+(data -1, fsdp 1, tensor 1) are plain data parallelism over every device, so one GPU box
+needs nothing set.
 
 Axes are `AxisType.Auto`: the compiler propagates shardings through the step (jax.make_mesh
 would make them Explicit, which asks every operation for a sharding rule).
@@ -20,6 +24,7 @@ import jax
 from jax.sharding import AxisType, Mesh
 
 AXES = ('data', 'fsdp', 'tensor')
+PIPELINE = 'pipeline'  # only in meshes with more than one stage, so P = 1 runs are unchanged
 BATCH_AXES = ('data', 'fsdp')  # the batch rows are split over these; see batch_geometry.py
 
 
@@ -68,12 +73,43 @@ def mesh_shape(device_count: int, data: int, fsdp: int, tensor: int) -> dict[str
     return sizes
 
 
+def pipeline_stages(stages: int, device_count: int) -> int:
+    """`stages` (pipeline_parallel) once it is known to fit `device_count` devices."""
+    if stages < 1:
+        raise ValueError(f'pipeline_parallel: expected a positive number of stages, found {stages}')
+    if stages > device_count:
+        raise ValueError(
+            f'pipeline_parallel: expected at most the {device_count} devices of the run, found {stages} '
+            'stages; lower --pipeline_parallel or raise --num_devices'
+        )
+    if device_count % stages:
+        raise ValueError(
+            f'pipeline_parallel: expected a divisor of the {device_count} devices of the run, '
+            f'found {stages}; '
+            'every stage needs the same devices'
+        )
+    return stages
+
+
 def build_mesh(config) -> Mesh:
     devices = select_devices(config.num_devices)
-    sizes = mesh_shape(len(devices), config.mesh_data, config.mesh_fsdp, config.mesh_tensor)
+    stages = pipeline_stages(config.get('pipeline_parallel', 1), len(devices))
+    try:
+        sizes = mesh_shape(len(devices) // stages, config.mesh_data, config.mesh_fsdp, config.mesh_tensor)
+    except ValueError as error:
+        if stages == 1:
+            raise
+        raise ValueError(f'{error} (the devices of one of the {stages} pipeline stages)') from None
+    axes = AXES if stages == 1 else (PIPELINE,) + AXES
+    sizes[PIPELINE] = stages
     return jax.make_mesh(
-        tuple(sizes[a] for a in AXES), AXES, axis_types=(AxisType.Auto,) * len(AXES), devices=devices
+        tuple(sizes[a] for a in axes), axes, axis_types=(AxisType.Auto,) * len(axes), devices=devices
     )
+
+
+def pipeline_size(mesh: Mesh) -> int:
+    """Pipeline stages of `mesh` (1 when it has no pipeline axis)."""
+    return mesh.shape.get(PIPELINE, 1)
 
 
 def data_parallel_size(mesh: Mesh) -> int:
@@ -82,5 +118,6 @@ def data_parallel_size(mesh: Mesh) -> int:
 
 
 def describe(mesh: Mesh) -> str:
-    """'data 2 × fsdp 4 × tensor 1' for the log and the trainer state."""
-    return ' × '.join(f'{axis} {mesh.shape[axis]}' for axis in AXES)
+    """'data 2 × fsdp 4 × tensor 1' (after 'pipeline 2 × ' with stages) for the log and the
+    trainer state."""
+    return ' × '.join(f'{axis} {mesh.shape[axis]}' for axis in mesh.axis_names)

@@ -15,6 +15,9 @@ and the axes below are counted after it). One table, RULES, names the axes:
           L is never split (the scan would gather it every iteration); vectors (biases,
           norm scales) are replicated.
   data    parameters are replicated over it.
+  pipeline (meshes with stages only) the layer axis L of every `h/...` tensor, in
+          contiguous blocks of L/P layers (pipeline.py regroups them into the interleaved
+          chunks when V > 1); everything else is replicated over it.
 The optimizer state gets its parameter's sharding wherever it holds a copy of the
 parameter tree (Adam's mu and nu); its counters are replicated.
 
@@ -87,6 +90,8 @@ def parameter_spec(name: str, shape: tuple, mesh: Mesh) -> P:
             free = [a for a in range(first, len(shape)) if spec[a] is None and shape[a] % fsdp == 0]
             if free:
                 spec[max(free, key=lambda a: (shape[a], -a))] = 'fsdp'
+    if first and mesh.shape.get('pipeline', 1) > 1:
+        spec[0] = 'pipeline'  # pipeline.check_pipeline made sure P divides L
     while spec and spec[-1] is None:  # P() for a replicated tensor, as Orbax and ckpt show it
         spec.pop()
     return P(*spec)

@@ -57,7 +57,7 @@ from jaxtrain.checkpoint import manager as ckpt_manager
 from jaxtrain.checkpoint import resume as ckpt_resume
 from jaxtrain.checkpoint import trainer_state as ckpt_record
 from jaxtrain.train import deterministic_flag
-from jaxtrain.tools import kernel_profile
+from jaxtrain.tools import kernel_profile, pipeline_bench
 from jaxtrain.parallel import sharding
 from jaxtrain.config import flags as key_flags
 from jaxtrain.config.checks import deterministic_wanted
@@ -640,7 +640,7 @@ def main(argv):
                     file=sys.stderr,
                 )
             result = run_benchmark(config, settings, deterministic)
-            text = summary(result)
+            text = summary(result) + pipeline_bench.report(config, settings.warmup, settings.steps)
         print(text, flush=True)
         if _JSON.value:
             Path(_JSON.value).write_text(json.dumps(result, indent=2) + '\n')

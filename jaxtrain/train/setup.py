@@ -15,6 +15,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxtrain.parallel import mesh as mesh_lib
 from jaxtrain.parallel import sequence_parallel, sharding
+from jaxtrain.parallel.pipeline import check_pipeline, make_pipeline_loss_and_grads
 from jaxtrain.data.batch_geometry import BatchGeometry, batch_geometry
 from jaxtrain.config.checks import check_config
 from jaxtrain.data.mesh_default_batch import fit_default_total_to_mesh
@@ -67,12 +68,14 @@ def build_trainer(config) -> TrainerSetup:
         'device_count': len(devices),
         'process_count': jax.process_count(),
         'mesh': dict(mesh.shape),
+        'pp_size': mesh_lib.pipeline_size(mesh),  # InfiniTrain's trainer_state.json names it so
+        'vpp_size': config.get('virtual_pipeline_parallel', 1),
     }
     parallel_sizes = {
         'DP': geometry.data_parallel,
         'TP': mesh.shape['tensor'],
         'SP': mesh.shape['tensor'] if config.sequence_parallel else 1,  # as InfiniTrain counts it
-        'PP': 1,
+        'PP': topology['pp_size'],
     }
 
     # --- model ---
@@ -88,6 +91,25 @@ def build_trainer(config) -> TrainerSetup:
             f'sequence_length: expected at most the model max_seq_len {model_config.max_seq_len}, '
             f'found {config.sequence_length}'
         )
+    check_pipeline(
+        model_config.num_layers, topology['pp_size'], topology['vpp_size'], geometry.accumulation
+    )
+    if topology['pp_size'] > 1:  # the pipeline's schedule (parallel/pipeline.py) has none of these yet
+        combined = [
+            flag
+            for flag, on in (
+                ('--lora_rank', config.lora_rank > 0),
+                ('--zero_stage', config.zero_stage > 0),
+                ('--sequence_parallel', config.sequence_parallel),
+                ('--precision_check', bool(config.precision_check)),
+            )
+            if on
+        ]
+        if combined:
+            raise ValueError(
+                f"pipeline_parallel: expected 1 with {', '.join(combined)}, found {topology['pp_size']}; "
+                'the pipeline schedule does not combine with them yet'
+            )
 
     # --- optimizer and state ---
     tx, schedule = build_optimizer(config)
@@ -125,8 +147,21 @@ def build_trainer(config) -> TrainerSetup:
     )
 
     # --- the steps: jitted once with the state's shardings in and out ---
+    pipelined = None  # P = 1: the plain micro-step scan
+    if topology['pp_size'] > 1:
+        pipelined = make_pipeline_loss_and_grads(
+            setup.graphdef, model_config.vocab_size, mesh, topology['vpp_size']
+        )
     train_step = jax.jit(
-        make_train_step(setup.graphdef, tx, model_config.vocab_size, grad_shardings, time_split, checker),
+        make_train_step(
+            setup.graphdef,
+            tx,
+            model_config.vocab_size,
+            grad_shardings,
+            time_split,
+            checker,
+            loss_and_grads=pipelined,
+        ),
         in_shardings=(state_shardings, train_batch_sharding, train_batch_sharding, *frozen_shardings),
         out_shardings=(state_shardings, replicated),
         donate_argnums=0,

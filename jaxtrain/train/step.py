@@ -48,6 +48,7 @@ def make_train_step(
     grad_shardings=None,
     time_split=None,
     checker=None,
+    loss_and_grads=None,
 ):
     """Returns train_step(state, inputs_AxBxT, targets_AxBxT) -> (state, metrics).
 
@@ -55,6 +56,9 @@ def make_train_step(
     InfiniTrain prints it; gradients are averaged the same way. `grad_shardings` (ZeRO
     stage 2+, sharding.gradient_shardings) pins every micro-step's gradients and their sum
     to a split layout, so they are reduce-scattered instead of all-reduced.
+    `loss_and_grads(params, inputs_AxBxT, targets_AxBxT) -> (loss, grads)`, when given,
+    replaces the micro-step scan below with another schedule of the same sums (the
+    pipeline's, parallel/pipeline.py).
     """
     value_and_grad = jax.value_and_grad(make_loss_fn(graphdef, vocab_size, time_split))
 
@@ -70,7 +74,9 @@ def make_train_step(
 
     def _train_step(state: TrainState, inputs_AxBxT, targets_AxBxT, *frozen):
         accumulation = inputs_AxBxT.shape[0]
-        if accumulation == 1:
+        if loss_and_grads is not None:
+            loss, grads = loss_and_grads(state.params, inputs_AxBxT, targets_AxBxT)
+        elif accumulation == 1:
             loss, grads = grad_fn(state.params, inputs_AxBxT[0], targets_AxBxT[0], *frozen)
         else:
 

@@ -70,6 +70,8 @@ def test_the_saving_topology_is_recorded(uninterrupted):
         'device_count': 8,
         'process_count': 1,
         'mesh': {'data': 2, 'fsdp': 4, 'tensor': 1},
+        'pp_size': 1,
+        'vpp_size': 1,
     }
 
 

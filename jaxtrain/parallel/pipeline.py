@@ -1,0 +1,203 @@
+"""Pipeline parallelism: the mesh axis `pipeline` (mesh.py) carries P stages, the model's
+L stacked layers are cut into P × V chunks, and gradient accumulation's micro-steps become
+the microbatches that flow through them. `pipeline_loss_and_grads` replaces the step's
+micro-step scan (step.py); it is a pure function of the parameters and the batch, so the
+train step stays one program jitted once.
+
+Axis letters: M microbatches (the accumulation micro-steps), B rows, T time, C channels,
+V chunks per stage (virtual_pipeline_parallel), S stage layers per chunk.
+
+Layers and chunks, as InfiniTrain assigns them (infini_train/src/nn/parallel/pp/
+pipeline_parallel.cc, GetStageInfo, at commit b24d92f): chunk c holds layers
+[c·L/(P·V), (c+1)·L/(P·V)) and lives on stage c mod P as its local chunk c div P; the
+embedding runs on the first stage (before chunk 0) and ln_f, the head and the loss on the
+last (after chunk P·V - 1). The parameters stay ONE global tree in layer order: the
+`h/...` tensors are split on L over `pipeline` in contiguous blocks (sharding.py), which
+is exactly the chunk layout for V = 1; for V > 1 the step regroups them into the
+interleaved chunks (a reshape (L) -> (V, P, S) whose P axis is the stage), and XLA moves
+the layers that change stage once per step (and their gradients back). Checkpoints
+therefore need nothing: a P = 2 checkpoint is the same tree as a P = 1 one.
+
+The schedule is GPipe (InfiniTrain's default, GenerateGPipeSchedule there): every
+microbatch's forward, then every backward. The forward is written here, one tick per
+scan iteration, inside a `shard_map` that is manual over `pipeline` only (data, fsdp and
+tensor stay with the compiler, so the axes combine): at tick t stage s works on item
+i = t - s (microbatch i mod M, local chunk i div M), then passes its activations to stage
+s + 1 with one `ppermute` (stage P - 1 wraps to stage 0, which stashes them for the next
+local chunk: the circular schedule that V > 1 needs). Differentiating it gives the
+backward schedule for free: the transpose of a ppermute is the ppermute the other way,
+and the scan runs backwards. Ticks: M·V + P - 1 each way, so the bubble (the share of
+stage-ticks without work) is (P - 1) / (M·V + P - 1). Why GPipe and not 1F1B: in this
+SPMD form 1F1B would have to interleave forward and backward by hand (a custom VJP
+around the whole schedule); GPipe gets the backward from autodiff, bit-exact and with the
+same bubble as non-interleaved 1F1B. Its cost is memory: a stage keeps something for
+every microbatch until the backward starts. Here that is little: each chunk is
+rematerialised (its (B, T, C) input is kept, its insides recomputed in the backward), and
+the head and loss run once on the last stage over all M microbatches' outputs, so one
+vocabulary-sized dW is held, not one per tick. Memory per device falls as P grows
+(measured: tests/tools/test_pipeline_bench.py; notes/pipe.md has the figures).
+"""
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from jaxtrain.models.lm_head_loss import lm_head_cross_entropy
+from jaxtrain.parallel.mesh import PIPELINE, pipeline_size
+from jaxtrain.parallel.pipeline_stages import embed, finish, run_chunk
+
+STACKED = 'h'  # the parameter subtree whose tensors carry the layer axis first (layer_stack.py)
+
+
+def check_pipeline(num_layers: int, stages: int, virtual: int, microbatches: int) -> None:
+    """Refuses a pipeline the schedule cannot run, in one line naming the flag."""
+    if virtual < 1:
+        raise ValueError(f'virtual_pipeline_parallel: expected a positive number of chunks, found {virtual}')
+    if stages == 1 and virtual > 1:
+        raise ValueError(
+            f'virtual_pipeline_parallel: expected 1 without pipeline stages (pipeline_parallel 1), found '
+            f'{virtual}; set --pipeline_parallel too'
+        )
+    if stages == 1:
+        return
+    if num_layers % (stages * virtual):
+        raise ValueError(
+            f'pipeline_parallel × virtual_pipeline_parallel: expected a divisor of the model\'s {num_layers} '
+            f'layers, found {stages} × {virtual} = {stages * virtual}; change either so each chunk gets '
+            'the same number of layers'
+        )
+    if microbatches < stages:
+        raise ValueError(
+            f'total_batch_size: expected at least pipeline_parallel = {stages} microbatches (gradient '
+            f'accumulation steps = total_batch_size / (batch_size × sequence_length × data parallel)), found '
+            f'{microbatches}; raise --total_batch_size or lower --batch_size'
+        )
+
+
+def stage_layers(num_layers: int, stages: int, virtual: int) -> list[list[range]]:
+    """For each stage, the layers of each of its local chunks, in the order it runs them."""
+    size = num_layers // (stages * virtual)
+    return [
+        [range((v * stages + s) * size, (v * stages + s + 1) * size) for v in range(virtual)]
+        for s in range(stages)
+    ]
+
+
+def bubble_fraction(stages: int, virtual: int, microbatches: int) -> float:
+    """Share of stage-ticks without work in this schedule: (P - 1) / (M·V + P - 1)."""
+    return (stages - 1) / (microbatches * virtual + stages - 1)
+
+
+def _index(x, i):
+    return jax.lax.dynamic_index_in_dim(x, i, 0, keepdims=False)
+
+
+def make_pipeline_loss_and_grads(graphdef: nnx.GraphDef, vocab_size: int, mesh: Mesh, virtual: int):
+    """Returns loss_and_grads(params, inputs_MxBxT, targets_MxBxT) -> (loss, grads): the mean
+    over microbatches of each one's mean loss and the mean of their gradients, as the
+    unpipelined micro-step scan gives them (step.py)."""
+    return jax.value_and_grad(make_pipeline_loss(graphdef, vocab_size, mesh, virtual))
+
+
+def make_pipeline_loss(graphdef: nnx.GraphDef, vocab_size: int, mesh: Mesh, virtual: int):
+    """Returns loss(params, inputs_MxBxT, targets_MxBxT): the forward schedule alone."""
+    stages = pipeline_size(mesh)
+    V = virtual
+    send_to_next = [(s, (s + 1) % stages) for s in range(stages)]
+
+    def stage_program(rest, chunks, inputs_MxBxT, targets_MxBxT):
+        """One stage's view: `chunks` are its V local chunks, (V, 1, S, ...) per tensor."""
+        stage = jax.lax.axis_index(PIPELINE)
+        varying = lambda x: jax.lax.pcast(x, PIPELINE, to='varying')
+        # Every stage holds the replicated parameters (embedding, ln_f, head) but uses its own
+        # copy (the first stage the embedding, the last the head): marked varying over the
+        # stages, their gradients are summed over them where the copies are made (the
+        # transpose of pcast), and the custom VJPs of the head and the embedding see
+        # per-stage weights, as their gradients are.
+        rest = jax.tree.map(varying, rest)
+        chunks = jax.tree.map(lambda p: p[:, 0], chunks)
+        model = nnx.merge(graphdef, nnx.State({**rest, STACKED: jax.tree.map(lambda p: p[0], chunks)}))
+        block_def = nnx.split(model.h)[0]
+        head_weight, vocab_axis = model.head_weight()
+        M, B, T = inputs_MxBxT.shape
+        # The ids whole on every device: with fsdp and tensor both > 1, XLA's partitioner
+        # (jax 0.11.2) aborts inside this manual region on the embedding gather and on the
+        # loss's target compare when the ids are split over fsdp and the table's channels
+        # too. Int ids are cheap to gather; the activations stay split.
+        inputs_MxBxT = jax.lax.with_sharding_constraint(inputs_MxBxT, P())
+        targets_MxBxT = jax.lax.with_sharding_constraint(targets_MxBxT, P())
+        items = M * V
+        _, extra = embed(model, inputs_MxBxT[0])
+
+        # Rematerialised: the backward recomputes a chunk's insides from its input, so a
+        # stage keeps one (B, T, C) input per tick instead of every layer's activations of
+        # all M microbatches (GPipe's memory), for one more forward pass of the blocks.
+        remat_chunk = jax.checkpoint(
+            lambda params, x_BxTxC: run_chunk(block_def, params, x_BxTxC, extra, model.scan_layers)
+        )
+
+        def tick(carry, t):
+            received_BxTxC, stash_MxBxTxC = carry
+            # Outside items 0..M·V-1 a stage has no work: it runs a clipped item, and nothing
+            # reads the result (the bubble).
+            item = jnp.clip(t - stage, 0, items - 1)
+            chunk, micro = item // M, item % M
+            if V > 1:
+                # What stage P - 1 sent at tick t - 1 (item t - P) is the input of stage 0's
+                # next local chunk for that microbatch, due at tick t - P + M (M >= P).
+                stash_MxBxTxC = jax.lax.dynamic_update_index_in_dim(
+                    stash_MxBxTxC, received_BxTxC, (t - stages) % M, 0
+                )
+                from_last_stage = _index(stash_MxBxTxC, t % M)
+            else:
+                from_last_stage = received_BxTxC
+            embedded_BxTxC = embed(model, _index(inputs_MxBxT, micro))[0]
+            x_BxTxC = jnp.where(
+                stage == 0, jnp.where(chunk == 0, embedded_BxTxC, from_last_stage), received_BxTxC
+            )
+            chunk_params = jax.tree.map(lambda p: _index(p, chunk), chunks)
+            y_BxTxC = remat_chunk(chunk_params, x_BxTxC)
+            received_BxTxC = jax.lax.ppermute(y_BxTxC, PIPELINE, send_to_next)
+            return (received_BxTxC, stash_MxBxTxC), y_BxTxC
+
+        zeros_BxTxC = varying(jnp.zeros((B, T, model.config.channels), model.dtype))
+        stash_MxBxTxC = varying(jnp.zeros((M if V > 1 else 1, B, T, model.config.channels), model.dtype))
+        _, y_TICKSxBxTxC = jax.lax.scan(tick, (zeros_BxTxC, stash_MxBxTxC), jnp.arange(items + stages - 1))
+        # The last stage finishes microbatch m at tick (V - 1)·M + m + P - 1: a static slice.
+        first = (V - 1) * M + stages - 1
+        y_MxBxTxC = y_TICKSxBxTxC[first : first + M]
+
+        def head_loss(y_MxBxTxC, targets_MxBxT):
+            # All microbatches in one call, as (B, M·T): the fused head keeps one dW for the
+            # backward (one per microbatch inside the scan would hold M vocabulary-sized
+            # copies), and the mean over B·M·T rows is the mean of the microbatch means.
+            C = y_MxBxTxC.shape[-1]
+            h_BxMTxC = finish(model, jnp.moveaxis(y_MxBxTxC, 0, 1).reshape(B, M * T, C))
+            targets_BxMT = jnp.moveaxis(targets_MxBxT, 0, 1).reshape(B, M * T)
+            return lm_head_cross_entropy(h_BxMTxC, head_weight, targets_BxMT, vocab_size, vocab_axis)
+
+        def no_loss(y_MxBxTxC, targets_MxBxT):
+            return varying(jnp.float32(0))
+
+        loss = jax.lax.cond(stage == stages - 1, head_loss, no_loss, y_MxBxTxC, targets_MxBxT)
+        return jax.lax.psum(loss, PIPELINE)  # the last stage's, the others give 0
+
+    program = jax.shard_map(
+        stage_program,
+        mesh=mesh,
+        in_specs=(P(), P(None, PIPELINE), P(), P()),
+        out_specs=P(),
+        axis_names=frozenset({PIPELINE}),
+    )
+
+    def loss_fn(params, inputs_MxBxT, targets_MxBxT):
+        rest = {name: tree for name, tree in params.items() if name != STACKED}
+        # (L, ...) -> (V, P, S, ...): chunk c = v·P + s at [v, s], so the P axis is the stage.
+        chunks = jax.tree.map(
+            lambda p: p.reshape(V, stages, p.shape[0] // (V * stages), *p.shape[1:]), params[STACKED]
+        )
+        return program(rest, chunks, inputs_MxBxT, targets_MxBxT)
+
+    return loss_fn
