@@ -91,9 +91,6 @@ def build_trainer(config) -> TrainerSetup:
             f'sequence_length: expected at most the model max_seq_len {model_config.max_seq_len}, '
             f'found {config.sequence_length}'
         )
-    check_pipeline(
-        model_config.num_layers, topology['pp_size'], topology['vpp_size'], geometry.accumulation
-    )
     if topology['pp_size'] > 1:  # the pipeline's schedule (parallel/pipeline.py) has none of these yet
         combined = [
             flag
@@ -107,9 +104,12 @@ def build_trainer(config) -> TrainerSetup:
         ]
         if combined:
             raise ValueError(
-                f"pipeline_parallel: expected 1 with {', '.join(combined)}, found {topology['pp_size']}; "
-                'the pipeline schedule does not combine with them yet'
+                f"pipeline_parallel {topology['pp_size']} with {', '.join(combined)}: not supported yet "
+                '(the pipeline schedule, parallel/pipeline.py, does not combine with them); drop one'
             )
+    check_pipeline(
+        model_config.num_layers, topology['pp_size'], topology['vpp_size'], geometry.accumulation
+    )
 
     # --- optimizer and state ---
     tx, schedule = build_optimizer(config)

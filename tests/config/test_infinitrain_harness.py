@@ -6,8 +6,9 @@ can afford it: the data paths name a tiny model file and shard; `--device cuda` 
 `--device cpu` where there is no GPU; each run is a few steps (num_iteration 2; the
 checkpoint rows' 50 steps, save_interval 10 and resume step 30 are divided by 10).
 
-A row either trains, or, where it asks for a feature another issue builds (sequence or
-pipeline parallelism, LoRA), stops on one line saying "not supported yet". The logs are
+A row either trains, or, where it asks for a combination not built yet (pipeline stages
+with sequence parallelism, ZeRO or LoRA), stops on one line saying "not supported yet".
+The pipeline rows get an 8-layer model, so that their stages divide the layers. The logs are
 written where run_and_log puts them (LOG_DIR/<tag>/<model>_<id>.log) and read with the
 parsing rules of upstream's scripts/compare_loss.py, compare_tps.py and compare_utils.py
 (re-implemented below): every step is found, and the resumed checkpoint run agrees with the
@@ -105,9 +106,10 @@ def ours(command: str, files: dict, ckpt_root: Path) -> tuple[str, list[str]]:
     words = shlex.split(command)
     model = words[0].removeprefix('./')
     family = model.upper()
+    deep = '_deep' if '--pipeline_parallel' in words else ''
     swap = {
         upstream.VARIABLES[f'{family}_INPUT_BIN']: files[f'{model}_shard'],
-        upstream.VARIABLES[f'{family}_LLMC_FILEPATH']: files[f'{model}_model'],
+        upstream.VARIABLES[f'{family}_LLMC_FILEPATH']: files[f'{model}{deep}_model'],
     }
     root = upstream.VARIABLES['CKPT_ROOT_DIR']
     argv = [swap.get(word, word.replace(root, str(ckpt_root))) for word in words[1:]]
@@ -132,7 +134,10 @@ def refusal_expected(args: dict) -> str | None:
     later = set(infinitrain_flags.alias_names())
     refused = [name for name, asked in asks.items() if asked and name in later]
     if not refused:
-        return None
+        pipelined = args.get('pipeline_parallel', 1) > 1
+        combined = args.get('sequence_parallel') or args.get('zero_stage', 0) > 0 or args.get('lora_rank', 0) > 0
+        # train/setup.py: the pipeline schedule does not combine with these yet.
+        return 'pipeline_parallel' if pipelined and combined else None
     order = [f.name for f in infinitrain_flags.UPSTREAM]
     return min(refused, key=order.index)
 
@@ -143,6 +148,9 @@ def files(tmp_path_factory):
     return {
         'gpt2_model': tiny_llmc_model(root / 'gpt2.bin'),
         'llama3_model': tiny_llmc_model(root / 'llama3.bin', family='llama3'),
+        # 8 layers for the pipeline rows: split over 8, 4 x 2 and 2 x 2 stages and chunks.
+        'gpt2_deep_model': tiny_llmc_model(root / 'gpt2_deep.bin', num_layers=8),
+        'llama3_deep_model': tiny_llmc_model(root / 'llama3_deep.bin', family='llama3', num_layers=8),
         'gpt2_shard': random_shard(root / 'gpt2_train.bin', num_tokens=60_000),
         'llama3_shard': random_shard(root / 'llama3_train.bin', num_tokens=60_000, kind='llama3'),
     }
@@ -163,7 +171,7 @@ def run_rows(rows, models, files, tmp_path) -> Path:
             if refused:
                 assert result.code == 1, f'{log.name}: {result.out}{result.err}'
                 assert len(result.error_lines) == 1, result.err
-                assert result.error_lines[0].startswith(f'error: --{refused} '), result.err
+                assert result.error_lines[0].startswith((f'error: --{refused} ', f'error: {refused} ')), result.err
                 assert 'not supported yet' in result.err
                 continue
             assert result.code == 0, f'{log.name}: {command}\n{result.err}'
