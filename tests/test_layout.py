@@ -6,8 +6,8 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-# `python -m jaxtrain.ckpt|compare_loss|bench|generate`: the short entry modules of the tools.
-ENTRY_MODULES = {'ckpt.py', 'compare_loss.py', 'bench.py', 'generate.py', 'cli.py'}
+# `python -m jaxtrain.ckpt|compare_loss|compare_precision|bench|generate` and `jaxtrain`: the tools' entry modules.
+ENTRY_MODULES = {'ckpt.py', 'compare_loss.py', 'compare_precision.py', 'bench.py', 'generate.py', 'cli.py'}
 
 
 def imported_modules(path: Path) -> set[str]:

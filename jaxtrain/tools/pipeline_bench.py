@@ -68,7 +68,7 @@ def fastest_steps(runs: list, warmup: int, steps: int) -> list[float]:
 
 def measure(config, warmup: int, steps: int) -> dict:
     """Memory per device and the timed bubble of `config`'s pipelined step ({} without stages)."""
-    from jaxtrain.tools.bench import build  # bench imports this module
+    from jaxtrain.tools.bench_measure import build  # bench imports this module
 
     stages, virtual = config.pipeline_parallel, config.virtual_pipeline_parallel
     if stages == 1:

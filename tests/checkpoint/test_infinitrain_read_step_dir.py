@@ -110,7 +110,7 @@ def test_latest_picks_the_newest_infinitrain_step(real):
     assert _target(config) == (root / 'checkpoint_step_000020').absolute()  # not checkpoint_final
     assert _target(load_config('gpt2', resume_from='latest', checkpoint_dir=str(root))) is None  # orbax asked
     assert (
-        _target(load_config('gpt2', load=str(root / 'checkpoint_step_000010')))
+        _target(load_config('gpt2', resume_from=str(root / 'checkpoint_step_000010')))
         == root / 'checkpoint_step_000010'
     )
 
@@ -154,16 +154,6 @@ def test_other_adam_flavour_keeps_the_moments_and_says_so(real):
     )
     assert int(adam_states(opt)[0].count) == 10
     assert any('was trained with Adam; its m, v, t continue in adamw' in m for m in record['messages'])
-
-
-def test_resume_from_and_load_must_agree(real):
-    from jaxtrain.checkpoint.formats.infinitrain_saver import _target
-    from jaxtrain.checkpoint.layout import CheckpointError
-
-    a, b = (real / 'head-gpt2' / 'a' / f'checkpoint_step_0000{s}' for s in (10, 20))
-    with pytest.raises(CheckpointError, match='resume_from / load: expected one checkpoint'):
-        _target(load_config('gpt2', resume_from=str(a), load=str(b)))
-    assert _target(load_config('gpt2', resume_from=str(a), load=str(a))) == a
 
 
 def test_one_kind_per_checkpoint_dir(real):

@@ -7,7 +7,7 @@ The 4-stage program is the one tests/parallel/test_pipeline.py trains (LLaMA-3, 
 V = 2), so with the session's XLA cache only the 2-stage one is compiled here."""
 
 from jaxtrain.models.llama3 import LLaMA3Config
-from jaxtrain.tools.bench import build
+from jaxtrain.tools.bench_measure import build
 from jaxtrain.tools.pipeline_bench import compile_step, compiled_memory
 from trainer_runs import load_config, tiny_llmc_model
 
