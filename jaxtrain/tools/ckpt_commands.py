@@ -1,0 +1,406 @@
+"""The `python -m jaxtrain.ckpt` commands: ls, show, diff, verify, export (ckpt.py parses
+the command line and calls them). Each returns the exit status; the tables are drawn here."""
+
+import datetime
+import json
+import math
+import os
+from pathlib import Path
+
+EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2  # findings: diff saw a difference, verify a problem
+PROG = 'python -m jaxtrain.ckpt'  # in messages; also `jaxtrain ckpt`
+TENSOR_COLUMNS = ('item', 'tensor', 'shape', 'dtype', 'sharding', 'min', 'max', 'mean', 'std', 'checksum', '')
+# The commands import ckpt_inspect (and with it JAX) inside their functions, so that main() can
+# choose the platform first and --help answers at once.
+
+
+# --- rendering -------------------------------------------------------------------------
+
+
+def _table(headers, rows: list[list]) -> str:
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max([len(h)] + [len(row[i]) for row in cells]) for i, h in enumerate(headers)]
+    lines = ['  '.join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
+    lines += ['  '.join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    return '\n'.join(lines)
+
+
+def _number(x) -> str:
+    if x is None:
+        return 'n/a'
+    return f'{x:.6g}' if isinstance(x, float) else str(x)
+
+
+def _json_safe(value):
+    """Strict JSON: NaN and infinities become strings."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _print_json(value):
+    print(json.dumps(_json_safe(value), indent=2, default=str))
+
+
+def _when(seconds: float) -> str:
+    return datetime.datetime.fromtimestamp(seconds).strftime('%Y-%m-%d %H:%M:%S')
+
+
+def _bytes(n: int) -> str:
+    for unit in ('B', 'KiB', 'MiB', 'GiB'):
+        if n < 1024 or unit == 'GiB':
+            return f'{n:.0f} {unit}' if unit == 'B' else f'{n:.1f} {unit}'
+        n /= 1024
+
+
+# --- ls ----------------------------------------------------------------------------------
+
+
+def cmd_ls(args) -> int:
+    from jaxtrain.tools import ckpt_inspect
+
+    from jaxtrain.tools import ckpt_infinitrain
+
+    entries, latest = ckpt_inspect.list_checkpoints(args.dir)
+    entries = ckpt_infinitrain.annotate_entries(args.dir, entries)  # kind and loss; InfiniTrain dirs
+    latest = ckpt_infinitrain.latest_step(entries, latest)
+    if args.json:
+        _print_json(
+            {
+                'root': str(args.dir),
+                'latest': latest,
+                'checkpoints': [
+                    {**e, 'latest': ckpt_infinitrain.is_latest(e, latest)} for e in entries
+                ],
+            }
+        )
+        return EXIT_OK
+    rows = [
+        [
+            e['step'],
+            Path(e['path']).name,
+            e['kind'],
+            e['status'],
+            _bytes(e['size_bytes']),
+            _when(e['written_at']) + ('' if e['written_from'] == 'trainer_state' else ' (mtime)'),
+            'yes' if e['has_optimizer_state'] else 'no',
+            f"{e['loss']:.6f}" if e['loss'] is not None else 'n/a',  # as the step line prints it
+            'latest' if ckpt_infinitrain.is_latest(e, latest) else '',
+        ]
+        for e in entries
+    ]
+    print(_table(['step', 'directory', 'kind', 'state', 'size', 'written', 'optimizer', 'loss', ''], rows))
+    if latest is None:
+        print(f'latest: none (no committed checkpoint in {args.dir})')
+    else:
+        kind = next(e['kind'] for e in entries if ckpt_infinitrain.is_latest(e, latest))
+        flag = '' if kind == 'orbax' else f" --checkpoint_format {kind.replace('-pth', '-bin')}"
+        print(f'latest: step {latest} (what --resume_from latest --checkpoint_dir {args.dir}{flag} picks)')
+    return EXIT_OK
+
+
+# --- show --------------------------------------------------------------------------------
+
+
+def _tensor_rows(step_dir, state: dict) -> list[dict]:
+    from jaxtrain.tools import ckpt_inspect
+
+    rows = []
+    recorded_all = state.get('checksums', {})
+    for item in ckpt_inspect.ARRAY_ITEMS:
+        saved = (step_dir / item).is_dir()  # if not, its recorded tensors are listed as missing
+        tensors = ckpt_inspect.read_tensors(step_dir, item) if saved else {}
+        layouts = ckpt_inspect.tensor_layouts(step_dir, item) if saved else {}
+        found = ckpt_inspect.recomputed_checksums(tensors)
+        recorded = recorded_all.get(item, {})
+        for name in sorted(set(tensors) | set(recorded)):
+            row = {'item': item, 'name': name}
+            if name not in tensors:
+                row.update(checksum=recorded[name], checksum_status='missing: recorded but not saved')
+                rows.append(row)
+                continue
+            array, layout = tensors[name], layouts.get(name)
+            row.update(
+                shape=list(array.shape),
+                dtype=array.dtype.name,
+                sharding=layout.sharding if layout else 'n/a',
+                **ckpt_inspect.tensor_stats(array),
+                checksum=found[name],
+            )
+            if name not in recorded:
+                row['checksum_status'] = 'not recorded'
+            elif recorded[name] == found[name]:
+                row['checksum_status'] = 'ok'
+            else:
+                row['checksum_status'] = f'MISMATCH: recorded {recorded[name]}'
+            rows.append(row)
+    return rows
+
+
+def _show_text(step_dir, state: dict) -> str:
+    topology = state.get('topology', {})
+    mesh = ','.join(f'{k}={v}' for k, v in topology.get('mesh', {}).items())
+    versions = ', '.join(f'{k} {v}' for k, v in state.get('versions', {}).items())
+    model = ' '.join(f'{k}={v}' for k, v in (state.get('model_config') or {}).items())
+    llmc = state.get('llmc_file') or ''
+    position = (
+        f"{state.get('data_position')} windows consumed (epoch {state.get('epoch')}), "
+        f"{state.get('tokens_per_step')} tokens per step"
+    )
+    devices = (
+        f"{topology.get('device_count')} {topology.get('platform')} device(s), "
+        f"{topology.get('process_count')} process(es), mesh {mesh}"
+    )
+    lines = [
+        ('checkpoint', str(step_dir)),
+        ('kind', 'orbax'),
+        ('step', state.get('step')),
+        ('data position', position),
+        ('learning rate', f"{state.get('learning_rate')} (for the next step)"),
+        ('saved at', _when(state['saved_at']) if 'saved_at' in state else 'n/a'),
+        ('optimizer state', 'saved' if state.get('has_optimizer_state') else 'not saved'),
+        ('model', f"{state.get('model_family')}: {model}"),
+        ('dtype', state.get('dtype')),
+        ('topology', devices),
+        ('versions', versions),
+        ('llmc source', f"{llmc} (sha256 {state.get('llmc_sha256')})" if llmc else 'none (random init)'),
+    ]
+    lora = state.get('lora')
+    if lora:  # adapters only (checkpoint/lora_record.py); the base is the llmc source above
+        lora_line = (
+            f"LoRA checkpoint: rank {lora.get('rank')}, alpha {lora.get('alpha')}, targets "
+            f"{','.join(lora.get('targets', []))} ({', '.join(lora.get('modules', []))}), "
+            f"{lora.get('num_parameters', 0):,} adapter parameters; base weights not stored"
+        )
+        lines.append(('lora', lora_line))
+    width = max(len(k) for k, _ in lines)
+    text = [f'{k.ljust(width)}  {v}' for k, v in lines]
+    training = state.get('training_config') or {}
+    if training:
+        text.append('training config')
+        key_width = max(len(k) for k in training)
+        text += [f'  {k.ljust(key_width)}  {v!r}' for k, v in sorted(training.items())]
+    return '\n'.join(text)
+
+
+def cmd_show(args) -> int:
+    from jaxtrain.tools import ckpt_inspect
+    from jaxtrain.checkpoint.trainer_state import read_trainer_state
+
+    from jaxtrain.tools import ckpt_infinitrain
+
+    if ckpt_infinitrain.kind_of(args.step_dir) != 'orbax':
+        return _show_infinitrain(args)
+    step_dir = ckpt_inspect.find_finished_step_dir(args.step_dir)
+    state = read_trainer_state(step_dir)
+    rows = _tensor_rows(step_dir, state) if args.tensors else None
+    if args.json:
+        shown = {
+            'path': str(step_dir),
+            'kind': 'orbax',
+            'trainer_state': {k: v for k, v in state.items() if k != 'checksums'},
+        }
+        if rows is not None:
+            shown['tensors'] = rows
+        _print_json(shown)
+        return EXIT_OK
+    print(_show_text(step_dir, state))
+    if rows is not None:
+        table = [
+            [
+                r['item'],
+                r['name'],
+                ('x'.join(map(str, r['shape'])) or '()') if 'shape' in r else '',
+                r.get('dtype', ''),
+                r.get('sharding', ''),
+                *(_number(r.get(k)) for k in ('min', 'max', 'mean', 'std')),
+                r['checksum'],
+                r['checksum_status'],
+            ]
+            for r in rows
+        ]
+        print()
+        print(_table(TENSOR_COLUMNS, table))
+        bad = [r for r in rows if r['checksum_status'] != 'ok']
+        print(f'checksums: {len(rows) - len(bad)} of {len(rows)} ok' + ('' if not bad else ' (see verify)'))
+    return EXIT_OK
+
+
+def _show_infinitrain(args) -> int:
+    from jaxtrain.tools import ckpt_infinitrain
+
+    shown = ckpt_infinitrain.show(Path(args.step_dir), args.tensors)
+    if args.json:
+        _print_json(shown)
+    else:
+        print(ckpt_infinitrain.show_text(shown, _table, _number))
+    return EXIT_OK
+
+
+# --- diff --------------------------------------------------------------------------------
+
+
+def _one_sided_items_summarised(changed: list[dict], one_sided: dict) -> list[list]:
+    """Table rows of the differing tensors, with an item that only one side saved (the
+    optimizer state of a params-only checkpoint) as one row instead of one per tensor."""
+    rows, counted = [], {}
+    for t in changed:
+        item = t['name'].split('/', 1)[0]
+        if item in one_sided:
+            counted[item] = counted.get(item, 0) + 1
+            continue
+        rows.append([t['name'], t['status'], _number(t.get('max_abs_diff')), _number(t.get('max_rel_diff'))])
+    for item, count in counted.items():
+        side, other = one_sided[item], 'B' if one_sided[item] == 'A' else 'A'
+        rows.append([f'{item}/ ({count} tensors)', f'only in {side}: {other} has no {item}', '', ''])
+    return rows
+
+
+def cmd_diff(args) -> int:
+    from jaxtrain.tools import ckpt_inspect
+    from jaxtrain.checkpoint.trainer_state import read_trainer_state
+
+    from jaxtrain.tools import ckpt_infinitrain
+
+    kinds = [ckpt_infinitrain.kind_of(p) for p in (args.a, args.b)]
+    step_a, step_b = (
+        ckpt_inspect.find_finished_step_dir(p) if k == 'orbax' else Path(p)
+        for p, k in zip((args.a, args.b), kinds)
+    )
+    one_sided = {}  # item -> the side that has it ('A' or 'B'), e.g. opt_state of a params-only save
+    if kinds == ['orbax', 'orbax']:
+        state_a, state_b = read_trainer_state(step_a), read_trainer_state(step_b)
+        tensors = []
+        for item in ckpt_inspect.ARRAY_ITEMS:
+            # An item on one side only (opt_state not saved) lists all its tensors as one-sided.
+            sides = [
+                ckpt_inspect.read_tensors(s, item) if (s / item).is_dir() else None for s in (step_a, step_b)
+            ]
+            if sides != [None, None]:
+                tensors += ckpt_inspect.compare_tensors(item, sides[0] or {}, sides[1] or {})
+            if (sides[0] is None) != (sides[1] is None):
+                one_sided[item] = 'A' if sides[0] is not None else 'B'
+    else:  # across kinds: params and Adam's m, v, t under common names (ckpt_infinitrain.py)
+        state_a, state_b = ckpt_infinitrain.record_of(step_a), ckpt_infinitrain.record_of(step_b)
+        common = [ckpt_infinitrain.canonical_tensors(s) for s in (step_a, step_b)]
+        tensors = ckpt_inspect.compare_tensors('', *common)
+        for row in tensors:
+            row['name'] = row['name'].lstrip('/')
+    fields = ckpt_inspect.config_differences(state_a, state_b)
+    model_equal = not any(f.startswith(('model_config.', 'model_family')) for f, _, _ in fields)
+    identical = model_equal and all(t['status'] == 'identical' for t in tensors)
+    if args.json:
+        _print_json(
+            {
+                'a': str(step_a),
+                'b': str(step_b),
+                'kinds': kinds,
+                'identical': identical,
+                'fields': [{'field': f, 'a': a, 'b': b} for f, a, b in fields],
+                'tensors': tensors,
+            }
+        )
+        return EXIT_OK if identical else EXIT_FINDINGS
+    print(f'A: {step_a} ({kinds[0]})\nB: {step_b} ({kinds[1]})')
+    if fields:
+        print(_table(['field', 'A', 'B'], [[f, repr(a), repr(b)] for f, a, b in fields]))
+    else:
+        print('configs: identical (step, data position, model and training config)')
+    changed = [t for t in tensors if t['status'] != 'identical']
+    if changed:
+        print()
+        print(
+            _table(
+                ['tensor', 'status', 'max abs diff', 'max rel diff'],
+                _one_sided_items_summarised(changed, one_sided),
+            )
+        )
+    print(f'tensors: {len(tensors) - len(changed)} of {len(tensors)} bit-identical')
+    print('identical' if identical else 'different' + ('' if model_equal else ' (model config differs)'))
+    return EXIT_OK if identical else EXIT_FINDINGS
+
+
+# --- verify ------------------------------------------------------------------------------
+
+
+def cmd_verify(args) -> int:
+    from jaxtrain.tools import ckpt_inspect
+
+    from jaxtrain.tools import ckpt_infinitrain
+
+    kind = ckpt_infinitrain.kind_of(args.step_dir)
+    if kind == 'orbax':
+        step_dir = ckpt_inspect.find_step_dir(args.step_dir)
+        result = ckpt_inspect.verify(step_dir)
+    else:
+        step_dir = Path(args.step_dir)
+        result = ckpt_infinitrain.verify(step_dir)
+    ok = not result.problems
+    if args.json:
+        _print_json(
+            {'path': str(step_dir), 'kind': kind, 'ok': ok, 'problems': result.problems, 'checked': result.checked}
+        )
+    elif ok:
+        print(f'OK: {step_dir} ({kind}): ' + '; '.join(result.checked))
+    else:
+        print(f'FAILED: {step_dir} ({kind}): {len(result.problems)} problem(s)')
+        print('\n'.join(f'  {p}' for p in result.problems))
+    return EXIT_OK if ok else EXIT_FINDINGS
+
+
+# --- export ------------------------------------------------------------------------------
+
+
+def cmd_export(args) -> int:
+    from jaxtrain.tools import ckpt_export
+    from jaxtrain.tools import ckpt_inspect
+
+    from jaxtrain.tools import ckpt_infinitrain
+
+    if args.format in ('infinitrain', 'infinitrain-bin'):
+        written = ckpt_infinitrain.export(args.step_dir, args.output, args.format)
+        if args.json:
+            _print_json({'path': str(args.step_dir), **written})
+        else:
+            print(ckpt_infinitrain.export_line(written))
+        return EXIT_OK
+    if ckpt_infinitrain.kind_of(args.step_dir) != 'orbax':
+        raise ckpt_infinitrain.CheckpointError(
+            f'{args.step_dir}: expected an Orbax checkpoint for --format {args.format}, found an InfiniTrain one; '
+            'its PR generation already holds an llm.c model.bin (export --format infinitrain-bin)')
+    step_dir = ckpt_inspect.find_finished_step_dir(args.step_dir)
+    if args.format == 'hf':
+        if args.version is not None:
+            from jaxtrain.checkpoint.layout import CheckpointError
+
+            raise CheckpointError(f'--version: expected none with --format hf (fp32), found {args.version}')
+        written = ckpt_export.export_hf(step_dir, args.output, args.merge_lora, args.base)
+        if args.json:
+            _print_json({'path': str(step_dir), **written})
+        else:
+            files = ', '.join(os.path.basename(f) for f in written['files'])
+            print(
+                f"wrote {written['output']}: {written['model_family']} as a Hugging Face folder ({files}, "
+                f"fp32), {written['num_parameters']:,} parameters, {_bytes(written['size_bytes'])}; "
+                f"load it with {written['hf_class']}.from_pretrained"
+            )
+        return EXIT_OK
+    written = ckpt_export.export_llmc(step_dir, args.output, args.version or 3, args.merge_lora, args.base)
+    if args.json:
+        _print_json({'path': str(step_dir), **written})
+        return EXIT_OK
+    print(
+        f"wrote {written['output']}: {written['model_family']} llm.c file, version {written['version']} "
+        f"({written['dtype']}), {written['num_parameters']:,} parameters, {_bytes(written['size_bytes'])}; "
+        f"train from it with --llmc_filepath {written['output']}"
+    )
+    for note in written['notes']:
+        print(f'note: {note}')
+    return EXIT_OK
+
+
+# --- the command line --------------------------------------------------------------------
