@@ -236,7 +236,7 @@ def test_harness_rows_run_or_are_refused_on_one_line(files, tmp_path):
     assert log.count('[CKPT] Save begin:') == 2 and log.count('[CKPT] Save done:') == 2
 
 
-@pytest.mark.slow
+@pytest.mark.heavy  # about 5 minutes on 2 cores: every row, both models
 def test_every_harness_row_through_both_models(files, tmp_path):
     rows = [row for row in upstream.TEST_GROUPS if not refusal_expected(row[2])]
     check_resumed_runs_agree(run_rows(rows, ['gpt2', 'llama3'], files, tmp_path))
