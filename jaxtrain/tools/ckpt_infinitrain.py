@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 
 from jaxtrain.checkpoint.formats import infinitrain as it
-from jaxtrain.checkpoint.formats.infinitrain_trainer import model_header
+from jaxtrain.checkpoint.formats.infinitrain_trainer import infinitrain_state_for, model_header
 from jaxtrain.checkpoint.layout import CheckpointError
 from llmc_io.errors import LLMCFormatError
-from llmc_io.infinitrain_state import HEAD, PR, InfiniTrainState
+from llmc_io.infinitrain_state import HEAD, PR
 from llmc_io.tensors import tree_leaves
 
 ORBAX = 'orbax'
@@ -315,25 +315,16 @@ def export(step_dir, output, fmt: str) -> dict:
         )
     extras = {k: v for k, v in record.items() if k != 'data_batch_idx'}
     extras.update(checkpoint_format=fmt, model_shape=dataclasses.asdict(header))
-    common = dict(
-        global_step=step,
-        data_batch_idx=int(position_batches),
-        last_lr=float(record.get('learning_rate', 0.0)),
-        jaxtrain=extras,
+    state = infinitrain_state_for(
+        fmt,
+        family,
+        step=step,
+        batch_idx=int(position_batches),
+        learning_rate=float(record.get('learning_rate', 0.0)),
+        best_loss=record.get('best_loss'),
+        optimizer_type='Adam' if moments else 'SGD',
+        extras=extras,
     )
-    from llmc_io.infinitrain_state import CONFIG_DEFAULTS
-
-    if fmt == it.HEAD_KIND:
-        state = InfiniTrainState(HEAD, shape=dict(CONFIG_DEFAULTS[family]), **common)
-    else:
-        best = record.get('best_loss')
-        state = InfiniTrainState(
-            PR,
-            best_loss=math.inf if best is None else float(best),
-            optimizer_type='Adam' if moments else 'SGD',
-            checkpoint_format='bin',
-            **common,
-        )
     try:
         it.write_checkpoint(output, fmt, family, params, header, moments, state)
     except LLMCFormatError as e:

@@ -118,6 +118,36 @@ def model_header(family: str, model_config):
     return cls(**{f.name: fields[f.name] for f in dataclasses.fields(cls)})
 
 
+def infinitrain_state_for(
+    fmt: str,
+    family: str,
+    *,
+    step: int,
+    batch_idx: int,
+    learning_rate: float,
+    best_loss,
+    optimizer_type: str,
+    extras: dict,
+    data_parallel: int = 1,
+) -> InfiniTrainState:
+    """The trainer_state.json of a step we write in InfiniTrain's layout `fmt`; `extras` becomes
+    its "jaxtrain" object (what only we need for an exact resume)."""
+    common = dict(
+        global_step=step, data_batch_idx=batch_idx, last_lr=learning_rate, ddp_size=data_parallel, jaxtrain=extras
+    )
+    if fmt == it.HEAD_KIND:
+        # What HEAD's main.cc writes for a model from --llmc_filepath and CHECKs on --load: config defaults.
+        return InfiniTrainState(HEAD, shape=dict(CONFIG_DEFAULTS[family]), **common)
+    return InfiniTrainState(
+        PR,
+        data_batch_stride=data_parallel,
+        best_loss=math.inf if best_loss is None else float(best_loss),
+        optimizer_type=optimizer_type,
+        checkpoint_format='bin',
+        **common,
+    )
+
+
 def save_step_dir(
     root,
     step: int,
@@ -147,27 +177,19 @@ def save_step_dir(
     position = int(record['data_position'])
     extras = {k: v for k, v in record.items() if k != 'messages'}
     extras.update(step=step, checkpoint_format=fmt, model_shape=dataclasses.asdict(header))
-    common = dict(
-        global_step=step,
-        data_batch_idx=it.batch_index_from_position(position, batches_per_step),
-        last_lr=float(record.get('learning_rate', 0.0)),
-        ddp_size=data_parallel,
-        jaxtrain=extras,
+    optimizer_type = _OPTIMIZER_TYPE.get(
+        record.get('training_config', {}).get('optimizer'), 'Adam' if moments else 'SGD'
     )
-    if fmt == it.HEAD_KIND:
-        # What HEAD's main.cc writes for a model from --llmc_filepath and CHECKs on --load: config defaults.
-        state = InfiniTrainState(HEAD, shape=dict(CONFIG_DEFAULTS[family]), **common)
-    else:
-        best = record.get('best_loss')
-        state = InfiniTrainState(
-            PR,
-            data_batch_stride=data_parallel,
-            best_loss=math.inf if best is None else float(best),
-            optimizer_type=_OPTIMIZER_TYPE.get(
-                record.get('training_config', {}).get('optimizer'), 'Adam' if moments else 'SGD'
-            ),
-            checkpoint_format='bin',
-            **common,
-        )
+    state = infinitrain_state_for(
+        fmt,
+        family,
+        step=step,
+        batch_idx=it.batch_index_from_position(position, batches_per_step),
+        learning_rate=float(record.get('learning_rate', 0.0)),
+        best_loss=record.get('best_loss'),
+        optimizer_type=optimizer_type,
+        extras=extras,
+        data_parallel=data_parallel,
+    )
     final = Path(root) / f'checkpoint_step_{step:06d}'
     return it.write_checkpoint(final, fmt, family, numpy_params, header, moments, state)
