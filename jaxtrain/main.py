@@ -11,7 +11,6 @@ Every key is listed with its meaning by --helpfull (the KEYS table of config_bas
 import logging as std_logging
 import os
 import sys
-import traceback
 from pathlib import Path
 
 from absl import app, flags, logging
@@ -94,14 +93,7 @@ def main(argv):
         print('interrupted', file=sys.stderr)
         return 130
     except Exception as e:  # one line for people; the traceback on request
-        if _VERBOSE.value:
-            traceback.print_exc()
-        message = str(e).strip().splitlines()[0] if str(e).strip() else ''
-        print(
-            f'error: {message or type(e).__name__} ({type(e).__name__}; --verbose for a traceback)',
-            file=sys.stderr,
-        )
-        return 1
+        return key_flags.report_error(e, _VERBOSE.value)
 
 
 def entry_point():

@@ -188,6 +188,19 @@ def _config_file_problem() -> str | None:
     return None
 
 
+def report_error(error: Exception, verbose: bool) -> int:
+    """An error that stops a run, as one line on stderr (its first line, and its type), the
+    traceback too with --verbose; returns the exit status 1. The trainer and the bench use it."""
+    if verbose:
+        traceback.print_exc()
+    message = str(error).strip().splitlines()[0] if str(error).strip() else ''
+    print(
+        f'error: {message or type(error).__name__} ({type(error).__name__}; --verbose for a traceback)',
+        file=sys.stderr,
+    )
+    return 1
+
+
 def _fail(message: str, verbose: bool):
     if verbose:
         traceback.print_exc()

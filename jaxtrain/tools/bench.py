@@ -41,7 +41,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import traceback
 from pathlib import Path
 
 from absl import app, flags, logging
@@ -310,14 +309,7 @@ def main(argv):
         print('interrupted', file=sys.stderr)
         return 130
     except Exception as e:  # one line for people; the traceback on request
-        if _VERBOSE.value:
-            traceback.print_exc()
-        message = str(e).strip().splitlines()[0] if str(e).strip() else ''
-        print(
-            f'error: {message or type(e).__name__} ({type(e).__name__}; --verbose for a traceback)',
-            file=sys.stderr,
-        )
-        return 1
+        return key_flags.report_error(e, _VERBOSE.value)
 
 
 def entry_point():
