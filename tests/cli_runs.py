@@ -96,3 +96,23 @@ def tree_digest(*roots) -> str:
             elif path.is_file():
                 digest.update(hashlib.sha256(path.read_bytes()).digest())
     return digest.hexdigest()
+
+
+def assert_resumed_run_matches(logs_base, logs_test, final_a, final_b) -> None:
+    """The seed experiment's two checks, as its README commands make them: InfiniTrain-style
+    compare_loss with zero thresholds (60 steps compared, all equal) and `ckpt diff` of the
+    two runs' final checkpoints (identical)."""
+    import subprocess
+
+    compare = subprocess.run(
+        [sys.executable, '-m', 'jaxtrain.compare_loss', logs_base, logs_test,
+         '--threshold-fp32', '0', '--threshold-bf16', '0'],
+        capture_output=True,
+        text=True,
+    )
+    assert compare.returncode == 0, compare.stdout
+    assert '60/60' in compare.stdout
+    diff = subprocess.run(
+        [sys.executable, '-m', 'jaxtrain.ckpt', 'diff', final_a, final_b], capture_output=True, text=True
+    )
+    assert diff.returncode == 0, diff.stdout + diff.stderr

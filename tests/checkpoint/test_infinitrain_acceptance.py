@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from jaxtrain.checkpoint.formats import infinitrain as it
+from cli_runs import assert_resumed_run_matches
 from trainer_runs import random_shard, tiny_llmc_model
 
 pytestmark = pytest.mark.slow
@@ -75,33 +76,4 @@ def test_acceptance_with_infinitrain_checkpoints(tmp_path, family, dtype, fmt, o
     assert [d.name[-6:] for d in it.step_dirs(resumed)] == ['000060', '000080', '000100']
     assert {it.detect_kind(d) for d in it.step_dirs(noresume)} == {fmt}
     assert (noresume / 'checkpoint_step_000040' / it.FILES[fmt][1]).exists() == (optimizer == 'adam')
-    compare = subprocess.run(
-        [
-            sys.executable,
-            '-m',
-            'jaxtrain.compare_loss',
-            tmp_path / 'base',
-            tmp_path / 'test',
-            '--threshold-fp32',
-            '0',
-            '--threshold-bf16',
-            '0',
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert compare.returncode == 0, compare.stdout
-    assert '60/60' in compare.stdout
-    diff = subprocess.run(
-        [
-            sys.executable,
-            '-m',
-            'jaxtrain.ckpt',
-            'diff',
-            noresume / 'checkpoint_step_000100',
-            resumed / 'checkpoint_step_000100',
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert diff.returncode == 0, diff.stdout + diff.stderr
+    assert_resumed_run_matches(tmp_path / 'base', tmp_path / 'test', noresume / 'checkpoint_step_000100', resumed / 'checkpoint_step_000100')

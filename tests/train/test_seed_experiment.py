@@ -13,6 +13,7 @@ import time
 import pytest
 
 from jaxtrain.checkpoint import layout as ckpt_layout
+from cli_runs import assert_resumed_run_matches
 from trainer_runs import random_shard, tiny_llmc_model
 
 pytestmark = pytest.mark.slow
@@ -68,36 +69,7 @@ def test_seed_commands_match_from_step_41(tmp_path, family, dtype):
         assert second.wait(timeout=600) == 0
     assert ckpt_layout.committed_steps(tmp_path / 'ck' / 'noresume') == [20, 40, 60, 80, 100]
     assert ckpt_layout.committed_steps(tmp_path / 'ck' / 'resumefrom40') == [60, 80, 100]
-    compare = subprocess.run(
-        [
-            sys.executable,
-            '-m',
-            'jaxtrain.compare_loss',
-            tmp_path / 'base',
-            tmp_path / 'test',
-            '--threshold-fp32',
-            '0',
-            '--threshold-bf16',
-            '0',
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert compare.returncode == 0, compare.stdout
-    assert '60/60' in compare.stdout
-    diff = subprocess.run(
-        [
-            sys.executable,
-            '-m',
-            'jaxtrain.ckpt',
-            'diff',
-            tmp_path / 'ck' / 'noresume' / 'checkpoint_step_000100',
-            tmp_path / 'ck' / 'resumefrom40' / 'checkpoint_step_000100',
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert diff.returncode == 0, diff.stdout + diff.stderr
+    assert_resumed_run_matches(tmp_path / 'base', tmp_path / 'test', tmp_path / 'ck' / 'noresume' / 'checkpoint_step_000100', tmp_path / 'ck' / 'resumefrom40' / 'checkpoint_step_000100')
 
 
 def _wait_for_step(metrics_path, step, process, timeout=300):
