@@ -5,7 +5,8 @@ step SKIP against the wall clock between the records of step SKIP and the last s
 
 Each record's `time` is the wall clock when the loop wrote it, so (t_last - t_SKIP) / steps
 is what a user waited per step, saves and every host action included; a step line that left
-something out reads faster than this. Prints one line; blocked-by-save figures when saved.
+something out reads faster than this. Prints one line; blocked-by-save figures when saved,
+and the extra time of the two steps after each save.
 """
 
 import json
@@ -22,7 +23,13 @@ def figures(path: str, skip: int = 10, tokens: int = 16384) -> dict:
     after = [steps[s]['step_ms'] for s in sorted(steps) if s > skip]
     wall_ms = 1e3 * (steps[last]['time'] - steps[skip]['time']) / (last - skip)
     blocked = [1e3 * r['save_blocked_s'] for r in rows if 'save_blocked_s' in r]
+    saved = [r['step'] for r in rows if 'save_blocked_s' in r]
     median = statistics.median(after)
+    # What a save costs the wall clock beyond its blocked part: the next two steps' lines
+    # over the median (the device-side copy and the device-to-host transfer run beside them).
+    after_save = [
+        round(sum(steps[s + k]['step_ms'] for k in (1, 2)) - 2 * median, 2) for s in saved if s + 2 in steps
+    ]
     return {
         'steps': f'{skip + 1}..{last}',
         'median_step_ms': round(median, 3),
@@ -32,6 +39,7 @@ def figures(path: str, skip: int = 10, tokens: int = 16384) -> dict:
         'wall_tokens_per_s': round(tokens / wall_ms * 1e3),
         'line_sum_over_wall': round(sum(after) / (wall_ms * (last - skip)), 4),
         'save_blocked_ms': [round(b, 2) for b in blocked],
+        'two_steps_after_save_extra_ms': after_save,
         'losses_first_last': [steps[min(steps)]['loss'], steps[last]['loss']],
     }
 

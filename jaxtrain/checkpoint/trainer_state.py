@@ -125,6 +125,7 @@ _MAY_CHANGE = (
     'save_every_minutes',
     'save_optimizer_state',
     'attention',
+    'cross_entropy',
     'deterministic',
     'num_devices',
     'mesh_data',

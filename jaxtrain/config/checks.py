@@ -4,6 +4,7 @@ expected and what was found."""
 from pathlib import Path
 
 from jaxtrain.config.path_checks import path_problems
+from jaxtrain.models import cross_entropy_kernel
 from jaxtrain.models.attention import IMPLEMENTATIONS
 from jaxtrain.train import precision_check
 from jaxtrain.train.optim import OPTIMIZERS, SCHEDULES
@@ -14,6 +15,7 @@ CHOICES = {
     'optimizer': OPTIMIZERS,
     'lr_schedule': SCHEDULES,
     'attention': IMPLEMENTATIONS,
+    'cross_entropy': cross_entropy_kernel.IMPLEMENTATIONS,
     'deterministic': ('auto', 'true', 'false'),
     'device': ('auto', 'cpu', 'cuda'),
     'checkpoint_format': ('orbax', 'infinitrain', 'infinitrain-bin'),

@@ -60,6 +60,12 @@ KEYS = (
         'auto | xla | cudnn | pallas (auto: on GPU in bf16 cuDNN, or Pallas when deterministic and '
         'unrolled; else XLA)',
     ),
+    (
+        'cross_entropy',
+        'auto',
+        'auto | xla | pallas: the kernel of the loss and its gradient (auto: the fused Pallas kernel on '
+        'one GPU in bf16; else XLA)',
+    ),
     ('input_bin', '', "glob of llm.c token shards ('' = the built-in stdlib corpus, in the family's shards)"),
     ('input_val_bin', '', "glob of validation shards ('' = none, or the built-in corpus's val shard)"),
     ('val_loss_every', 0, 'validation loss every N steps (0 = never)'),

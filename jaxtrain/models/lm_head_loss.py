@@ -15,12 +15,17 @@ the loss is the last op, so it computes the gradient right away, chunk by chunk 
 and keeps only dh and dW for the backward pass, which scales them by the incoming
 cotangent. No logits outlive their chunk; the three matmuls are the ones autodiff would
 run. Padded vocabulary columns (GPT-2's V..Vp-1) get probability 0 and gradient 0.
+
+`kernel` picks who turns a chunk of logits into its loss and dlogits: 'xla' (the jnp
+below) or 'pallas' (cross_entropy_kernel.py, one fused pass per row; one GPU only).
 """
 
 import functools
 
 import jax
 import jax.numpy as jnp
+
+from jaxtrain.models import cross_entropy_kernel
 
 # Largest logits chunk kept alive at once (per chunk, all rows, compute dtype).
 _CHUNK_BYTES = 1 << 30
@@ -39,9 +44,10 @@ def _logits(h_BxSxC, w, vocab_axis: int):
     return jax.lax.dot_general(h_BxSxC, w.astype(h_BxSxC.dtype), (((2,), (1 - vocab_axis,)), ((), ())))
 
 
-def _chunk(h_BxSxC, targets_BxS, w, vocab_size: int, vocab_axis: int, scale, with_grads: bool):
-    """Sum of the chunk's losses and, with_grads, its dh and fp32 dW (already scaled)."""
-    logits_BxSxV = _logits(h_BxSxC, w, vocab_axis).astype(jnp.float32)
+def _xla_loss_and_dlogits(logits_BxSxV, targets_BxS, vocab_size: int, scale, with_grads: bool):
+    """Sum of the chunk's losses and, with_grads, (softmax - onehot) * scale in the logits' dtype."""
+    dtype = logits_BxSxV.dtype
+    logits_BxSxV = logits_BxSxV.astype(jnp.float32)
     columns_V = jnp.arange(logits_BxSxV.shape[-1])
     if logits_BxSxV.shape[-1] > vocab_size:
         logits_BxSxV = jnp.where(columns_V < vocab_size, logits_BxSxV, -jnp.inf)
@@ -51,9 +57,28 @@ def _chunk(h_BxSxC, targets_BxS, w, vocab_size: int, vocab_axis: int, scale, wit
     target_logit_BxS = jnp.sum(jnp.where(is_target_BxSxV, logits_BxSxV, 0.0), axis=-1)
     loss_sum = jnp.sum(lse_BxS - target_logit_BxS)
     if not with_grads:
-        return loss_sum, None, None
+        return loss_sum, None
     probs_BxSxV = jnp.exp(logits_BxSxV - lse_BxS[..., None])
-    dlogits_BxSxV = ((probs_BxSxV - is_target_BxSxV) * scale).astype(h_BxSxC.dtype)
+    return loss_sum, ((probs_BxSxV - is_target_BxSxV) * scale).astype(dtype)
+
+
+def _pallas_loss_and_dlogits(logits_BxSxV, targets_BxS, vocab_size: int, scale, with_grads: bool):
+    B, S, V = logits_BxSxV.shape
+    loss_N, dlogits_NxV = cross_entropy_kernel.softmax_cross_entropy(
+        logits_BxSxV.reshape(B * S, V), targets_BxS.reshape(B * S), vocab_size, scale, with_grads
+    )
+    return jnp.sum(loss_N), (dlogits_NxV.reshape(B, S, V) if with_grads else None)
+
+
+_LOSS_AND_DLOGITS = {'xla': _xla_loss_and_dlogits, 'pallas': _pallas_loss_and_dlogits}
+
+
+def _chunk(h_BxSxC, targets_BxS, w, vocab_size: int, vocab_axis: int, scale, with_grads: bool, kernel: str):
+    """Sum of the chunk's losses and, with_grads, its dh and fp32 dW (already scaled)."""
+    logits_BxSxV = _logits(h_BxSxC, w, vocab_axis)
+    loss_sum, dlogits_BxSxV = _LOSS_AND_DLOGITS[kernel](logits_BxSxV, targets_BxS, vocab_size, scale, with_grads)
+    if not with_grads:
+        return loss_sum, None, None
     # dh in the compute dtype (as autodiff of the bf16 matmul gives); dW accumulated in fp32.
     dh_BxSxC = jax.lax.dot_general(dlogits_BxSxV, w.astype(h_BxSxC.dtype), (((2,), (vocab_axis,)), ((), ())))
     if vocab_axis == 0:
@@ -63,12 +88,12 @@ def _chunk(h_BxSxC, targets_BxS, w, vocab_size: int, vocab_axis: int, scale, wit
     return loss_sum, dh_BxSxC, dw
 
 
-def _loss_and_grads(h_BxTxC, w, targets_BxT, vocab_size: int, vocab_axis: int, with_grads: bool):
+def _loss_and_grads(h_BxTxC, w, targets_BxT, vocab_size: int, vocab_axis: int, kernel: str, with_grads: bool):
     B, T, C = h_BxTxC.shape
     scale = 1.0 / (B * T)
     chunks = num_chunks(B, T, w.shape[vocab_axis], jnp.dtype(h_BxTxC.dtype).itemsize)
     step = functools.partial(
-        _chunk, w=w, vocab_size=vocab_size, vocab_axis=vocab_axis, scale=scale, with_grads=with_grads
+        _chunk, w=w, vocab_size=vocab_size, vocab_axis=vocab_axis, scale=scale, with_grads=with_grads, kernel=kernel
     )
     if chunks == 1:
         loss_sum, dh_BxTxC, dw = step(h_BxTxC, targets_BxT)
@@ -93,22 +118,23 @@ def _loss_and_grads(h_BxTxC, w, targets_BxT, vocab_size: int, vocab_axis: int, w
     return loss, jnp.moveaxis(dh_KxBxSxC, 0, 1).reshape(B, T, C), dw
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def lm_head_cross_entropy(h_BxTxC, w, targets_BxT, vocab_size: int, vocab_axis: int):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def lm_head_cross_entropy(h_BxTxC, w, targets_BxT, vocab_size: int, vocab_axis: int, kernel: str = 'xla'):
     """Mean next-token cross-entropy (fp32) of logits h @ W over the first vocab_size columns.
 
     h_BxTxC: final hidden states in the compute dtype. w: the head weight in its parameter
     dtype, (V, C) with vocab_axis=0 or (C, V) with vocab_axis=1. targets_BxT: int ids.
+    kernel: 'xla' or 'pallas' (cross_entropy_kernel.resolve_cross_entropy picks one).
     """
-    return _loss_and_grads(h_BxTxC, w, targets_BxT, vocab_size, vocab_axis, with_grads=False)[0]
+    return _loss_and_grads(h_BxTxC, w, targets_BxT, vocab_size, vocab_axis, kernel, with_grads=False)[0]
 
 
-def _forward(h_BxTxC, w, targets_BxT, vocab_size, vocab_axis):
-    loss, dh_BxTxC, dw = _loss_and_grads(h_BxTxC, w, targets_BxT, vocab_size, vocab_axis, with_grads=True)
+def _forward(h_BxTxC, w, targets_BxT, vocab_size, vocab_axis, kernel='xla'):
+    loss, dh_BxTxC, dw = _loss_and_grads(h_BxTxC, w, targets_BxT, vocab_size, vocab_axis, kernel, with_grads=True)
     return loss, (dh_BxTxC, dw.astype(w.dtype))
 
 
-def _backward(vocab_size, vocab_axis, residuals, g):
+def _backward(vocab_size, vocab_axis, kernel, residuals, g):
     dh_BxTxC, dw = residuals
     # Integer targets have no gradient; JAX wants a float0 zero in their place.
     no_grad = jnp.zeros(dh_BxTxC.shape[:2], jax.dtypes.float0)

@@ -141,7 +141,7 @@ def summary(r: dict) -> str:
         f"command     {r['command']}",
         (
             f"jaxtrain.bench | {r['model_family']} {r['model']} | {r['num_parameters']:,} parameters | "
-            f"{r['weights']} | {r['dtype']} | attention {r['attention']}"
+            f"{r['weights']} | {r['dtype']} | attention {r['attention']} | cross-entropy {r['cross_entropy']}"
         ),
         (
             f"devices     {r['devices']} x {r['device_kind']} ({r['platform']}) | batch {r['batch_size']} x "

@@ -302,6 +302,7 @@ def run_benchmark(config, settings: Settings, deterministic: bool) -> dict:
             seq_len=config.sequence_length,
             num_devices=len(devices),
         ),
+        'cross_entropy': subject.parts.cross_entropy,
         'devices': len(devices),
         'device_kind': devices[0].device_kind,
         'platform': devices[0].platform,

@@ -110,7 +110,8 @@ def _run(config) -> int:
 
     # The device is kept busy: step n+1 is dispatched, and step n+2's batch built, before
     # the host waits for step n's metrics, so step n is checked for a non-finite loss one
-    # step late, but always before a save (a save waits for its own step's metrics). A
+    # step late, but always before a save (a save waits for its own step's metrics; its
+    # device copy of the state is dispatched before that wait, so it overlaps the step). A
     # step's time is the wall clock from the previous step's read to its own: every host
     # action between two steps counts, as a user waits for it.
     pending = None  # (step, data position, metrics) dispatched and not yet read
@@ -141,6 +142,7 @@ def _run(config) -> int:
             log.info(f'data: epoch {epoch} begins (the stream wrapped to its start after step {done})')
 
     progress = Progress(step, config.num_iteration, geometry.tokens_per_step, log.info)  # + compiling line
+    saver.prepare(state)
     try:
         batch = device_batch(data_position) if step < config.num_iteration else None
         while step < config.num_iteration:
@@ -155,6 +157,8 @@ def _run(config) -> int:
             stopping, due_by_clock = agree_on_step_end(bool(stop), saver.clock_due())
             saving = saver.due(step, due_by_clock, stopping)
             sampling = sampler is not None and sampler.due(step)
+            if saving:  # dispatched while the device still runs the step: the copy queues behind it
+                snapshot, snapshot_s = saver.snapshot(state)
             if validating or saving or stopping or sampling or step == config.num_iteration:
                 report(pending)  # this step's own loss, checked before it is saved
                 pending = None
@@ -165,7 +169,9 @@ def _run(config) -> int:
             if sampling:  # timed and logged on its own, and kept out of the next step's time
                 last_read += sampler.maybe_sample(log, step, state.params, state.rng)
             if saving:
-                log.record({'step': step, 'save_blocked_s': saver.save(state, step, data_position)})
+                blocked_s = saver.save(snapshot, step, data_position)
+                log.record({'step': step, 'save_blocked_s': blocked_s, 'save_snapshot_s': snapshot_s})
+                del snapshot  # the background hand-off holds it until Orbax has copied it
             if stopping:
                 break
         if config.lora_save_path:  # InfiniTrain's --lora_save_path: its file, after training

@@ -85,10 +85,26 @@ class RunSaver:
         )
         return scheduled or stopping
 
-    def save(self, state, step: int, position: int) -> float:
-        """Starts an asynchronous save of `state`, which is at (host-side) `step` and data
-        `position`; returns the seconds the loop was blocked. The loop has read that step's
-        loss (note_loss) before it saves, so the record carries it."""
+    def prepare(self, state):
+        """Before step 1: the snapshot's program compiles in the background (Checkpointer.prepare)."""
+        if self.saving:
+            opt_state = state.opt_state if self.config.save_optimizer_state else None
+            self.checkpointer.prepare(state.params, opt_state, state.rng)
+
+    def snapshot(self, state):
+        """The save's first half, which the loop calls before it waits for the step: the state
+        copied on the device while the device still runs the step (Checkpointer.snapshot).
+        Returns (snapshot, seconds it took), the seconds for the run's metrics."""
+        began = time.perf_counter()
+        opt_state = state.opt_state if self.config.save_optimizer_state else None
+        taken = self.checkpointer.snapshot(state.params, opt_state, state.rng)
+        return taken, time.perf_counter() - began
+
+    def save(self, snapshot, step: int, position: int) -> float:
+        """Starts the asynchronous save of `snapshot` (from snapshot()), a state at (host-side)
+        `step` and data `position`; returns the seconds the loop was blocked, with the device
+        idle. The loop has read that step's loss (note_loss) before it saves, so the record
+        carries it."""
         began = time.perf_counter()
         config, parts = self.config, self.parts
         record = trainer_state_record(
@@ -106,14 +122,13 @@ class RunSaver:
             loss=self.last_loss,
         )
         if parts.setup.lora is not None:  # adapters only: the record names their base (lora_record.py)
-            record['lora'] = lora_record(parts.setup, count_parameters(state.params))
+            record['lora'] = lora_record(parts.setup, count_parameters(snapshot.items['params']))
         record['data'] = self._data
         if self.best_loss is not None:
             record['best_loss'] = self.best_loss
-        opt_state = state.opt_state if config.save_optimizer_state else None
         as_given = layout.Path(config.checkpoint_dir) / layout.step_dir_name(step)  # as InfiniTrain prints it
         self._report(run_log.ckpt_save_begin_line(as_given, step))
-        self.checkpointer.save(step, state.params, opt_state, state.rng, record)
+        self.checkpointer.save_snapshot(step, snapshot, record)
         # InfiniTrain's "done" line: the save is handed off here; save_events.py says when it is committed.
         self._report(run_log.ckpt_save_done_line(as_given))
         self.last_saved_step, self._last_save_time = step, time.monotonic()

@@ -19,7 +19,8 @@ from jaxtrain.parallel.pipeline import check_pipeline, make_pipeline_loss_and_gr
 from jaxtrain.data.batch_geometry import BatchGeometry, batch_geometry
 from jaxtrain.config.checks import check_config
 from jaxtrain.data.mesh_default_batch import fit_default_total_to_mesh
-from jaxtrain.models.setup import ModelSetup, setup_model
+from jaxtrain.models.cross_entropy_kernel import resolve_cross_entropy
+from jaxtrain.models.setup import DTYPES, ModelSetup, setup_model
 from jaxtrain.train import precision_check
 from jaxtrain.train.optim import build_optimizer
 from jaxtrain.train.step import TrainState, WithFrozen, make_eval_step, make_train_step
@@ -45,6 +46,7 @@ class TrainerSetup:
     train_step: object  # jitted; donates the state
     eval_step: object  # jitted
     frozen_params: dict | None = None  # a LoRA run's base weights (state.params are the adapters)
+    cross_entropy: str = 'xla'  # the loss kernel the steps use (models/cross_entropy_kernel.py)
 
 
 def build_trainer(config) -> TrainerSetup:
@@ -147,6 +149,7 @@ def build_trainer(config) -> TrainerSetup:
     )
 
     # --- the steps: jitted once with the state's shardings in and out ---
+    cross_entropy = resolve_cross_entropy(config.cross_entropy, DTYPES[config.dtype], num_devices=len(devices))
     pipelined = None  # P = 1: the plain micro-step scan
     if topology['pp_size'] > 1:
         pipelined = make_pipeline_loss_and_grads(
@@ -161,13 +164,14 @@ def build_trainer(config) -> TrainerSetup:
             time_split,
             checker,
             loss_and_grads=pipelined,
+            cross_entropy=cross_entropy,
         ),
         in_shardings=(state_shardings, train_batch_sharding, train_batch_sharding, *frozen_shardings),
         out_shardings=(state_shardings, replicated),
         donate_argnums=0,
     )
     eval_step = jax.jit(
-        make_eval_step(setup.graphdef, model_config.vocab_size, time_split),
+        make_eval_step(setup.graphdef, model_config.vocab_size, time_split, cross_entropy),
         in_shardings=(param_shardings, val_batch_sharding, val_batch_sharding, *frozen_shardings),
         out_shardings=replicated,
     )
@@ -192,4 +196,5 @@ def build_trainer(config) -> TrainerSetup:
         train_step=train_step,
         eval_step=eval_step,
         frozen_params=frozen[0] if lora else None,
+        cross_entropy=cross_entropy,
     )

@@ -26,17 +26,18 @@ class TrainState:
     rng: jax.Array  # uint32[2]: raw key data, for anything stochastic
 
 
-def make_loss_fn(graphdef: nnx.GraphDef, vocab_size: int, time_split=None):
+def make_loss_fn(graphdef: nnx.GraphDef, vocab_size: int, time_split=None, cross_entropy: str = 'xla'):
     """loss(params, inputs_BxT, targets_BxT, *frozen) with the model rebuilt from its pure
     params; `frozen` (a LoRA run's base weights, models/lora.py) joins them undifferentiated.
-    `time_split`: the activations' sharding under sequence parallelism (None: off)."""
+    `time_split`: the activations' sharding under sequence parallelism (None: off).
+    `cross_entropy`: the loss kernel, 'xla' or 'pallas' (models/cross_entropy_kernel.py)."""
 
     def loss_fn(params, inputs_BxT, targets_BxT, *frozen):
         model = nnx.merge(graphdef, nnx.State(params), *(nnx.State(f) for f in frozen))
         head_weight, vocab_axis = model.head_weight()
         with sequence_parallel.activations_split(time_split):
             features = model.features(inputs_BxT)
-        return lm_head_cross_entropy(features, head_weight, targets_BxT, vocab_size, vocab_axis)
+        return lm_head_cross_entropy(features, head_weight, targets_BxT, vocab_size, vocab_axis, cross_entropy)
 
     return loss_fn
 
@@ -49,6 +50,7 @@ def make_train_step(
     time_split=None,
     checker=None,
     loss_and_grads=None,
+    cross_entropy: str = 'xla',
 ):
     """Returns train_step(state, inputs_AxBxT, targets_AxBxT) -> (state, metrics).
 
@@ -60,7 +62,7 @@ def make_train_step(
     replaces the micro-step scan below with another schedule of the same sums (the
     pipeline's, parallel/pipeline.py).
     """
-    value_and_grad = jax.value_and_grad(make_loss_fn(graphdef, vocab_size, time_split))
+    value_and_grad = jax.value_and_grad(make_loss_fn(graphdef, vocab_size, time_split, cross_entropy))
 
     def grad_fn(params, inputs_BxT, targets_BxT, *frozen):
         loss, grads = value_and_grad(params, inputs_BxT, targets_BxT, *frozen)
@@ -112,8 +114,8 @@ def make_train_step(
     return train_step
 
 
-def make_eval_step(graphdef: nnx.GraphDef, vocab_size: int, time_split=None):
-    loss_fn = make_loss_fn(graphdef, vocab_size, time_split)
+def make_eval_step(graphdef: nnx.GraphDef, vocab_size: int, time_split=None, cross_entropy: str = 'xla'):
+    loss_fn = make_loss_fn(graphdef, vocab_size, time_split, cross_entropy)
 
     def eval_step(params, inputs_BxT, targets_BxT, *frozen):
         return loss_fn(params, inputs_BxT, targets_BxT, *frozen)

@@ -94,3 +94,31 @@ def test_a_failed_handoff_surfaces_at_wait(tmp_path, monkeypatch):
     checkpointer.save(1, params, opt_state, RNG, dict(RECORD))  # returns: the failure is in the thread
     with pytest.raises(ckpt_layout.CheckpointError, match='could not save checkpoint_step_000001: No space left'):
         checkpointer.wait()
+
+
+def test_two_stage_save_from_a_prepared_program_keeps_the_snapshot_time_values(tmp_path):
+    # The loop's order (train/loop.py): prepare before step 1; at a save step, snapshot() while
+    # the step may still run, then save_snapshot() once its loss is read; the next step donates.
+    _, params, opt_state = _state()
+    expected = jax.tree.map(lambda x: np.array(x, copy=True), (params, opt_state))
+    checkpointer = ckpt_manager.Checkpointer(str(tmp_path), keep_latest=0, keep_every=0)
+    checkpointer.prepare(params, opt_state, RNG)
+    snapshot = checkpointer.snapshot(params, opt_state, RNG)
+    assert isinstance(checkpointer._snapshot_program, jax.stages.Compiled)  # compiled ahead of the save
+    assert snapshot.copied
+    new_params, new_opt_state = _donating_step((params, opt_state))
+    assert params['w'].is_deleted()
+    checkpointer.save_snapshot(1, snapshot, dict(RECORD))
+    checkpointer.close()
+    restored, restored_opt, _ = ckpt_resume.restore(tmp_path / 'checkpoint_step_000001', new_params, new_opt_state)
+    for got, want in zip(jax.tree.leaves((restored, restored_opt)), jax.tree.leaves(expected)):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_snapshot_never_saved_writes_nothing(tmp_path):
+    # A step found non-finite after its snapshot was taken: the run stops, the copy is dropped.
+    _, params, opt_state = _state()
+    checkpointer = ckpt_manager.Checkpointer(str(tmp_path), keep_latest=0, keep_every=0)
+    checkpointer.snapshot(params, opt_state, RNG)
+    checkpointer.close()
+    assert list(tmp_path.iterdir()) == []

@@ -29,17 +29,18 @@ def _inputs(B=3, T=8, C=16, V=40, Vp=48, vocab_axis=0, seed=0):
     return h, w, targets, V
 
 
+@pytest.mark.parametrize('kernel', ['xla', 'pallas'])  # pallas: through Pallas' interpreter on CPU
 @pytest.mark.parametrize('vocab_axis', [0, 1])
 @pytest.mark.parametrize('chunk_bytes', [1 << 30, 3 * 4 * 48 * 2])  # 1 chunk; 4 chunks of T=2
-def test_loss_and_gradients_match_plain_autodiff(vocab_axis, chunk_bytes, monkeypatch):
+def test_loss_and_gradients_match_plain_autodiff(vocab_axis, chunk_bytes, kernel, monkeypatch):
     monkeypatch.setattr(lm_head_loss, '_CHUNK_BYTES', chunk_bytes)
     h, w, targets, V = _inputs(vocab_axis=vocab_axis)
     expected_chunks = 1 if chunk_bytes == 1 << 30 else 4
     assert num_chunks(3, 8, 48, 4) == expected_chunks
 
-    fused = jax.jit(jax.value_and_grad(lm_head_cross_entropy, argnums=(0, 1)), static_argnums=(3, 4))
+    fused = jax.jit(jax.value_and_grad(lm_head_cross_entropy, argnums=(0, 1)), static_argnums=(3, 4, 5))
     plain = jax.jit(jax.value_and_grad(_plain_loss, argnums=(0, 1)), static_argnums=(3, 4))
-    loss, (dh, dw) = fused(h, w, targets, V, vocab_axis)
+    loss, (dh, dw) = fused(h, w, targets, V, vocab_axis, kernel)
     plain_loss, (plain_dh, plain_dw) = plain(h, w, targets, V, vocab_axis)
 
     w_VxC = np.asarray(w if vocab_axis == 0 else w.T)
@@ -51,7 +52,7 @@ def test_loss_and_gradients_match_plain_autodiff(vocab_axis, chunk_bytes, monkey
     padding_rows = np.asarray(dw)[V:] if vocab_axis == 0 else np.asarray(dw)[:, V:]
     assert not padding_rows.any()
     # Without differentiation the primal path gives the same number.
-    assert float(jax.jit(lm_head_cross_entropy, static_argnums=(3, 4))(h, w, targets, V, vocab_axis)) == (
+    assert float(jax.jit(lm_head_cross_entropy, static_argnums=(3, 4, 5))(h, w, targets, V, vocab_axis, kernel)) == (
         pytest.approx(float(loss), rel=1e-6)
     )
 

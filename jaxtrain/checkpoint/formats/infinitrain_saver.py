@@ -18,7 +18,7 @@ import numpy as np
 from jaxtrain.checkpoint.formats import infinitrain as it
 from jaxtrain.checkpoint.formats.infinitrain_trainer import read_step_dir, save_step_dir
 from jaxtrain.checkpoint.layout import CheckpointError, committed_steps, step_dir_name
-from jaxtrain.checkpoint.manager import Checkpointer
+from jaxtrain.checkpoint.manager import Checkpointer, Snapshot
 from jaxtrain.checkpoint.trainer_state import compare_with_run
 from jaxtrain.parallel import sharding
 from llmc_io.errors import LLMCFormatError
@@ -73,6 +73,17 @@ class InfiniTrainCheckpointer:
         for d in later:
             shutil.rmtree(d)
         return [it.step_number(d) for d in later]
+
+    def prepare(self, params, opt_state, rng):
+        pass  # no snapshot program: saves are synchronous
+
+    def snapshot(self, params, opt_state, rng) -> Snapshot:
+        """Nothing to copy: save_snapshot() writes synchronously, before the next step donates
+        the state."""
+        return Snapshot({'params': params, 'opt_state': opt_state, 'rng': rng}, None, copied=False)
+
+    def save_snapshot(self, step: int, snapshot: Snapshot, trainer_state: dict):
+        self.save(step, snapshot.items['params'], snapshot.items['opt_state'], snapshot.items['rng'], trainer_state)
 
     def save(self, step: int, params, opt_state, rng, trainer_state: dict):
         record = dict(trainer_state, rng=[int(x) for x in np.asarray(jax.device_get(rng)).reshape(-1)])

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# GPU speed, round four (BENCHMARKS.md), in ONE device call so that every figure is a ratio to the
+# peers measured beside it (llm.c + cuDNN, the plain JAX step; .peers/ as in gpu_round3.sh).
+# GPT-2 124M d12, bf16, batch 16 x 1024, no accumulation, llm.c's random shard.
+# usage: launch/gpu_round4.sh OUT_DIR [kernels|saves]
+#   kernels: the loss kernel alone (launch/cross_entropy_bench.py); the real loop with
+#            --cross_entropy xla and auto (Pallas), fast and deterministic, and fast with
+#            Pallas attention (what the deterministic flag costs beside the kernel); the bench's
+#            kernel profile; the peers.
+#   saves:   the loss kernel alone, then the real loop without saves and saving every 20 and 50
+#            steps into /tmp and /dev/shm.
+set -uo pipefail
+if [ $# -lt 1 ] || [ "$1" = "--help" ]; then sed -n '2,10p' "$0"; exit 2; fi
+out=$(realpath -m "$1"); what=${2:-kernels}; mkdir -p "$out"
+export JAX_COMPILATION_CACHE_DIR=/tmp/jaxtrain_xla_cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
+  JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
+bash .peers/run_peers.sh build "$out/peers" > "$out/peers_build.txt" 2>&1 &
+build=$!
+until [ -e "$out/peers/llmc_build.log" ] || ! kill -0 $build 2>/dev/null; do sleep 0.5; done
+M=(python -m jaxtrain.main --config=configs/gpt2.py:d12 --dtype bfloat16 --batch_size 16 --sequence_length 1024
+   --total_batch_size 16384 --scan_layers false --input_bin /tmp/peers_data/train.bin --sample_every 0
+   --deterministic false --num_iteration ${STEPS:-80})
+B=(python -m jaxtrain.bench --config=configs/gpt2.py:d12 --config.dtype=bfloat16 --config.batch_size=16
+   --config.sequence_length=1024 --config.total_batch_size=16384 --config.scan_layers=false)
+loop() {  # loop NAME [flags...]: one run of the real loop and its launch/loop_figures.py line
+  local name=$1; shift
+  timeout 200 "${M[@]}" --metrics_dir "$out/$name" "$@" > "$out/$name.txt" 2>&1
+  echo "$name exit $? $(python launch/loop_figures.py "$out/$name/metrics.jsonl" 10 16384 2>&1)" >> "$out/figures.txt"
+}
+peers() {
+  wait $build
+  timeout 150 bash .peers/run_peers.sh run "$out/peers" 16 2>&1 | grep -v PyTorch > "$out/peers.txt"
+  timeout 100 python .peers/plain_jax_step.py 16 >> "$out/peers.txt" 2>&1
+}
+if [ "$what" = kernels ]; then
+  timeout 120 python launch/cross_entropy_bench.py > "$out/xent_kernel.txt" 2>&1
+  loop fast_xla --cross_entropy xla
+  loop fast_pallas --cross_entropy auto
+  loop det_xla --cross_entropy xla --deterministic true
+  loop det_pallas --cross_entropy auto --deterministic true
+  loop fast_pallas_attention --cross_entropy auto --attention pallas
+  peers
+  loop fast_pallas_again --cross_entropy auto
+  timeout 120 "${B[@]}" --steps 20 --profile_steps 3 --matmul_size 4096 > "$out/bench_profile.txt" 2>&1
+elif [ "$what" = saves ]; then
+  timeout 120 python launch/cross_entropy_bench.py > "$out/xent_kernel.txt" 2>&1
+  loop fast
+  loop save20_tmp --checkpoint_dir /tmp/ck20 --save_steps 20 --max_checkpoint_keep 2
+  loop save20_shm --checkpoint_dir /dev/shm/ck20 --save_steps 20 --max_checkpoint_keep 2; rm -rf /dev/shm/ck20
+  loop save50_tmp --checkpoint_dir /tmp/ck50 --save_steps 50 --max_checkpoint_keep 2
+  peers
+fi
+cat "$out/peers.txt" "$out/figures.txt" "$out/xent_kernel.txt" 2>/dev/null
+grep -h "median\|kernels\|matmul\|fusion" "$out"/bench*.txt 2>/dev/null | head -20
