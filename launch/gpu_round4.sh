@@ -2,15 +2,18 @@
 # GPU speed, round four (BENCHMARKS.md), in ONE device call so that every figure is a ratio to the
 # peers measured beside it (llm.c + cuDNN, the plain JAX step; .peers/ as in gpu_round3.sh).
 # GPT-2 124M d12, bf16, batch 16 x 1024, no accumulation, llm.c's random shard.
-# usage: launch/gpu_round4.sh OUT_DIR [kernels|saves]
+# usage: launch/gpu_round4.sh OUT_DIR [kernels|saves|final]
 #   kernels: the loss kernel alone (launch/cross_entropy_bench.py); the real loop with
 #            --cross_entropy xla and auto (Pallas), fast and deterministic, and fast with
 #            Pallas attention (what the deterministic flag costs beside the kernel); the bench's
 #            kernel profile; the peers.
 #   saves:   the loss kernel alone, then the real loop without saves and saving every 20 and 50
 #            steps into /tmp and /dev/shm.
+#   final:   the figures of BENCHMARKS.md round four: the loss kernel alone; the loop fast (Pallas
+#            loss, and XLA's), deterministic, saving every 20 and 50 steps; the peers; the bench's
+#            kernel profile (--json keeps every kernel); LLaMA-3 1B's bench with either loss.
 set -uo pipefail
-if [ $# -lt 1 ] || [ "$1" = "--help" ]; then sed -n '2,10p' "$0"; exit 2; fi
+if [ $# -lt 1 ] || [ "$1" = "--help" ]; then sed -n '2,16p' "$0"; exit 2; fi
 out=$(realpath -m "$1"); what=${2:-kernels}; mkdir -p "$out"
 export JAX_COMPILATION_CACHE_DIR=/tmp/jaxtrain_xla_cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
@@ -49,6 +52,22 @@ elif [ "$what" = saves ]; then
   loop save20_shm --checkpoint_dir /dev/shm/ck20 --save_steps 20 --max_checkpoint_keep 2; rm -rf /dev/shm/ck20
   loop save50_tmp --checkpoint_dir /tmp/ck50 --save_steps 50 --max_checkpoint_keep 2
   peers
+elif [ "$what" = final ]; then
+  timeout 90 python launch/cross_entropy_bench.py > "$out/xent_kernel.txt" 2>&1
+  loop fast
+  loop fast_xla --cross_entropy xla
+  loop deterministic --deterministic true
+  loop save20_shm --checkpoint_dir /dev/shm/ck20 --save_steps 20 --max_checkpoint_keep 2; rm -rf /dev/shm/ck20
+  loop save50_shm --checkpoint_dir /dev/shm/ck50 --save_steps 50 --max_checkpoint_keep 2; rm -rf /dev/shm/ck50
+  loop save50_tmp --checkpoint_dir /tmp/ck50 --save_steps 50 --max_checkpoint_keep 2
+  peers
+  loop fast_again
+  timeout 120 "${B[@]}" --steps 20 --profile_steps 3 --matmul_size 4096 --json "$out/bench_profile.json" \
+    > "$out/bench_profile.txt" 2>&1
+  L=(--config=configs/llama3.py:llama3.2-1b --config.dtype=bfloat16 --config.batch_size=4 --config.sequence_length=2048
+     --config.total_batch_size=8192 --config.scan_layers=false --steps 10)
+  timeout 150 python -m jaxtrain.bench "${L[@]}" > "$out/bench_llama.txt" 2>&1
+  timeout 150 python -m jaxtrain.bench "${L[@]}" --config.cross_entropy=xla > "$out/bench_llama_xla.txt" 2>&1
 fi
 cat "$out/peers.txt" "$out/figures.txt" "$out/xent_kernel.txt" 2>/dev/null
-grep -h "median\|kernels\|matmul\|fusion" "$out"/bench*.txt 2>/dev/null | head -20
+grep -h "jaxtrain.bench\|median\|kernels\|MFU" "$out"/bench*.txt 2>/dev/null | head -20
