@@ -13,7 +13,7 @@
 #            loss, and XLA's), deterministic, saving every 20 and 50 steps; the peers; the bench's
 #            kernel profile (--json keeps every kernel); LLaMA-3 1B's bench with either loss.
 set -uo pipefail
-if [ $# -lt 1 ] || [ "$1" = "--help" ]; then sed -n '2,16p' "$0"; exit 2; fi
+if [ $# -lt 1 ] || [ "$1" = "--help" ]; then sed -n '2,14p' "$0"; exit 2; fi
 out=$(realpath -m "$1"); what=${2:-kernels}; mkdir -p "$out"
 export JAX_COMPILATION_CACHE_DIR=/tmp/jaxtrain_xla_cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
