@@ -11,9 +11,10 @@
 #            steps into /tmp and /dev/shm.
 #   final:   the figures of BENCHMARKS.md round four: the loss kernel alone; the loop fast (Pallas
 #            loss, and XLA's), deterministic, saving every 20 and 50 steps; the peers; the bench's
-#            kernel profile (--json keeps every kernel); LLaMA-3 1B's bench with either loss.
+#            kernel profile (--json keeps every kernel); LLaMA-3 1B's bench with either loss
+#            (LLAMA=0 leaves it out). OUT_DIR.tgz holds every file of the call.
 set -uo pipefail
-if [ $# -lt 1 ] || [ "$1" = "--help" ]; then sed -n '2,14p' "$0"; exit 2; fi
+if [ $# -lt 1 ] || [ "$1" = "--help" ]; then sed -n '2,15p' "$0"; exit 2; fi
 out=$(realpath -m "$1"); what=${2:-kernels}; mkdir -p "$out"
 export JAX_COMPILATION_CACHE_DIR=/tmp/jaxtrain_xla_cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
@@ -64,10 +65,14 @@ elif [ "$what" = final ]; then
   loop fast_again
   timeout 120 "${B[@]}" --steps 20 --profile_steps 3 --matmul_size 4096 --json "$out/bench_profile.json" \
     > "$out/bench_profile.txt" 2>&1
-  L=(--config=configs/llama3.py:llama3.2-1b --config.dtype=bfloat16 --config.batch_size=4 --config.sequence_length=2048
+  [ "${LLAMA:-1}" = 0 ] && L=() || L=(--config=configs/llama3.py:llama3.2-1b --config.dtype=bfloat16 --config.batch_size=4 --config.sequence_length=2048
      --config.total_batch_size=8192 --config.scan_layers=false --steps 10)
-  timeout 150 python -m jaxtrain.bench "${L[@]}" > "$out/bench_llama.txt" 2>&1
-  timeout 150 python -m jaxtrain.bench "${L[@]}" --config.cross_entropy=xla > "$out/bench_llama_xla.txt" 2>&1
+  if [ ${#L[@]} -gt 0 ]; then
+    timeout 150 python -m jaxtrain.bench "${L[@]}" > "$out/bench_llama.txt" 2>&1
+    timeout 150 python -m jaxtrain.bench "${L[@]}" --config.cross_entropy=xla > "$out/bench_llama_xla.txt" 2>&1
+  fi
 fi
+# Everything in one file, since a device call brings back only so many.
+tar czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"
 cat "$out/peers.txt" "$out/figures.txt" "$out/xent_kernel.txt" 2>/dev/null
 grep -h "jaxtrain.bench\|median\|kernels\|MFU" "$out"/bench*.txt 2>/dev/null | head -20

@@ -24,6 +24,10 @@ import jax.numpy as jnp
 IMPLEMENTATIONS = ('auto', 'xla', 'cudnn', 'pallas')
 # The Pallas kernel tiles time in blocks of this many steps (measured best of 32/64/128).
 PALLAS_BLOCK = 64
+# Its backward's kv blocks (and the dq blocks, which the backward's grid ties to them) are
+# twice that where T allows: 9.17 against 9.55 ms for 12 layers' forward + backward on an
+# H200 (launch/attention_bench.py, BENCHMARKS.md round four).
+PALLAS_BACKWARD_KV_BLOCK = 128
 
 
 def resolve_attention(
@@ -87,13 +91,14 @@ def _pallas_attention(q_BxTxNxH, k_BxTxNxH, v_BxTxNxH):
 
     T = q_BxTxNxH.shape[1]
     block = min(PALLAS_BLOCK, T)
+    kv_block = PALLAS_BACKWARD_KV_BLOCK if T % PALLAS_BACKWARD_KV_BLOCK == 0 else block
     sizes = pallas_mha.BlockSizes(
         block_q=block,
         block_k=block,
         block_q_dkv=block,
-        block_kv_dkv=block,
-        block_q_dq=block,
-        block_kv_dq=block,
+        block_kv_dkv=kv_block,
+        block_q_dq=kv_block,
+        block_kv_dq=kv_block,
     )
     return pallas_mha.mha(
         q_BxTxNxH,

@@ -16,15 +16,16 @@ layer_stack.py. The training loss does not call the model: it takes `features` a
 import dataclasses
 import math
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from jaxtrain.models.attention import causal_attention
 from jaxtrain.models.embedding import embedding_lookup
+from jaxtrain.models.gelu import gelu_tanh
 from jaxtrain.models.layer_stack import apply_blocks, stack_blocks
 from jaxtrain.models.lora import linear
 from jaxtrain.models.precision_tap import tap  # no-op unless --precision_check
+from jaxtrain.models.qkv_split import split_qkv
 from jaxtrain.parallel.sequence_parallel import split_over_time  # no-op unless --sequence_parallel
 
 
@@ -97,7 +98,7 @@ class CausalSelfAttention(nnx.Module):
     def __call__(self, x_BxTxC):
         B, T, C = x_BxTxC.shape
         N = self.num_heads
-        q_BxTxC, k_BxTxC, v_BxTxC = jnp.split(self.c_attn(x_BxTxC), 3, axis=-1)
+        q_BxTxC, k_BxTxC, v_BxTxC = split_qkv(self.c_attn(x_BxTxC))
         heads = lambda t: t.reshape(B, T, N, C // N)
         y_BxTxNxH = causal_attention(heads(q_BxTxC), heads(k_BxTxC), heads(v_BxTxC), self.attention)
         return self.c_proj(y_BxTxNxH.reshape(B, T, C))
@@ -111,7 +112,7 @@ class MLP(nnx.Module):
         self.c_proj = linear(lora, 'mlp.c_proj', 4 * C, C, kernel_init=_normal(proj_std), dtype=dtype, rngs=rngs)
 
     def __call__(self, x_BxTxC):
-        return self.c_proj(jax.nn.gelu(self.c_fc(x_BxTxC), approximate=True))
+        return self.c_proj(gelu_tanh(self.c_fc(x_BxTxC)))
 
 
 class Block(nnx.Module):
