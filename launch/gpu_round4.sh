@@ -26,9 +26,10 @@ M=(python -m jaxtrain.main --config=configs/gpt2.py:d12 --dtype bfloat16 --batch
    --deterministic false --num_iteration ${STEPS:-80})
 B=(python -m jaxtrain.bench --config=configs/gpt2.py:d12 --config.dtype=bfloat16 --config.batch_size=16
    --config.sequence_length=1024 --config.total_batch_size=16384 --config.scan_layers=false)
-loop() {  # loop NAME [flags...]: one run of the real loop and its launch/loop_figures.py line
-  local name=$1; shift
-  timeout 200 "${M[@]}" --metrics_dir "$out/$name" "$@" > "$out/$name.txt" 2>&1
+loop() {  # loop NAME [flags...]: one run of the real loop (from the tree TREE, default this one)
+  local name=$1 tree=${TREE:-$PWD} site=$PWD/.site; shift
+  (cd "$tree" && PYTHONPATH="$site:$tree" timeout 200 "${M[@]}" --metrics_dir "$out/$name" "$@") \
+    > "$out/$name.txt" 2>&1
   echo "$name exit $? $(python launch/loop_figures.py "$out/$name/metrics.jsonl" 10 16384 2>&1)" >> "$out/figures.txt"
 }
 peers() {
@@ -55,6 +56,8 @@ elif [ "$what" = saves ]; then
   peers
 elif [ "$what" = final ]; then
   loop fast
+  # Round three's code as it landed (git archive 8a65750 jaxtrain configs llmc_io, in .round3).
+  [ -d .round3 ] && TREE=$PWD/.round3 loop round3
   loop fast_xla --cross_entropy xla
   loop deterministic --deterministic true
   loop save20_shm --checkpoint_dir /dev/shm/ck20 --save_steps 20 --max_checkpoint_keep 2; rm -rf /dev/shm/ck20
