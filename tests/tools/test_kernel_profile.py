@@ -54,6 +54,7 @@ def test_no_device_rows_says_so():
         ('input_add_reduce_fusion_21', 'fusion'),
         ('wrapped_concatenate', 'fusion'),
         ('Memset 0', 'copy'),
+        ('softmax_cross_entropy', 'loss'),
     ],
 )
 def test_categories(name, expected):
