@@ -84,4 +84,8 @@ def main(B: int = 16, T: int = 1024, N: int = 12, H: int = 64) -> None:
 
 
 if __name__ == '__main__':
-    main(*(int(a) for a in sys.argv[1:5]))
+    args = sys.argv[1:]
+    if any(not a.isdigit() for a in args) or len(args) > 4:
+        print(__doc__)
+        sys.exit(0 if args in (['-h'], ['--help']) else 2)
+    main(*map(int, args))

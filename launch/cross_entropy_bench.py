@@ -55,4 +55,8 @@ def main(rows: int = 8192, vocab: int = 50304) -> None:
 
 
 if __name__ == '__main__':
-    main(*(int(a) for a in sys.argv[1:3]))
+    args = sys.argv[1:]
+    if any(not a.isdigit() for a in args) or len(args) > 2:
+        print(__doc__)
+        sys.exit(0 if args in (['-h'], ['--help']) else 2)
+    main(*map(int, args))
