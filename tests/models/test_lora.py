@@ -14,7 +14,7 @@ from flax import nnx
 from trainer_runs import load_config
 
 from jaxtrain.models import FAMILIES
-from jaxtrain.models.lora import LoRALinear, LoRASpec, init_lora_params, merged_params, resolve_spec
+from jaxtrain.models.lora import LoRALinear, init_lora_params, merged_params, resolve_spec
 
 
 def test_lora_linear_is_infinitrain_formula():
