@@ -10,9 +10,6 @@ layer's forward and backward; prints ms per layer and per 12 layers.
 
 import functools
 import math
-import statistics
-import sys
-import time
 import warnings
 
 import jax
@@ -22,10 +19,12 @@ with warnings.catch_warnings():
     warnings.simplefilter('ignore', DeprecationWarning)
     from jax.experimental.pallas.ops.gpu import attention as pallas_mha
 
+from kernel_timing import integer_args, median_ms  # launch/, beside this script
+
 # (block_q, block_k, block_q_dkv, block_kv_dkv = block_q_dq, block_kv_dq, num_warps, num_stages);
 # the kernel's backward grid runs over kv blocks, so its dq blocks are the dkv kv blocks.
 VARIANTS = (
-    (64, 64, 64, 64, 64, None, 2),  # models/attention.py today
+    (64, 64, 64, 64, 64, None, 2),  # models/attention.py in round three
     (64, 64, 64, 64, 64, 8, 2),
     (128, 64, 64, 64, 64, None, 2),
     (128, 128, 64, 64, 64, None, 2),
@@ -33,20 +32,10 @@ VARIANTS = (
     (64, 64, 32, 64, 64, None, 2),
     (64, 64, 64, 128, 64, None, 2),
     (64, 64, 128, 128, 64, None, 2),
-    (64, 64, 64, 128, 128, None, 2),
+    (64, 64, 64, 128, 128, None, 2),  # models/attention.py since round four
     (64, 64, 128, 128, 128, None, 2),
     (64, 64, 128, 128, 128, 8, 2),
 )
-
-
-def _median_ms(fn, *args, repeats: int = 20) -> float:
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        began = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(1e3 * (time.perf_counter() - began))
-    return statistics.median(times)
 
 
 def _forward_backward(attention):
@@ -60,7 +49,7 @@ def main(B: int = 16, T: int = 1024, N: int = 12, H: int = 64) -> None:
     keys = jax.random.split(jax.random.key(0), 4)
     q, k, v, do = (jax.random.normal(key, (B, T, N, H), jnp.bfloat16) for key in keys)
     cudnn = functools.partial(jax.nn.dot_product_attention, is_causal=True, implementation='cudnn')
-    ms = _median_ms(_forward_backward(cudnn), q, k, v, do)
+    ms = median_ms(_forward_backward(cudnn), q, k, v, do)
     print(f'{"cudnn":44s} {ms:6.3f} ms/layer {12 * ms:6.2f} ms/12 layers', flush=True)
     for bq, bk, bq_dkv, bkv_dkv, bkv_dq, warps, stages in VARIANTS:
         sizes = pallas_mha.BlockSizes(
@@ -77,15 +66,11 @@ def main(B: int = 16, T: int = 1024, N: int = 12, H: int = 64) -> None:
         )
         name = f'pallas {bq}/{bk} bwd {bq_dkv}/{bkv_dkv}/{bkv_dq} warps {warps} stages {stages}'
         try:
-            ms = _median_ms(_forward_backward(attention), q, k, v, do)
+            ms = median_ms(_forward_backward(attention), q, k, v, do)
             print(f'{name:44s} {ms:6.3f} ms/layer {12 * ms:6.2f} ms/12 layers', flush=True)
         except Exception as error:  # a shape Triton refuses: say so and go on
             print(f'{name:44s} failed: {type(error).__name__}: {str(error)[:160]}', flush=True)
 
 
 if __name__ == '__main__':
-    args = sys.argv[1:]
-    if any(not a.isdigit() for a in args) or len(args) > 4:
-        print(__doc__)
-        sys.exit(0 if args in (['-h'], ['--help']) else 2)
-    main(*map(int, args))
+    main(*integer_args(__doc__, 4))

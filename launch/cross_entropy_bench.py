@@ -8,25 +8,12 @@ targets; each variant is jitted alone, warmed up, and timed as the median of 20 
 Prints one line per variant with ms and the effective bandwidth of one read plus one write.
 """
 
-import statistics
-import sys
-import time
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kernel_timing import integer_args, median_ms  # launch/, beside this script
 from jaxtrain.models import cross_entropy_kernel, lm_head_loss
-
-
-def _median_ms(fn, *args, repeats: int = 20) -> float:
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        began = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(1e3 * (time.perf_counter() - began))
-    return statistics.median(times)
 
 
 def main(rows: int = 8192, vocab: int = 50304) -> None:
@@ -45,7 +32,7 @@ def main(rows: int = 8192, vocab: int = 50304) -> None:
     reference = None
     for name, fn in variants.items():
         try:
-            ms = _median_ms(jax.jit(fn), logits, targets)
+            ms = median_ms(jax.jit(fn), logits, targets)
             loss, grad = jax.jit(fn)(logits, targets)
             total = float(jnp.sum(loss))
             reference = total if reference is None else reference
@@ -55,8 +42,4 @@ def main(rows: int = 8192, vocab: int = 50304) -> None:
 
 
 if __name__ == '__main__':
-    args = sys.argv[1:]
-    if any(not a.isdigit() for a in args) or len(args) > 2:
-        print(__doc__)
-        sys.exit(0 if args in (['-h'], ['--help']) else 2)
-    main(*map(int, args))
+    main(*integer_args(__doc__, 2))
