@@ -98,6 +98,24 @@ def tree_digest(*roots) -> str:
     return digest.hexdigest()
 
 
+def seed_experiment_setup(tmp_path, family: str, dtype: str) -> tuple[list, str]:
+    """The seed experiment's inputs for `family`: a random token shard and a tiny llm.c model
+    under tmp_path, the flags both runs share (100 steps, a save every 20 with the optimizer
+    state, 10 kept) and the log file name that compare_loss pairs across tmp_path/base and
+    tmp_path/test (made here)."""
+    from trainer_runs import random_shard, tiny_llmc_model
+
+    train_bin = random_shard(tmp_path / 'TRAIN.bin', kind=family, num_tokens=60_000)
+    model_bin = tiny_llmc_model(tmp_path / 'MODEL.bin', family)
+    common = [
+        '--input_bin', train_bin, '--llmc_filepath', model_bin, '--num_iteration', 100,
+        '--save_steps', 20, '--save_optimizer_state', 'true', '--max_checkpoint_keep', 10,
+        '--dtype', dtype,
+    ]  # fmt: skip
+    (tmp_path / 'base').mkdir(), (tmp_path / 'test').mkdir()
+    return common, f"{family}{'_bfloat16' if dtype == 'bfloat16' else ''}.log"
+
+
 def assert_resumed_run_matches(logs_base, logs_test, final_a, final_b) -> None:
     """The seed experiment's two checks, as its README commands make them: InfiniTrain-style
     compare_loss with zero thresholds (60 steps compared, all equal) and `ckpt diff` of the

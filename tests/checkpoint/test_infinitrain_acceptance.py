@@ -11,8 +11,7 @@ import sys
 import pytest
 
 from jaxtrain.checkpoint.formats import infinitrain as it
-from cli_runs import assert_resumed_run_matches
-from trainer_runs import random_shard, tiny_llmc_model
+from cli_runs import assert_resumed_run_matches, seed_experiment_setup
 
 pytestmark = pytest.mark.slow
 
@@ -33,35 +32,13 @@ def _run(config_file, *args, log):
     ],
 )
 def test_acceptance_with_infinitrain_checkpoints(tmp_path, family, dtype, fmt, optimizer, resume_flag):
-    train_bin = random_shard(tmp_path / 'TRAIN.bin', kind=family, num_tokens=60_000)
-    model_bin = tiny_llmc_model(tmp_path / 'MODEL.bin', family)
-    suffix = '_bfloat16' if dtype == 'bfloat16' else ''
-    common = [
-        '--input_bin',
-        train_bin,
-        '--llmc_filepath',
-        model_bin,
-        '--num_iteration',
-        100,
-        '--save_steps',
-        20,
-        '--save_optimizer_state',
-        'true',
-        '--max_checkpoint_keep',
-        10,
-        '--dtype',
-        dtype,
-        '--optimizer',
-        optimizer,
-        '--checkpoint_format',
-        fmt,
-    ]
-    (tmp_path / 'base').mkdir(), (tmp_path / 'test').mkdir()
+    common, log_name = seed_experiment_setup(tmp_path, family, dtype)
+    common += ['--optimizer', optimizer, '--checkpoint_format', fmt]
     config_file = f'configs/{family}.py'
     noresume, resumed = tmp_path / 'ck' / 'noresume', tmp_path / 'ck' / 'resumefrom40'
-    with open(tmp_path / 'base' / f'{family}{suffix}.log', 'w') as log:
+    with open(tmp_path / 'base' / log_name, 'w') as log:
         assert _run(config_file, *common, '--checkpoint_dir', noresume, log=log) == 0
-    with open(tmp_path / 'test' / f'{family}{suffix}.log', 'w') as log:
+    with open(tmp_path / 'test' / log_name, 'w') as log:
         code = _run(
             config_file,
             *common,
@@ -71,7 +48,7 @@ def test_acceptance_with_infinitrain_checkpoints(tmp_path, family, dtype, fmt, o
             noresume / 'checkpoint_step_000040',
             log=log,
         )
-    assert code == 0, (tmp_path / 'test' / f'{family}{suffix}.log').read_text()[-2000:]
+    assert code == 0, (tmp_path / 'test' / log_name).read_text()[-2000:]
     assert [d.name[-6:] for d in it.step_dirs(noresume)] == ['000020', '000040', '000060', '000080', '000100']
     assert [d.name[-6:] for d in it.step_dirs(resumed)] == ['000060', '000080', '000100']
     assert {it.detect_kind(d) for d in it.step_dirs(noresume)} == {fmt}

@@ -23,10 +23,14 @@ def real(tmp_path_factory):
     return unpack(tmp_path_factory.mktemp('real'))
 
 
-def _parts(real, family, **overrides):
+def _config(real, family, **overrides):
+    """A config of the real files' geometry, starting from head-{family}'s model.bin."""
     settings = {**dict(batch_size=2, sequence_length=64, total_batch_size=128), **overrides}
-    config = load_config(family, llmc_filepath=str(real / f'head-{family}' / 'model.bin'), **settings)
-    return build_trainer(config)
+    return load_config(family, llmc_filepath=str(real / f'head-{family}' / 'model.bin'), **settings)
+
+
+def _parts(real, family, **overrides):
+    return build_trainer(_config(real, family, **overrides))
 
 
 def test_adam_moments_restored_by_name(real):
@@ -124,13 +128,10 @@ def test_a_damaged_checkpoint_stops_the_run_before_anything_is_touched(real, tmp
     step = tmp_path / 'checkpoint_step_000010'
     shutil.copytree(real / 'head-gpt2' / 'a' / 'checkpoint_step_000010', step)
     (step / 'model.ckpt').write_bytes((step / 'model.ckpt').read_bytes()[:-100])
-    config = load_config(
+    config = _config(
+        real,
         'gpt2',
-        llmc_filepath=str(real / 'head-gpt2' / 'model.bin'),
         input_bin=str(real / 'head-gpt2' / 'train.bin'),
-        batch_size=2,
-        sequence_length=64,
-        total_batch_size=128,
         optimizer='sgd',
         num_iteration=12,
         resume_from=str(step),
@@ -162,13 +163,10 @@ def test_one_kind_per_checkpoint_dir(real):
 
     root = real / 'head-gpt2' / 'a'
     before = sorted(p.name for p in root.iterdir())
-    config = load_config(
+    config = _config(
+        real,
         'gpt2',
-        llmc_filepath=str(real / 'head-gpt2' / 'model.bin'),
         input_bin=str(real / 'head-gpt2' / 'train.bin'),
-        batch_size=2,
-        sequence_length=64,
-        total_batch_size=128,
         optimizer='sgd',
         num_iteration=1,
         checkpoint_dir=str(root),

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from jaxtrain.checkpoint import layout as ckpt_layout
-from cli_runs import assert_resumed_run_matches
+from cli_runs import assert_resumed_run_matches, seed_experiment_setup
 from trainer_runs import random_shard, tiny_llmc_model
 
 pytestmark = pytest.mark.slow
@@ -32,31 +32,12 @@ def trainer(config_file, *args, log=None):
 
 @pytest.mark.parametrize('family,dtype', [('gpt2', 'float32'), ('llama3', 'bfloat16')])
 def test_seed_commands_match_from_step_41(tmp_path, family, dtype):
-    train_bin = random_shard(tmp_path / 'TRAIN.bin', kind=family, num_tokens=60_000)
-    model_bin = tiny_llmc_model(tmp_path / 'MODEL.bin', family)
-    suffix = '_bfloat16' if dtype == 'bfloat16' else ''
-    common = [
-        '--input_bin',
-        train_bin,
-        '--llmc_filepath',
-        model_bin,
-        '--num_iteration',
-        100,
-        '--save_steps',
-        20,
-        '--save_optimizer_state',
-        'true',
-        '--max_checkpoint_keep',
-        10,
-        '--dtype',
-        dtype,
-    ]
-    (tmp_path / 'base').mkdir(), (tmp_path / 'test').mkdir()
+    common, log_name = seed_experiment_setup(tmp_path, family, dtype)
     config_file = f'configs/{family}.py'
-    with open(tmp_path / 'base' / f'{family}{suffix}.log', 'w') as log:
+    with open(tmp_path / 'base' / log_name, 'w') as log:
         first = trainer(config_file, *common, '--checkpoint_dir', tmp_path / 'ck' / 'noresume', log=log)
         assert first.wait(timeout=600) == 0
-    with open(tmp_path / 'test' / f'{family}{suffix}.log', 'w') as log:
+    with open(tmp_path / 'test' / log_name, 'w') as log:
         second = trainer(
             config_file,
             *common,
