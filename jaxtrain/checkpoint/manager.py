@@ -230,8 +230,8 @@ class Checkpointer:
     def snapshot(self, params, opt_state, rng) -> 'Snapshot':
         """The first half of save(): dispatches the on-device copy of the state. The loop calls
         it before it waits for the step's metrics, so the dispatch runs while the device is
-        still busy with the step; save_snapshot() then hands the copy on, or drops nothing if
-        the step turns out non-finite and the run stops."""
+        still busy with the step. save_snapshot() then hands the copy on; if the step turns out
+        non-finite, the run stops and the copy is simply dropped."""
         self._finish_handoff()  # normally long done; one snapshot alive at a time
         try:  # a write that already failed stops the run now, not one save later
             self.manager.check_for_errors()

@@ -15,8 +15,9 @@ blocks of columns:
 2. the gradient, written block by block.
 
 Holding a whole GPT-2 row (50,304 columns) in registers instead, for one read, was slower
-(register spills: 1.96 ms against 1.06 ms a chunk). Every sum has a fixed order (no atomics): the kernel is deterministic. Columns from
-vocab_size on (GPT-2's padding) get probability 0 and gradient 0.
+(register spills: 1.96 ms against 1.06 ms a chunk). Every sum has a fixed order (no atomics):
+the kernel is deterministic. Columns from vocab_size on (GPT-2's padding) get probability 0
+and gradient 0.
 
 Only a single device's: XLA cannot split a Pallas call over a mesh (see attention.py), so
 `resolve_cross_entropy` gives it to one-device GPU runs in bf16 and XLA's form to the rest.

@@ -129,7 +129,7 @@ def lm_head_cross_entropy(h_BxTxC, w, targets_BxT, vocab_size: int, vocab_axis: 
     return _loss_and_grads(h_BxTxC, w, targets_BxT, vocab_size, vocab_axis, kernel, with_grads=False)[0]
 
 
-def _forward(h_BxTxC, w, targets_BxT, vocab_size, vocab_axis, kernel='xla'):
+def _forward(h_BxTxC, w, targets_BxT, vocab_size, vocab_axis, kernel):
     loss, dh_BxTxC, dw = _loss_and_grads(h_BxTxC, w, targets_BxT, vocab_size, vocab_axis, kernel, with_grads=True)
     return loss, (dh_BxTxC, dw.astype(w.dtype))
 

@@ -88,17 +88,19 @@ class RunSaver:
     def prepare(self, state):
         """Before step 1: the snapshot's program compiles in the background (Checkpointer.prepare)."""
         if self.saving:
-            opt_state = state.opt_state if self.config.save_optimizer_state else None
-            self.checkpointer.prepare(state.params, opt_state, state.rng)
+            self.checkpointer.prepare(*self._saved_parts(state))
 
     def snapshot(self, state):
         """The save's first half, which the loop calls before it waits for the step: the state
         copied on the device while the device still runs the step (Checkpointer.snapshot).
         Returns (snapshot, seconds it took), the seconds for the run's metrics."""
         began = time.perf_counter()
-        opt_state = state.opt_state if self.config.save_optimizer_state else None
-        taken = self.checkpointer.snapshot(state.params, opt_state, state.rng)
+        taken = self.checkpointer.snapshot(*self._saved_parts(state))
         return taken, time.perf_counter() - began
+
+    def _saved_parts(self, state):
+        """(params, opt_state or None, rng): what a checkpoint of `state` holds."""
+        return state.params, state.opt_state if self.config.save_optimizer_state else None, state.rng
 
     def save(self, snapshot, step: int, position: int) -> float:
         """Starts the asynchronous save of `snapshot` (from snapshot()), a state at (host-side)
