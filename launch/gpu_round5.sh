@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# GPU speed, round five (BENCHMARKS.md), in ONE device call so that every figure is a ratio to the
+# peers measured beside it (llm.c + cuDNN, the plain JAX step; .peers/ as in gpu_round3.sh).
+# GPT-2 124M d12, bf16, batch 16 x 1024, no accumulation, llm.c's random shard, 110 steps.
+# usage: launch/gpu_round5.sh OUT_DIR [probe|final]
+#   probe: the real loop fast and deterministic, from this tree and from each variant tree named
+#          in VARIANTS (default .variant_split: a `git archive` of a branch, see BENCHMARKS.md);
+#          where a save's cost comes from (launch/save_cost_probe.py); the loop saving every 20
+#          steps into /dev/shm; the peers; kernel profiles of the fast and the deterministic step
+#          of the first variant (the bench's, --json keeps every kernel); attention_bench.
+#   final: the figures of BENCHMARKS.md round five from this tree: the loop fast (twice), with
+#          XLA's loss, deterministic, saving every 20 steps into /dev/shm; the peers; the fast
+#          step's kernel profile; LLaMA-3 1B's bench (LLAMA=0 leaves it out).
+# OUT_DIR.tgz holds every file of the call.
+set -uo pipefail
+if [ $# -lt 1 ] || [ "$1" = "--help" ]; then sed -n '2,14p' "$0"; exit 2; fi
+out=$(realpath -m "$1"); what=${2:-probe}; mkdir -p "$out"
+export JAX_COMPILATION_CACHE_DIR=/tmp/jaxtrain_xla_cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
+  JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
+bash .peers/run_peers.sh build "$out/peers" > "$out/peers_build.txt" 2>&1 &
+build=$!
+until [ -e "$out/peers/llmc_build.log" ] || ! kill -0 $build 2>/dev/null; do sleep 0.5; done
+M=(python -m jaxtrain.main --config=configs/gpt2.py:d12 --dtype bfloat16 --batch_size 16 --sequence_length 1024
+   --total_batch_size 16384 --scan_layers false --input_bin /tmp/peers_data/train.bin --sample_every 0
+   --deterministic false --num_iteration ${STEPS:-110})
+B=(python -m jaxtrain.bench --config=configs/gpt2.py:d12 --config.dtype=bfloat16 --config.batch_size=16
+   --config.sequence_length=1024 --config.total_batch_size=16384 --config.scan_layers=false)
+site=$PWD/.site
+intree() {  # intree TREE CMD...: CMD run from TREE's copy of jaxtrain
+  local tree=$1; shift
+  (cd "$tree" && PYTHONPATH="$site:$tree" "$@")
+}
+loop() {  # loop NAME [flags...]: one run of the real loop (from the tree TREE, default this one)
+  local name=$1; shift
+  intree "${TREE:-$PWD}" timeout 200 "${M[@]}" --metrics_dir "$out/$name" "$@" > "$out/$name.txt" 2>&1
+  echo "$name exit $? $(python launch/loop_figures.py "$out/$name/metrics.jsonl" 10 16384 2>&1)" >> "$out/figures.txt"
+}
+profile() {  # profile NAME [flags...]: the bench's kernel profile of the step (from TREE)
+  local name=$1; shift
+  intree "${TREE:-$PWD}" timeout 150 "${B[@]}" --steps 20 --profile_steps 3 --matmul_size 4096 \
+    --json "$out/$name.json" "$@" > "$out/$name.txt" 2>&1
+}
+peers() {
+  wait $build
+  timeout 150 bash .peers/run_peers.sh run "$out/peers" 16 2>&1 | grep -v PyTorch > "$out/peers.txt"
+  timeout 100 python .peers/plain_jax_step.py 16 >> "$out/peers.txt" 2>&1
+}
+read -ra variants <<< "${VARIANTS:-.variant_split}"
+if [ "$what" = probe ]; then
+  loop fast
+  for v in "${variants[@]}"; do TREE=$PWD/$v loop "fast_${v#.variant_}"; done
+  loop deterministic --deterministic true
+  for v in "${variants[@]}"; do TREE=$PWD/$v loop "deterministic_${v#.variant_}" --deterministic true; done
+  PYTHONPATH="$site:$PWD" timeout 150 python launch/save_cost_probe.py 100 20 > "$out/save_probe.txt" 2>&1
+  loop save20_shm --checkpoint_dir /dev/shm/ck20 --save_steps 20 --max_checkpoint_keep 2; rm -rf /dev/shm/ck20
+  peers
+  for v in "${variants[@]}"; do TREE=$PWD/$v loop "fast_${v#.variant_}_again"; done
+  loop fast_again
+  for kind in fast deterministic; do  # with the optimized HLO of the step, to name each kernel
+    d=true; [ $kind = fast ] && d=false
+    XLA_FLAGS="--xla_dump_to=$out/hlo_$kind --xla_dump_hlo_as_text --xla_dump_hlo_module_re=.*train_step.*" \
+      TREE=$PWD/${variants[0]} profile profile_$kind --config.deterministic=$d
+    find "$out/hlo_$kind" -type f ! -name '*after_optimizations.txt' -delete 2>/dev/null
+  done
+  timeout 90 python launch/attention_bench.py > "$out/attention.txt" 2>&1
+elif [ "$what" = final ]; then
+  loop fast
+  loop fast_xla --cross_entropy xla
+  loop deterministic --deterministic true
+  loop save20_shm --checkpoint_dir /dev/shm/ck20 --save_steps 20 --max_checkpoint_keep 2; rm -rf /dev/shm/ck20
+  peers
+  loop fast_again
+  profile profile_fast
+  if [ "${LLAMA:-1}" != 0 ]; then
+    L=(--config=configs/llama3.py:llama3.2-1b --config.dtype=bfloat16 --config.batch_size=4
+       --config.sequence_length=2048 --config.total_batch_size=8192 --config.scan_layers=false --steps 10)
+    timeout 150 python -m jaxtrain.bench "${L[@]}" > "$out/bench_llama.txt" 2>&1
+  fi
+fi
+# Everything in one file, since a device call brings back only so many.
+tar czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"
+cat "$out/peers.txt" "$out/figures.txt" "$out/save_probe.txt" "$out/attention.txt" 2>/dev/null
+grep -h "kernels\|median\|MFU" "$out"/profile*.txt "$out"/bench*.txt 2>/dev/null | head -20

@@ -1,0 +1,176 @@
+"""Where a save's cost to the training loop comes from (GPU; BENCHMARKS.md, round five).
+
+  python launch/save_cost_probe.py [STEPS=100] [EVERY=20]
+
+Runs the trainer's own jitted step (GPT-2 124M d12, bf16, batch 16 x 1024, unrolled layers, the
+bench's random window) as the loop does: each step's loss is read while the next one runs. Every
+EVERY-th step it does one more piece of a save than the mode before, so the difference between
+two modes' ms/step is what that piece costs the loop:
+
+  none          no save
+  copy          the checkpointer's on-device snapshot (a copy and its checksums), then dropped
+  device_get    + the copy brought to host memory, in a background thread
+  write_thread  + the host arrays written to /dev/shm, in the same thread (plain file writes)
+  write_process + the same write done by a helper process instead (the bytes handed over in
+                  shared memory), so that no Python runs beside the loop in its process
+  orbax         the checkpointer's whole save (manager.Checkpointer, Orbax into /dev/shm)
+
+Prints one line per mode: mean ms/step over the steps after the first save (the first save
+of a run is printed on its own), and that against `none`.
+"""
+
+import concurrent.futures
+import multiprocessing
+import shutil
+import statistics
+import tempfile
+import time
+from multiprocessing import shared_memory
+
+import jax
+import numpy as np
+
+from kernel_timing import integer_args  # launch/, beside this script
+from configs import gpt2
+from jaxtrain.checkpoint import manager
+from jaxtrain.tools import bench_measure
+
+MODES = ('none', 'copy', 'device_get', 'write_thread', 'write_process', 'orbax')
+# The subject: BENCHMARKS.md's GPT-2 geometry (a CPU smoke run sets these smaller).
+VARIANT, BATCH, SEQUENCE, DTYPE = 'd12', 16, 1024, 'bfloat16'
+
+
+def _write_arrays(arrays, directory):
+    for i, array in enumerate(arrays):
+        with open(f'{directory}/{i}.bin', 'wb') as f:
+            f.write(memoryview(np.ascontiguousarray(array)).cast('B'))
+
+
+def _writer_process(connection, directory):
+    """The helper: for each message (shared-memory name, [(offset, nbytes)]), writes the pieces."""
+    while (message := connection.recv()) is not None:
+        name, pieces = message
+        block = shared_memory.SharedMemory(name=name)
+        for i, (offset, nbytes) in enumerate(pieces):
+            with open(f'{directory}/{i}.bin', 'wb') as f:
+                f.write(block.buf[offset : offset + nbytes])
+        block.close()
+        connection.send('done')
+
+
+class Saver:
+    def __init__(self, mode, directory, state):
+        self.mode, self.directory = mode, directory
+        self.thread = concurrent.futures.ThreadPoolExecutor(1)
+        self.pending = None
+        if mode == 'orbax':
+            self.checkpointer = manager.Checkpointer(directory, keep_latest=2, keep_every=0)
+            self.checkpointer.prepare(state.params, state.opt_state, state.rng)
+        if mode == 'write_process':
+            nbytes = sum(leaf.nbytes for leaf in jax.tree.leaves(self._items(state)))
+            self.block = shared_memory.SharedMemory(create=True, size=nbytes)
+            self.connection, child = multiprocessing.get_context('spawn').Pipe()
+            self.process = multiprocessing.get_context('spawn').Process(
+                target=_writer_process, args=(child, directory), daemon=True
+            )
+            self.process.start()
+
+    @staticmethod
+    def _items(state):
+        return {'params': state.params, 'opt_state': state.opt_state, 'rng': state.rng}
+
+    def snapshot(self, state):
+        if self.mode == 'none':
+            return None
+        if self.pending is not None:
+            self.pending.result()
+        if self.mode == 'orbax':
+            return self.checkpointer.snapshot(state.params, state.opt_state, state.rng)
+        return manager._snapshot(self._items(state))
+
+    def save(self, snapshot, step, record):
+        if snapshot is None:
+            return
+        if self.mode == 'orbax':
+            self.checkpointer.save_snapshot(step, snapshot, record)
+            return
+        copy, sums = snapshot
+        self.pending = self.thread.submit(self._background, copy, sums)
+
+    def _background(self, copy, sums):
+        np.asarray(sums)
+        if self.mode == 'copy':
+            return
+        arrays = [np.asarray(leaf) for leaf in jax.device_get(jax.tree.leaves(copy))]
+        if self.mode == 'write_thread':
+            _write_arrays(arrays, self.directory)
+        elif self.mode == 'write_process':
+            pieces, offset = [], 0
+            for array in arrays:
+                view = np.ndarray(array.shape, array.dtype, buffer=self.block.buf, offset=offset)
+                np.copyto(view, array)
+                pieces.append((offset, array.nbytes))
+                offset += array.nbytes
+            self.connection.send((self.block.name, pieces))
+            self.connection.recv()
+
+    def close(self):
+        if self.pending is not None:
+            self.pending.result()
+        if self.mode == 'orbax':
+            self.checkpointer.close()
+        if self.mode == 'write_process':
+            self.connection.send(None)
+            self.process.join()
+            self.block.close()
+            self.block.unlink()
+
+
+def run(subject, step_fn, state, mode, steps, every):
+    directory = tempfile.mkdtemp(prefix=f'probe-{mode}-', dir='/dev/shm')
+    saver = Saver(mode, directory, state)
+    x, y = subject.inputs_AxBxT, subject.targets_AxBxT
+    started = int(state.step)
+    times, previous, last = [], None, time.perf_counter()
+    for i in range(1, steps + 1):
+        state, metrics = step_fn(state, x, y)
+        snapshot = saver.snapshot(state) if i % every == 0 else None
+        if previous is not None:
+            float(previous['loss'])
+            now = time.perf_counter()
+            times.append(now - last)
+            last = now
+        if snapshot is not None:
+            saver.save(snapshot, started + i, {'step': started + i})
+        previous = metrics
+    float(previous['loss'])
+    saver.close()
+    shutil.rmtree(directory, ignore_errors=True)
+    # times[k] is step k+1's time (read while step k+2 ran); the first save is after step `every`.
+    after_first = times[every + 2 :]
+    first = sum(times[every - 1 : every + 2])
+    return state, 1e3 * statistics.mean(after_first), 1e3 * first
+
+
+def main(steps: int = 100, every: int = 20):
+    config = gpt2.get_config(VARIANT)
+    config.dtype, config.batch_size, config.sequence_length = DTYPE, BATCH, SEQUENCE
+    config.total_batch_size, config.scan_layers, config.deterministic = BATCH * SEQUENCE, False, 'false'
+    subject = bench_measure.build(config)
+    step_fn = subject.parts.train_step.lower(subject.state, subject.inputs_AxBxT, subject.targets_AxBxT).compile()
+    state, subject.state = subject.state, None
+    for _ in range(5):
+        state, _ = step_fn(state, subject.inputs_AxBxT, subject.targets_AxBxT)
+    baseline = None
+    for mode in MODES:
+        state, mean_ms, first_ms = run(subject, step_fn, state, mode, steps, every)
+        baseline = baseline or mean_ms
+        print(
+            f'{mode:14s} {mean_ms:7.3f} ms/step after the first save ({baseline / mean_ms:.3f}x none); '
+            f'the first save and the two steps after it {first_ms:7.1f} ms',
+            flush=True,
+        )
+
+
+if __name__ == '__main__':
+    main(*integer_args(__doc__, 2))
