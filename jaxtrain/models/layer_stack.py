@@ -5,6 +5,7 @@ Axis letters: B batch, T time, C channels, V vocab.
 """
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 
@@ -36,8 +37,13 @@ def apply_blocks(stacked_blocks: nnx.Module, x_BxTxC, *extra, scan: bool = True)
 
         x_BxTxC, _ = jax.lax.scan(apply_block, x_BxTxC, block_params)
         return x_BxTxC
+    # One split of each stacked tensor, not L index ops: the gradient of `p[layer]` is a pad
+    # of zeros per layer, summed, which XLA fuses into every consumer of the stacked gradient
+    # (the norm, AdamW, the finite check); the gradient of a split is one concatenation.
+    # The sums add only zeros, so both give the same gradients bit for bit.
     num_layers = jax.tree.leaves(block_params)[0].shape[0]
+    per_leaf = jax.tree.map(lambda p: jnp.split(p, num_layers, axis=0), block_params)
     for layer in range(num_layers):
-        layer_params = jax.tree.map(lambda p: p[layer], block_params)
+        layer_params = jax.tree.map(lambda parts: parts[layer][0], per_leaf, is_leaf=lambda t: isinstance(t, list))
         x_BxTxC = nnx.merge(block_def, layer_params)(x_BxTxC, *extra)
     return x_BxTxC

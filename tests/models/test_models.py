@@ -170,3 +170,31 @@ def test_unrolled_layers_give_the_same_logits(cls, config):
     expected = _logits(graphdef, params, tokens)
     unrolled_def, _ = nnx.split(cls(config, rngs=nnx.Rngs(0), scan_layers=False), nnx.Param)
     np.testing.assert_allclose(_logits(unrolled_def, params, tokens), expected, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize('cls,config', [(GPT2, GPT2_SMALL), (LLaMA3, LLAMA_SMALL)])
+def test_unrolled_gradients_equal_those_of_indexing_each_layer_bitwise(cls, config, monkeypatch):
+    # layer_stack.apply_blocks splits each stacked tensor once; taking p[layer] per layer (the
+    # reference here) gives zero-padded gradients that are summed. Adding zeros is exact.
+    from jaxtrain.models import layer_stack
+
+    def indexed(stacked_blocks, x, *extra, scan=True):
+        block_def, block_params = nnx.split(stacked_blocks)
+        for layer in range(jax.tree.leaves(block_params)[0].shape[0]):
+            x = nnx.merge(block_def, jax.tree.map(lambda p: p[layer], block_params))(x, *extra)
+        return x
+
+    graphdef, params = _model_and_params(cls, config)
+    unrolled_def, _ = nnx.split(cls(config, rngs=nnx.Rngs(0), scan_layers=False), nnx.Param)
+    tokens = jnp.asarray(np.random.default_rng(7).integers(0, config.vocab_size, (2, 9)))
+
+    def grads():
+        loss = lambda p: jnp.sum(nnx.merge(unrolled_def, nnx.State(p))(tokens) ** 2)  # noqa: E731
+        return jax.grad(loss)(jax.tree.map(jnp.asarray, params))
+
+    split = grads()
+    monkeypatch.setattr(layer_stack, 'apply_blocks', indexed)
+    for module in ('gpt2', 'llama3'):
+        monkeypatch.setattr(f'jaxtrain.models.{module}.apply_blocks', indexed)
+    for got, want in zip(jax.tree.leaves(split), jax.tree.leaves(grads())):
+        np.testing.assert_array_equal(got, want)
