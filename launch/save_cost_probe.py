@@ -14,6 +14,12 @@ two modes' ms/step is what that piece costs the loop:
   write_process + the same write done by a helper process instead (the bytes handed over in
                   shared memory), so that no Python runs beside the loop in its process
   orbax         the checkpointer's whole save (manager.Checkpointer, Orbax into /dev/shm)
+  pinned_program  a program that copies the state into pinned host memory (memory kind
+                  'pinned_host'), dispatched where `copy` is; the thread reads it as NumPy
+  pinned_in_step  the step after a save step also returns its input state (the state to save)
+                  in pinned host memory, so the copy can overlap that step's compute; the
+                  thread reads it as NumPy
+  pinned_in_step_write  + the NumPy arrays written to /dev/shm in the thread
 
 Prints one line per mode: mean ms/step over the steps after the first save (the first save
 of a run is printed on its own), and that against `none`.
@@ -21,6 +27,7 @@ of a run is printed on its own), and that against `none`.
 
 import concurrent.futures
 import multiprocessing
+import os
 import shutil
 import statistics
 import tempfile
@@ -35,7 +42,10 @@ from configs import gpt2
 from jaxtrain.checkpoint import manager
 from jaxtrain.tools import bench_measure
 
-MODES = ('none', 'copy', 'device_get', 'write_thread', 'write_process', 'orbax')
+MODES = ('none', 'copy', 'device_get', 'write_thread', 'write_process', 'orbax', 'pinned_program', 'pinned_in_step',
+         'pinned_in_step_write')
+# The modes run (PROBE_MODES, comma-separated, picks others).
+RUN = tuple(os.environ.get('PROBE_MODES', ','.join(MODES)).split(','))
 # The subject: BENCHMARKS.md's GPT-2 geometry (a CPU smoke run sets these smaller).
 VARIANT, BATCH, SEQUENCE, DTYPE = 'd12', 16, 1024, 'bfloat16'
 
@@ -58,9 +68,26 @@ def _writer_process(connection, directory):
         connection.send('done')
 
 
+def _to_pinned_host(tree):
+    host = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind='pinned_host')
+    return jax.tree.map(lambda a: jax.device_put(a, host), tree)
+
+
+def make_step_and_copy(train_step):
+    """train_step that also returns its input state's items in pinned host memory."""
+
+    def step_and_copy(state, inputs, targets):
+        copy = _to_pinned_host(Saver._items(state))
+        new_state, metrics = train_step.__wrapped__(state, inputs, targets)
+        return new_state, metrics, copy
+
+    return jax.jit(step_and_copy, donate_argnums=0)
+
+
 class Saver:
     def __init__(self, mode, directory, state):
         self.mode, self.directory = mode, directory
+        self.pinned_program = jax.jit(_to_pinned_host)
         self.thread = concurrent.futures.ThreadPoolExecutor(1)
         self.pending = None
         if mode == 'orbax':
@@ -86,6 +113,10 @@ class Saver:
             self.pending.result()
         if self.mode == 'orbax':
             return self.checkpointer.snapshot(state.params, state.opt_state, state.rng)
+        if self.mode == 'pinned_program':
+            return self.pinned_program(self._items(state)), None
+        if self.mode.startswith('pinned_in_step'):
+            return 'next step'
         return manager._snapshot(self._items(state))
 
     def save(self, snapshot, step, record):
@@ -98,6 +129,11 @@ class Saver:
         self.pending = self.thread.submit(self._background, copy, sums)
 
     def _background(self, copy, sums):
+        if self.mode.startswith('pinned'):
+            arrays = [np.asarray(leaf) for leaf in jax.tree.leaves(copy)]
+            if self.mode == 'pinned_in_step_write':
+                _write_arrays(arrays, self.directory)
+            return
         np.asarray(sums)
         if self.mode == 'copy':
             return
@@ -126,15 +162,22 @@ class Saver:
             self.block.unlink()
 
 
-def run(subject, step_fn, state, mode, steps, every):
+def run(subject, step_fn, step_and_copy, state, mode, steps, every):
     directory = tempfile.mkdtemp(prefix=f'probe-{mode}-', dir='/dev/shm')
     saver = Saver(mode, directory, state)
     x, y = subject.inputs_AxBxT, subject.targets_AxBxT
     started = int(state.step)
-    times, previous, last = [], None, time.perf_counter()
+    times, previous, last, copy_next = [], None, time.perf_counter(), False
     for i in range(1, steps + 1):
-        state, metrics = step_fn(state, x, y)
+        if copy_next:  # the state saved is this step's input, copied out while it runs
+            state, metrics, copy = step_and_copy(state, x, y)
+            saver.pending = saver.thread.submit(saver._background, copy, None)
+        else:
+            state, metrics = step_fn(state, x, y)
         snapshot = saver.snapshot(state) if i % every == 0 else None
+        copy_next = snapshot == 'next step'
+        if copy_next:
+            snapshot = None
         if previous is not None:
             float(previous['loss'])
             now = time.perf_counter()
@@ -159,11 +202,13 @@ def main(steps: int = 100, every: int = 20):
     subject = bench_measure.build(config)
     step_fn = subject.parts.train_step.lower(subject.state, subject.inputs_AxBxT, subject.targets_AxBxT).compile()
     state, subject.state = subject.state, None
+    step_and_copy = make_step_and_copy(subject.parts.train_step)
+    step_and_copy = step_and_copy.lower(state, subject.inputs_AxBxT, subject.targets_AxBxT).compile()
     for _ in range(5):
         state, _ = step_fn(state, subject.inputs_AxBxT, subject.targets_AxBxT)
     baseline = None
-    for mode in MODES:
-        state, mean_ms, first_ms = run(subject, step_fn, state, mode, steps, every)
+    for mode in RUN:
+        state, mean_ms, first_ms = run(subject, step_fn, step_and_copy, state, mode, steps, every)
         baseline = baseline or mean_ms
         print(
             f'{mode:14s} {mean_ms:7.3f} ms/step after the first save ({baseline / mean_ms:.3f}x none); '
