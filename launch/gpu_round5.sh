@@ -10,9 +10,10 @@
 #          of the first variant (the bench's, --json keeps every kernel); attention_bench.
 #   probe2: the loop deterministic from this tree and each variant, twice each (are the losses
 #          bitwise equal?); the save probe's pinned-host-memory modes; the peers.
-#   final: the figures of BENCHMARKS.md round five from this tree: the loop fast (twice), with
-#          XLA's loss, deterministic, saving every 20 steps into /dev/shm; the peers; the fast
-#          step's kernel profile; LLaMA-3 1B's bench (LLAMA=0 leaves it out).
+#   final: the figures of BENCHMARKS.md round five from this tree: the loop fast (twice),
+#          deterministic, saving every 20 steps into /dev/shm (also from each variant tree);
+#          the peers; the fast step's kernel profile; the seed experiment (bit-exact resume)
+#          in the deterministic mode; LLaMA-3 1B's bench (LLAMA=0 leaves it out).
 # OUT_DIR.tgz holds every file of the call.
 set -uo pipefail
 if [ $# -lt 1 ] || [ "$1" = "--help" ]; then sed -n '2,16p' "$0"; exit 2; fi
@@ -86,12 +87,21 @@ PY
   done
 elif [ "$what" = final ]; then
   loop fast
-  loop fast_xla --cross_entropy xla
-  loop deterministic --deterministic true
   loop save20_shm --checkpoint_dir /dev/shm/ck20 --save_steps 20 --max_checkpoint_keep 2; rm -rf /dev/shm/ck20
+  for v in "${variants[@]}"; do  # the same saves from each variant tree (e.g. before a change)
+    TREE=$PWD/$v loop "save20_shm_${v#.variant_}" --checkpoint_dir /dev/shm/ck20 --save_steps 20 \
+      --max_checkpoint_keep 2; rm -rf /dev/shm/ck20
+  done
+  loop deterministic --deterministic true
   peers
   loop fast_again
   profile profile_fast
+  # Bit-exact resume in the deterministic GPU mode (unrolled, Pallas attention and loss):
+  # 100 steps saving every 20, a second run resumed from step 40 (BENCHMARKS.md, issue 4).
+  STEPS=100 timeout 200 launch/seed_experiment.sh /tmp/seed_pallas configs/gpt2.py:d12 --dtype bfloat16 \
+    --batch_size 8 --sequence_length 1024 --total_batch_size 8192 --scan_layers false \
+    > "$out/seed_pallas.txt" 2>&1
+  echo "seed experiment exit $?" >> "$out/seed_pallas.txt"
   if [ "${LLAMA:-1}" != 0 ]; then
     L=(--config=configs/llama3.py:llama3.2-1b --config.dtype=bfloat16 --config.batch_size=4
        --config.sequence_length=2048 --config.total_batch_size=8192 --config.scan_layers=false --steps 10)
@@ -101,4 +111,5 @@ fi
 # Everything in one file, since a device call brings back only so many.
 tar czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"
 cat "$out/peers.txt" "$out/figures.txt" "$out/save_probe.txt" "$out/attention.txt" 2>/dev/null
+tail -4 "$out/seed_pallas.txt" 2>/dev/null
 grep -h "kernels\|median\|MFU" "$out"/profile*.txt "$out"/bench*.txt 2>/dev/null | head -20
