@@ -91,34 +91,9 @@ def _stacked_sums(tree):
 @jax.jit
 def _snapshot(tree):
     """A copy on the device, which the next (donating) train step cannot take away, and
-    its _stacked_sums, in one dispatch. Where host memory cannot be addressed as pinned
-    (see _host_snapshot_program); it costs device memory the size of the state."""
+    its _stacked_sums, in one dispatch."""
     copy = jax.tree.map(jnp.copy, tree)
     return copy, _stacked_sums(copy)
-
-
-def _pinned_host_supported(tree) -> bool:
-    """Whether every device the tree's arrays live on can address pinned host memory (GPUs
-    and the CPU backend can)."""
-    devices = {d for leaf in jax.tree.leaves(tree) for d in leaf.sharding.device_set}
-    return all('pinned_host' in {m.kind for m in d.addressable_memories()} for d in devices)
-
-
-def _host_snapshot_program(shapes):
-    """A program that copies the state straight into pinned host memory (the same shardings,
-    memory kind 'pinned_host') and dispatches its _stacked_sums.
-
-    The copy is one DMA on the device's queue, after the step it follows: about 26 ms for the
-    1.37 GB of GPT-2 124M's state on an H200, the PCIe rate, where Orbax's own copy of a
-    device snapshot cost the loop several times that and stalled the first save by a second
-    (BENCHMARKS.md round five, launch/save_cost_probe.py). It also leaves no second copy of
-    the state on the device, and Orbax finds the arrays already on the host."""
-    pinned = jax.tree.map(lambda s: s.sharding.with_memory_kind('pinned_host'), shapes)
-
-    def copy_to_host(tree):
-        return jax.tree.map(jax.device_put, tree, pinned), _stacked_sums(tree)
-
-    return jax.jit(copy_to_host)
 
 
 def _items(params, opt_state, rng) -> dict:
@@ -148,9 +123,8 @@ def _room_for_snapshot(needed: dict, margin: float = 1.25) -> bool:
 
 @dataclasses.dataclass
 class Snapshot:
-    """What Checkpointer.snapshot() took: the state's arrays (when `copied`, a copy in pinned
-    host memory or on the device, else the live ones) and, when copied, their stacked
-    checksums (dispatched, not read)."""
+    """What Checkpointer.snapshot() took: the state's arrays (a device copy when `copied`,
+    else the live ones) and, when copied, their stacked checksums (dispatched, not read)."""
 
     items: dict
     sums_Nx2: object
@@ -160,13 +134,14 @@ class Snapshot:
 class Checkpointer:
     """Asynchronous, rotating saves of the training state into one checkpoint root.
 
-    save() returns without waiting for the device: it dispatches a copy of the state into
-    pinned host memory (the next step donates the original; a copy on the device where the
-    host memory cannot be pinned) and the checksums, and hands both to one background
-    thread, which gives them to Orbax; Orbax's write continues in its own background. Where
-    a device copy finds no room, or the run has several processes, save() hands the live
-    state to Orbax itself (`blocking_saves` counts these). Failures of either stage surface
-    at the next save(), wait() or close().
+    save() returns without waiting for the device: it copies the state on the device (the
+    next step donates the original), dispatches the checksums, and hands both to one
+    background thread, which gives them to Orbax. Orbax's own part that blocks its caller
+    (the device-to-host copy, 80-100 ms for GPT-2 124M with AdamW on an H200) thus runs
+    beside training, and its write continues in Orbax's background as before. Where the
+    device has no room for the copy, or the run has several processes, save() does the
+    hand-off itself (`blocking_saves` counts these). Failures of either stage surface at
+    the next save(), wait() or close().
     """
 
     def __init__(self, checkpoint_dir: str, *, keep_latest: int, keep_every: int, protected_steps=()):
@@ -203,8 +178,7 @@ class Checkpointer:
         self._pending = None  # the Future of the last hand-off to Orbax
         self.blocking_saves = 0  # saves handed to Orbax on the loop's thread
         self._snapshot_bytes = None  # per device, measured at the first save
-        self._snapshot_program = None  # chosen (and compiled) by prepare() or the first save
-        self._snapshot_on_host = False  # whether that program copies into pinned host memory
+        self._snapshot_program = _snapshot  # prepare() swaps in one compiled ahead of time
         # The hand-off thread and Orbax's writers run Python beside the training loop; by
         # default a thread waits up to 5 ms for the GIL, which the loop would feel at every
         # dispatch while a save is in flight. 1 ms bounds that wait.
@@ -243,26 +217,18 @@ class Checkpointer:
         BENCHMARKS.md round four). Only the arrays' shapes, dtypes and shardings are used."""
         if jax.process_count() != 1:
             return  # those saves hand the live state to Orbax, no snapshot
-        program, shapes = self._choose_snapshot_program(_items(params, opt_state, rng))
-        self._pending = self._handoff.submit(self._compile_snapshot, program, shapes)
-
-    def _choose_snapshot_program(self, items):
-        """The program a snapshot of these items runs: into pinned host memory where every
-        device allows it, else a copy on the device (_snapshot). Returns it, and the
-        items' shapes, dtypes and shardings to compile it for."""
+        items = _items(params, opt_state, rng)
         shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), items)
-        self._snapshot_on_host = _pinned_host_supported(items)
-        self._snapshot_program = _host_snapshot_program(shapes) if self._snapshot_on_host else _snapshot
-        return self._snapshot_program, shapes
+        self._pending = self._handoff.submit(self._compile_snapshot, shapes)
 
-    def _compile_snapshot(self, program, shapes):
+    def _compile_snapshot(self, shapes):
         try:
-            self._snapshot_program = program.lower(shapes).compile()
+            self._snapshot_program = _snapshot.lower(shapes).compile()
         except Exception:  # not worth stopping a run for: the first save compiles it instead
-            pass
+            self._snapshot_program = _snapshot
 
     def snapshot(self, params, opt_state, rng) -> 'Snapshot':
-        """The first half of save(): dispatches the copy of the state (Checkpointer). The loop calls
+        """The first half of save(): dispatches the on-device copy of the state. The loop calls
         it before it waits for the step's metrics, so the dispatch runs while the device is
         still busy with the step. save_snapshot() then hands the copy on; if the step turns out
         non-finite, the run stops and the copy is simply dropped."""
@@ -279,11 +245,8 @@ class Checkpointer:
         # train steps' collectives in a different order on each process and deadlock, so
         # there the hand-off stays on the loop's thread (and takes the live state, before the
         # next step donates it).
-        if jax.process_count() == 1:
-            if self._snapshot_program is None:  # not prepared
-                self._choose_snapshot_program(items)
-            if self._snapshot_on_host or _room_for_snapshot(self._snapshot_bytes):
-                return Snapshot(*self._snapshot_program(items), copied=True)
+        if jax.process_count() == 1 and _room_for_snapshot(self._snapshot_bytes):
+            return Snapshot(*self._snapshot_program(items), copied=True)
         return Snapshot(items, None, copied=False)
 
     def save_snapshot(self, step: int, snapshot: 'Snapshot', trainer_state: dict):
