@@ -2,7 +2,7 @@
 # GPU speed, round five (BENCHMARKS.md), in ONE device call so that every figure is a ratio to the
 # peers measured beside it (llm.c + cuDNN, the plain JAX step; .peers/ as in gpu_round3.sh).
 # GPT-2 124M d12, bf16, batch 16 x 1024, no accumulation, llm.c's random shard, 110 steps.
-# usage: launch/gpu_round5.sh OUT_DIR [probe|probe2|final]
+# usage: launch/gpu_round5.sh OUT_DIR [probe|probe2|final|deterministic]
 #   probe: the real loop fast and deterministic, from this tree and from each variant tree named
 #          in VARIANTS (default .variant_split: a `git archive` of a branch, see BENCHMARKS.md);
 #          where a save's cost comes from (launch/save_cost_probe.py); the loop saving every 20
@@ -10,17 +10,19 @@
 #          of the first variant (the bench's, --json keeps every kernel); attention_bench.
 #   probe2: the loop deterministic from this tree and each variant, twice each (are the losses
 #          bitwise equal?); the save probe's pinned-host-memory modes; the peers.
+#   deterministic: the loop fast, deterministic twice (bitwise compared), and deterministic from
+#          each variant tree; no peers (the ratios are to the fast loop beside them).
 #   final: the figures of BENCHMARKS.md round five from this tree: the loop fast (twice),
 #          deterministic, saving every 20 steps into /dev/shm (also from each variant tree);
 #          the peers; the fast step's kernel profile; the seed experiment (bit-exact resume)
 #          in the deterministic mode; LLaMA-3 1B's bench (LLAMA=0 leaves it out).
 # OUT_DIR.tgz holds every file of the call.
 set -uo pipefail
-if [ $# -lt 1 ] || [ "$1" = "--help" ]; then sed -n '2,16p' "$0"; exit 2; fi
+if [ $# -lt 1 ] || [ "$1" = "--help" ]; then sed -n '2,20p' "$0"; exit 2; fi
 out=$(realpath -m "$1"); what=${2:-probe}; mkdir -p "$out"
 export JAX_COMPILATION_CACHE_DIR=/tmp/jaxtrain_xla_cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
-bash .peers/run_peers.sh build "$out/peers" > "$out/peers_build.txt" 2>&1 &
+bash .peers/run_peers.sh build "$out/peers" > "$out/peers_build.txt" 2>&1 &  # it also writes the data
 build=$!
 until [ -e "$out/peers/llmc_build.log" ] || ! kill -0 $build 2>/dev/null; do sleep 0.5; done
 M=(python -m jaxtrain.main --config=configs/gpt2.py:d12 --dtype bfloat16 --batch_size 16 --sequence_length 1024
@@ -66,6 +68,17 @@ if [ "$what" = probe ]; then
     find "$out/hlo_$kind" -type f ! -name '*after_optimizations.txt' -delete 2>/dev/null
   done
   timeout 90 python launch/attention_bench.py > "$out/attention.txt" 2>&1
+elif [ "$what" = deterministic ]; then
+  loop fast
+  loop deterministic --deterministic true
+  loop deterministic_again --deterministic true
+  for v in "${variants[@]}"; do TREE=$PWD/$v loop "deterministic_${v#.variant_}" --deterministic true; done
+  python - "$out/deterministic" "$out/deterministic_again" >> "$out/figures.txt" <<'PY'
+import json, sys
+losses = [[json.loads(l).get('loss') for l in open(f'{d}/metrics.jsonl') if '"loss"' in l] for d in sys.argv[1:]]
+print('deterministic twice:', 'bitwise equal' if losses[0] == losses[1] else 'DIFFERENT', len(losses[0]), 'losses')
+PY
+  echo peers > "$out/peers.txt"  # none in this plan: its ratios are to the fast loop beside them
 elif [ "$what" = probe2 ]; then
   loop fast
   loop deterministic --deterministic true

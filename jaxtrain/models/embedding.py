@@ -10,8 +10,9 @@ construction and cheap in either mode:
 
   1. a stable sort of the ids (the rows of each id become one contiguous segment, in
      token order),
-  2. a segmented inclusive scan of the gradient rows in that order, a fixed tree of adds
-     (jax.lax.associative_scan), so a segment's last row holds its sum,
+  2. the running sum of each segment in that order, in a fixed order of adds (blocks of
+     rows summed by a small 0/1 matmul, and a segmented scan across the blocks; see
+     _segment_sum_by_sort), so a segment's last row holds its sum,
   3. for every vocabulary row, a gather of its segment's last row (zero if absent).
 
 No op in it is a scatter, so the result is bitwise the same on every run and every
@@ -44,21 +45,57 @@ def _forward(table_VxC, ids):
     return _lookup_sorted_grad(table_VxC, ids), (ids, table_VxC[:, :0])
 
 
+# Rows per block of the sorted gradient (see _segment_sum_by_sort).
+SEGMENT_BLOCK = 64
+
+
 def _segment_sum_by_sort(rows_NxC, ids_N, num_segments: int):
-    """out[v] = sum of rows_NxC[i] over ids_N[i] == v, in fp32, deterministically."""
+    """out[v] = sum of rows_NxC[i] over ids_N[i] == v, in fp32, deterministically.
+
+    After a stable sort by id, the running sum of each id's rows is taken in blocks of
+    SEGMENT_BLOCK (S) rows: within a block, one small matmul with a 0/1 matrix (row j adds into
+    row i when j <= i and both hold the same id), at full fp32 precision; across blocks, a
+    segmented scan of the R = N/S block tails carries an id's sum from block to block. The
+    last row of each id's run then holds its sum. A plain segmented scan over all N rows
+    made log2(N) passes over the gradient; this makes about one.
+    """
+    C, S = rows_NxC.shape[-1], SEGMENT_BLOCK
     order_N = jnp.argsort(ids_N, stable=True)
     sorted_ids_N = ids_N[order_N]
     sorted_rows_NxC = rows_NxC[order_N].astype(jnp.float32)
-    starts_N = jnp.concatenate([jnp.ones((1,), bool), sorted_ids_N[1:] != sorted_ids_N[:-1]])
+    N = ids_N.shape[0]
+    pad = -N % S  # padding rows get an id past the vocabulary and zero rows: their own run
+    ids_RxS = jnp.concatenate([sorted_ids_N, jnp.full((pad,), num_segments, ids_N.dtype)]).reshape(-1, S)
+    rows_RxSxC = jnp.concatenate([sorted_rows_NxC, jnp.zeros((pad, C), jnp.float32)]).reshape(-1, S, C)
+
+    # Within each block: running sums of each id's rows (ids are sorted, so a run is contiguous).
+    lower_SxS = jnp.tril(jnp.ones((S, S), bool))
+    same_RxSxS = (ids_RxS[:, :, None] == ids_RxS[:, None, :]) & lower_SxS
+    running_RxSxC = jnp.einsum(
+        'rij,rjc->ric', same_RxSxS.astype(jnp.float32), rows_RxSxC, precision=jax.lax.Precision.HIGHEST
+    )
+
+    # Across blocks: block q hands on its last id's sum (its tail), plus what it was handed
+    # when the whole block is that id and the block before ended in it too.
+    tail_ids_R = ids_RxS[:, -1]
+    continues_R = jnp.concatenate([jnp.zeros((1,), bool), tail_ids_R[1:] == tail_ids_R[:-1]])
+    continues_R &= ids_RxS[:, 0] == tail_ids_R
 
     def combine(left, right):
-        left_start, left_sum = left
-        right_start, right_sum = right
-        # A segment start on the right cuts off everything on its left.
-        return left_start | right_start, jnp.where(right_start[:, None], right_sum, left_sum + right_sum)
+        left_continues, left_sum = left
+        right_continues, right_sum = right
+        return left_continues & right_continues, jnp.where(right_continues[:, None], left_sum + right_sum, right_sum)
 
-    _, running_NxC = jax.lax.associative_scan(combine, (starts_N, sorted_rows_NxC))
-    # The last row of id v's segment sits just before the first id greater than v.
+    _, handed_on_RxC = jax.lax.associative_scan(combine, (continues_R, running_RxSxC[:, -1]))
+    # What block r receives: the hand-on of block r-1 when it ended in r's first id.
+    received_RxC = jnp.where(
+        (tail_ids_R[:-1] == ids_RxS[1:, 0])[:, None], handed_on_RxC[:-1], 0.0
+    )
+    received_RxC = jnp.concatenate([jnp.zeros((1, C), jnp.float32), received_RxC])
+    first_run_RxS = ids_RxS == ids_RxS[:, :1]
+    running_NxC = (running_RxSxC + jnp.where(first_run_RxS[:, :, None], received_RxC[:, None], 0.0)).reshape(-1, C)
+
+    # The last row of id v's run sits just before the first id greater than v.
     ends_V = jnp.searchsorted(sorted_ids_N, jnp.arange(num_segments, dtype=ids_N.dtype), side='right')
     last_V = jnp.maximum(ends_V - 1, 0)
     present_V = (ends_V > 0) & (sorted_ids_N[last_V] == jnp.arange(num_segments, dtype=ids_N.dtype))

@@ -66,3 +66,20 @@ def test_scatter_and_sorted_gradients_agree_in_a_model():
         return jax.grad(loss)(params)['wte']['embedding'][...]
 
     np.testing.assert_allclose(wte_grad(True), wte_grad(False), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize('block', [1, 4, 64])
+def test_block_running_sums_carry_ids_across_blocks(monkeypatch, block):
+    # Long runs of a few ids cross many blocks (and whole blocks of one id); N is no multiple
+    # of the block. Each id's sum against NumPy's, for block sizes down to one row.
+    from jaxtrain.models import embedding
+
+    monkeypatch.setattr(embedding, 'SEGMENT_BLOCK', block)
+    rng = np.random.default_rng(block)
+    ids = np.repeat([2, 0, 4, 1], [3, 41, 1, 26])[rng.permutation(71)]
+    rows = rng.normal(size=(71, 3)).astype(np.float32)
+    expected = np.zeros((6, 3))
+    np.add.at(expected, ids, rows)
+    got = jax.jit(embedding._segment_sum_by_sort, static_argnums=2)(jnp.asarray(rows), jnp.asarray(ids), 6)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    assert not np.asarray(got)[[3, 5]].any()  # ids 3 and 5 never occur
