@@ -2,7 +2,7 @@
 # GPU speed, round five (BENCHMARKS.md), in ONE device call so that every figure is a ratio to the
 # peers measured beside it (llm.c + cuDNN, the plain JAX step; .peers/ as in gpu_round3.sh).
 # GPT-2 124M d12, bf16, batch 16 x 1024, no accumulation, llm.c's random shard, 110 steps.
-# usage: launch/gpu_round5.sh OUT_DIR [probe|probe2|final|deterministic]
+# usage: launch/gpu_round5.sh OUT_DIR [probe|probe2|final|deterministic|flags]
 #   probe: the real loop fast and deterministic, from this tree and from each variant tree named
 #          in VARIANTS (default .variant_split: a `git archive` of a branch, see BENCHMARKS.md);
 #          where a save's cost comes from (launch/save_cost_probe.py); the loop saving every 20
@@ -12,13 +12,15 @@
 #          bitwise equal?); the save probe's pinned-host-memory modes; the peers.
 #   deterministic: the loop fast, deterministic twice (bitwise compared), and deterministic from
 #          each variant tree; no peers (the ratios are to the fast loop beside them).
+#   flags: the seed experiment, then the loop fast, and again with each XLA_FLAGS value of
+#          XFLAGS (separated by ';'); no peers.
 #   final: the figures of BENCHMARKS.md round five from this tree: the loop fast (twice),
 #          deterministic, saving every 20 steps into /dev/shm (also from each variant tree);
 #          the peers; the fast step's kernel profile; the seed experiment (bit-exact resume)
 #          in the deterministic mode; LLaMA-3 1B's bench (LLAMA=0 leaves it out).
 # OUT_DIR.tgz holds every file of the call.
 set -uo pipefail
-if [ $# -lt 1 ] || [ "$1" = "--help" ]; then sed -n '2,20p' "$0"; exit 2; fi
+if [ $# -lt 1 ] || [ "$1" = "--help" ]; then sed -n '2,22p' "$0"; exit 2; fi
 out=$(realpath -m "$1"); what=${2:-probe}; mkdir -p "$out"
 export JAX_COMPILATION_CACHE_DIR=/tmp/jaxtrain_xla_cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
@@ -50,6 +52,14 @@ peers() {
   timeout 150 bash .peers/run_peers.sh run "$out/peers" 16 2>&1 | grep -v PyTorch > "$out/peers.txt"
   timeout 100 python .peers/plain_jax_step.py 16 >> "$out/peers.txt" 2>&1
 }
+seed_experiment() {
+  # Bit-exact resume in the deterministic GPU mode (unrolled, Pallas attention and loss):
+  # 100 steps saving every 20, a second run resumed from step 40 (BENCHMARKS.md, issue 4).
+  STEPS=100 timeout 200 launch/seed_experiment.sh /tmp/seed_pallas configs/gpt2.py:d12 --dtype bfloat16 \
+    --batch_size 8 --sequence_length 1024 --total_batch_size 8192 --scan_layers false \
+    > "$out/seed_pallas.txt" 2>&1
+  echo "seed experiment exit $?" >> "$out/seed_pallas.txt"
+}
 read -ra variants <<< "${VARIANTS:-.variant_split}"
 if [ "$what" = probe ]; then
   loop fast
@@ -78,6 +88,13 @@ import json, sys
 losses = [[json.loads(l).get('loss') for l in open(f'{d}/metrics.jsonl') if '"loss"' in l] for d in sys.argv[1:]]
 print('deterministic twice:', 'bitwise equal' if losses[0] == losses[1] else 'DIFFERENT', len(losses[0]), 'losses')
 PY
+  echo peers > "$out/peers.txt"  # none in this plan: its ratios are to the fast loop beside them
+elif [ "$what" = flags ]; then
+  seed_experiment
+  loop fast
+  IFS=';' read -ra flag_rows <<< "${XFLAGS:-}"
+  for i in "${!flag_rows[@]}"; do XLA_FLAGS="${flag_rows[$i]}" loop "fast_flags$i"; echo "fast_flags$i: ${flag_rows[$i]}" >> "$out/figures.txt"; done
+  loop fast_again
   echo peers > "$out/peers.txt"  # none in this plan: its ratios are to the fast loop beside them
 elif [ "$what" = probe2 ]; then
   loop fast
@@ -109,12 +126,7 @@ elif [ "$what" = final ]; then
   peers
   loop fast_again
   profile profile_fast
-  # Bit-exact resume in the deterministic GPU mode (unrolled, Pallas attention and loss):
-  # 100 steps saving every 20, a second run resumed from step 40 (BENCHMARKS.md, issue 4).
-  STEPS=100 timeout 200 launch/seed_experiment.sh /tmp/seed_pallas configs/gpt2.py:d12 --dtype bfloat16 \
-    --batch_size 8 --sequence_length 1024 --total_batch_size 8192 --scan_layers false \
-    > "$out/seed_pallas.txt" 2>&1
-  echo "seed experiment exit $?" >> "$out/seed_pallas.txt"
+  seed_experiment
   if [ "${LLAMA:-1}" != 0 ]; then
     L=(--config=configs/llama3.py:llama3.2-1b --config.dtype=bfloat16 --config.batch_size=4
        --config.sequence_length=2048 --config.total_batch_size=8192 --config.scan_layers=false --steps 10)
