@@ -11,7 +11,7 @@ Three kernels, measured on an H200 at GPT-2 124M, batch 16 x 1024 (BENCHMARKS.md
 - 'pallas': JAX's Triton flash attention (jax.experimental.pallas.ops.gpu.attention). Its
   backward writes dq, dk and dv block by block without atomics, so it is deterministic
   with no flag at all, and unrolled layers keep their speed: the deterministic step is
-  0.91x the fast one instead of 0.72x.
+  0.94x the fast one (BENCHMARKS.md round five) instead of 0.72x.
 - 'xla': plain softmax(QK^T)V, for CPU and fp32 (5x slower than cuDNN on GPU).
 """
 
