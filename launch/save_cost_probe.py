@@ -68,6 +68,15 @@ def _writer_process(connection, directory):
         connection.send('done')
 
 
+# snapshot()'s answer in the pinned_in_step modes: the next step copies its input out itself.
+COPY_IN_NEXT_STEP = object()
+
+
+def saved_items(state):
+    """The parts of the state a checkpoint with the optimizer holds."""
+    return {'params': state.params, 'opt_state': state.opt_state, 'rng': state.rng}
+
+
 def _to_pinned_host(tree):
     host = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind='pinned_host')
     return jax.tree.map(lambda a: jax.device_put(a, host), tree)
@@ -77,7 +86,7 @@ def make_step_and_copy(train_step):
     """train_step that also returns its input state's items in pinned host memory."""
 
     def step_and_copy(state, inputs, targets):
-        copy = _to_pinned_host(Saver._items(state))
+        copy = _to_pinned_host(saved_items(state))
         new_state, metrics = train_step.__wrapped__(state, inputs, targets)
         return new_state, metrics, copy
 
@@ -85,6 +94,10 @@ def make_step_and_copy(train_step):
 
 
 class Saver:
+    """One mode's save, split like the loop's: snapshot() where the loop dispatches a save's
+    copy (before it reads the step's loss), save() once the loss is read; the rest runs in
+    one background thread (or, write_process, a helper process)."""
+
     def __init__(self, mode, directory, state):
         self.mode, self.directory = mode, directory
         self.pinned_program = jax.jit(_to_pinned_host)
@@ -94,17 +107,13 @@ class Saver:
             self.checkpointer = manager.Checkpointer(directory, keep_latest=2, keep_every=0)
             self.checkpointer.prepare(state.params, state.opt_state, state.rng)
         if mode == 'write_process':
-            nbytes = sum(leaf.nbytes for leaf in jax.tree.leaves(self._items(state)))
+            nbytes = sum(leaf.nbytes for leaf in jax.tree.leaves(saved_items(state)))
             self.block = shared_memory.SharedMemory(create=True, size=nbytes)
             self.connection, child = multiprocessing.get_context('spawn').Pipe()
             self.process = multiprocessing.get_context('spawn').Process(
                 target=_writer_process, args=(child, directory), daemon=True
             )
             self.process.start()
-
-    @staticmethod
-    def _items(state):
-        return {'params': state.params, 'opt_state': state.opt_state, 'rng': state.rng}
 
     def snapshot(self, state):
         if self.mode == 'none':
@@ -114,10 +123,10 @@ class Saver:
         if self.mode == 'orbax':
             return self.checkpointer.snapshot(state.params, state.opt_state, state.rng)
         if self.mode == 'pinned_program':
-            return self.pinned_program(self._items(state)), None
+            return self.pinned_program(saved_items(state)), None
         if self.mode.startswith('pinned_in_step'):
-            return 'next step'
-        return manager._snapshot(self._items(state))
+            return COPY_IN_NEXT_STEP
+        return manager._snapshot(saved_items(state))
 
     def save(self, snapshot, step, record):
         if snapshot is None:
@@ -175,7 +184,7 @@ def run(subject, step_fn, step_and_copy, state, mode, steps, every):
         else:
             state, metrics = step_fn(state, x, y)
         snapshot = saver.snapshot(state) if i % every == 0 else None
-        copy_next = snapshot == 'next step'
+        copy_next = snapshot is COPY_IN_NEXT_STEP
         if copy_next:
             snapshot = None
         if previous is not None:
