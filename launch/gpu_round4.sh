@@ -16,27 +16,8 @@
 set -uo pipefail
 if [ $# -lt 1 ] || [ "$1" = "--help" ]; then sed -n '2,15p' "$0"; exit 2; fi
 out=$(realpath -m "$1"); what=${2:-kernels}; mkdir -p "$out"
-export JAX_COMPILATION_CACHE_DIR=/tmp/jaxtrain_xla_cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
-  JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
-bash .peers/run_peers.sh build "$out/peers" > "$out/peers_build.txt" 2>&1 &
-build=$!
-until [ -e "$out/peers/llmc_build.log" ] || ! kill -0 $build 2>/dev/null; do sleep 0.5; done
-M=(python -m jaxtrain.main --config=configs/gpt2.py:d12 --dtype bfloat16 --batch_size 16 --sequence_length 1024
-   --total_batch_size 16384 --scan_layers false --input_bin /tmp/peers_data/train.bin --sample_every 0
-   --deterministic false --num_iteration ${STEPS:-80})
-B=(python -m jaxtrain.bench --config=configs/gpt2.py:d12 --config.dtype=bfloat16 --config.batch_size=16
-   --config.sequence_length=1024 --config.total_batch_size=16384 --config.scan_layers=false)
-loop() {  # loop NAME [flags...]: one run of the real loop (from the tree TREE, default this one)
-  local name=$1 tree=${TREE:-$PWD} site=$PWD/.site; shift
-  (cd "$tree" && PYTHONPATH="$site:$tree" timeout 200 "${M[@]}" --metrics_dir "$out/$name" "$@") \
-    > "$out/$name.txt" 2>&1
-  echo "$name exit $? $(python launch/loop_figures.py "$out/$name/metrics.jsonl" 10 16384 2>&1)" >> "$out/figures.txt"
-}
-peers() {
-  wait $build
-  timeout 150 bash .peers/run_peers.sh run "$out/peers" 16 2>&1 | grep -v PyTorch > "$out/peers.txt"
-  timeout 100 python .peers/plain_jax_step.py 16 >> "$out/peers.txt" 2>&1
-}
+default_steps=80
+source launch/gpu_runs.sh  # M, B, intree, loop, profile, peers; starts llm.c's build
 if [ "$what" = kernels ]; then
   timeout 120 python launch/cross_entropy_bench.py > "$out/xent_kernel.txt" 2>&1
   loop fast_xla --cross_entropy xla
