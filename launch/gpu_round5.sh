@@ -20,7 +20,7 @@
 #          in the deterministic mode; LLaMA-3 1B's bench (LLAMA=0 leaves it out).
 # OUT_DIR.tgz holds every file of the call.
 set -uo pipefail
-if [ $# -lt 1 ] || [ "$1" = "--help" ]; then sed -n '2,21p' "$0"; exit 2; fi
+if [ $# -lt 1 ] || [ "$1" = "--help" ]; then awk 'NR > 1 && !/^#/ {exit} NR > 1' "$0"; exit 2; fi  # the header above
 out=$(realpath -m "$1"); what=${2:-probe}; mkdir -p "$out"
 default_steps=110
 source launch/gpu_runs.sh  # M, B, intree, loop, profile, peers; starts llm.c's build
