@@ -20,6 +20,10 @@ two modes' ms/step is what that piece costs the loop:
                   in pinned host memory, so the copy can overlap that step's compute; the
                   thread reads it as NumPy
   pinned_in_step_write  + the NumPy arrays written to /dev/shm in the thread
+  async_host    the snapshot, then copy_to_host_async() on each of its arrays at once on the
+                loop's thread (PJRT's own device-to-host stream, not the compute stream); the
+                thread only waits for the host copies (np.asarray)
+  async_host_write  + the host arrays written to /dev/shm in the thread
 
 Prints one line per mode: mean ms/step over the steps after the first save (the first save
 of a run is printed on its own), and that against `none`.
@@ -43,7 +47,7 @@ from jaxtrain.checkpoint import manager
 from jaxtrain.tools import bench_measure
 
 MODES = ('none', 'copy', 'device_get', 'write_thread', 'write_process', 'orbax', 'pinned_program', 'pinned_in_step',
-         'pinned_in_step_write')
+         'pinned_in_step_write', 'async_host', 'async_host_write')
 # The modes run (PROBE_MODES, comma-separated, picks others).
 RUN = tuple(os.environ.get('PROBE_MODES', ','.join(MODES)).split(','))
 # The subject: BENCHMARKS.md's GPT-2 geometry (a CPU smoke run sets these smaller).
@@ -126,7 +130,11 @@ class Saver:
             return self.pinned_program(saved_items(state)), None
         if self.mode.startswith('pinned_in_step'):
             return COPY_IN_NEXT_STEP
-        return manager._snapshot(saved_items(state))
+        copy, sums = manager._snapshot(saved_items(state))
+        if self.mode.startswith('async_host'):
+            for leaf in jax.tree.leaves(copy):  # queued behind the snapshot; returns at once
+                leaf.copy_to_host_async()
+        return copy, sums
 
     def save(self, snapshot, step, record):
         if snapshot is None:
@@ -145,6 +153,11 @@ class Saver:
             return
         np.asarray(sums)
         if self.mode == 'copy':
+            return
+        if self.mode.startswith('async_host'):
+            arrays = [np.asarray(leaf) for leaf in jax.tree.leaves(copy)]  # the copies queued in snapshot()
+            if self.mode == 'async_host_write':
+                _write_arrays(arrays, self.directory)
             return
         arrays = [np.asarray(leaf) for leaf in jax.device_get(jax.tree.leaves(copy))]
         if self.mode == 'write_thread':
