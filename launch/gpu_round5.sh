@@ -10,8 +10,9 @@
 #          of the first variant (the bench's, --json keeps every kernel); attention_bench.
 #   probe2: the loop deterministic from this tree and each variant, twice each (are the losses
 #          bitwise equal?); the save probe's pinned-host-memory modes; the peers.
-#   deterministic: the loop fast, deterministic twice (bitwise compared), and deterministic from
-#          each variant tree; no peers (the ratios are to the fast loop beside them).
+#   deterministic: launch/cudnn_deterministic_probe.py where it exists; the loop fast,
+#          deterministic twice (bitwise compared), and deterministic from each variant tree; no
+#          peers (the ratios are to the fast loop beside them).
 #   flags: the seed experiment, then the loop fast, and again with each XLA_FLAGS value of
 #          XFLAGS (separated by ';'); no peers.
 #   final: the figures of BENCHMARKS.md round five from this tree: the loop fast (twice),
@@ -51,6 +52,8 @@ if [ "$what" = probe ]; then
   done
   timeout 90 python launch/attention_bench.py > "$out/attention.txt" 2>&1
 elif [ "$what" = deterministic ]; then
+  [ -f launch/cudnn_deterministic_probe.py ] && PYTHONPATH="$site:$PWD" timeout 150 \
+    python launch/cudnn_deterministic_probe.py > "$out/cudnn_probe.txt" 2>&1
   loop fast
   loop deterministic --deterministic true
   loop deterministic_again --deterministic true
@@ -107,6 +110,6 @@ elif [ "$what" = final ]; then
 fi
 # Everything in one file, since a device call brings back only so many.
 tar czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"
-cat "$out/peers.txt" "$out/figures.txt" "$out/save_probe.txt" "$out/attention.txt" 2>/dev/null
+cat "$out/peers.txt" "$out/figures.txt" "$out/save_probe.txt" "$out/attention.txt" "$out/cudnn_probe.txt" 2>/dev/null
 tail -4 "$out/seed_pallas.txt" 2>/dev/null
 grep -h "kernels\|median\|MFU" "$out"/profile*.txt "$out"/bench*.txt 2>/dev/null | head -20

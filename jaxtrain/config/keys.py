@@ -57,8 +57,8 @@ KEYS = (
     (
         'attention',
         'auto',
-        'auto | xla | cudnn | pallas (auto: on GPU in bf16 cuDNN, or Pallas when deterministic and '
-        'unrolled; else XLA)',
+        'auto | xla | cudnn | pallas (auto: on GPU in bf16 cuDNN; in fp16 cuDNN, or Pallas when '
+        'deterministic and unrolled; else XLA)',
     ),
     (
         'cross_entropy',

@@ -5,9 +5,13 @@ Axis letters: B batch, T time, N query heads, K key/value heads, H head dim.
 Three kernels, measured on an H200 at GPT-2 124M, batch 16 x 1024 (BENCHMARKS.md):
 - 'cudnn': cuDNN flash attention, the fastest (4.5 ms of a 35 ms step). With
   `--xla_gpu_deterministic_ops` XLA makes its backward deterministic, but on jax 0.11.2 a
-  module holding more than one cuDNN attention call then fails at run time (IndexError
-  from an absl hash map), so deterministic cuDNN needs `lax.scan` over the layers, which
-  costs about 14 ms a step in extra copies.
+  module holding more than one *identical* cuDNN attention backward then fails at run time
+  (IndexError: map::at). The second call hits XLA's graph cache before the deterministic
+  setting is written into it, and its compiled graph is then looked up under a key that
+  was never stored (openxla/xla PR 46500 explains it). Unrolled layers therefore make their
+  calls distinct (distinct_calls): layer i's call gets the scale 2^-e_i / sqrt(H) and the
+  queries 2^e_i q, which gives the same bits, since scaling by a power of two is exact in
+  floating point. NOT MEASURED ON A GPU YET (launch/cudnn_deterministic_probe.py).
 - 'pallas': JAX's Triton flash attention (jax.experimental.pallas.ops.gpu.attention). Its
   backward writes dq, dk and dv block by block without atomics, so it is deterministic
   with no flag at all, and unrolled layers keep their speed: the deterministic step is
@@ -15,6 +19,8 @@ Three kernels, measured on an H200 at GPT-2 124M, batch 16 x 1024 (BENCHMARKS.md
 - 'xla': plain softmax(QK^T)V, for CPU and fp32 (5x slower than cuDNN on GPU).
 """
 
+import contextlib
+import contextvars
 import math
 import warnings
 
@@ -29,6 +35,37 @@ PALLAS_BLOCK = 64
 # H200 (launch/attention_bench.py, BENCHMARKS.md round four).
 PALLAS_BACKWARD_KV_BLOCK = 128
 
+# Which call of a step the attention being traced is (distinct_calls); None: the only one.
+_CALL_INDEX = contextvars.ContextVar('jaxtrain_attention_call', default=None)
+
+
+@contextlib.contextmanager
+def distinct_calls(index: int):
+    """While tracing unrolled layer `index`: its cuDNN attention call gets a scale of its own
+    (module docstring), so that no two calls of a step are identical."""
+    token = _CALL_INDEX.set(index)
+    try:
+        yield
+    finally:
+        _CALL_INDEX.reset(token)
+
+
+def power_of_two_exponent(index: int) -> int:
+    """e_i for call `index`: 0, 1, -1, 2, -2, ... (distinct, and small for any layer count)."""
+    return (index + 1) // 2 * (1 if index % 2 else -1)
+
+
+def scaled_queries(q_BxTxNxH, index):
+    """(2^e q, 2^-e / sqrt(H)) for call `index` (None: q and 1/sqrt(H)). The products q.k
+    are scaled by 2^e exactly and the scale takes it back exactly, so the attention and its
+    gradients are bitwise those of the plain call (bf16 has fp32's exponent range; fp16's
+    would overflow or go subnormal, so only bf16 takes this)."""
+    scale = 1 / math.sqrt(q_BxTxNxH.shape[-1])
+    if index is None:
+        return q_BxTxNxH, scale
+    e = power_of_two_exponent(index)
+    return q_BxTxNxH * jnp.asarray(2.0**e, q_BxTxNxH.dtype), scale * 2.0**-e
+
 
 def resolve_attention(
     requested: str,
@@ -42,7 +79,7 @@ def resolve_attention(
     """Picks the attention kernel for `requested` in IMPLEMENTATIONS.
 
     The flash kernels exist only on NVIDIA GPUs and only for bf16/fp16. 'auto' takes
-    cuDNN there, except deterministic runs with unrolled layers, which take Pallas (see
+    cuDNN there, except deterministic fp16 runs with unrolled layers, which take Pallas (see
     the module docstring); XLA's reference attention everywhere else (CPU, fp32).
 
     The Pallas kernel is one device's: XLA cannot split its call over a mesh and would
@@ -55,8 +92,8 @@ def resolve_attention(
     if requested == 'auto':
         if not (on_gpu and half):
             return 'xla'
-        if deterministic and not scan_layers:
-            requested = 'pallas'  # checked below like an explicit choice
+        if deterministic and not scan_layers and jnp.dtype(compute_dtype) != jnp.dtype(jnp.bfloat16):
+            requested = 'pallas'  # fp16 cannot take distinct_calls' scaling; checked below
         else:
             return 'cudnn'
     if requested in ('cudnn', 'pallas') and not (on_gpu and half):
@@ -64,10 +101,10 @@ def resolve_attention(
             f'attention: {requested} needs a GPU and dtype bfloat16; found backend '
             f"{jax.default_backend()!r} and dtype {jnp.dtype(compute_dtype).name}. Use attention='xla'."
         )
-    if requested == 'cudnn' and deterministic and not scan_layers:
+    if requested == 'cudnn' and deterministic and not scan_layers and jnp.dtype(compute_dtype) != jnp.dtype(jnp.bfloat16):
         raise ValueError(
-            'attention: cudnn with deterministic kernels needs scan_layers=true (jax 0.11.2 fails on '
-            'more than one deterministic cuDNN attention call in a step); found scan_layers=false. '
+            'attention: cudnn with deterministic kernels and unrolled layers needs dtype bfloat16 (its '
+            f'calls are made distinct by power-of-two scaling); found {jnp.dtype(compute_dtype).name}. '
             "Use attention='auto' or 'pallas', or --scan_layers true."
         )
     if requested == 'pallas' and num_devices > 1:
@@ -125,6 +162,8 @@ def causal_attention(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, implementation: str):
         k_BxTxNxH = jnp.repeat(k_BxTxKxH, group, axis=2)
         v_BxTxNxH = jnp.repeat(v_BxTxKxH, group, axis=2)
         return _pallas_attention(q_BxTxNxH, k_BxTxNxH, v_BxTxNxH)
+    index = _CALL_INDEX.get() if implementation == 'cudnn' and q_BxTxNxH.dtype == jnp.bfloat16 else None
+    q_BxTxNxH, scale = scaled_queries(q_BxTxNxH, index)
     return jax.nn.dot_product_attention(
-        q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, is_causal=True, implementation=implementation
+        q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, scale=scale, is_causal=True, implementation=implementation
     )

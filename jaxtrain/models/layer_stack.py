@@ -8,6 +8,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxtrain.models import attention
+
 
 def stack_blocks(num_layers: int, make_block, rngs: nnx.Rngs) -> nnx.Module:
     """num_layers blocks from make_block(rngs), as one module whose parameters carry a
@@ -45,5 +47,6 @@ def apply_blocks(stacked_blocks: nnx.Module, x_BxTxC, *extra, scan: bool = True)
     per_leaf = jax.tree.map(lambda p: jnp.split(p, num_layers, axis=0), block_params)
     for layer in range(num_layers):
         layer_params = jax.tree.map(lambda parts: parts[layer][0], per_leaf, is_leaf=lambda t: isinstance(t, list))
-        x_BxTxC = nnx.merge(block_def, layer_params)(x_BxTxC, *extra)
+        with attention.distinct_calls(layer):  # deterministic cuDNN needs distinct calls
+            x_BxTxC = nnx.merge(block_def, layer_params)(x_BxTxC, *extra)
     return x_BxTxC

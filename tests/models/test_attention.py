@@ -39,7 +39,7 @@ def test_pallas_kernel_matches_reference_forward_and_backward(T, N, K):
         ('auto', False, True, 'cudnn'),
         ('auto', False, False, 'cudnn'),
         ('auto', True, True, 'cudnn'),  # one deterministic cuDNN call inside the scan works
-        ('auto', True, False, 'pallas'),  # unrolled deterministic cuDNN fails on jax 0.11.2
+        ('auto', True, False, 'cudnn'),  # unrolled: its calls made distinct (distinct_calls)
         ('pallas', False, True, 'pallas'),
         ('xla', True, False, 'xla'),
     ],
@@ -60,17 +60,66 @@ def test_cpu_and_fp32_take_xla_and_refuse_flash_kernels(monkeypatch):
 
 def test_unusable_combinations_are_refused_with_the_way_out(monkeypatch):
     monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
-    with pytest.raises(ValueError, match='scan_layers=true'):
-        resolve_attention('cudnn', jnp.bfloat16, deterministic=True, scan_layers=False)
+    # Deterministic fp16 with unrolled layers: Pallas for 'auto'; cuDNN refused (fp16's range
+    # cannot take distinct_calls' power-of-two scaling).
+    assert resolve_attention('auto', jnp.float16, deterministic=True, scan_layers=False) == 'pallas'
+    with pytest.raises(ValueError, match='needs dtype bfloat16.*found float16'):
+        resolve_attention('cudnn', jnp.float16, deterministic=True, scan_layers=False)
+    assert resolve_attention('cudnn', jnp.bfloat16, deterministic=True, scan_layers=False) == 'cudnn'
     with pytest.raises(ValueError, match='multiple of it; found 1000'):
         resolve_attention('pallas', jnp.bfloat16, seq_len=1000)
     assert resolve_attention('pallas', jnp.bfloat16, seq_len=1024) == 'pallas'
     # XLA cannot split the Pallas call over a mesh: more than one device is refused, 'auto' too.
     with pytest.raises(ValueError, match='pallas runs on one device only; found 2.*--scan_layers true'):
-        resolve_attention('auto', jnp.bfloat16, deterministic=True, scan_layers=False, num_devices=2)
+        resolve_attention('auto', jnp.float16, deterministic=True, scan_layers=False, num_devices=2)
     assert (
         resolve_attention('auto', jnp.bfloat16, deterministic=True, scan_layers=True, num_devices=2)
         == 'cudnn'
     )
     with pytest.raises(ValueError, match="expected one of auto, xla, cudnn, pallas; found 'flash'"):
         resolve_attention('flash', jnp.bfloat16)
+
+
+@pytest.mark.parametrize('index', [None, 0, 1, 2, 5, 30])
+def test_power_of_two_scaled_queries_give_the_same_bits(index):
+    # What makes unrolled deterministic cuDNN calls distinct must not change a bit of the
+    # attention or its gradients; checked with XLA's attention, whose arithmetic is plain.
+    from jaxtrain.models.attention import scaled_queries
+
+    keys = jax.random.split(jax.random.key(3), 4)
+    q, k, v, do = (jax.random.normal(key, (2, 16, 2, 8), jnp.bfloat16) * 3 for key in keys)
+
+    def attend(q, k, v, index):
+        q, scale = scaled_queries(q, index)
+        return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True, implementation='xla')
+
+    def forward_and_grads(index):
+        loss = lambda q, k, v: jnp.sum(attend(q, k, v, index).astype(jnp.float32) * do)
+        return attend(q, k, v, index), jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+    plain = forward_and_grads(None)
+    scaled = forward_and_grads(index)
+    for got, want in zip(jax.tree.leaves(scaled), jax.tree.leaves(plain)):
+        np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+
+
+def test_unrolled_layers_trace_distinct_cudnn_scales(monkeypatch):
+    # Each unrolled layer's cuDNN call must differ (XLA's graph cache): the scales traced.
+    from flax import nnx
+
+    from jaxtrain.models import attention as attention_module
+    from jaxtrain.models.gpt2 import GPT2, GPT2Config
+
+    seen = []
+    real = jax.nn.dot_product_attention
+
+    def recording(q, k, v, *, scale, is_causal, implementation):
+        seen.append(scale)
+        return real(q, k, v, scale=scale, is_causal=is_causal, implementation='xla')
+
+    monkeypatch.setattr(attention_module.jax.nn, 'dot_product_attention', recording)
+    config = GPT2Config(max_seq_len=8, vocab_size=30, padded_vocab_size=32, num_layers=4, num_heads=2, channels=8)
+    model = GPT2(config, dtype=jnp.bfloat16, attention='cudnn', scan_layers=False, rngs=nnx.Rngs(0))
+    model(jnp.zeros((1, 8), jnp.int32))
+    H = 4
+    assert seen == [2.0**-e / np.sqrt(H) for e in (0, 1, -1, 2)]
