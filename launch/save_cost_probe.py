@@ -24,6 +24,11 @@ two modes' ms/step is what that piece costs the loop:
                 loop's thread (PJRT's own device-to-host stream, not the compute stream); the
                 thread only waits for the host copies (np.asarray)
   async_host_write  + the host arrays written to /dev/shm in the thread
+  pinned_direct the snapshot, then jax.device_put of its arrays into pinned host memory outside
+                any program (a PJRT buffer copy, not a program on the compute stream), at once
+                on the loop's thread; the thread reads them as NumPy
+  pinned_direct_later  the same device_put, issued by the thread once the snapshot is done
+  pinned_direct_write  pinned_direct + the NumPy arrays written to /dev/shm in the thread
 
 Prints one line per mode: mean ms/step over the steps after the first save (the first save
 of a run is printed on its own), and that against `none`.
@@ -47,7 +52,8 @@ from jaxtrain.checkpoint import manager
 from jaxtrain.tools import bench_measure
 
 MODES = ('none', 'copy', 'device_get', 'write_thread', 'write_process', 'orbax', 'pinned_program', 'pinned_in_step',
-         'pinned_in_step_write', 'async_host', 'async_host_write')
+         'pinned_in_step_write', 'async_host', 'async_host_write', 'pinned_direct', 'pinned_direct_later',
+         'pinned_direct_write')
 # The modes run (PROBE_MODES, comma-separated, picks others).
 RUN = tuple(os.environ.get('PROBE_MODES', ','.join(MODES)).split(','))
 # The subject: BENCHMARKS.md's GPT-2 geometry (a CPU smoke run sets these smaller).
@@ -134,6 +140,8 @@ class Saver:
         if self.mode.startswith('async_host'):
             for leaf in jax.tree.leaves(copy):  # queued behind the snapshot; returns at once
                 leaf.copy_to_host_async()
+        if self.mode in ('pinned_direct', 'pinned_direct_write'):
+            copy = _to_pinned_host(copy)  # outside jit: PJRT's copy between memory spaces
         return copy, sums
 
     def save(self, snapshot, step, record):
@@ -146,6 +154,9 @@ class Saver:
         self.pending = self.thread.submit(self._background, copy, sums)
 
     def _background(self, copy, sums):
+        if self.mode == 'pinned_direct_later':
+            np.asarray(sums)  # the snapshot is done: its copy has something to read
+            copy = _to_pinned_host(copy)
         if self.mode.startswith('pinned'):
             arrays = [np.asarray(leaf) for leaf in jax.tree.leaves(copy)]
             if self.mode == 'pinned_in_step_write':

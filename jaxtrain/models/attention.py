@@ -11,11 +11,13 @@ Three kernels, measured on an H200 at GPT-2 124M, batch 16 x 1024 (BENCHMARKS.md
   was never stored (openxla/xla PR 46500 explains it). Unrolled layers therefore make their
   calls distinct (distinct_calls): layer i's call gets the scale 2^-e_i / sqrt(H) and the
   queries 2^e_i q, which gives the same bits, since scaling by a power of two is exact in
-  floating point. NOT MEASURED ON A GPU YET (launch/cudnn_deterministic_probe.py).
+  floating point. Measured on jax 0.11.2 (BENCHMARKS.md round six): identical calls fail,
+  distinct ones run bitwise equal twice, and the deterministic step is 0.98x the fast one.
 - 'pallas': JAX's Triton flash attention (jax.experimental.pallas.ops.gpu.attention). Its
   backward writes dq, dk and dv block by block without atomics, so it is deterministic
-  with no flag at all, and unrolled layers keep their speed: the deterministic step is
-  0.94x the fast one (BENCHMARKS.md round five) instead of 0.72x.
+  with no flag at all. It is what deterministic fp16 runs with unrolled layers take (the
+  power-of-two scaling would overflow fp16); in bf16 it made the deterministic step 0.94x
+  the fast one (round five), against cuDNN's 0.98x.
 - 'xla': plain softmax(QK^T)V, for CPU and fp32 (5x slower than cuDNN on GPU).
 """
 

@@ -28,8 +28,9 @@ def apply_blocks(stacked_blocks: nnx.Module, x_BxTxC, *extra, scan: bool = True)
 
     scan=True compiles one block and loops: fast compile, but XLA copies every saved
     activation into the stacked loop buffers (about 14 ms of a 49 ms GPT-2 124M step on an
-    H200). scan=False unrolls the L layers: longer compile, faster steps, and the only way
-    to more than one deterministic flash-attention call (Pallas; see attention.py).
+    H200). scan=False unrolls the L layers: longer compile, faster steps; each layer's
+    attention call is made distinct (attention.distinct_calls), which deterministic cuDNN
+    attention needs on jax 0.11.2.
     """
     block_def, block_params = nnx.split(stacked_blocks)
     if scan:

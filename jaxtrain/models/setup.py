@@ -30,6 +30,7 @@ class ModelSetup:
     llmc_file: str = ''
     lora: object = None  # lora.LoRASpec when lora_rank > 0 (graphdef then holds the adapters)
     lora_params: dict | None = None  # the adapters' pure dict (lora.py); params stay the frozen base
+    attention: str = ''  # the kernel resolve_attention picked, for the start-up log
 
 
 def _config_from_header(config_cls, header):
@@ -109,6 +110,7 @@ def setup_model(config) -> ModelSetup:
             params,
             f'llm.c file {config.llmc_filepath}',
             config.llmc_filepath,
+            attention=attention,
         )
         return attach_lora(config, setup, model_cls, options)
 
@@ -126,5 +128,6 @@ def setup_model(config) -> ModelSetup:
         nnx.Param,
     )
     params = nnx.to_pure_dict(init())
-    setup = ModelSetup(config.model_family, model_config, graphdef, params, f'random init (seed {config.seed})')
+    source = f'random init (seed {config.seed})'
+    setup = ModelSetup(config.model_family, model_config, graphdef, params, source, attention=attention)
     return attach_lora(config, setup, model_cls, options)

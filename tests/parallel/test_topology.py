@@ -64,6 +64,7 @@ def assert_continues(losses, reference, steps):
 def test_the_saving_topology_is_recorded(uninterrupted):
     root, _, out = uninterrupted
     assert 'mesh data 2 × fsdp 4 × tensor 1' in out and 'DP 8 (data x fsdp) x accumulation 1' in out
+    assert '| attention xla | cross-entropy' in out  # the kernels picked, in the banner (CPU: XLA's)
     topology = ckpt_record.read_trainer_state(root / 'checkpoint_step_000003')['topology']
     assert topology == {
         'platform': 'cpu',
