@@ -13,6 +13,9 @@
 #   deterministic: launch/cudnn_deterministic_probe.py where it exists; the loop fast,
 #          deterministic twice (bitwise compared), and deterministic from each variant tree; no
 #          peers (the ratios are to the fast loop beside them).
+#   probe3 (round six): the loop fast from this tree, from each variant tree, and with each
+#          XLA_FLAGS value of XFLAGS (';'-separated); the save probe's modes PROBE_MODES; no peers
+#          (the ratios are to the fast loop beside them).
 #   flags: the seed experiment, then the loop fast, and again with each XLA_FLAGS value of
 #          XFLAGS (separated by ';'); no peers.
 #   final: the figures of BENCHMARKS.md round five from this tree: the loop fast (twice),
@@ -63,6 +66,15 @@ import json, sys
 losses = [[json.loads(l).get('loss') for l in open(f'{d}/metrics.jsonl') if '"loss"' in l] for d in sys.argv[1:]]
 print('deterministic twice:', 'bitwise equal' if losses[0] == losses[1] else 'DIFFERENT', len(losses[0]), 'losses')
 PY
+  echo peers > "$out/peers.txt"  # none in this plan: its ratios are to the fast loop beside them
+elif [ "$what" = probe3 ]; then
+  loop fast
+  for v in "${variants[@]}"; do TREE=$PWD/$v loop "fast_${v#.variant_}"; done
+  IFS=';' read -ra flag_rows <<< "${XFLAGS:-}"
+  for i in "${!flag_rows[@]}"; do XLA_FLAGS="${flag_rows[$i]}" loop "fast_flags$i"; echo "fast_flags$i: ${flag_rows[$i]}" >> "$out/figures.txt"; done
+  PYTHONPATH="$site:$PWD" timeout 150 python launch/save_cost_probe.py 100 20 > "$out/save_probe.txt" 2>&1
+  for v in "${variants[@]}"; do TREE=$PWD/$v loop "fast_${v#.variant_}_again"; done
+  loop fast_again
   echo peers > "$out/peers.txt"  # none in this plan: its ratios are to the fast loop beside them
 elif [ "$what" = flags ]; then
   seed_experiment
