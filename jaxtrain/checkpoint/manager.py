@@ -96,27 +96,6 @@ def _snapshot(tree):
     return copy, _stacked_sums(copy)
 
 
-def _pinned_host_supported(tree) -> bool:
-    """Whether every device the tree's arrays live on can address pinned host memory (GPUs
-    and the CPU backend can)."""
-    devices = {d for leaf in jax.tree.leaves(tree) for d in leaf.sharding.device_set}
-    return all('pinned_host' in {m.kind for m in d.addressable_memories()} for d in devices)
-
-
-def _to_pinned_host(tree):
-    """The tree's arrays copied into pinned host memory (the same shardings), by PJRT's copy
-    between memory spaces: jax.device_put outside any program, so the copy runs on the
-    device's transfer stream beside the training steps' compute.
-
-    On an H200 this is what lets a save's 1.37 GB device-to-host copy (GPT-2 124M with AdamW)
-    overlap training: the loop saving every 20 steps kept 0.996x of its throughput, against
-    0.961x for Orbax's own copy of the device snapshot, and 0.970x when the same device_put
-    was issued before the snapshot had run (launch/save_cost_probe.py, BENCHMARKS.md round
-    six). The same copy made by a jitted program ran on the compute stream (0.962x, round
-    five), and copy_to_host_async into unpinned memory at ~1.7 GB/s (0.454x)."""
-    return jax.tree.map(lambda a: jax.device_put(a, a.sharding.with_memory_kind('pinned_host')), tree)
-
-
 def _items(params, opt_state, rng) -> dict:
     """The state's parts that a checkpoint holds (opt_state None: left out)."""
     items = {'params': params, 'rng': jnp.asarray(rng)}
@@ -157,9 +136,9 @@ class Checkpointer:
 
     save() returns without waiting for the device: it copies the state on the device (the
     next step donates the original), dispatches the checksums, and hands both to one
-    background thread. Once the copy is done (its checksums are read), the thread copies it
-    into pinned host memory (_to_pinned_host: a transfer that overlaps the training steps)
-    and gives that to Orbax, whose write continues in its own background. Where the
+    background thread, which gives them to Orbax. Orbax's own part that blocks its caller
+    (the device-to-host copy, 80-100 ms for GPT-2 124M with AdamW on an H200) thus runs
+    beside training, and its write continues in Orbax's background as before. Where the
     device has no room for the copy, or the run has several processes, save() does the
     hand-off itself (`blocking_saves` counts these). Failures of either stage surface at
     the next save(), wait() or close().
@@ -276,7 +255,7 @@ class Checkpointer:
         self._writing = step  # from here on, an abort names this step as lost until it commits
         if snapshot.copied:
             self._pending = self._handoff.submit(
-                self._hand_to_orbax, step, snapshot.items, snapshot.sums_Nx2, trainer_state, to_host=True
+                self._hand_to_orbax, step, snapshot.items, snapshot.sums_Nx2, trainer_state
             )
         else:
             self.blocking_saves += 1
@@ -294,15 +273,9 @@ class Checkpointer:
                 f'from it with --resume_from {step_dir}.'
             )
 
-    def _hand_to_orbax(self, step: int, items: dict, sums_Nx2, trainer_state: dict, to_host: bool = False):
-        """to_host (a snapshot, in the hand-off thread): the items go to pinned host memory
-        first, once the snapshot is done (reading the checksums waits for it). Issued earlier,
-        on the loop's thread, the same transfer cost 0.970x of the throughput against 0.996x;
-        the loop's read of each step's loss likely queued behind it."""
+    def _hand_to_orbax(self, step: int, items: dict, sums_Nx2, trainer_state: dict):
         self._refuse_existing(step)
         sums_tree = jax.tree.unflatten(jax.tree.structure(items), list(np.asarray(sums_Nx2)))
-        if to_host and _pinned_host_supported(items):
-            items = _to_pinned_host(items)
         del sums_tree['rng']  # recorded as its words, not checksummed
         items = dict(items)
         rng = items.pop('rng')
