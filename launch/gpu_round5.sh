@@ -16,6 +16,8 @@
 #   probe3 (round six): the loop fast from this tree, from each variant tree, and with each
 #          XLA_FLAGS value of XFLAGS (';'-separated); the save probe's modes PROBE_MODES; no peers
 #          (the ratios are to the fast loop beside them).
+#   saves (round six): the loop fast, then saving every 20 steps into /dev/shm from this tree and
+#          from each variant tree, twice each; no peers.
 #   flags: the seed experiment, then the loop fast, and again with each XLA_FLAGS value of
 #          XFLAGS (separated by ';'); no peers.
 #   final: the figures of BENCHMARKS.md round five from this tree: the loop fast (twice),
@@ -75,6 +77,16 @@ elif [ "$what" = probe3 ]; then
   PYTHONPATH="$site:$PWD" timeout 150 python launch/save_cost_probe.py 100 20 > "$out/save_probe.txt" 2>&1
   for v in "${variants[@]}"; do TREE=$PWD/$v loop "fast_${v#.variant_}_again"; done
   loop fast_again
+  echo peers > "$out/peers.txt"  # none in this plan: its ratios are to the fast loop beside them
+elif [ "$what" = saves ]; then
+  loop fast
+  for again in "" _again; do
+    loop "save20_shm$again" --checkpoint_dir /dev/shm/ck20 --save_steps 20 --max_checkpoint_keep 2; rm -rf /dev/shm/ck20
+    for v in "${variants[@]}"; do
+      TREE=$PWD/$v loop "save20_shm_${v#.variant_}$again" --checkpoint_dir /dev/shm/ck20 --save_steps 20 \
+        --max_checkpoint_keep 2; rm -rf /dev/shm/ck20
+    done
+  done
   echo peers > "$out/peers.txt"  # none in this plan: its ratios are to the fast loop beside them
 elif [ "$what" = flags ]; then
   seed_experiment
