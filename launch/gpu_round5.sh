@@ -18,6 +18,8 @@
 #          (the ratios are to the fast loop beside them).
 #   saves (round six): the loop fast, then saving every 20 steps into /dev/shm from this tree and
 #          from each variant tree, twice each; no peers.
+#   check (round six): the loop fast, deterministic, the peers, fast again; LLaMA-3 1B's bench
+#          from this tree and from each variant tree.
 #   flags: the seed experiment, then the loop fast, and again with each XLA_FLAGS value of
 #          XFLAGS (separated by ';'); no peers.
 #   final: the figures of BENCHMARKS.md round five from this tree: the loop fast (twice),
@@ -88,6 +90,11 @@ elif [ "$what" = saves ]; then
     done
   done
   echo peers > "$out/peers.txt"  # none in this plan: its ratios are to the fast loop beside them
+elif [ "$what" = check ]; then
+  loop fast
+  loop deterministic --deterministic true
+  peers
+  loop fast_again
 elif [ "$what" = flags ]; then
   seed_experiment
   loop fast
@@ -126,10 +133,17 @@ elif [ "$what" = final ]; then
   loop fast_again
   profile profile_fast
   seed_experiment
+fi
+if [ "$what" = final ] || [ "$what" = check ]; then
   if [ "${LLAMA:-1}" != 0 ]; then
     L=(--config=configs/llama3.py:llama3.2-1b --config.dtype=bfloat16 --config.batch_size=4
        --config.sequence_length=2048 --config.total_batch_size=8192 --config.scan_layers=false --steps 10)
     timeout 150 python -m jaxtrain.bench "${L[@]}" > "$out/bench_llama.txt" 2>&1
+    if [ "$what" = check ]; then  # and from each variant tree, beside it
+      for v in "${variants[@]}"; do
+        intree "$PWD/$v" timeout 150 python -m jaxtrain.bench "${L[@]}" > "$out/bench_llama_${v#.variant_}.txt" 2>&1
+      done
+    fi
   fi
 fi
 # Everything in one file, since a device call brings back only so many.

@@ -8,10 +8,10 @@ Three kernels, measured on an H200 at GPT-2 124M, batch 16 x 1024 (BENCHMARKS.md
   module holding more than one *identical* cuDNN attention backward then fails at run time
   (IndexError: map::at). The second call hits XLA's graph cache before the deterministic
   setting is written into it, and its compiled graph is then looked up under a key that
-  was never stored (openxla/xla PR 46500 explains it). Unrolled layers therefore make their
-  calls distinct (distinct_calls): layer i's call gets the scale 2^-e_i / sqrt(H) and the
-  queries 2^e_i q, which gives the same bits, since scaling by a power of two is exact in
-  floating point. Measured on jax 0.11.2 (BENCHMARKS.md round six): identical calls fail,
+  was never stored (openxla/xla PR 46500 explains it). Deterministic unrolled layers
+  therefore make their calls distinct (distinct_calls): layer i's call gets the scale
+  2^-e_i / sqrt(H) and the queries 2^e_i q, which gives the same bits, since scaling by a
+  power of two is exact in floating point. Measured on jax 0.11.2 (BENCHMARKS.md round six): identical calls fail,
   distinct ones run bitwise equal twice, and the deterministic step is 0.98x the fast one.
 - 'pallas': JAX's Triton flash attention (jax.experimental.pallas.ops.gpu.attention). Its
   backward writes dq, dk and dv block by block without atomics, so it is deterministic
@@ -42,9 +42,10 @@ _CALL_INDEX = contextvars.ContextVar('jaxtrain_attention_call', default=None)
 
 
 @contextlib.contextmanager
-def distinct_calls(index: int):
+def distinct_calls(index: int | None):
     """While tracing unrolled layer `index`: its cuDNN attention call gets a scale of its own
-    (module docstring), so that no two calls of a step are identical."""
+    (module docstring), so that no two calls of a step are identical. None: the plain call
+    (fast runs, which need no distinct calls and skip the queries' scaling)."""
     token = _CALL_INDEX.set(index)
     try:
         yield

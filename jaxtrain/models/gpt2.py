@@ -170,7 +170,7 @@ class GPT2(nnx.Module):
         # are a slice, whose gradient is a plain sum over the batch.
         x_BxTxC = embedding_lookup(self.wte.embedding[...], tokens_BxT, self.deterministic).astype(self.dtype)
         x_BxTxC = x_BxTxC + self.wpe.embedding[:T].astype(self.dtype)[None]
-        x_BxTxC = apply_blocks(self.h, x_BxTxC, scan=self.scan_layers)
+        x_BxTxC = apply_blocks(self.h, x_BxTxC, scan=self.scan_layers, distinct_attention=self.deterministic)
         return self.ln_f(x_BxTxC).astype(self.dtype)
 
     def head_weight(self):

@@ -237,7 +237,9 @@ class LLaMA3(nnx.Module):
 
         # Not nnx.Embed's gather: see embedding.py for the deterministic gradient.
         x_BxTxC = embedding_lookup(self.wte.embedding[...], tokens_BxT, self.deterministic).astype(self.dtype)
-        x_BxTxC = apply_blocks(self.h, x_BxTxC, cos_TxH2, sin_TxH2, scan=self.scan_layers)
+        x_BxTxC = apply_blocks(
+            self.h, x_BxTxC, cos_TxH2, sin_TxH2, scan=self.scan_layers, distinct_attention=self.deterministic
+        )
         return self.ln_f(x_BxTxC).astype(self.dtype)
 
     def head_weight(self):

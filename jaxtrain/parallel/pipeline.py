@@ -135,7 +135,9 @@ def make_pipeline_loss(graphdef: nnx.GraphDef, vocab_size: int, mesh: Mesh, virt
         # stage keeps one (B, T, C) input per tick instead of every layer's activations of
         # all M microbatches (GPipe's memory), for one more forward pass of the blocks.
         remat_chunk = jax.checkpoint(
-            lambda params, x_BxTxC: run_chunk(block_def, params, x_BxTxC, extra, model.scan_layers)
+            lambda params, x_BxTxC: run_chunk(
+                block_def, params, x_BxTxC, extra, model.scan_layers, distinct_attention=model.deterministic
+            )
         )
 
         def tick(carry, t):

@@ -34,9 +34,10 @@ def embed(model, tokens_BxT):
     return x_BxTxC, extra
 
 
-def run_chunk(block_def, chunk_params: dict, x_BxTxC, extra, scan: bool):
+def run_chunk(block_def, chunk_params: dict, x_BxTxC, extra, scan: bool, distinct_attention: bool = False):
     """The stacked blocks of one chunk (parameters with a leading axis of its layers), in order."""
-    return apply_blocks(nnx.merge(block_def, nnx.State(chunk_params)), x_BxTxC, *extra, scan=scan)
+    block = nnx.merge(block_def, nnx.State(chunk_params))
+    return apply_blocks(block, x_BxTxC, *extra, scan=scan, distinct_attention=distinct_attention)
 
 
 def finish(model, x_BxTxC):
