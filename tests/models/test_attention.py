@@ -103,14 +103,16 @@ def test_power_of_two_scaled_queries_give_the_same_bits(index):
         np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
 
 
+@pytest.mark.parametrize('family', ['gpt2', 'llama3'])
 @pytest.mark.parametrize('deterministic', [True, False])
-def test_unrolled_layers_trace_distinct_cudnn_scales(monkeypatch, deterministic):
+def test_unrolled_layers_trace_distinct_cudnn_scales(monkeypatch, deterministic, family):
     # Each unrolled layer's deterministic cuDNN call must differ (XLA's graph cache): the
     # scales traced. Fast runs keep the plain scale (the scaling costs time).
     from flax import nnx
 
     from jaxtrain.models import attention as attention_module
     from jaxtrain.models.gpt2 import GPT2, GPT2Config
+    from jaxtrain.models.llama3 import LLaMA3, LLaMA3Config
 
     seen = []
     real = jax.nn.dot_product_attention
@@ -120,8 +122,15 @@ def test_unrolled_layers_trace_distinct_cudnn_scales(monkeypatch, deterministic)
         return real(q, k, v, scale=scale, is_causal=is_causal, implementation='xla')
 
     monkeypatch.setattr(attention_module.jax.nn, 'dot_product_attention', recording)
-    config = GPT2Config(max_seq_len=8, vocab_size=30, padded_vocab_size=32, num_layers=4, num_heads=2, channels=8)
-    model = GPT2(
+    if family == 'gpt2':
+        config = GPT2Config(max_seq_len=8, vocab_size=30, padded_vocab_size=32, num_layers=4, num_heads=2, channels=8)
+        cls = GPT2
+    else:  # grouped queries: 4 query heads over 2 key/value heads
+        config = LLaMA3Config(
+            max_seq_len=8, vocab_size=30, num_layers=4, num_heads=4, num_kv_heads=2, channels=16, multiple_of=8
+        )
+        cls = LLaMA3
+    model = cls(
         config, dtype=jnp.bfloat16, attention='cudnn', scan_layers=False, deterministic=deterministic, rngs=nnx.Rngs(0)
     )
     model(jnp.zeros((1, 8), jnp.int32))
