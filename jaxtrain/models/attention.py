@@ -11,8 +11,9 @@ Three kernels, measured on an H200 at GPT-2 124M, batch 16 x 1024 (BENCHMARKS.md
   was never stored (openxla/xla PR 46500 explains it). Deterministic unrolled layers
   therefore make their calls distinct (distinct_calls): layer i's call gets the scale
   2^-e_i / sqrt(H) and the queries 2^e_i q, which gives the same bits, since scaling by a
-  power of two is exact in floating point. Measured on jax 0.11.2 (BENCHMARKS.md round six): identical calls fail,
-  distinct ones run bitwise equal twice, and the deterministic step is 0.98x the fast one.
+  power of two is exact in floating point. Measured on jax 0.11.2 (BENCHMARKS.md round
+  six): identical calls fail, distinct ones run bitwise equal twice, and the deterministic
+  step is 0.98x the fast one.
 - 'pallas': JAX's Triton flash attention (jax.experimental.pallas.ops.gpu.attention). Its
   backward writes dq, dk and dv block by block without atomics, so it is deterministic
   with no flag at all. It is what deterministic fp16 runs with unrolled layers take (the
@@ -92,11 +93,14 @@ def resolve_attention(
         raise ValueError(f"attention: expected one of {', '.join(IMPLEMENTATIONS)}; found {requested!r}")
     half = jnp.dtype(compute_dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
     on_gpu = jax.default_backend() == 'gpu'
+    # Deterministic cuDNN calls in unrolled layers must be made distinct, which only bf16 can.
+    needs_distinct_calls = deterministic and not scan_layers
+    can_be_distinct = jnp.dtype(compute_dtype) == jnp.dtype(jnp.bfloat16)
     if requested == 'auto':
         if not (on_gpu and half):
             return 'xla'
-        if deterministic and not scan_layers and jnp.dtype(compute_dtype) != jnp.dtype(jnp.bfloat16):
-            requested = 'pallas'  # fp16 cannot take distinct_calls' scaling; checked below
+        if needs_distinct_calls and not can_be_distinct:
+            requested = 'pallas'  # checked below like an explicit choice
         else:
             return 'cudnn'
     if requested in ('cudnn', 'pallas') and not (on_gpu and half):
@@ -104,7 +108,7 @@ def resolve_attention(
             f'attention: {requested} needs a GPU and dtype bfloat16; found backend '
             f"{jax.default_backend()!r} and dtype {jnp.dtype(compute_dtype).name}. Use attention='xla'."
         )
-    if requested == 'cudnn' and deterministic and not scan_layers and jnp.dtype(compute_dtype) != jnp.dtype(jnp.bfloat16):
+    if requested == 'cudnn' and needs_distinct_calls and not can_be_distinct:
         raise ValueError(
             'attention: cudnn with deterministic kernels and unrolled layers needs dtype bfloat16 (its '
             f'calls are made distinct by power-of-two scaling); found {jnp.dtype(compute_dtype).name}. '
@@ -113,7 +117,7 @@ def resolve_attention(
     if requested == 'pallas' and num_devices > 1:
         raise ValueError(
             f'attention: pallas runs on one device only; found {num_devices}. For deterministic runs on '
-            "several devices use --scan_layers true (deterministic cuDNN attention) or attention='xla'."
+            "several devices use attention='cudnn' (in bf16, or with --scan_layers true) or attention='xla'."
         )
     if requested == 'pallas' and seq_len is not None and seq_len > PALLAS_BLOCK and seq_len % PALLAS_BLOCK:
         raise ValueError(

@@ -23,7 +23,9 @@ def stack_blocks(num_layers: int, make_block, rngs: nnx.Rngs) -> nnx.Module:
     return stacked(rngs)
 
 
-def apply_blocks(stacked_blocks: nnx.Module, x_BxTxC, *extra, scan: bool = True, distinct_attention: bool = False):
+def apply_blocks(
+    stacked_blocks: nnx.Module, x_BxTxC, *extra, scan: bool = True, distinct_attention: bool = False
+):
     """Runs the L stacked blocks in order.
 
     scan=True compiles one block and loops: fast compile, but XLA copies every saved
