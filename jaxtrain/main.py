@@ -5,7 +5,8 @@
 Flags -> config -> XLA flags -> distributed init (distributed.py; a no-op for one process)
 -> train.run(config). On many hosts launch/ starts one of these per process.
 
-Every key is listed with its meaning by --helpfull (the KEYS table of config_base.py).
+Every key is listed with its meaning and default by --help (the KEYS table of
+jaxtrain/config/keys.py).
 """
 
 import logging as std_logging

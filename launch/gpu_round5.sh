@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# GPU speed, round five (BENCHMARKS.md), in ONE device call so that every figure is a ratio to the
-# peers measured beside it (llm.c + cuDNN, the plain JAX step; .peers/ as in gpu_round3.sh).
+# GPU speed, rounds five and six (BENCHMARKS.md), in ONE device call so that every figure is a ratio to the
+# peers measured beside it (llm.c + cuDNN, the plain JAX step). .peers/ is not in the repository:
+# copy ../shared/peers there (ignored by git) and carry it to the GPU machine, as gpu_round3.sh says.
 # GPT-2 124M d12, bf16, batch 16 x 1024, no accumulation, llm.c's random shard, 110 steps.
-# usage: launch/gpu_round5.sh OUT_DIR [probe|probe2|final|deterministic|flags]
+# usage: launch/gpu_round5.sh OUT_DIR [probe|probe2|deterministic|probe3|saves|check|flags|final]
 #   probe: the real loop fast and deterministic, from this tree and from each variant tree named
 #          in VARIANTS (default .variant_split: a `git archive` of a branch, see BENCHMARKS.md);
 #          where a save's cost comes from (launch/save_cost_probe.py); the loop saving every 20
@@ -28,8 +29,16 @@
 #          in the deterministic mode; LLaMA-3 1B's bench (LLAMA=0 leaves it out).
 # OUT_DIR.tgz holds every file of the call.
 set -uo pipefail
-if [ $# -lt 1 ] || [ "$1" = "--help" ]; then awk 'NR > 1 && !/^#/ {exit} NR > 1' "$0"; exit 2; fi  # the header above
-out=$(realpath -m "$1"); what=${2:-probe}; mkdir -p "$out"
+if [ $# -lt 1 ] || [ "$1" = "--help" ] || [ "$1" = "-h" ]; then  # the header above
+  awk 'NR > 1 && !/^#/ {exit} NR > 1' "$0"; [ $# -lt 1 ] && exit 2; exit 0
+fi
+what=${2:-probe}
+case "$what" in
+  probe|probe2|deterministic|probe3|saves|check|flags|final) ;;
+  *) echo "gpu_round5.sh: expected a plan of probe, probe2, deterministic, probe3, saves, check, flags or final; found '$what'" >&2; exit 2 ;;
+esac
+[ -d .peers ] || { echo "gpu_round5.sh: expected .peers/ here (a copy of ../shared/peers); found none" >&2; exit 2; }
+out=$(realpath -m "$1"); mkdir -p "$out"
 default_steps=110
 source launch/gpu_runs.sh  # M, B, intree, loop, profile, peers; starts llm.c's build
 seed_experiment() {

@@ -8,6 +8,10 @@
 #                         figures (launch/loop_figures.py) appended to $out/figures.txt;
 #   profile NAME [flags...]  the bench's kernel profile of the step (from TREE), --json kept;
 #   peers     llm.c + cuDNN and the plain JAX step, into $out/peers.txt.
+if [ -z "${out:-}" ] || [ -z "${default_steps:-}" ]; then  # run on its own, it would write to /
+  echo "gpu_runs.sh: expected to be sourced by gpu_round4.sh or gpu_round5.sh with out and default_steps set" >&2
+  return 2 2>/dev/null || exit 2
+fi
 export JAX_COMPILATION_CACHE_DIR=/tmp/jaxtrain_xla_cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
 bash .peers/run_peers.sh build "$out/peers" > "$out/peers_build.txt" 2>&1 &  # it also writes the data

@@ -75,10 +75,14 @@ class Sampler(threading.Thread):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('--every_ms', type=float, default=5.0, help='sampling interval')
-    parser.add_argument('--window_s', type=float, default=2.5, help='how long to sample from the trigger on')
-    parser.add_argument('--trigger', default='_hand_to_orbax', help='the function whose first run starts the window')
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--every_ms', type=float, default=5.0, help='sampling interval (default %(default)s)')
+    parser.add_argument(
+        '--window_s', type=float, default=2.5, help='how long to sample from the trigger on (default %(default)s)'
+    )
+    parser.add_argument(
+        '--trigger', default='_hand_to_orbax', help='the function whose first run starts the window (default %(default)s)'
+    )
     parser.add_argument('main_flags', nargs=argparse.REMAINDER, help='-- then the flags of jaxtrain.main')
     args = parser.parse_args()
     flags = args.main_flags[1:] if args.main_flags[:1] == ['--'] else args.main_flags

@@ -30,6 +30,9 @@ two modes' ms/step is what that piece costs the loop:
   pinned_direct_later  the same device_put, issued by the thread once the snapshot is done
   pinned_direct_write  pinned_direct + the NumPy arrays written to /dev/shm in the thread
 
+Every mode runs unless PROBE_MODES names some (comma-separated, in the order given), e.g.
+PROBE_MODES=none,copy,orbax python launch/save_cost_probe.py 100 20.
+
 Prints one line per mode: mean ms/step over the steps after the first save (the first save
 of a run is printed on its own), and that against `none`.
 """

@@ -64,8 +64,15 @@ def resolve_resume(resume_from: str, checkpoint_dir: str) -> tuple[Path | None, 
         return Path(checkpoint_dir).absolute() / step_dir_name(steps[-1]), ''
     path = Path(resume_from).absolute()
     if not path.exists():
+        steps = committed_steps(path.parent) if path.parent.is_dir() else []
+        pick = (  # the way forward: the steps that are there
+            f'{path.parent} holds {", ".join(step_dir_name(s) for s in steps)}; pass one of them, or '
+            f'--checkpoint_dir {path.parent} --resume_from latest'
+            if steps
+            else f'{path.parent} holds no committed checkpoint'
+        )
         raise CheckpointError(
-            f'resume_from: {path}: expected a {STEP_PREFIX}_NNNNNN directory, found nothing there'
+            f'resume_from: {path}: expected a {STEP_PREFIX}_NNNNNN directory, found nothing there. {pick}.'
         )
     if UNFINISHED_SAVE in path.name:
         steps = committed_steps(path.parent)

@@ -149,7 +149,7 @@ def _unknown_config_key(argv) -> str | None:
             key = match.group(1)
             return (
                 f'--config.{key}: expected one of the config keys, found {key!r}'
-                f"{_did_you_mean(key, known, '--config.')} (--helpfull lists every key)"
+                f"{_did_you_mean(key, known, '--config.')} (--help lists every key)"
             )
     return None
 
@@ -157,9 +157,14 @@ def _unknown_config_key(argv) -> str | None:
 def _flag_error_message(error: flags.Error) -> str:
     if isinstance(error, flags.UnrecognizedFlagError):
         name = error.flagname
+        if name == 'model_family':  # the one key without a flag: the config file decides it
+            return (
+                '--model_family: expected no such flag (the config file sets the family), found one. '
+                'Pass --config=configs/gpt2.py or --config=configs/llama3.py instead.'
+            )
         return (
             f'--{name}: expected a known flag, found {name!r}'
-            f'{_did_you_mean(name, flags.FLAGS)} (--helpfull lists every key)'
+            f'{_did_you_mean(name, flags.FLAGS)} (--help lists every key)'
         )
     text = str(error).strip()
     # absl: 'flag --batch_size=abc: invalid literal for int() with base 10: ...'

@@ -22,13 +22,12 @@ not a checkpoint, a root where a step directory is expected, a damaged item, a b
 """
 
 import argparse
-import contextlib
-import logging
 import os
 import sys
 import traceback
 
 from jaxtrain.tools.ckpt_commands import EXIT_ERROR, PROG, cmd_diff, cmd_export, cmd_ls, cmd_show, cmd_verify
+from jaxtrain.tools.quiet_absl import quiet_absl
 
 
 class _Parser(argparse.ArgumentParser):
@@ -147,25 +146,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-@contextlib.contextmanager
-def _quiet_absl():
-    """Orbax logs warnings (e.g. no per-item _CHECKPOINT_METADATA) that are normal here."""
-    logger = logging.getLogger('absl')
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # Reading a checkpoint needs no accelerator: do not claim (or wait for) a GPU unless asked to.
     # JAX reads this when imported, which the commands do (through ckpt_inspect) after this line.
     os.environ.setdefault('JAX_PLATFORMS', 'cpu')
     try:
-        with _quiet_absl():
+        with quiet_absl():
             return args.run(args)
     except KeyboardInterrupt:
         print('interrupted', file=sys.stderr)

@@ -17,6 +17,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from jaxtrain.tools.quiet_absl import quiet_absl
+
 EXIT_ERROR = 2
 PROG = 'python -m jaxtrain.generate'
 
@@ -103,7 +105,8 @@ def load_model(args):
         state = read_trainer_state(step_dir)
         family = state.get('model_family')
         config = ckpt_inspect.model_config_object(family, state.get('model_config'))
-        params = ckpt_inspect.restore_item(step_dir, 'params')
+        with quiet_absl():  # Orbax's warnings that are normal for these checkpoints
+            params = ckpt_inspect.restore_item(step_dir, 'params')
         where = f'checkpoint {step_dir}'
     elif args.model:
         family = args.model_family

@@ -22,5 +22,5 @@ def run_banner(config, parts, stream, weights: str) -> list[str]:
         f'attention {setup.attention} | cross-entropy {parts.cross_entropy}',
         f'batch: {geometry.batch_size} x {geometry.sequence_length} x DP {geometry.data_parallel} '
         f'(data x fsdp) x accumulation {geometry.accumulation} = {geometry.tokens_per_step} tokens/step',
-        f'data: {stream.describe()}',
+        stream.describe(),  # 'train data: ...'
     ] + lora

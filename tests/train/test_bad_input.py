@@ -303,6 +303,15 @@ CASES = {
         ('val_max_steps', 'expected at most the 15 batches', 'found 100'),
     ),
     # checkpoints (--resume_from)
+    'checkpoint: a step that is not there': Case(
+        lambda f, t: f.gpt2('--resume_from', f.step(99)),
+        (
+            'checkpoint_step_000099',
+            'found nothing there',
+            'holds checkpoint_step_000001, checkpoint_step_000002',
+            '--resume_from latest',
+        ),
+    ),
     'checkpoint: params item missing': Case(
         lambda f, t: f.gpt2('--resume_from', without(f, t, 'params')),
         ('damaged/checkpoint_step_000002', 'params', 'earlier step'),
@@ -480,6 +489,10 @@ CASES = {
     'config: a typo in a plain key': Case(
         lambda f, t: f.gpt2('--checkpoint_dri', t / 'ck'),
         ('--checkpoint_dri', 'expected a known flag', 'did you mean --checkpoint_dir?'),
+    ),
+    'config: the model family as a flag': Case(
+        lambda f, t: f.gpt2('--model_family', 'llama3'),
+        ('--model_family', 'the config file sets the family', '--config=configs/llama3.py'),
     ),
     'config: text for an integer key': Case(
         lambda f, t: f.gpt2('--num_iteration', '10k'),
