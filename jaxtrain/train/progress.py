@@ -62,16 +62,22 @@ class Progress:
         if self.steps_done == 0:
             return
         last = self.final[0]
-        timed = self.step_seconds[1:] or self.step_seconds  # without the compiling step when there are more
-        mean_tokens_per_s = self.tokens_per_step * len(timed) / max(sum(timed), 1e-9)
+        timed = self.step_seconds[1:]  # without the compiling step
+        rate = (
+            f'{self.tokens_per_step * len(timed) / max(sum(timed), 1e-9):,.0f} tokens/s mean'
+            if timed
+            else 'tokens/s n/a (one step, which compiled)'
+        )
+        steps_word = 'step' if len(checkpoints_written) == 1 else 'steps'
         saved = (
-            f"{len(checkpoints_written)} (steps {', '.join(map(str, checkpoints_written))})"
+            f"{len(checkpoints_written)} ({steps_word} {', '.join(map(str, checkpoints_written))})"
             if checkpoints_written
             else '0'
         )
         self.report(
-            f'summary: {self.steps_done} steps ({last - self.steps_done + 1}-{last}) | '
+            f"summary: {self.steps_done} {'step' if self.steps_done == 1 else 'steps'} "
+            f'({last - self.steps_done + 1}-{last}) | '
             f'{self.steps_done * self.tokens_per_step:,} tokens | wall {clock_text(self.clock() - self.began)} | '
-            f'{mean_tokens_per_s:,.0f} tokens/s mean | loss final {self.final[1]:.6f}, '
+            f'{rate} | loss final {self.final[1]:.6f}, '
             f'best {self.best[0]:.6f} at step {self.best[1]} | checkpoints written: {saved}'
         )

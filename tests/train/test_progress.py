@@ -40,7 +40,19 @@ def test_progress_line_every_interval_with_eta_from_steps_after_the_compiling_on
     progress.summary([20])
     assert lines[-1] == (
         'summary: 21 steps (1-21) | 5,376 tokens | wall 0:01:20 | 128 tokens/s mean | '
-        'loss final 4.790000, best 4.790000 at step 21 | checkpoints written: 1 (steps 20)'
+        'loss final 4.790000, best 4.790000 at step 21 | checkpoints written: 1 (step 20)'
+    )
+
+
+def test_a_one_step_run_gives_no_mean_rate_and_names_its_one_checkpoint():
+    clock, lines = FakeClock(), []
+    progress = progress_lib.Progress(0, 1, 256, lines.append, clock=clock)
+    clock.now += 30.0
+    progress.step(1, 5.0, 30.0)  # its time is the compilation's, not a rate
+    progress.summary([1])
+    assert lines[-1] == (
+        'summary: 1 step (1-1) | 256 tokens | wall 0:00:30 | tokens/s n/a (one step, which compiled) | '
+        'loss final 5.000000, best 5.000000 at step 1 | checkpoints written: 1 (step 1)'
     )
 
 
