@@ -4,7 +4,7 @@
     jaxtrain ckpt ls DIR                                         (= python -m jaxtrain.ckpt)
     jaxtrain compare BASE TEST                                   (= python -m jaxtrain.compare_loss)
     jaxtrain bench --config=... [--smoke]                        (= python -m jaxtrain.bench)
-    jaxtrain generate ...                                        (when jaxtrain.tools.generate exists)
+    jaxtrain generate --checkpoint DIR [--prompt TEXT]           (= python -m jaxtrain.generate)
 
 Only the chosen command's module is imported: the trainer's and the benchmark's absl flags
 are module-level and would clash (and every --help would list the other's flags) if both
@@ -33,7 +33,7 @@ COMMANDS = {
     'ckpt': Command('jaxtrain.tools.ckpt', 'main', 'list, show, diff, verify, export checkpoints (jaxtrain.ckpt)'),
     'compare': Command('jaxtrain.tools.compare_loss', 'main', "compare two runs' losses (jaxtrain.compare_loss)"),
     'bench': Command('jaxtrain.tools.bench', None, 'time the train step (jaxtrain.bench)'),
-    'generate': Command('jaxtrain.tools.generate', 'main', 'sample text from a checkpoint'),
+    'generate': Command('jaxtrain.tools.generate', 'main', 'sample text from a checkpoint (jaxtrain.generate)'),
 }
 
 

@@ -60,7 +60,9 @@ def fields_differ(a: str, b: str, rtol: float, atol: float) -> bool:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser = argparse.ArgumentParser(
+        prog='python -m jaxtrain.compare_precision', description=__doc__.split('\n\n')[0]
+    )
     parser.add_argument('run_a', type=Path, help='a precision_check log, its folder, or the path= folder')
     parser.add_argument('run_b', type=Path, help='the same for the other run')
     parser.add_argument('--rank', type=int, default=0, help='which rank_N log to compare (default 0)')
