@@ -213,6 +213,20 @@ def _fail(message: str, verbose: bool):
     sys.exit(1)
 
 
+_HELP_FLAGS = {f'{dashes}{name}' for dashes in ('-', '--') for name in ('help', 'helpfull', 'helpshort', '?')}
+
+
+def exit_zero_after_help(parse, argv: list[str]):
+    """parse(argv), except that a --help absl answers (it prints, then exits 1) exits 0: the
+    user asked for it, and a script checking the status should not see a failure."""
+    try:
+        return parse(argv)
+    except SystemExit as stop:
+        if stop.code == 1 and _HELP_FLAGS.intersection(argv[1:]):
+            raise SystemExit(0) from None
+        raise
+
+
 def parse_command_line(argv: list[str]) -> list[str]:
     """absl's flag parsing with every mistake on one line on stderr and exit status 1
     (a traceback too with --verbose). Returns the arguments left after the flags."""
@@ -223,7 +237,7 @@ def parse_command_line(argv: list[str]) -> list[str]:
         _fail(problem, verbose=False)
     argv = normalize_booleans(argv, BOOLEAN_FLAGS)
     try:
-        remaining = flags.FLAGS(argv)
+        remaining = exit_zero_after_help(flags.FLAGS, argv)
     except flags.Error as error:
         _fail(_flag_error_message(error), verbose)
     problem = _config_file_problem()

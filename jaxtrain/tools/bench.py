@@ -317,7 +317,9 @@ def entry_point():
 
     app.run(
         lambda argv: sys.exit(main(argv)),
-        flags_parser=lambda argv: app.parse_flags_with_usage(resolve_config_argument(argv)),
+        flags_parser=lambda argv: key_flags.exit_zero_after_help(
+            app.parse_flags_with_usage, resolve_config_argument(argv)
+        ),
     )
 
 
