@@ -151,9 +151,16 @@ def compare_with_run(saved: dict, model_config: dict, training_config: dict) -> 
     if saved_family != family:
         incompatible.append(f'model_family: checkpoint {saved_family!r}, now {family!r}')
     saved_model = saved.get('model_config', {})
-    for key in sorted(set(saved_model) & set(model_config)):
-        if saved_model[key] != model_config[key]:
-            incompatible.append(f'model_config.{key}: checkpoint {saved_model[key]!r}, now {model_config[key]!r}')
+    shared = sorted(set(saved_model) & set(model_config))
+    shape_changed = [key for key in shared if saved_model[key] != model_config[key]]
+    saved_variant, variant = saved_training.get('model'), training_config.get('model')
+    if saved_family == family and shape_changed and saved_variant and saved_variant != variant:
+        # The shape fields follow from the variant: name it, and the flag that fixes them all.
+        incompatible.append(
+            f'model: checkpoint {saved_variant!r}, now {variant!r} (pass --model {saved_variant})'
+        )
+    for key in shape_changed:
+        incompatible.append(f'model_config.{key}: checkpoint {saved_model[key]!r}, now {model_config[key]!r}')
     only_saved, only_now = sorted(set(saved_model) - set(model_config)), sorted(set(model_config) - set(saved_model))
     if saved_family == family and (only_saved or only_now):
         incompatible.append(

@@ -1,4 +1,4 @@
-"""Read jaxtrain checkpoints from a shell: list, show, diff, verify, export (to llm.c or InfiniTrain).
+"""Read checkpoints from a shell: list, show, diff, verify, export (to llm.c, InfiniTrain or Hugging Face).
 
     python -m jaxtrain.ckpt ls CHECKPOINT_DIR
     python -m jaxtrain.ckpt show STEP_DIR [--tensors]

@@ -32,6 +32,18 @@ def test_gpt2_checkpoint_into_a_llama3_run_names_the_family_first_and_no_none():
     assert changes == []
 
 
+def test_another_variant_of_the_family_is_named_with_the_flag_that_fits():
+    saved_model = dataclasses.asdict(gpt2.VARIANTS['tiny'])
+    now_model = dataclasses.asdict(gpt2.VARIANTS['small'])
+    now_training = {**TRAINING, 'model_family': 'gpt2', 'model': 'small'}
+    incompatible, _ = compare_with_run(_saved('gpt2', saved_model, model='tiny'), now_model, now_training)
+    assert incompatible[0] == "model: checkpoint 'tiny', now 'small' (pass --model tiny)"
+    changed = sorted(k for k in saved_model if saved_model[k] != now_model[k])
+    assert changed and incompatible[1:] == [
+        f'model_config.{k}: checkpoint {saved_model[k]!r}, now {now_model[k]!r}' for k in changed
+    ]
+
+
 def test_same_family_field_only_on_one_side_is_named_once():
     now_model = dataclasses.asdict(gpt2.VARIANTS['tiny'])
     saved_model = {k: v for k, v in now_model.items() if k != 'padded_vocab_size'}  # an older record
