@@ -43,11 +43,30 @@ default_steps=110
 source launch/gpu_runs.sh  # M, B, intree, loop, profile, peers; starts llm.c's build
 seed_experiment() {
   # Bit-exact resume in the deterministic GPU mode (unrolled; cuDNN attention with distinct calls
-  # since round six, Pallas' before; the Pallas loss): 100 steps saving every 20, a second run resumed from step 40 (BENCHMARKS.md, issue 4).
+  # since round six, Pallas' before; the Pallas loss): 100 steps saving every 20, a second run
+  # resumed from step 40 (BENCHMARKS.md, issue 4).
   STEPS=100 timeout 200 launch/seed_experiment.sh /tmp/seed_deterministic configs/gpt2.py:d12 --dtype bfloat16 \
     --batch_size 8 --sequence_length 1024 --total_batch_size 8192 --scan_layers false \
     > "$out/seed_deterministic.txt" 2>&1
   echo "seed experiment exit $?" >> "$out/seed_deterministic.txt"
+}
+save20() {  # NAME: the loop saving every 20 steps into /dev/shm, keeping 2 (from TREE)
+  local name=$1; shift
+  loop "$name" --checkpoint_dir /dev/shm/ck20 --save_steps 20 --max_checkpoint_keep 2 "$@"; rm -rf /dev/shm/ck20
+}
+flag_rows() {  # the loop fast once per XLA_FLAGS value of XFLAGS (';'-separated)
+  local rows i
+  IFS=';' read -ra rows <<< "${XFLAGS:-}"
+  for i in "${!rows[@]}"; do
+    XLA_FLAGS="${rows[$i]}" loop "fast_flags$i"; echo "fast_flags$i: ${rows[$i]}" >> "$out/figures.txt"
+  done
+}
+same_losses() {  # RUN: did RUN and RUN_again give bitwise equal losses? (into figures.txt)
+  python - "$out/$1" "$out/${1}_again" >> "$out/figures.txt" <<'PY'
+import json, sys
+losses = [[json.loads(l).get('loss') for l in open(f'{d}/metrics.jsonl') if '"loss"' in l] for d in sys.argv[1:]]
+print(sys.argv[1].rsplit('/', 1)[1], 'twice:', 'bitwise equal' if losses[0] == losses[1] else 'DIFFERENT', len(losses[0]), 'losses')
+PY
 }
 read -ra variants <<< "${VARIANTS:-.variant_split}"
 if [ "$what" = probe ]; then
@@ -56,7 +75,7 @@ if [ "$what" = probe ]; then
   loop deterministic --deterministic true
   for v in "${variants[@]}"; do TREE=$PWD/$v loop "deterministic_${v#.variant_}" --deterministic true; done
   PYTHONPATH="$site:$PWD" timeout 150 python launch/save_cost_probe.py 100 20 > "$out/save_probe.txt" 2>&1
-  loop save20_shm --checkpoint_dir /dev/shm/ck20 --save_steps 20 --max_checkpoint_keep 2; rm -rf /dev/shm/ck20
+  save20 save20_shm
   peers
   for v in "${variants[@]}"; do TREE=$PWD/$v loop "fast_${v#.variant_}_again"; done
   loop fast_again
@@ -74,17 +93,12 @@ elif [ "$what" = deterministic ]; then
   loop deterministic --deterministic true
   loop deterministic_again --deterministic true
   for v in "${variants[@]}"; do TREE=$PWD/$v loop "deterministic_${v#.variant_}" --deterministic true; done
-  python - "$out/deterministic" "$out/deterministic_again" >> "$out/figures.txt" <<'PY'
-import json, sys
-losses = [[json.loads(l).get('loss') for l in open(f'{d}/metrics.jsonl') if '"loss"' in l] for d in sys.argv[1:]]
-print('deterministic twice:', 'bitwise equal' if losses[0] == losses[1] else 'DIFFERENT', len(losses[0]), 'losses')
-PY
+  same_losses deterministic
   echo peers > "$out/peers.txt"  # none in this plan: its ratios are to the fast loop beside them
 elif [ "$what" = probe3 ]; then
   loop fast
   for v in "${variants[@]}"; do TREE=$PWD/$v loop "fast_${v#.variant_}"; done
-  IFS=';' read -ra flag_rows <<< "${XFLAGS:-}"
-  for i in "${!flag_rows[@]}"; do XLA_FLAGS="${flag_rows[$i]}" loop "fast_flags$i"; echo "fast_flags$i: ${flag_rows[$i]}" >> "$out/figures.txt"; done
+  flag_rows
   PYTHONPATH="$site:$PWD" timeout 150 python launch/save_cost_probe.py 100 20 > "$out/save_probe.txt" 2>&1
   for v in "${variants[@]}"; do TREE=$PWD/$v loop "fast_${v#.variant_}_again"; done
   loop fast_again
@@ -92,11 +106,8 @@ elif [ "$what" = probe3 ]; then
 elif [ "$what" = saves ]; then
   loop fast
   for again in "" _again; do
-    loop "save20_shm$again" --checkpoint_dir /dev/shm/ck20 --save_steps 20 --max_checkpoint_keep 2; rm -rf /dev/shm/ck20
-    for v in "${variants[@]}"; do
-      TREE=$PWD/$v loop "save20_shm_${v#.variant_}$again" --checkpoint_dir /dev/shm/ck20 --save_steps 20 \
-        --max_checkpoint_keep 2; rm -rf /dev/shm/ck20
-    done
+    save20 "save20_shm$again"
+    for v in "${variants[@]}"; do TREE=$PWD/$v save20 "save20_shm_${v#.variant_}$again"; done
   done
   echo peers > "$out/peers.txt"  # none in this plan: its ratios are to the fast loop beside them
 elif [ "$what" = check ]; then
@@ -107,8 +118,7 @@ elif [ "$what" = check ]; then
 elif [ "$what" = flags ]; then
   seed_experiment
   loop fast
-  IFS=';' read -ra flag_rows <<< "${XFLAGS:-}"
-  for i in "${!flag_rows[@]}"; do XLA_FLAGS="${flag_rows[$i]}" loop "fast_flags$i"; echo "fast_flags$i: ${flag_rows[$i]}" >> "$out/figures.txt"; done
+  flag_rows
   loop fast_again
   echo peers > "$out/peers.txt"  # none in this plan: its ratios are to the fast loop beside them
 elif [ "$what" = probe2 ]; then
@@ -123,20 +133,11 @@ elif [ "$what" = probe2 ]; then
   peers
   loop fast_again
   loop deterministic_again --deterministic true
-  for run in deterministic "${variants[@]/.variant_/deterministic_}"; do  # bitwise the same twice?
-    python - "$out/$run" "$out/${run}_again" >> "$out/figures.txt" <<'PY'
-import json, sys
-losses = [[json.loads(l).get('loss') for l in open(f'{d}/metrics.jsonl') if '"loss"' in l] for d in sys.argv[1:]]
-print(sys.argv[1].rsplit('/', 1)[1], 'twice:', 'bitwise equal' if losses[0] == losses[1] else 'DIFFERENT', len(losses[0]), 'losses')
-PY
-  done
+  for run in deterministic "${variants[@]/.variant_/deterministic_}"; do same_losses "$run"; done
 elif [ "$what" = final ]; then
   loop fast
-  loop save20_shm --checkpoint_dir /dev/shm/ck20 --save_steps 20 --max_checkpoint_keep 2; rm -rf /dev/shm/ck20
-  for v in "${variants[@]}"; do  # the same saves from each variant tree (e.g. before a change)
-    TREE=$PWD/$v loop "save20_shm_${v#.variant_}" --checkpoint_dir /dev/shm/ck20 --save_steps 20 \
-      --max_checkpoint_keep 2; rm -rf /dev/shm/ck20
-  done
+  save20 save20_shm
+  for v in "${variants[@]}"; do TREE=$PWD/$v save20 "save20_shm_${v#.variant_}"; done  # e.g. before a change
   loop deterministic --deterministic true
   peers
   loop fast_again

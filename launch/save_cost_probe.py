@@ -86,8 +86,8 @@ COPY_IN_NEXT_STEP = object()
 
 
 def saved_items(state):
-    """The parts of the state a checkpoint with the optimizer holds."""
-    return {'params': state.params, 'opt_state': state.opt_state, 'rng': state.rng}
+    """The parts of the state a checkpoint with the optimizer holds (the checkpointer's own)."""
+    return manager._items(state.params, state.opt_state, state.rng)
 
 
 def _to_pinned_host(tree):

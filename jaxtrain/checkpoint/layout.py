@@ -47,6 +47,11 @@ def step_dir_name(step: int) -> str:
     return f'{STEP_PREFIX}_{step:0{STEP_DIGITS}d}'
 
 
+def step_dir_names(steps) -> str:
+    """'checkpoint_step_000001, checkpoint_step_000002': the steps as error messages list them."""
+    return ', '.join(step_dir_name(s) for s in steps)
+
+
 def step_of(step_dir: Path) -> int | None:
     match = _STEP_DIR.match(Path(step_dir).name)
     return int(match.group(1)) if match else None

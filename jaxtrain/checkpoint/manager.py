@@ -37,6 +37,7 @@ from jaxtrain.checkpoint.layout import (
     committed_steps,
     set_aside_uncommitted,
     step_dir_name,
+    step_dir_names,
 )
 from jaxtrain.checkpoint.record_digest import with_digest
 
@@ -188,10 +189,9 @@ class Checkpointer:
         """Orbax skips saving a step ≤ its latest, so later steps would silently win."""
         later = [s for s in committed_steps(self.root) if s > start_step]
         if later and not overwrite:
-            names = ', '.join(step_dir_name(s) for s in later)
             raise CheckpointError(
                 f'checkpoint_dir: {self.root}: expected no checkpoints after step {start_step}, found '
-                f'{names}. To continue from step {start_step} here, pass '
+                f'{step_dir_names(later)}. To continue from step {start_step} here, pass '
                 '--config.overwrite_later_checkpoints=true to delete them (e.g. when they are damaged); '
                 'to continue from the newest, --resume_from latest; or choose another --checkpoint_dir.'
             )

@@ -34,6 +34,7 @@ from jaxtrain.checkpoint.layout import (
     damaged_advice,
     is_committed,
     step_dir_name,
+    step_dir_names,
     step_of,
 )
 from jaxtrain.checkpoint.record_digest import check_digest
@@ -64,9 +65,9 @@ def resolve_resume(resume_from: str, checkpoint_dir: str) -> tuple[Path | None, 
         return Path(checkpoint_dir).absolute() / step_dir_name(steps[-1]), ''
     path = Path(resume_from).absolute()
     if not path.exists():
-        steps = committed_steps(path.parent) if path.parent.is_dir() else []
+        steps = committed_steps(path.parent)
         pick = (  # the way forward: the steps that are there
-            f'{path.parent} holds {", ".join(step_dir_name(s) for s in steps)}; pass one of them, or '
+            f'{path.parent} holds {step_dir_names(steps)}; pass one of them, or '
             f'--checkpoint_dir {path.parent} --resume_from latest'
             if steps
             else f'{path.parent} holds no committed checkpoint'
@@ -77,7 +78,7 @@ def resolve_resume(resume_from: str, checkpoint_dir: str) -> tuple[Path | None, 
     if UNFINISHED_SAVE in path.name:
         steps = committed_steps(path.parent)
         pick = (
-            f'Pick a committed step instead: {", ".join(step_dir_name(s) for s in steps)}'
+            f'Pick a committed step instead: {step_dir_names(steps)}'
             if steps
             else f'{path.parent} holds no committed step to pick instead'
         )
@@ -94,10 +95,9 @@ def resolve_resume(resume_from: str, checkpoint_dir: str) -> tuple[Path | None, 
         return path, ''
     steps = committed_steps(path)
     if steps:
-        names = ', '.join(step_dir_name(s) for s in steps)
         raise CheckpointError(
             f'resume_from: {path}: expected a step directory, found a checkpoint root '
-            f'holding {names}. Pass one of them, e.g. {path / step_dir_name(steps[-1])}, '
+            f'holding {step_dir_names(steps)}. Pass one of them, e.g. {path / step_dir_name(steps[-1])}, '
             f'or --resume_from latest --checkpoint_dir {path}.'
         )
     raise CheckpointError(

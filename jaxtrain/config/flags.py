@@ -22,6 +22,8 @@ from jaxtrain.config.key_help import help_with_default
 from jaxtrain.config.keys import KEYS
 
 _TRUE, _FALSE = ('true', '1', 'yes', 'on'), ('false', '0', 'no', 'off')
+# The one key without a flag of its own: the config file (configs/gpt2.py or llama3.py) decides it.
+_SET_BY_CONFIG_FILE = 'model_family'
 BOOLEAN_FLAGS: set[str] = set()  # string flags holding a boolean (normalize_booleans)
 
 
@@ -38,7 +40,7 @@ def define_key_flags():
     """One flag per config key (absl's own --log_dir etc. keep their meaning)."""
     defined = []
     for key, default, text in KEYS:
-        if key in flags.FLAGS or key == 'model_family':
+        if key in flags.FLAGS or key == _SET_BY_CONFIG_FILE:
             continue
         text = help_with_default(key, text, default)
         if isinstance(default, bool):
@@ -157,9 +159,9 @@ def _unknown_config_key(argv) -> str | None:
 def _flag_error_message(error: flags.Error) -> str:
     if isinstance(error, flags.UnrecognizedFlagError):
         name = error.flagname
-        if name == 'model_family':  # the one key without a flag: the config file decides it
+        if name == _SET_BY_CONFIG_FILE:
             return (
-                '--model_family: expected no such flag (the config file sets the family), found one. '
+                f'--{name}: expected no such flag (the config file sets the family), found one. '
                 'Pass --config=configs/gpt2.py or --config=configs/llama3.py instead.'
             )
         return (

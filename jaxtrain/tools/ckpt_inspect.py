@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxtrain.checkpoint.layout import STEP_PREFIX, TRAINER_STATE_FILE, CheckpointError, committed_steps, is_committed, step_dir_name, step_of
+from jaxtrain.checkpoint.layout import STEP_PREFIX, TRAINER_STATE_FILE, CheckpointError, committed_steps, is_committed, step_dir_name, step_dir_names, step_of
 from jaxtrain.checkpoint.record_digest import DIGEST_FIELD, digest_problem
 from jaxtrain.checkpoint.trainer_state import read_trainer_state
 from jaxtrain.checkpoint.checksums import checksum_mismatches, path_name, tensor_checksums
@@ -110,9 +110,9 @@ def find_step_dir(path) -> Path:
         return path
     steps = committed_steps(path)
     if steps:
-        names = ', '.join(step_dir_name(s) for s in steps)
         raise CheckpointError(
-            f'{path}: expected a step directory, found a checkpoint root holding {names}; '
+            f'{path}: expected a step directory, found a checkpoint root holding '
+            f'{step_dir_names(steps)}; '
             f'pass one of them, e.g. {path / step_dir_name(steps[-1])}'
         )
     raise CheckpointError(

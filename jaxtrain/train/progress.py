@@ -19,6 +19,10 @@ def clock_text(seconds: float) -> str:
     return f'{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}'
 
 
+def _steps(count: int) -> str:
+    return 'step' if count == 1 else 'steps'
+
+
 class Progress:
     """Created just before the loop's first step (it prints the compiling line then);
     `step()` after each step's line; `summary()` once the loop is over."""
@@ -68,15 +72,14 @@ class Progress:
             if timed
             else 'tokens/s n/a (one step, which compiled)'
         )
-        steps_word = 'step' if len(checkpoints_written) == 1 else 'steps'
         saved = (
-            f"{len(checkpoints_written)} ({steps_word} {', '.join(map(str, checkpoints_written))})"
+            f"{len(checkpoints_written)} ({_steps(len(checkpoints_written))} "
+            f"{', '.join(map(str, checkpoints_written))})"
             if checkpoints_written
             else '0'
         )
         self.report(
-            f"summary: {self.steps_done} {'step' if self.steps_done == 1 else 'steps'} "
-            f'({last - self.steps_done + 1}-{last}) | '
+            f'summary: {self.steps_done} {_steps(self.steps_done)} ({last - self.steps_done + 1}-{last}) | '
             f'{self.steps_done * self.tokens_per_step:,} tokens | wall {clock_text(self.clock() - self.began)} | '
             f'{rate} | loss final {self.final[1]:.6f}, '
             f'best {self.best[0]:.6f} at step {self.best[1]} | checkpoints written: {saved}'
