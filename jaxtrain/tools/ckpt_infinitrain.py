@@ -21,7 +21,7 @@ import numpy as np
 
 from jaxtrain.checkpoint.formats import infinitrain as it
 from jaxtrain.checkpoint.formats.infinitrain_trainer import infinitrain_state_for, model_header
-from jaxtrain.checkpoint.layout import CheckpointError
+from jaxtrain.checkpoint.layout import CheckpointError, step_of
 from llmc_io.errors import LLMCFormatError
 from llmc_io.infinitrain_state import HEAD, PR
 from llmc_io.tensors import tree_leaves
@@ -285,7 +285,7 @@ def verify(step_dir):
 def export(step_dir, output, fmt: str) -> dict:
     """Write `output` (a checkpoint_step_NNNNNN directory) in InfiniTrain format `fmt` from any checkpoint."""
     output = Path(output)
-    if not it.STEP_DIR.match(output.name):
+    if step_of(output) is None:
         raise CheckpointError(
             f'--output: {output}: expected a checkpoint_step_NNNNNN directory to create, '
             f'found another name (InfiniTrain\'s --load / --resume_from take such a directory)'
