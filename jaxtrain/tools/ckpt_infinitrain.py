@@ -21,7 +21,7 @@ import numpy as np
 
 from jaxtrain.checkpoint.formats import infinitrain as it
 from jaxtrain.checkpoint.formats.infinitrain_trainer import infinitrain_state_for, model_header
-from jaxtrain.checkpoint.layout import CheckpointError
+from jaxtrain.checkpoint.layout import CheckpointError, step_of
 from llmc_io.errors import LLMCFormatError
 from llmc_io.infinitrain_state import HEAD, PR
 from llmc_io.tensors import tree_leaves
@@ -149,7 +149,7 @@ def _infinitrain_row(path: Path, kind: str) -> dict:
         if extras.get('saved_at'):
             row.update(written_at=float(extras['saved_at']), written_from='trainer_state')
         if row['loss'] is None and state.best_loss is not None and math.isfinite(state.best_loss):
-            row['loss'] = f'best {state.best_loss:g}'  # PR's running minimum; upstream keeps no step loss
+            row['best_loss'] = state.best_loss  # PR's running minimum; upstream keeps no step loss
     except (LLMCFormatError, OSError) as e:
         row.update(committed=False, status=f'damaged: {e}')
     return row
@@ -288,7 +288,7 @@ def export(step_dir, output, fmt: str, force: bool = False) -> dict:
     from jaxtrain.tools.export_target import EXPORTED_FROM, check_step_dir_output
 
     output = Path(output)
-    if not it.STEP_DIR.match(output.name):
+    if step_of(output) is None:
         raise CheckpointError(
             f'--output: {output}: expected a checkpoint_step_NNNNNN directory to create, '
             f'found another name (InfiniTrain\'s --load / --resume_from take such a directory)'

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 import llmc_io
+from jaxtrain.checkpoint.layout import step_of
 from llmc_io import infinitrain_names as names
 from llmc_io.errors import LLMCFormatError
 from llmc_io.infinitrain_state import InfiniTrainState, read_trainer_state, write_trainer_state
@@ -45,7 +46,6 @@ FILES = {
 }
 TRAINER_STATE = 'trainer_state.json'
 _RANK_DIR = re.compile(r'^rank_(\d{6})$')
-STEP_DIR = re.compile(r'^checkpoint_step_(\d{6,})$')
 _TMP_MARK = '.infinitrain-tmp'
 
 
@@ -319,12 +319,12 @@ def step_dirs(root) -> list[Path]:
     root = Path(root)
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.is_dir() and STEP_DIR.match(p.name) and detect_kind(p)]
-    return sorted(found, key=lambda p: int(STEP_DIR.match(p.name).group(1)))
+    found = [p for p in root.iterdir() if p.is_dir() and step_of(p) is not None and detect_kind(p)]
+    return sorted(found, key=step_of)
 
 
 def step_number(step_dir) -> int:
-    return int(STEP_DIR.match(Path(step_dir).name).group(1))
+    return step_of(step_dir)
 
 
 def prune(root, keep: int, protected_steps=(), keep_every: int = 0) -> list[Path]:
