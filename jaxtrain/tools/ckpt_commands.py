@@ -60,6 +60,15 @@ def _bytes(n: int) -> str:
 # --- ls ----------------------------------------------------------------------------------
 
 
+def _loss_cell(entry: dict) -> str:
+    """The step's loss as the step line prints it, else InfiniTrain PR's running minimum, marked 'best'."""
+    if entry.get('loss') is not None:
+        return f"{entry['loss']:.6f}"
+    if entry.get('best_loss') is not None:
+        return f"best {entry['best_loss']:.6f}"
+    return 'n/a'
+
+
 def cmd_ls(args) -> int:
     from jaxtrain.tools import ckpt_inspect
 
@@ -88,7 +97,7 @@ def cmd_ls(args) -> int:
             _bytes(e['size_bytes']),
             _when(e['written_at']) + ('' if e['written_from'] == 'trainer_state' else ' (mtime)'),
             'yes' if e['has_optimizer_state'] else 'no',
-            f"{e['loss']:.6f}" if e['loss'] is not None else 'n/a',  # as the step line prints it
+            _loss_cell(e),
             'latest' if ckpt_infinitrain.is_latest(e, latest) else '',
         ]
         for e in entries

@@ -149,7 +149,7 @@ def _infinitrain_row(path: Path, kind: str) -> dict:
         if extras.get('saved_at'):
             row.update(written_at=float(extras['saved_at']), written_from='trainer_state')
         if row['loss'] is None and state.best_loss is not None and math.isfinite(state.best_loss):
-            row['loss'] = f'best {state.best_loss:g}'  # PR's running minimum; upstream keeps no step loss
+            row['best_loss'] = state.best_loss  # PR's running minimum; upstream keeps no step loss
     except (LLMCFormatError, OSError) as e:
         row.update(committed=False, status=f'damaged: {e}')
     return row
