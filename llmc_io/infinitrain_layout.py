@@ -50,7 +50,7 @@ class _Module:
         self.buffers.insert(name)
         self.buffer_of[name] = _Tensor()
 
-    def add_module(self, name: str, module: "_Module") -> None:
+    def add_module(self, name: str, module: _Module) -> None:
         self.modules.insert(name)
         self.module_of[name] = module
 

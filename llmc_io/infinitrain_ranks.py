@@ -41,31 +41,6 @@ class MergedStep:
     notices: list
 
 
-def list_rank_dirs(step_dir) -> list[Path]:
-    """The rank_NNNNNN directories, rank order; [] when there are none. Refuses a rank named twice, a name
-    other than upstream's rank_{:06d}, and a gap."""
-    step_dir = Path(step_dir)
-    seen: dict[int, Path] = {}
-    for p in sorted(step_dir.iterdir()):
-        m = _RANK_NAME.match(p.name)
-        if not (m and p.is_dir()):
-            continue
-        rank = int(m.group(1))
-        if p.name != f"rank_{rank:06d}":
-            raise LLMCFormatError(
-                p, "directory name", f"rank_{rank:06d} (upstream formats ranks as rank_{{:06d}})", p.name,
-                "rename or remove it",
-            )
-        seen[rank] = p
-    for expected in range(len(seen)):
-        if expected not in seen:
-            raise LLMCFormatError(
-                step_dir, f"rank_{expected:06d}", "a directory (ranks are 0..N-1)", "missing",
-                "copy the whole step directory of every rank",
-            )
-    return [seen[r] for r in range(len(seen))]
-
-
 def _duplicates(step_dir: Path) -> None:
     by_rank: dict[int, list[str]] = {}
     for p in step_dir.iterdir():
@@ -74,7 +49,10 @@ def _duplicates(step_dir: Path) -> None:
     for rank, names in sorted(by_rank.items()):
         if len(names) > 1:
             raise LLMCFormatError(
-                step_dir, f"rank {rank}", "one directory", f"{len(names)} ({', '.join(sorted(names))})",
+                step_dir,
+                f"rank {rank}",
+                "one directory",
+                f"{len(names)} ({', '.join(sorted(names))})",
                 "keep the rank_{:06d} one and remove the others",
             )
 
@@ -83,12 +61,19 @@ def _topology_of(path: Path, state: InfiniTrainState, vpp: int, zero_stage: int)
     tp = state.tp_size
     if state.sp_size not in (1, tp):
         raise LLMCFormatError(
-            path, "sp_size", f"1 or tp_size {tp} (example/gpt2/main.cc:152)", str(state.sp_size),
+            path,
+            "sp_size",
+            f"1 or tp_size {tp} (example/gpt2/main.cc:152)",
+            str(state.sp_size),
             "the file was not written by InfiniTrain",
         )
     return topo.Topology(
-        ddp=state.ddp_size, tp=tp, pp=state.pp_size, vpp=vpp,
-        sequence_parallel=state.sp_size == tp and tp > 1, zero_stage=zero_stage,
+        ddp=state.ddp_size,
+        tp=tp,
+        pp=state.pp_size,
+        vpp=vpp,
+        sequence_parallel=state.sp_size == tp and tp > 1,
+        zero_stage=zero_stage,
     )
 
 
@@ -98,8 +83,11 @@ def _check_agree(ranks: list[Path], states: list[InfiniTrainState]) -> None:
         for field in ("global_step", "ddp_size", "tp_size", "sp_size", "pp_size"):
             if getattr(state, field) != getattr(first, field):
                 raise LLMCFormatError(
-                    path / TRAINER_STATE, field, f"{getattr(first, field)} (as rank_000000)",
-                    str(getattr(state, field)), "the rank directories are from different saves; copy one step's",
+                    path / TRAINER_STATE,
+                    field,
+                    f"{getattr(first, field)} (as rank_000000)",
+                    str(getattr(state, field)),
+                    "the rank directories are from different saves; copy one step's",
                 )
 
 
@@ -111,21 +99,28 @@ def _layer_count(tensors: dict) -> int:
 def _pick_vpp(step_dir, counts: list[int], pp: int, vpp: int | None, notices: list) -> int:
     total = sum(counts)
     fits = [
-        v for v in range(1, max(total // pp, 1) + 1)
+        v
+        for v in range(1, max(total // pp, 1) + 1)
         if [len(topo.stage_layers(total, pp, s, v)) for s in range(pp)] == counts
         and all(len(topo.chunk_ranges(total, pp, s, v)) == v for s in range(pp))
     ]
     if vpp is not None:
         if vpp not in fits:
             raise LLMCFormatError(
-                step_dir, "virtual pipeline chunks", f"a --vpp whose stages hold {counts} layers",
-                f"--vpp {vpp}", f"these stages fit --vpp {' or '.join(map(str, fits)) or 'nothing'}",
+                step_dir,
+                "virtual pipeline chunks",
+                f"a --vpp whose stages hold {counts} layers",
+                f"--vpp {vpp}",
+                f"these stages fit --vpp {' or '.join(map(str, fits)) or 'nothing'}",
             )
         return vpp
     if not fits:
         raise LLMCFormatError(
-            step_dir, "layers per pipeline stage", "what PipelineParallel::GetStageInfo gives some --vpp",
-            str(counts), "a stage's files are missing or from another run",
+            step_dir,
+            "layers per pipeline stage",
+            "what PipelineParallel::GetStageInfo gives some --vpp",
+            str(counts),
+            "a stage's files are missing or from another run",
         )
     if 1 in fits:
         if len(fits) > 1:
@@ -136,7 +131,10 @@ def _pick_vpp(step_dir, counts: list[int], pp: int, vpp: int | None, notices: li
         return 1
     if len(fits) > 1:
         raise LLMCFormatError(
-            step_dir, "virtual pipeline chunks", "one --vpp that fits the stages", f"{fits}",
+            step_dir,
+            "virtual pipeline chunks",
+            "one --vpp that fits the stages",
+            f"{fits}",
             "trainer_state.json does not record it; pass the run's --virtual_pipeline_parallel",
         )
     return fits[0]
@@ -162,8 +160,11 @@ def read_step(step_dir, ranks: list[Path], vpp: int | None = None) -> MergedStep
     shape = _topology_of(ranks[0] / TRAINER_STATE, state, 1, 0)
     if shape.world != len(ranks):
         raise LLMCFormatError(
-            step_dir, "rank directories", f"ddp x tp x pp = {shape.ddp} x {shape.tp} x {shape.pp} = "
-            f"{shape.world} (trainer_state.json)", str(len(ranks)), "copy the whole step directory of every rank",
+            step_dir,
+            "rank directories",
+            f"ddp x tp x pp = {shape.ddp} x {shape.tp} x {shape.pp} = {shape.world} (trainer_state.json)",
+            str(len(ranks)),
+            "copy the whole step directory of every rank",
         )
     models = {i: read_state_dict(r / MODEL_FILE) for i, r in enumerate(ranks) if shape.coords(i)[0] == 0}
     counts = [_layer_count(models[shape.rank_of(0, 0, s)]) for s in range(shape.pp)]
@@ -172,15 +173,20 @@ def read_step(step_dir, ranks: list[Path], vpp: int | None = None) -> MergedStep
     has_opt = [(r / OPTIMIZER_FILE).is_file() for r in ranks]
     if any(has_opt) and not all(has_opt):
         missing = ranks[has_opt.index(False)] / OPTIMIZER_FILE
-        raise LLMCFormatError(missing, "file", "present (other ranks have one)", "missing",
-                              "copy every rank's files of the step")
-    optimizers = {i: read_state_dict(r / OPTIMIZER_FILE) for i, r in enumerate(ranks)} if all(has_opt) else None
+        raise LLMCFormatError(
+            missing,
+            "file",
+            "present (other ranks have one)",
+            "missing",
+            "copy every rank's files of the step",
+        )
+    optimizers = (
+        {i: read_state_dict(r / OPTIMIZER_FILE) for i, r in enumerate(ranks)} if all(has_opt) else None
+    )
     zero_stage = 0
     if optimizers is not None and shape.ddp > 1 and _looks_sharded(optimizers[0], models[0]):
         zero_stage = 1  # ZeRO-1 and -2 shard the optimizer alike; the files cannot tell them apart
-    topology = dataclasses.replace(
-        _topology_of(ranks[0] / TRAINER_STATE, state, vpp, zero_stage)
-    )
+    topology = dataclasses.replace(_topology_of(ranks[0] / TRAINER_STATE, state, vpp, zero_stage))
     model = _merge_model(ranks, models, topology, num_layers, notices)
     optimizer = None
     if optimizers is not None:
@@ -207,9 +213,11 @@ def _merge_model(ranks, models, topology, num_layers, notices) -> dict:
             name = topo.global_name(local, stage, topology, num_layers)
             if name is None:
                 raise LLMCFormatError(
-                    ranks[rank] / MODEL_FILE, f"tensor '{local}'",
+                    ranks[rank] / MODEL_FILE,
+                    f"tensor '{local}'",
                     f"a name of pipeline stage {stage} of {topology.pp} ({num_layers} layers"
-                    f"{', module. prefix' if topology.prefixed else ''})", "a name that does not fit it",
+                    f"{', module. prefix' if topology.prefixed else ''})",
+                    "a name that does not fit it",
                     "the rank directories are from different runs",
                 )
             parts.setdefault(name, {})[tp] = tensor.array
@@ -220,7 +228,10 @@ def _merge_model(ranks, models, topology, num_layers, notices) -> dict:
         if sorted(by_tp) != list(range(topology.tp)):
             missing = min(set(range(topology.tp)) - set(by_tp))
             raise LLMCFormatError(
-                ranks[0].parent, f"tensor '{name}'", f"on every TP rank of its stage", f"not on TP rank {missing}",
+                ranks[0].parent,
+                f"tensor '{name}'",
+                "on every TP rank of its stage",
+                f"not on TP rank {missing}",
                 "a rank's model file is incomplete",
             )
         value = topo.tp_merge(ranks[0].parent, name, [by_tp[t] for t in range(topology.tp)], n_embd)
@@ -246,32 +257,44 @@ def _merge_optimizer(ranks, models, optimizers, topology, num_layers, model, not
     counts = set()
     for rank, tensors in optimizers.items():
         path = ranks[rank] / OPTIMIZER_FILE
-        if "adam.t" not in tensors or tensors["adam.t"].dtype != KINT64 or tensors["adam.t"].array.shape != ():
-            raise LLMCFormatError(path, "tensor 'adam.t'", "a 0-d kINT64 (8)", "missing or another shape",
-                                  "is this an Adam optimizer file?")
+        if (
+            "adam.t" not in tensors
+            or tensors["adam.t"].dtype != KINT64
+            or tensors["adam.t"].array.shape != ()
+        ):
+            raise LLMCFormatError(
+                path,
+                "tensor 'adam.t'",
+                "a 0-d kINT64 (8)",
+                "missing or another shape",
+                "is this an Adam optimizer file?",
+            )
         counts.add(int(tensors["adam.t"].array))
     if len(counts) != 1:
-        raise LLMCFormatError(ranks[0].parent, "adam.t", "the same on every rank", str(sorted(counts)),
-                              "the rank directories are from different saves")
+        raise LLMCFormatError(
+            ranks[0].parent,
+            "adam.t",
+            "the same on every rank",
+            str(sorted(counts)),
+            "the rank directories are from different saves",
+        )
     for stage in range(topology.pp):
         chunks, first, last = _stage(topology, stage, num_layers)
         _, params, chunk_params = layout.stage_orders(
             "gpt2" if "transformer.wpe.weight" in model else "llama3", chunks, first, last, topology.prefixed
         )
         for tp in range(topology.tp):
-            lead = topology.rank_of(0, tp, stage)
-            local_shape = {
-                topo.global_name(n, stage, topology, num_layers): t.array.shape for n, t in models[lead].items()
+            # rank-local parameter name (unprefixed) -> its shape in this TP rank's model file
+            prefix = topo.PREFIX if topology.prefixed else ""
+            shapes = {
+                n[len(prefix) :]: t.array.shape for n, t in models[topology.rank_of(0, tp, stage)].items()
             }
-
-            def shape_of(local_name):
-                return local_shape[topo.global_name(
-                    (topo.PREFIX if topology.prefixed else "") + local_name, stage, topology, num_layers
-                )]
-
+            shape_of = shapes.__getitem__
             if topology.zero_stage:
-                flat = {p: {k: np.full(int(np.prod(shape_of(p))), np.nan, np.float32) for k in "mv"}
-                        for p in params}
+                flat = {
+                    p: {k: np.full(int(np.prod(shape_of(p))), np.nan, np.float32) for k in "mv"}
+                    for p in params
+                }
                 for dp in range(topology.ddp):
                     rank = topology.rank_of(dp, tp, stage)
                     numels = [[(p, int(np.prod(shape_of(p)))) for p in c] for c in chunk_params]
@@ -283,12 +306,14 @@ def _merge_optimizer(ranks, models, optimizers, topology, num_layers, model, not
                             value = tensors[f"adam.{k}.{i}"].array
                             if value.shape != (piece.stop - piece.start,):
                                 raise LLMCFormatError(
-                                    ranks[rank] / OPTIMIZER_FILE, f"tensor 'adam.{k}.{i}' shape",
+                                    ranks[rank] / OPTIMIZER_FILE,
+                                    f"tensor 'adam.{k}.{i}' shape",
                                     f"({piece.stop - piece.start},) (rank {dp}'s piece of {piece.name})",
-                                    str(value.shape), "the shards do not add up; were they written with "
+                                    str(value.shape),
+                                    "the shards do not add up; were they written with "
                                     "another --zero_stage or --nproc_per_node?",
                                 )
-                            flat[piece.name][k][piece.start:piece.stop] = value
+                            flat[piece.name][k][piece.start : piece.stop] = value
                 local = {p: {k: flat[p][k].reshape(shape_of(p)) for k in "mv"} for p in params}
             else:
                 rank = topology.rank_of(0, tp, stage)
@@ -301,8 +326,10 @@ def _merge_optimizer(ranks, models, optimizers, topology, num_layers, model, not
                         value = tensors[f"adam.{k}.{i}"].array
                         if value.shape != shape_of(p):
                             raise LLMCFormatError(
-                                ranks[rank] / OPTIMIZER_FILE, f"tensor 'adam.{k}.{i}' shape",
-                                f"{shape_of(p)} (parameter {p})", str(value.shape),
+                                ranks[rank] / OPTIMIZER_FILE,
+                                f"tensor 'adam.{k}.{i}' shape",
+                                f"{shape_of(p)} (parameter {p})",
+                                str(value.shape),
                                 "the optimizer file is from another run",
                             )
                         local[p][k] = value
@@ -333,8 +360,11 @@ def _check_keys(path, tensors: dict, count: int, what: str) -> None:
         extra = sorted(set(tensors) - expected)
         missing = sorted(expected - set(tensors))
         raise LLMCFormatError(
-            path, "Adam keys", f"adam.m/v.0..{count - 1} and adam.t ({count} {what} of this rank)",
-            f"{len(tensors)} keys" + (f", unexpected {extra[0]}" if extra else "")
+            path,
+            "Adam keys",
+            f"adam.m/v.0..{count - 1} and adam.t ({count} {what} of this rank)",
+            f"{len(tensors)} keys"
+            + (f", unexpected {extra[0]}" if extra else "")
             + (f", missing {missing[0]}" if missing else ""),
             "the shards do not add up; were they written with another topology or --zero_stage?",
         )
@@ -385,11 +415,25 @@ def write_step(
         if optimizer is not None:
             write_state_dict(
                 rank_dir / OPTIMIZER_FILE,
-                _rank_optimizer(optimizer, moment_slices, topology, rank, stage, num_layers, local, params,
-                                chunk_params, family),
+                _rank_optimizer(
+                    optimizer,
+                    moment_slices,
+                    topology,
+                    rank,
+                    stage,
+                    num_layers,
+                    local,
+                    params,
+                    chunk_params,
+                    family,
+                ),
             )
         rank_state = dataclasses.replace(
-            state, ddp_size=topology.ddp, tp_size=topology.tp, sp_size=topology.sp, pp_size=topology.pp,
+            state,
+            ddp_size=topology.ddp,
+            tp_size=topology.tp,
+            sp_size=topology.sp,
+            pp_size=topology.pp,
             # each rank saves its own DataLoader position: rank d of DDP reads batches d, d + D, ...
             # (dataloader.cc:60-63 operator++; example/gpt2/main.cc:357-362 skips (consumed - d) / D)
             data_batch_idx=state.data_batch_idx + dp,
@@ -404,8 +448,9 @@ def layout_layers(model: dict) -> int:
     return max(layers) + 1 if layers else 0
 
 
-def _rank_optimizer(optimizer, moment_slices, topology, rank, stage, num_layers, local, params, chunk_params,
-                    family) -> dict:
+def _rank_optimizer(
+    optimizer, moment_slices, topology, rank, stage, num_layers, local, params, chunk_params, family
+) -> dict:
     dp, tp, _ = topology.coords(rank)
     prefix = topo.PREFIX if topology.prefixed else ""
 
@@ -433,5 +478,6 @@ def _rank_optimizer(optimizer, moment_slices, topology, rank, stage, num_layers,
     keys.insert("adam.t")
     values["adam.t"] = optimizer["adam.t"].array
     return {
-        k: CkptTensor(KINT64 if k == "adam.t" else KFLOAT32, np.array(values[k], order="C")) for k in keys.keys()
+        k: CkptTensor(KINT64 if k == "adam.t" else KFLOAT32, np.array(values[k], order="C"))
+        for k in keys.keys()
     }

@@ -79,14 +79,38 @@ class Topology:
             raise LLMCFormatError(path, "--zero_stage", "0, 1 or 2", str(self.zero_stage))
         if self.zero_stage and self.ddp == 1:
             # DistributedOptimizer CHECKs ddp_world_size > 1 (ddp/distributed_optimizer.cc:15)
-            raise LLMCFormatError(path, "--zero_stage", "0 with --ddp 1", str(self.zero_stage),
-                                  "ZeRO shards the optimizer over data-parallel ranks; pass --ddp 2 or more")
+            raise LLMCFormatError(
+                path,
+                "--zero_stage",
+                "0 with --ddp 1",
+                str(self.zero_stage),
+                "ZeRO shards the optimizer over data-parallel ranks; pass --ddp 2 or more",
+            )
         if heads is not None:
             # causal_self_attention.cc:57,67: n_head and n_kv_head must divide by the TP size
             for what, count in zip(("n_head", "n_kv_head"), heads):
                 if count % self.tp:
-                    raise LLMCFormatError(path, what, f"a multiple of --tp {self.tp}", str(count),
-                                          "choose a --tp that divides the head counts")
+                    raise LLMCFormatError(
+                        path,
+                        what,
+                        f"a multiple of --tp {self.tp}",
+                        str(count),
+                        "choose a --tp that divides the head counts",
+                    )
+
+    def upstream_flags(self) -> str:
+        """The example binaries' flags for this layout (example/gpt2/main.cc:64,77-80; DDP is what is left of
+        --nthread_per_process after TP and PP: global.cc InitAllEnv)."""
+        flags = f"--nthread_per_process {self.world}"
+        for flag, value, default in (
+            ("tensor_parallel", self.tp, 1),
+            ("pipeline_parallel", self.pp, 1),
+            ("virtual_pipeline_parallel", self.vpp, 1),
+            ("zero_stage", self.zero_stage, 0),
+        ):
+            if value != default:
+                flags += f" --{flag} {value}"
+        return flags + (" --sequence_parallel" if self.sequence_parallel else "")
 
     def describe(self) -> str:
         extra = f", vpp {self.vpp}" if self.vpp > 1 else ""
@@ -203,7 +227,11 @@ def _qkv_rows(total: int, n_embd: int) -> tuple[int, int]:
 def _check_divides(path, name: str, size: int, tp: int, what: str) -> None:
     if size % tp:
         raise LLMCFormatError(
-            path, f"tensor '{name}' {what}", f"a multiple of tp {tp}", str(size), "choose a --tp that divides it"
+            path,
+            f"tensor '{name}' {what}",
+            f"a multiple of tp {tp}",
+            str(size),
+            "choose a --tp that divides it",
         )
 
 
