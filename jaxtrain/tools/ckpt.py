@@ -144,6 +144,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --merge-lora: the base llm.c file, when it is no longer where trainer_state's llmc_file "
         'says (its sha256 must match)',
     )
+    export.add_argument(
+        '--force',
+        action='store_true',
+        help='replace what is at --output: a file, a Hugging Face folder\'s config.json and '
+        'model.safetensors, or a step directory an earlier export wrote. Never a directory another '
+        'program or run wrote, and never the llm.c base file the checkpoint records',
+    )
     topology = export.add_argument_group(
         'multi-GPU InfiniTrain layout (--format infinitrain)',
         'write one rank_NNNNNN/ per GPU, as an InfiniTrain run with these flags saves and --load reads',

@@ -21,7 +21,7 @@ import numpy as np
 
 from jaxtrain.checkpoint.formats import infinitrain as it
 from jaxtrain.checkpoint.formats.infinitrain_trainer import infinitrain_state_for, model_header
-from jaxtrain.checkpoint.layout import CheckpointError
+from jaxtrain.checkpoint.layout import CheckpointError, step_of
 from llmc_io.errors import LLMCFormatError
 from llmc_io.infinitrain_state import HEAD, PR
 from llmc_io.infinitrain_topology import Topology
@@ -303,15 +303,21 @@ def topology_from_args(args) -> Topology | None:
     return topology
 
 
-def export(step_dir, output, fmt: str, topology: Topology | None = None) -> dict:
+def export(step_dir, output, fmt: str, force: bool = False, topology: Topology | None = None) -> dict:
     """Write `output` (a checkpoint_step_NNNNNN directory) in InfiniTrain format `fmt` from any checkpoint;
-    with a topology, as the rank directories of that multi-GPU run."""
+    with `force`, over an earlier export there (export_target.py says what else is refused); with a
+    topology, as the rank directories of that multi-GPU run."""
+    from jaxtrain.tools.export_target import EXPORTED_FROM, check_step_dir_output
+
     output = Path(output)
-    if not it.STEP_DIR.match(output.name):
+    if step_of(output) is None:
         raise CheckpointError(
             f'--output: {output}: expected a checkpoint_step_NNNNNN directory to create, '
             f'found another name (InfiniTrain\'s --load / --resume_from take such a directory)'
         )
+    if Path(step_dir).absolute() == output.absolute():
+        raise CheckpointError(f'--output: {output}: expected another directory than STEP_DIR, found the same')
+    replacing = check_step_dir_output(output, force)
     if kind_of(step_dir) == ORBAX:
         family, params, moments, record, header = _from_orbax(step_dir)
     else:
@@ -336,7 +342,9 @@ def export(step_dir, output, fmt: str, topology: Topology | None = None) -> dict
             else record['data_position']
         )
     extras = {k: v for k, v in record.items() if k != 'data_batch_idx'}
-    extras.update(checkpoint_format=fmt, model_shape=dataclasses.asdict(header))
+    extras.update(
+        checkpoint_format=fmt, model_shape=dataclasses.asdict(header), **{EXPORTED_FROM: str(Path(step_dir))}
+    )
     state = infinitrain_state_for(
         fmt,
         family,
@@ -348,7 +356,9 @@ def export(step_dir, output, fmt: str, topology: Topology | None = None) -> dict
         extras=extras,
     )
     try:
-        it.write_checkpoint(output, fmt, family, params, header, moments, state, topology)
+        it.write_checkpoint(
+            output, fmt, family, params, header, moments, state, replace=replacing, topology=topology
+        )
     except LLMCFormatError as e:
         raise CheckpointError(str(e)) from None
     return {

@@ -198,7 +198,7 @@ def test_export_lays_out_what_upstream_saves_and_reads_back(tmp_path, topology):
         header,
         read.moments,
         read.state,
-        Topology(ddp, tp, pp, vpp, sp, zero),
+        topology=Topology(ddp, tp, pp, vpp, sp, zero),
     )
     assert _rank_tensors(exported).keys() == _rank_tensors(fixture).keys()
     for rank, files in _rank_tensors(fixture).items():
