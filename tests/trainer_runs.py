@@ -135,9 +135,9 @@ def tiny_llmc_model(path, family='gpt2', vocab=512, seed=0, num_layers=2):
     return str(path)
 
 
-def write_checkpoint(root, step, family, header, params):
+def write_checkpoint(root, step, family, header, params, **training_config):
     """A committed step holding `params` (a NumPy tree), written by the trainer's own Checkpointer
-    without training: the model config is the llmc_io header's fields."""
+    without training: the model config is the llmc_io header's fields, `training_config` adds keys."""
     import dataclasses
     import time
 
@@ -151,7 +151,7 @@ def write_checkpoint(root, step, family, header, params):
         'epoch': 0,
         'model_family': family,
         'model_config': dataclasses.asdict(header),
-        'training_config': {'optimizer': 'adamw', 'save_optimizer_state': False},
+        'training_config': {'optimizer': 'adamw', 'save_optimizer_state': False, **training_config},
         'dtype': 'float32',
         'topology': {'platform': 'cpu', 'device_count': 1, 'process_count': 1, 'mesh': {'data': 1}},
         'has_optimizer_state': False,

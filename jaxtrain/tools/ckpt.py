@@ -5,7 +5,7 @@
     python -m jaxtrain.ckpt diff STEP_DIR_A STEP_DIR_B
     python -m jaxtrain.ckpt verify STEP_DIR
     python -m jaxtrain.ckpt export STEP_DIR --output model.bin [--version 3|5] [--merge-lora [--base FILE]]
-    python -m jaxtrain.ckpt export STEP_DIR --format hf --output HF_DIR
+    python -m jaxtrain.ckpt export STEP_DIR --format hf --output HF_DIR [--tokenizer tokenizer.json]
 
 STEP_DIR is one `checkpoint_step_NNNNNN` directory: ours (Orbax) or InfiniTrain's (HEAD model.ckpt, PR
 model.bin / model.pth, with or without rank_* subdirectories); every command says which kind it read
@@ -141,6 +141,13 @@ def build_parser() -> argparse.ArgumentParser:
         default='',
         help="with --merge-lora: the base llm.c file, when it is no longer where trainer_state's llmc_file "
         'says (its sha256 must match)',
+    )
+    export.add_argument(
+        '--tokenizer',
+        metavar='FILE',
+        default='',
+        help="--format hf: the tokenizer.json or tiktoken BPE file to write beside config.json (default: "
+        "the run's --tokenizer, if it named one)",
     )
     export.set_defaults(run=cmd_export)
     return parser
