@@ -273,7 +273,12 @@ def _convert(args) -> None:
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:
-        commands = {"info": _info, "convert": _convert, "shard": make_shards.run, "tokenizer": tokenizer_export.run}
+        commands = {
+            "info": _info,
+            "convert": _convert,
+            "shard": make_shards.run,
+            "tokenizer": tokenizer_export.run,
+        }
         commands[args.command](args)
     except (LLMCFormatError, OSError) as error:
         if getattr(args, "verbose", False):

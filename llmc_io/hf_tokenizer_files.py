@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
+from llmc_io.atomic_file import write_bytes_atomically, write_text_atomically
 from llmc_io.text_tokenizer import (
     DOCUMENT_START,
     END_OF_TEXT,
@@ -62,9 +62,9 @@ def write_hf_tokenizer_files(tokenizer: TextTokenizer, folder, model_max_length:
     folder = Path(folder)
     target = folder / "tokenizer.json"
     if isinstance(tokenizer, HFTokenizer):
-        shutil.copyfile(tokenizer.path, target)
+        write_bytes_atomically(target, Path(tokenizer.path).read_bytes())
     else:
-        target.write_text(_tiktoken_as_tokenizer_json(tokenizer))
+        write_text_atomically(target, _tiktoken_as_tokenizer_json(tokenizer))
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": DOCUMENT_START[tokenizer.family],
@@ -72,5 +72,5 @@ def write_hf_tokenizer_files(tokenizer: TextTokenizer, folder, model_max_length:
         "model_max_length": model_max_length,
         "clean_up_tokenization_spaces": False,
     }
-    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    write_text_atomically(folder / "tokenizer_config.json", json.dumps(config, indent=2) + "\n")
     return [os.fspath(target), os.fspath(folder / "tokenizer_config.json")]

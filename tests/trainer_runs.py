@@ -135,9 +135,10 @@ def tiny_llmc_model(path, family='gpt2', vocab=512, seed=0, num_layers=2):
     return str(path)
 
 
-def write_checkpoint(root, step, family, header, params, **training_config):
+def write_checkpoint(root, step, family, header, params, **record):
     """A committed step holding `params` (a NumPy tree), written by the trainer's own Checkpointer
-    without training: the model config is the llmc_io header's fields, `training_config` adds keys."""
+    without training: the model config is the llmc_io header's fields; `record` adds to (or
+    replaces) trainer-state fields."""
     import dataclasses
     import time
 
@@ -151,11 +152,12 @@ def write_checkpoint(root, step, family, header, params, **training_config):
         'epoch': 0,
         'model_family': family,
         'model_config': dataclasses.asdict(header),
-        'training_config': {'optimizer': 'adamw', 'save_optimizer_state': False, **training_config},
+        'training_config': {'optimizer': 'adamw', 'save_optimizer_state': False},
         'dtype': 'float32',
         'topology': {'platform': 'cpu', 'device_count': 1, 'process_count': 1, 'mesh': {'data': 1}},
         'has_optimizer_state': False,
         'saved_at': time.time(),
+        **record,
     }
     checkpointer = Checkpointer(str(root), keep_latest=0, keep_every=0)
     on_device = jax.tree.map(jax.numpy.asarray, params)

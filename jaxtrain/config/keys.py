@@ -101,7 +101,7 @@ KEYS = (
     ('optimizer', 'adamw', 'adamw | adam | sgd'),
     ('learning_rate', 1e-4, 'peak learning rate'),
     ('lr_schedule', 'constant', 'constant | cosine (linear warmup, then cosine to min_lr_ratio)'),
-    ('warmup_steps', 0, 'linear warmup steps'),
+    ('warmup_steps', 0, 'linear warmup as llm.c: step s (from 0) takes learning_rate*(s+1)/warmup_steps'),
     ('min_lr_ratio', 0.0, 'cosine: final learning rate as a fraction of learning_rate'),
     ('beta1', 0.9, 'Adam beta1'),
     ('beta2', 0.95, "Adam beta2 (llm.c's CUDA trainer; the LLaMA-3 config uses InfiniTrain's 0.999)"),

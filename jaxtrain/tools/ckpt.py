@@ -143,6 +143,13 @@ def build_parser() -> argparse.ArgumentParser:
         'says (its sha256 must match)',
     )
     export.add_argument(
+        '--force',
+        action='store_true',
+        help='replace what is at --output: a file, a Hugging Face folder\'s config.json and '
+        'model.safetensors, or a step directory an earlier export wrote. Never a directory another '
+        'program or run wrote, and never the llm.c base file the checkpoint records',
+    )
+    export.add_argument(
         '--tokenizer',
         metavar='FILE',
         default='',

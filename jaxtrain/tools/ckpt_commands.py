@@ -60,6 +60,15 @@ def _bytes(n: int) -> str:
 # --- ls ----------------------------------------------------------------------------------
 
 
+def _loss_cell(entry: dict) -> str:
+    """The step's loss as the step line prints it, else InfiniTrain PR's running minimum, marked 'best'."""
+    if entry.get('loss') is not None:
+        return f"{entry['loss']:.6f}"
+    if entry.get('best_loss') is not None:
+        return f"best {entry['best_loss']:.6f}"
+    return 'n/a'
+
+
 def cmd_ls(args) -> int:
     from jaxtrain.tools import ckpt_inspect
 
@@ -88,7 +97,7 @@ def cmd_ls(args) -> int:
             _bytes(e['size_bytes']),
             _when(e['written_at']) + ('' if e['written_from'] == 'trainer_state' else ' (mtime)'),
             'yes' if e['has_optimizer_state'] else 'no',
-            f"{e['loss']:.6f}" if e['loss'] is not None else 'n/a',  # as the step line prints it
+            _loss_cell(e),
             'latest' if ckpt_infinitrain.is_latest(e, latest) else '',
         ]
         for e in entries
@@ -362,7 +371,7 @@ def cmd_export(args) -> int:
     from jaxtrain.tools import ckpt_infinitrain
 
     if args.format in ('infinitrain', 'infinitrain-bin'):
-        written = ckpt_infinitrain.export(args.step_dir, args.output, args.format)
+        written = ckpt_infinitrain.export(args.step_dir, args.output, args.format, args.force)
         if args.json:
             _print_json({'path': str(args.step_dir), **written})
         else:
@@ -379,7 +388,7 @@ def cmd_export(args) -> int:
 
             raise CheckpointError(f'--version: expected none with --format hf (fp32), found {args.version}')
         written = ckpt_export.export_hf(
-            step_dir, args.output, args.merge_lora, args.base, args.tokenizer
+            step_dir, args.output, args.merge_lora, args.base, args.force, args.tokenizer
         )
         if args.json:
             _print_json({'path': str(step_dir), **written})
@@ -391,7 +400,9 @@ def cmd_export(args) -> int:
                 f"load it with {written['hf_class']}.from_pretrained"
             )
         return EXIT_OK
-    written = ckpt_export.export_llmc(step_dir, args.output, args.version or 3, args.merge_lora, args.base)
+    written = ckpt_export.export_llmc(
+        step_dir, args.output, args.version or 3, args.merge_lora, args.base, args.force
+    )
     if args.json:
         _print_json({'path': str(step_dir), **written})
         return EXIT_OK

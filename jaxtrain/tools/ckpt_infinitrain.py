@@ -21,7 +21,7 @@ import numpy as np
 
 from jaxtrain.checkpoint.formats import infinitrain as it
 from jaxtrain.checkpoint.formats.infinitrain_trainer import infinitrain_state_for, model_header
-from jaxtrain.checkpoint.layout import CheckpointError
+from jaxtrain.checkpoint.layout import CheckpointError, step_of
 from llmc_io.errors import LLMCFormatError
 from llmc_io.infinitrain_state import HEAD, PR
 from llmc_io.tensors import tree_leaves
@@ -149,7 +149,7 @@ def _infinitrain_row(path: Path, kind: str) -> dict:
         if extras.get('saved_at'):
             row.update(written_at=float(extras['saved_at']), written_from='trainer_state')
         if row['loss'] is None and state.best_loss is not None and math.isfinite(state.best_loss):
-            row['loss'] = f'best {state.best_loss:g}'  # PR's running minimum; upstream keeps no step loss
+            row['best_loss'] = state.best_loss  # PR's running minimum; upstream keeps no step loss
     except (LLMCFormatError, OSError) as e:
         row.update(committed=False, status=f'damaged: {e}')
     return row
@@ -282,14 +282,20 @@ def verify(step_dir):
 # --- export --------------------------------------------------------------------------------------------
 
 
-def export(step_dir, output, fmt: str) -> dict:
-    """Write `output` (a checkpoint_step_NNNNNN directory) in InfiniTrain format `fmt` from any checkpoint."""
+def export(step_dir, output, fmt: str, force: bool = False) -> dict:
+    """Write `output` (a checkpoint_step_NNNNNN directory) in InfiniTrain format `fmt` from any checkpoint;
+    with `force`, over an earlier export there (export_target.py says what else is refused)."""
+    from jaxtrain.tools.export_target import EXPORTED_FROM, check_step_dir_output
+
     output = Path(output)
-    if not it.STEP_DIR.match(output.name):
+    if step_of(output) is None:
         raise CheckpointError(
             f'--output: {output}: expected a checkpoint_step_NNNNNN directory to create, '
             f'found another name (InfiniTrain\'s --load / --resume_from take such a directory)'
         )
+    if Path(step_dir).absolute() == output.absolute():
+        raise CheckpointError(f'--output: {output}: expected another directory than STEP_DIR, found the same')
+    replacing = check_step_dir_output(output, force)
     if kind_of(step_dir) == ORBAX:
         family, params, moments, record, header = _from_orbax(step_dir)
     else:
@@ -314,7 +320,9 @@ def export(step_dir, output, fmt: str) -> dict:
             else record['data_position']
         )
     extras = {k: v for k, v in record.items() if k != 'data_batch_idx'}
-    extras.update(checkpoint_format=fmt, model_shape=dataclasses.asdict(header))
+    extras.update(
+        checkpoint_format=fmt, model_shape=dataclasses.asdict(header), **{EXPORTED_FROM: str(Path(step_dir))}
+    )
     state = infinitrain_state_for(
         fmt,
         family,
@@ -326,7 +334,7 @@ def export(step_dir, output, fmt: str) -> dict:
         extras=extras,
     )
     try:
-        it.write_checkpoint(output, fmt, family, params, header, moments, state)
+        it.write_checkpoint(output, fmt, family, params, header, moments, state, replace=replacing)
     except LLMCFormatError as e:
         raise CheckpointError(str(e)) from None
     return {

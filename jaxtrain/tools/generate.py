@@ -1,6 +1,7 @@
 """`python -m jaxtrain.generate`: sample text from a checkpoint or an llm.c model file.
 
     python -m jaxtrain.generate --checkpoint RUN/checkpoint_step_000100 --prompt "def "
+    python -m jaxtrain.generate --checkpoint LORA_RUN [--base gpt2_124M.bin]   # adapters on their base
     python -m jaxtrain.generate --llmc_filepath gpt2_124M.bin --tokenizer_bin gpt2_tokenizer.bin \\
         --prompt "The meaning of life is" --num_samples 4 --max_new_tokens 64
     python -m jaxtrain.generate --model d12 --dtype bfloat16 --num_samples 16   # timing only
@@ -43,6 +44,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         '--model_family', choices=('gpt2', 'llama3'), default='gpt2', help='the family of --model (gpt2)'
+    )
+    parser.add_argument(
+        '--base',
+        default='',
+        metavar='FILE',
+        help="a LoRA --checkpoint's base llm.c file, where it is now ('' = the path its trainer state "
+        'records; either is checked against the recorded sha256)',
     )
     parser.add_argument(
         '--tokenizer_bin',
@@ -118,6 +126,12 @@ def load_model(args):
         with quiet_absl():  # Orbax's warnings that are normal for these checkpoints
             params = ckpt_inspect.restore_item(step_dir, 'params')
         where = f'checkpoint {step_dir}'
+        lora = state.get('lora')
+        if lora:  # adapters only: the model is its recorded base with them folded in
+            from jaxtrain.tools.ckpt_merge_lora import merge_for_export
+
+            params = merge_for_export(step_dir, state, params, True, args.base)
+            where += f" (LoRA rank {lora.get('rank')} on {args.base or state.get('llmc_file')})"
     elif args.model:
         family = args.model_family
         model_cls, _, variants = FAMILIES[family]

@@ -6,6 +6,7 @@ AdamW follows llm.c: decoupled weight decay on tensors of two or more dimensions
 """
 
 import jax
+import jax.numpy as jnp
 import optax
 
 OPTIMIZERS = ('adamw', 'adam', 'sgd')
@@ -13,18 +14,27 @@ SCHEDULES = ('constant', 'cosine')
 
 
 def learning_rate_schedule(config) -> optax.Schedule:
-    """constant, or linear warmup to learning_rate then cosine down to min_lr_ratio of it."""
+    """constant, or cosine down to min_lr_ratio of learning_rate; either after warmup_steps of
+    llm.c's linear warmup."""
     if config.lr_schedule == 'constant':
-        if config.warmup_steps:
-            return optax.linear_schedule(0.0, config.learning_rate, config.warmup_steps)
-        return optax.constant_schedule(config.learning_rate)
-    return optax.warmup_cosine_decay_schedule(
-        init_value=0.0,
-        peak_value=config.learning_rate,
-        warmup_steps=config.warmup_steps,
-        decay_steps=max(config.num_iteration, config.warmup_steps + 1),
-        end_value=config.learning_rate * config.min_lr_ratio,
-    )
+        after_warmup = optax.constant_schedule(config.learning_rate)
+    else:
+        after_warmup = optax.cosine_decay_schedule(
+            init_value=config.learning_rate,
+            decay_steps=max(config.num_iteration - config.warmup_steps, 1),
+            alpha=config.min_lr_ratio,
+        )
+    if not config.warmup_steps:
+        return after_warmup
+    return optax.join_schedules([_llmc_warmup(config), after_warmup], boundaries=[config.warmup_steps])
+
+
+def _llmc_warmup(config) -> optax.Schedule:
+    """lr·(s+1)/warmup_steps at step s (counted from 0), as llm.c's get_learning_rate_cosine
+    (karpathy/llm.c f1e2ace, llmc/schedulers.h): the first step trains at lr/warmup_steps, not
+    at 0, and step warmup_steps-1 reaches the full rate."""
+    lr, warmup = config.learning_rate, config.warmup_steps
+    return lambda step: lr * (jnp.minimum(step, warmup - 1) + 1) / warmup
 
 
 def learning_rate_at(schedule: optax.Schedule, step: int) -> float:

@@ -130,3 +130,20 @@ def test_orbax_and_infinitrain_checkpoints_of_one_state_diff_identical(tmp_path,
     (pr_step / 'optimizer.bin').write_bytes((pr_step / 'optimizer.bin').read_bytes()[:-4] + b'\0\0\0\1')
     code, out, _ = run_tool(capsys, 'verify', pr_step)
     assert code == 1 and 'optimizer.bin: sha256: expected' in out
+
+
+@needs_samples
+@pytest.mark.parametrize('root', ['pr-gpt2/a', 'pr-gpt2/p', 'pr-llama3/a', 'pr-llama3/b'])
+def test_ls_table_of_a_pr_root_shows_its_best_loss(real, capsys, root):
+    """The PR generation keeps no step loss, only the running minimum `best_loss`: the table prints it
+    marked 'best', as the step line formats a loss, read here straight from each trainer_state.json."""
+    code, out, err = run_tool(capsys, 'ls', real / root)
+    assert code == 0, err
+    rows = {line.split()[1]: line for line in out.splitlines()[1:] if line.startswith(('1', '2'))}
+    assert rows, out
+    for name, line in rows.items():
+        best = json.loads((real / root / name / 'trainer_state.json').read_text())['best_loss']
+        assert f'best {best:.6f}' in line, line
+    code, out, _ = run_tool(capsys, 'ls', real / root, '--json')
+    listed = json.loads(out)['checkpoints']
+    assert all(e['loss'] is None and isinstance(e['best_loss'], float) for e in listed)

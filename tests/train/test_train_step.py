@@ -1,5 +1,7 @@
 """The jitted train step on its own: accumulation, learning, and the optimizer's llm.c rules."""
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,7 +10,7 @@ import pytest
 from flax import nnx
 
 from jaxtrain.models.gpt2 import GPT2, GPT2Config
-from jaxtrain.train.optim import build_optimizer
+from jaxtrain.train.optim import build_optimizer, learning_rate_at
 from jaxtrain.train.step import TrainState, make_train_step
 from trainer_runs import load_config
 
@@ -89,7 +91,16 @@ def test_sgd_is_plain_gradient_descent():
     np.testing.assert_allclose(optax.apply_updates(theta, updates), [0.9, 2.2])
 
 
-def test_cosine_schedule_warms_up_then_decays():
+def _llmc_cosine(step, lr, warmup, total, final_frac):
+    """llm.c's get_learning_rate_cosine (llmc/schedulers.h), transcribed."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    decay_ratio = (step - warmup) / (total - warmup)
+    coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))
+    return lr * final_frac + coeff * (lr - lr * final_frac)
+
+
+def test_cosine_schedule_is_llmc_s():
     _, schedule = build_optimizer(
         load_config(
             'gpt2',
@@ -100,6 +111,14 @@ def test_cosine_schedule_warms_up_then_decays():
             min_lr_ratio=0.1,
         )
     )
-    assert float(schedule(0)) == 0.0 and float(schedule(10)) == pytest.approx(1.0)
-    assert float(schedule(60)) == pytest.approx(0.55, abs=1e-3)  # half way down the cosine
-    assert float(schedule(110)) == pytest.approx(0.1, abs=1e-6)
+    assert float(schedule(0)) == pytest.approx(0.1) and float(schedule(9)) == pytest.approx(1.0)
+    for step in range(110):
+        assert float(schedule(step)) == pytest.approx(_llmc_cosine(step, 1.0, 10, 110, 0.1), abs=1e-6), step
+
+
+def test_constant_schedule_warms_up_from_lr_over_warmup_not_from_zero():
+    config = load_config('gpt2', warmup_steps=4, learning_rate=1e-3)
+    _, schedule = build_optimizer(config)
+    # the step line of step n prints the rate of schedule step n-1
+    expected = [2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3]
+    assert [learning_rate_at(schedule, s) for s in range(6)] == pytest.approx(expected)

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 import llmc_io
+from jaxtrain.checkpoint.layout import step_of
 from llmc_io import infinitrain_names as names
 from llmc_io.errors import LLMCFormatError
 from llmc_io.infinitrain_state import InfiniTrainState, read_trainer_state, write_trainer_state
@@ -45,7 +46,6 @@ FILES = {
 }
 TRAINER_STATE = 'trainer_state.json'
 _RANK_DIR = re.compile(r'^rank_(\d{6})$')
-STEP_DIR = re.compile(r'^checkpoint_step_(\d{6,})$')
 _TMP_MARK = '.infinitrain-tmp'
 
 
@@ -249,13 +249,22 @@ def batch_index_from_position(position: int, batches_per_step: int) -> int:
 
 
 def write_checkpoint(
-    final_dir, kind: str, family: str, params: dict, header, moments, state: InfiniTrainState
+    final_dir, kind: str, family: str, params: dict, header, moments, state: InfiniTrainState,
+    replace: bool = False,
 ) -> Path:
     """Write one step directory atomically. params: NumPy tree; header: llmc_io GPT2Header / LLaMA3Header of
-    model; moments: (mu, nu, t) or None (no optimizer file, as upstream does for SGD)."""
+    model; moments: (mu, nu, t) or None (no optimizer file, as upstream does for SGD). An existing
+    final_dir is an error unless `replace` (the caller has checked that it wrote it): a directory
+    someone else put there is never deleted."""
     final_dir = Path(final_dir)
+    if final_dir.exists() and not replace:
+        raise LLMCFormatError(
+            final_dir, 'directory', 'a step directory to create', 'one already there',
+            'it is left as it is; move it away, or choose another directory',
+        )
     final_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=final_dir.name + _TMP_MARK, dir=final_dir.parent))
+    old = None
     try:
         model_name, opt_name = FILES[kind]
         vocab = header.vocab_size
@@ -282,12 +291,17 @@ def write_checkpoint(
             )
         write_trainer_state(tmp / TRAINER_STATE, state)
         os.chmod(tmp, 0o755)
-        if final_dir.exists():  # a re-save of the same step replaces it, as Orbax's force=True does
-            shutil.rmtree(final_dir)
+        if final_dir.exists():  # replace: the old one goes under a temporary name until the new is in place
+            old = Path(tempfile.mkdtemp(prefix=final_dir.name + _TMP_MARK, dir=final_dir.parent))
+            os.replace(final_dir, old)
         os.replace(tmp, final_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not final_dir.exists():
+            os.replace(old, final_dir)
         raise
+    if old is not None:
+        shutil.rmtree(old)
     return final_dir
 
 
@@ -305,12 +319,12 @@ def step_dirs(root) -> list[Path]:
     root = Path(root)
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.is_dir() and STEP_DIR.match(p.name) and detect_kind(p)]
-    return sorted(found, key=lambda p: int(STEP_DIR.match(p.name).group(1)))
+    found = [p for p in root.iterdir() if p.is_dir() and step_of(p) is not None and detect_kind(p)]
+    return sorted(found, key=step_of)
 
 
 def step_number(step_dir) -> int:
-    return int(STEP_DIR.match(Path(step_dir).name).group(1))
+    return step_of(step_dir)
 
 
 def prune(root, keep: int, protected_steps=(), keep_every: int = 0) -> list[Path]:
