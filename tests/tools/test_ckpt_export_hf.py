@@ -3,6 +3,7 @@ the folder reads back (llmc_io.hf, itself checked against the NumPy reference in
 tests/llmc/test_llmc_hf.py) to exactly the saved params, for both families; damaged params are
 refused before anything is written."""
 
+import importlib.util
 import json
 import shutil
 
@@ -63,3 +64,52 @@ def test_damaged_params_are_refused(tmp_path, capsys):
         == 2
     )
     assert '--version: expected none with --format hf' in capsys.readouterr().err
+
+
+@pytest.mark.parametrize('kind', ['tokenizer.json', 'tiktoken'])
+def test_the_runs_tokenizer_is_written_beside_config_json(tmp_path, capsys, kind):
+    import tiktoken
+    import tokenizers
+
+    from text_tokenizers import corpus_text, tiktoken_file_from, train_bpe
+
+    source = train_bpe(tmp_path / 'tokenizer.json', 'llama3', vocab_size=LLAMA.vocab_size + 400)
+    text = corpus_text(30_000) + ' naïve “quotes” 12345 <|end_of_text|>'
+    if kind == 'tiktoken':
+        ranks = tiktoken_file_from(source, tmp_path / 'tokenizer.model')
+        source = tmp_path / 'tokenizer.model'
+        pattern = (
+            r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+            r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+        )
+        expected = tiktoken.Encoding('t', pat_str=pattern, mergeable_ranks=ranks,
+                                     special_tokens={}).encode_ordinary(text)
+    else:
+        reference = tokenizers.Tokenizer.from_file(str(source))
+        reference.encode_special_tokens = True
+        expected = reference.encode(text).ids
+    params = random_tree(LLAMA, 1)
+    step = write_checkpoint(tmp_path / 'run', 2, 'llama3', LLAMA, params, training_config={'tokenizer': str(source)})
+    assert ckpt.main(['export', str(step), '--format', 'hf', '--output', str(tmp_path / 'hf')]) == 0
+    assert 'tokenizer.json, tokenizer_config.json' in capsys.readouterr().out
+    exported = tokenizers.Tokenizer.from_file(str(tmp_path / 'hf' / 'tokenizer.json'))
+    exported.encode_special_tokens = True
+    assert exported.encode(text).ids == expected
+    assert exported.token_to_id('<|end_of_text|>') == (len(ranks) + 1 if kind == 'tiktoken' else 1)
+    config = json.loads((tmp_path / 'hf' / 'tokenizer_config.json').read_text())
+    assert (config['bos_token'], config['eos_token']) == ('<|begin_of_text|>', '<|end_of_text|>')
+    if importlib.util.find_spec('transformers'):  # the optional `hf` extra
+        import transformers
+
+        loaded = transformers.AutoTokenizer.from_pretrained(str(tmp_path / 'hf'))
+        assert loaded.decode(expected) == text
+
+
+def test_a_tokenizer_the_run_named_but_gone_is_one_line(tmp_path, capsys):
+    step = write_checkpoint(tmp_path / 'run', 2, 'gpt2', GPT2, random_tree(GPT2, 1), training_config={'tokenizer': '/gone/t.json'})
+    assert ckpt.main(['export', str(step), '--format', 'hf', '--output', str(tmp_path / 'hf')]) == 2
+    err = capsys.readouterr().err
+    assert err.count('\n') == 1
+    assert ('--tokenizer: /gone/t.json: expected the tokenizer file the run named, found nothing there; '
+            'pass --tokenizer with its new path') in err
+    assert not (tmp_path / 'hf').exists()
