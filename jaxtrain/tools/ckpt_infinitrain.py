@@ -24,6 +24,7 @@ from jaxtrain.checkpoint.formats.infinitrain_trainer import infinitrain_state_fo
 from jaxtrain.checkpoint.layout import CheckpointError, step_of
 from llmc_io.errors import LLMCFormatError
 from llmc_io.infinitrain_state import HEAD, PR
+from llmc_io.infinitrain_topology import Topology
 from llmc_io.tensors import tree_leaves
 
 ORBAX = 'orbax'
@@ -282,9 +283,30 @@ def verify(step_dir):
 # --- export --------------------------------------------------------------------------------------------
 
 
-def export(step_dir, output, fmt: str, force: bool = False) -> dict:
+def topology_from_args(args) -> Topology | None:
+    """The multi-GPU layout export's flags name, None for one GPU; refused with any format but infinitrain."""
+    topology = Topology(
+        ddp=args.ddp, tp=args.tp, pp=args.pp, vpp=args.vpp, sequence_parallel=args.sequence_parallel,
+        zero_stage=args.zero_stage,
+    )
+    if topology == Topology():
+        return None
+    if args.format != it.HEAD_KIND:
+        raise CheckpointError(
+            f'--ddp/--tp/--pp/--vpp/--zero_stage/--sequence_parallel: expected only with --format infinitrain '
+            f'(HEAD rank directories), found --format {args.format}'
+        )
+    try:
+        topology.validate('export')
+    except LLMCFormatError as e:
+        raise CheckpointError(str(e)) from None
+    return topology
+
+
+def export(step_dir, output, fmt: str, force: bool = False, topology: Topology | None = None) -> dict:
     """Write `output` (a checkpoint_step_NNNNNN directory) in InfiniTrain format `fmt` from any checkpoint;
-    with `force`, over an earlier export there (export_target.py says what else is refused)."""
+    with `force`, over an earlier export there (export_target.py says what else is refused); with a
+    topology, as the rank directories of that multi-GPU run."""
     from jaxtrain.tools.export_target import EXPORTED_FROM, check_step_dir_output
 
     output = Path(output)
@@ -334,7 +356,9 @@ def export(step_dir, output, fmt: str, force: bool = False) -> dict:
         extras=extras,
     )
     try:
-        it.write_checkpoint(output, fmt, family, params, header, moments, state, replace=replacing)
+        it.write_checkpoint(
+            output, fmt, family, params, header, moments, state, replace=replacing, topology=topology
+        )
     except LLMCFormatError as e:
         raise CheckpointError(str(e)) from None
     return {
@@ -343,11 +367,20 @@ def export(step_dir, output, fmt: str, force: bool = False) -> dict:
         'model_family': family,
         'step': step,
         'optimizer_file': moments is not None,
+        'topology': topology.describe() if topology else None,
+        'upstream_flags': topology.upstream_flags() if topology else '',
+        'ranks': topology.world if topology else 1,
     }
 
 
 def export_line(written: dict) -> str:
     no_optimizer = '' if written['optimizer_file'] else ' (no optimizer file: no Adam state)'
+    if written.get('topology'):
+        return (
+            f"wrote {written['output']}: {written['kind']} checkpoint of {written['model_family']} step "
+            f"{written['step']} as {written['ranks']} rank directories ({written['topology']}){no_optimizer}; "
+            f"InfiniTrain resumes it with {written['upstream_flags']} --load {written['output']}"
+        )
     return (
         f"wrote {written['output']}: {written['kind']} checkpoint of {written['model_family']} step "
         f"{written['step']}{no_optimizer}; InfiniTrain resumes it with --load (HEAD) / --resume_from (PR) "
