@@ -249,10 +249,18 @@ def batch_index_from_position(position: int, batches_per_step: int) -> int:
 
 
 def write_checkpoint(
-    final_dir, kind: str, family: str, params: dict, header, moments, state: InfiniTrainState
+    final_dir,
+    kind: str,
+    family: str,
+    params: dict,
+    header,
+    moments,
+    state: InfiniTrainState,
+    extra_files: dict[str, bytes] | None = None,
 ) -> Path:
     """Write one step directory atomically. params: NumPy tree; header: llmc_io GPT2Header / LLaMA3Header of
-    model; moments: (mu, nu, t) or None (no optimizer file, as upstream does for SGD)."""
+    model; moments: (mu, nu, t) or None (no optimizer file, as upstream does for SGD); extra_files: more
+    files of the directory by name (lr_scheduler.ckpt), written before the sha256s are taken."""
     final_dir = Path(final_dir)
     final_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=final_dir.name + _TMP_MARK, dir=final_dir.parent))
@@ -270,6 +278,8 @@ def write_checkpoint(
             write_state_dict(
                 tmp / opt_name, names.trees_to_moments(family, mu, nu, t, vocab, kind == HEAD_KIND)
             )
+        for name, payload in (extra_files or {}).items():
+            (tmp / name).write_bytes(payload)
         if state.jaxtrain is not None:  # lets `ckpt verify` prove the files are the ones jaxtrain wrote
             state = dataclasses.replace(
                 state,

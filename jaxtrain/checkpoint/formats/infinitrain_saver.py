@@ -16,7 +16,8 @@ import jax
 import numpy as np
 
 from jaxtrain.checkpoint.formats import infinitrain as it
-from jaxtrain.checkpoint.formats.infinitrain_trainer import read_step_dir, save_step_dir
+from jaxtrain.checkpoint.formats import infinitrain_schedule
+from jaxtrain.checkpoint.formats.infinitrain_trainer import LRS_FORMAT, read_step_dir, save_step_dir
 from jaxtrain.checkpoint.layout import CheckpointError, committed_steps, step_dir_name
 from jaxtrain.checkpoint.manager import Checkpointer, Snapshot
 from jaxtrain.checkpoint.trainer_state import compare_with_run
@@ -43,6 +44,7 @@ class InfiniTrainCheckpointer:
         keep_latest: int,
         keep_every: int,
         protected_steps=(),
+        config=None,
     ):
         if jax.process_count() > 1:
             raise CheckpointError(
@@ -52,7 +54,9 @@ class InfiniTrainCheckpointer:
             )
         self.root = Path(checkpoint_dir).absolute()
         self.root.mkdir(parents=True, exist_ok=True)
-        self.fmt, self.parts, self.family = fmt, parts, family
+        self.fmt, self.parts, self.family, self.config = fmt, parts, family, config
+        if fmt == LRS_FORMAT:
+            infinitrain_schedule.run_spec(config)  # refuses, before training, a schedule upstream has not
         self.keep_latest, self.keep_every = keep_latest, keep_every
         self.protected = {s for s in protected_steps if s is not None}
         self.blocking_saves = 0
@@ -88,6 +92,9 @@ class InfiniTrainCheckpointer:
     def save(self, step: int, params, opt_state, rng, trainer_state: dict):
         record = dict(trainer_state, rng=[int(x) for x in np.asarray(jax.device_get(rng)).reshape(-1)])
         parts = self.parts
+        scheduler = None
+        if self.fmt == LRS_FORMAT:
+            scheduler = infinitrain_schedule.scheduler_file_bytes(self.config, parts.schedule, step)
         try:
             save_step_dir(
                 self.root,
@@ -100,6 +107,7 @@ class InfiniTrainCheckpointer:
                 model_config=parts.setup.model_config,
                 batches_per_step=batches_per_step(parts),
                 data_parallel=parts.geometry.data_parallel,
+                lr_scheduler=scheduler,
             )
         except OSError as e:
             raise CheckpointError(
@@ -127,7 +135,7 @@ def open_checkpointer(config, parts, protected_steps):
     """The run's checkpointer for config.checkpoint_format, refusing a root that holds the other kind:
     Orbax's rotation would count (and delete) InfiniTrain step directories as its own, and ours would
     skip Orbax steps."""
-    fmt = config.get('checkpoint_format', 'orbax')
+    fmt = infinitrain_schedule.save_format(config)
     root = Path(config.checkpoint_dir)
     theirs = it.step_dirs(root)
     ours = committed_steps(root)
@@ -154,6 +162,7 @@ def open_checkpointer(config, parts, protected_steps):
         keep_latest=config.max_checkpoint_keep,
         keep_every=config.keep_every_steps,
         protected_steps=protected_steps,
+        config=config,
     )
 
 
@@ -205,6 +214,10 @@ def resume_from_infinitrain(config, parts, resumed_cls):
     except LLMCFormatError as e:
         raise CheckpointError(f'{e}') from None
     messages = list(saved.pop('messages'))
+    generation = saved.pop('generation')
+    messages += infinitrain_schedule.resume_schedule(
+        config, parts.schedule, step_dir, saved['step'], generation
+    )
     if 'model_config' in saved:  # written by jaxtrain: the same compatibility check as our own checkpoints
         incompatible, changes = compare_with_run(
             saved, dataclasses.asdict(parts.setup.model_config), config.to_dict()
