@@ -258,3 +258,32 @@ def test_llama3_export_merge_lora(tmp_path, capsys):
     assert np.abs(lora_logits - merged_logits).max() <= 1e-5
     assert np.asarray(base['lm_head']['kernel']).tobytes() == np.asarray(merged['lm_head']['kernel']).tobytes()
     assert not np.array_equal(base['h']['mlp']['c_fc2']['kernel'], merged['h']['mlp']['c_fc2']['kernel'])
+
+
+def test_generate_from_a_lora_checkpoint_applies_the_adapters_to_its_base(runs, capsys):
+    """`generate --checkpoint` on adapters only: greedy tokens are those of the LoRA model (the
+    base file plus the adapters through LoRALinear, not a merge), which the base alone does not give."""
+    from jaxtrain.tools import generate
+
+    step_dir = runs['root'] / 'full' / 'checkpoint_step_000006'
+    base_header, base = llmc_io.load_gpt2(runs['model'])
+    adapters = restore_params(step_dir)
+    lora = LoRASpec(8, 16.0, ('c_attn', 'c_proj'), ('attn.c_attn', 'attn.c_proj', 'mlp.c_proj'))
+
+    def greedy(trees, spec, prompt, new):
+        tokens = list(prompt)
+        for _ in range(new):  # causal: padding after the last token leaves its logits alone (one compile)
+            padded = np.array([tokens + [0] * (len(prompt) + new - len(tokens))])
+            logits = _logits(base_header, spec, trees, padded)[0, len(tokens) - 1, : base_header.vocab_size]
+            tokens.append(int(np.argmax(logits)))
+        return tokens[len(prompt) :]
+
+    prompt, new = [7, 11, 12], 8
+    expected = greedy((base, adapters), lora, prompt, new)
+    assert expected != greedy((base,), None, prompt, new)  # the adapters change what is generated
+    args = ['--prompt_ids', ','.join(map(str, prompt)), '--max_new_tokens', str(new), '--temperature', '0']
+    for moved in ([], ['--base', runs['model']]):
+        assert generate.main(['--checkpoint', str(step_dir), *args, *moved]) == 0, capsys.readouterr().err
+        out = capsys.readouterr().out
+        assert f"(LoRA rank 8 on {runs['model']})" in out
+        assert out.split('--- sample 1/1\n')[1].split('\n')[0] == ' '.join(map(str, expected)), out

@@ -38,13 +38,10 @@ def spelled_with_infinitrain_flags(config) -> bool:
     return any(config.get(key, default) != default for key, default in INFINITRAIN_SCHEDULE_KEYS.items())
 
 
-def save_format(config) -> str:
-    """config.checkpoint_format, with `infinitrain` taken as the LR-scheduler generation when the run's
-    schedule is spelled with InfiniTrain's flags."""
-    fmt = config.get('checkpoint_format', 'orbax')
-    if fmt == it.HEAD_KIND and spelled_with_infinitrain_flags(config):
-        return LRS_FORMAT
-    return fmt
+def wants_lrs(config) -> bool:
+    """Whether a run saving `--checkpoint_format infinitrain` writes the LR-scheduler generation: when
+    its schedule is spelled with InfiniTrain's flags."""
+    return spelled_with_infinitrain_flags(config)
 
 
 def flags_text(spec: ScheduleSpec) -> str:

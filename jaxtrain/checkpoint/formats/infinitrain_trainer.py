@@ -28,11 +28,12 @@ import optax
 
 import llmc_io
 from jaxtrain.checkpoint.formats import infinitrain as it
+from jaxtrain.checkpoint.layout import step_dir_name
 from llmc_io.infinitrain_state import CONFIG_DEFAULTS, HEAD, LR_SCHEDULER, PR, InfiniTrainState
 from llmc_io.tensors import tree_leaves
 
 LRS_FORMAT = 'infinitrain-lrs'  # HEAD's files, LR-scheduler generation (formats/infinitrain_schedule.py)
-FORMATS = ('orbax', it.HEAD_KIND, LRS_FORMAT, it.PR_BIN_KIND)  # --checkpoint_format values
+SAVE_FORMATS = (it.HEAD_KIND, LRS_FORMAT, it.PR_BIN_KIND)  # what save_step_dir writes
 _OPTIMIZER_TYPE = {'sgd': 'SGD', 'adam': 'Adam', 'adamw': 'AdamW'}
 
 
@@ -170,13 +171,13 @@ def save_step_dir(
     data_parallel: int = 1,
     lr_scheduler: bytes | None = None,
 ) -> Path:
-    """Write `checkpoint_step_{step:06d}` under root in InfiniTrain's HEAD (`infinitrain`), LR-scheduler
+    """Write step_dir_name(step) under root in InfiniTrain's HEAD (`infinitrain`), LR-scheduler
     (`infinitrain-lrs`) or PR (`infinitrain-bin`) layout, atomically. record: our trainer-state record
     (trainer_state_record plus rng, and loss / best_loss when known); it becomes the "jaxtrain" object.
     opt_state None, or one without Adam moments (SGD), writes no optimizer file, as upstream.
     lr_scheduler: the lr_scheduler.ckpt bytes of an `infinitrain-lrs` save (None: no file)."""
-    if fmt not in FORMATS[1:]:
-        raise ValueError(f"checkpoint_format: expected one of {', '.join(FORMATS[1:])}, found {fmt!r}")
+    if fmt not in SAVE_FORMATS:
+        raise ValueError(f"checkpoint_format: expected one of {', '.join(SAVE_FORMATS)}, found {fmt!r}")
     header = model_header(family, model_config)
     numpy_params = jax.tree.map(np.asarray, jax.device_get(params))
     moments = None
@@ -201,7 +202,7 @@ def save_step_dir(
         extras=extras,
         data_parallel=data_parallel,
     )
-    final = Path(root) / f'checkpoint_step_{step:06d}'
+    final = Path(root) / step_dir_name(step)
     kind = it.HEAD_KIND if fmt == LRS_FORMAT else fmt
     extra = {} if lr_scheduler is None else {'lr_scheduler.ckpt': lr_scheduler}
-    return it.write_checkpoint(final, kind, family, numpy_params, header, moments, state, extra)
+    return it.write_checkpoint(final, kind, family, numpy_params, header, moments, state, extra_files=extra)
