@@ -156,7 +156,8 @@ class InfiniTrainFormat:
 
     def open(self, config, parts, protected_steps) -> InfiniTrainCheckpointer:
         # infinitrain with InfiniTrain's schedule flags writes their generation (infinitrain_schedule.py).
-        fmt = LRS_FORMAT if self.name == it.HEAD_KIND and infinitrain_schedule.wants_lrs(config) else self.name
+        lrs = self.name == it.HEAD_KIND and infinitrain_schedule.wants_lrs(config)
+        fmt = LRS_FORMAT if lrs else self.name
         return InfiniTrainCheckpointer(
             config.checkpoint_dir,
             fmt,
