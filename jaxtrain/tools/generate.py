@@ -8,8 +8,8 @@
 
 Decoding runs with a KV cache, compiled once (jaxtrain/models/decode.py); the tokens/s printed
 counts new tokens of all samples over the decoding time, compilation excluded. Text is decoded
-with --tokenizer_bin (an llm.c tokenizer file) or, for a GPT-2 vocabulary without one, the
-built-in byte-level tokenizer of the default corpus. Errors are one line, exit status 2.
+with --tokenizer_bin (an llm.c tokenizer file) or, for a GPT-2 or LLaMA-3 vocabulary without
+one, the built-in byte-level tokenizer of the default corpus. Errors are one line, exit status 2.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
         default='',
         metavar='FILE',
         help="llm.c tokenizer file to decode (and encode --prompt) with ('' = the built-in byte-level "
-        'tokenizer for a GPT-2 vocabulary; token ids only for LLaMA-3)',
+        'tokenizer of a GPT-2 or LLaMA-3 vocabulary; token ids for any other)',
     )
     prompt = parser.add_mutually_exclusive_group()
     prompt.add_argument(
@@ -152,16 +152,16 @@ def load_model(args):
 
 def load_tokenizer(path: str, config):
     """The tokenizer to decode with, or None (ids are printed) when there is none to take."""
-    from jaxtrain.data.default_tokenizer import default_corpus_tokenizer
+    from jaxtrain.data.default_tokenizer import builtin_tokenizer_for
 
     if path:
         import llmc_io
 
         tokenizer = llmc_io.read_tokenizer(path)
-    elif config.vocab_size == default_corpus_tokenizer().vocab_size:
-        tokenizer = default_corpus_tokenizer()
     else:
-        return None
+        tokenizer = builtin_tokenizer_for(config.vocab_size)
+        if tokenizer is None:
+            return None
     if tokenizer.vocab_size < config.vocab_size:
         raise ValueError(
             f'--tokenizer_bin: {tokenizer.path}: expected at least {config.vocab_size} tokens (the '
