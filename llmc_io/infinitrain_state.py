@@ -24,8 +24,8 @@ import math
 import os
 import re
 
+from llmc_io.atomic_file import write_bytes_atomically
 from llmc_io.errors import LLMCFormatError
-from llmc_io.statedict import atomic_write_bytes
 
 HEAD = "head"
 PR = "pr"
@@ -259,4 +259,4 @@ def write_trainer_state(path: str | os.PathLike, state: InfiniTrainState) -> Non
     """Write trainer_state.json atomically (temporary name, then rename)."""
     text = render_trainer_state(state)
     json.loads(text)  # the writer's promise: valid JSON, always
-    atomic_write_bytes(path, text.encode("utf-8"))
+    write_bytes_atomically(path, text.encode("utf-8"))

@@ -69,6 +69,19 @@ def committed_steps(root) -> list[int]:
     return sorted(step_of(p) for p in root.iterdir() if p.is_dir() and is_committed(p))
 
 
+def later_steps(root, steps, start_step: int, overwrite: bool) -> list[int]:
+    """The `steps` of root after start_step, for the caller to delete; refused unless
+    overwrite. A run continuing from start_step beside them would leave `latest` naming a
+    step of the old run, and Orbax skips saving a step at or below its newest."""
+    later = [s for s in steps if s > start_step]
+    if later and not overwrite:
+        raise CheckpointError(
+            f'checkpoint_dir: {Path(root)}: expected no checkpoints after step {start_step}, found '
+            f'{step_dir_names(later)}. To continue from step {start_step} here, pass '
+            '--config.overwrite_later_checkpoints=true to delete them (e.g. when they are damaged); '
+            'to continue from the newest, --resume_from latest; or choose another --checkpoint_dir.'
+        )
+    return later
 
 
 SET_ASIDE = '.uncommitted'  # appended to a step directory's name that is not committed

@@ -35,9 +35,9 @@ from jaxtrain.checkpoint.layout import (
     STEP_PREFIX,
     CheckpointError,
     committed_steps,
+    later_steps,
     set_aside_uncommitted,
     step_dir_name,
-    step_dir_names,
 )
 from jaxtrain.checkpoint.record_digest import with_digest
 
@@ -186,15 +186,7 @@ class Checkpointer:
         sys.setswitchinterval(min(sys.getswitchinterval(), 0.001))
 
     def refuse_later_steps(self, start_step: int, overwrite: bool) -> list[int]:
-        """Orbax skips saving a step ≤ its latest, so later steps would silently win."""
-        later = [s for s in committed_steps(self.root) if s > start_step]
-        if later and not overwrite:
-            raise CheckpointError(
-                f'checkpoint_dir: {self.root}: expected no checkpoints after step {start_step}, found '
-                f'{step_dir_names(later)}. To continue from step {start_step} here, pass '
-                '--config.overwrite_later_checkpoints=true to delete them (e.g. when they are damaged); '
-                'to continue from the newest, --resume_from latest; or choose another --checkpoint_dir.'
-            )
+        later = later_steps(self.root, committed_steps(self.root), start_step, overwrite)
         # Every process has listed the steps before process 0 deletes any, and sees them gone after.
         _barrier('jaxtrain: later checkpoints listed')
         if jax.process_index() == 0:

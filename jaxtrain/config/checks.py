@@ -3,6 +3,7 @@ expected and what was found."""
 
 from pathlib import Path
 
+from jaxtrain.checkpoint.registry import FORMAT_NAMES
 from jaxtrain.config.path_checks import path_problems
 from jaxtrain.models import cross_entropy_kernel
 from jaxtrain.models.attention import IMPLEMENTATIONS
@@ -18,7 +19,7 @@ CHOICES = {
     'cross_entropy': cross_entropy_kernel.IMPLEMENTATIONS,
     'deterministic': ('auto', 'true', 'false'),
     'device': ('auto', 'cpu', 'cuda'),
-    'checkpoint_format': ('orbax', 'infinitrain', 'infinitrain-bin'),
+    'checkpoint_format': FORMAT_NAMES,
 }
 NON_NEGATIVE = (
     'num_devices',

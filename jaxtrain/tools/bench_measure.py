@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxtrain.checkpoint import manager as ckpt_manager
-from jaxtrain.checkpoint import resume as ckpt_resume
+from jaxtrain.checkpoint.formats import orbax as orbax_format
 from jaxtrain.checkpoint import trainer_state as ckpt_record
 from jaxtrain.tools import kernel_profile
 from jaxtrain.parallel import sharding
@@ -235,7 +235,7 @@ def measure_checkpoints(subject, step_fn, state, settings: Settings, baseline: P
         newest = checkpointer.step_dir(saving.saves[-1].step)
         checkpoint_bytes = _directory_bytes(newest)
         began = time.perf_counter()
-        restored = ckpt_resume.restore(newest, state.params, state.opt_state)
+        restored = orbax_format.restore(newest, state.params, state.opt_state)
         jax.block_until_ready(restored[:2])
         restore_seconds = time.perf_counter() - began
         del restored

@@ -21,9 +21,10 @@ import numpy as np
 
 from jaxtrain.checkpoint.formats import infinitrain as it
 from jaxtrain.checkpoint.formats.infinitrain_trainer import infinitrain_state_for, model_header
-from jaxtrain.checkpoint.layout import CheckpointError
+from jaxtrain.checkpoint.layout import CheckpointError, step_of
 from llmc_io.errors import LLMCFormatError
 from llmc_io.infinitrain_state import HEAD, PR
+from llmc_io.infinitrain_topology import Topology
 from llmc_io.tensors import tree_leaves
 
 ORBAX = 'orbax'
@@ -282,14 +283,41 @@ def verify(step_dir):
 # --- export --------------------------------------------------------------------------------------------
 
 
-def export(step_dir, output, fmt: str) -> dict:
-    """Write `output` (a checkpoint_step_NNNNNN directory) in InfiniTrain format `fmt` from any checkpoint."""
+def topology_from_args(args) -> Topology | None:
+    """The multi-GPU layout export's flags name, None for one GPU; refused with any format but infinitrain."""
+    topology = Topology(
+        ddp=args.ddp, tp=args.tp, pp=args.pp, vpp=args.vpp, sequence_parallel=args.sequence_parallel,
+        zero_stage=args.zero_stage,
+    )
+    if topology == Topology():
+        return None
+    if args.format != it.HEAD_KIND:
+        raise CheckpointError(
+            f'--ddp/--tp/--pp/--vpp/--zero_stage/--sequence_parallel: expected only with --format infinitrain '
+            f'(HEAD rank directories), found --format {args.format}'
+        )
+    try:
+        topology.validate('export')
+    except LLMCFormatError as e:
+        raise CheckpointError(str(e)) from None
+    return topology
+
+
+def export(step_dir, output, fmt: str, force: bool = False, topology: Topology | None = None) -> dict:
+    """Write `output` (a checkpoint_step_NNNNNN directory) in InfiniTrain format `fmt` from any checkpoint;
+    with `force`, over an earlier export there (export_target.py says what else is refused); with a
+    topology, as the rank directories of that multi-GPU run."""
+    from jaxtrain.tools.export_target import EXPORTED_FROM, check_step_dir_output
+
     output = Path(output)
-    if not it.STEP_DIR.match(output.name):
+    if step_of(output) is None:
         raise CheckpointError(
             f'--output: {output}: expected a checkpoint_step_NNNNNN directory to create, '
             f'found another name (InfiniTrain\'s --load / --resume_from take such a directory)'
         )
+    if Path(step_dir).absolute() == output.absolute():
+        raise CheckpointError(f'--output: {output}: expected another directory than STEP_DIR, found the same')
+    replacing = check_step_dir_output(output, force)
     if kind_of(step_dir) == ORBAX:
         family, params, moments, record, header = _from_orbax(step_dir)
     else:
@@ -314,7 +342,9 @@ def export(step_dir, output, fmt: str) -> dict:
             else record['data_position']
         )
     extras = {k: v for k, v in record.items() if k != 'data_batch_idx'}
-    extras.update(checkpoint_format=fmt, model_shape=dataclasses.asdict(header))
+    extras.update(
+        checkpoint_format=fmt, model_shape=dataclasses.asdict(header), **{EXPORTED_FROM: str(Path(step_dir))}
+    )
     state = infinitrain_state_for(
         fmt,
         family,
@@ -326,7 +356,9 @@ def export(step_dir, output, fmt: str) -> dict:
         extras=extras,
     )
     try:
-        it.write_checkpoint(output, fmt, family, params, header, moments, state)
+        it.write_checkpoint(
+            output, fmt, family, params, header, moments, state, replace=replacing, topology=topology
+        )
     except LLMCFormatError as e:
         raise CheckpointError(str(e)) from None
     return {
@@ -335,11 +367,20 @@ def export(step_dir, output, fmt: str) -> dict:
         'model_family': family,
         'step': step,
         'optimizer_file': moments is not None,
+        'topology': topology.describe() if topology else None,
+        'upstream_flags': topology.upstream_flags() if topology else '',
+        'ranks': topology.world if topology else 1,
     }
 
 
 def export_line(written: dict) -> str:
     no_optimizer = '' if written['optimizer_file'] else ' (no optimizer file: no Adam state)'
+    if written.get('topology'):
+        return (
+            f"wrote {written['output']}: {written['kind']} checkpoint of {written['model_family']} step "
+            f"{written['step']} as {written['ranks']} rank directories ({written['topology']}){no_optimizer}; "
+            f"InfiniTrain resumes it with {written['upstream_flags']} --load {written['output']}"
+        )
     return (
         f"wrote {written['output']}: {written['kind']} checkpoint of {written['model_family']} step "
         f"{written['step']}{no_optimizer}; InfiniTrain resumes it with --load (HEAD) / --resume_from (PR) "

@@ -8,9 +8,9 @@ import dataclasses
 import time
 
 import jax
+import numpy as np
 
-from jaxtrain.checkpoint import layout
-from jaxtrain.checkpoint.formats.infinitrain_saver import open_checkpointer, saved_best_loss
+from jaxtrain.checkpoint import layout, registry
 from jaxtrain.checkpoint.lora_record import lora_record
 from jaxtrain.checkpoint.resume_checks import cached_sha256
 from jaxtrain.checkpoint.trainer_state import library_versions, trainer_state_record
@@ -19,6 +19,18 @@ from jaxtrain.models.lora import count_parameters
 from jaxtrain.train import run_log
 from jaxtrain.train.optim import learning_rate_at
 from jaxtrain.train.save_events import SaveEvents
+from llmc_io.errors import LLMCFormatError
+
+
+def saved_best_loss(step_dir) -> float | None:
+    """The running minimum loss a checkpoint recorded (ours, or InfiniTrain's best_loss), else None."""
+    if step_dir is None:
+        return None
+    try:
+        best = registry.for_step_dir(step_dir).read_record(step_dir).get('best_loss')
+    except (layout.CheckpointError, LLMCFormatError, OSError):
+        return None
+    return float(best) if isinstance(best, (int, float)) and np.isfinite(best) else None
 
 
 class RunSaver:
@@ -43,8 +55,7 @@ class RunSaver:
                 and resume_dir.parent.resolve() == layout.Path(config.checkpoint_dir).resolve()
                 else []
             )
-            # Orbax's Checkpointer, or InfiniTrain's files for --checkpoint_format infinitrain*.
-            self.checkpointer = open_checkpointer(config, parts, protected)
+            self.checkpointer = registry.open_checkpointer(config, parts, protected)
             self.deleted_later_steps = self.checkpointer.refuse_later_steps(
                 start_step, config.overwrite_later_checkpoints
             )

@@ -8,7 +8,7 @@ import pytest
 
 from jaxtrain.checkpoint import layout as ckpt_layout
 from jaxtrain.checkpoint import manager as ckpt_manager
-from jaxtrain.checkpoint import resume as ckpt_resume
+from jaxtrain.checkpoint.formats import orbax as orbax_format
 
 RECORD = {'step': 1, 'data_position': 1, 'epoch': 0, 'has_optimizer_state': True}
 RNG = jnp.array([0, 42], jnp.uint32)
@@ -46,7 +46,7 @@ def test_saved_values_are_those_at_save_time_even_after_donation(tmp_path, monke
     checkpointer.close()
     assert checkpointer.blocking_saves == (0 if room_on_device else 1)
 
-    restored, restored_opt, record = ckpt_resume.restore(
+    restored, restored_opt, record = orbax_format.restore(
         tmp_path / 'checkpoint_step_000001', new_params, new_opt_state
     )
     for got, want in zip(jax.tree.leaves((restored, restored_opt)), jax.tree.leaves(expected)):
@@ -110,7 +110,7 @@ def test_two_stage_save_from_a_prepared_program_keeps_the_snapshot_time_values(t
     assert params['w'].is_deleted()
     checkpointer.save_snapshot(1, snapshot, dict(RECORD))
     checkpointer.close()
-    restored, restored_opt, _ = ckpt_resume.restore(tmp_path / 'checkpoint_step_000001', new_params, new_opt_state)
+    restored, restored_opt, _ = orbax_format.restore(tmp_path / 'checkpoint_step_000001', new_params, new_opt_state)
     for got, want in zip(jax.tree.leaves((restored, restored_opt)), jax.tree.leaves(expected)):
         np.testing.assert_array_equal(got, want)
 

@@ -105,18 +105,15 @@ def test_optimizer_mismatch_says_what_it_drops(real):
 
 
 def test_latest_picks_the_newest_infinitrain_step(real):
-    from jaxtrain.checkpoint.formats.infinitrain_saver import _target
+    from jaxtrain.checkpoint.resume import resolve_resume
 
     root = real / 'pr-gpt2' / 'a'
-    config = load_config(
-        'gpt2', resume_from='latest', checkpoint_dir=str(root), checkpoint_format='infinitrain-bin'
-    )
-    assert _target(config) == (root / 'checkpoint_step_000020').absolute()  # not checkpoint_final
-    assert _target(load_config('gpt2', resume_from='latest', checkpoint_dir=str(root))) is None  # orbax asked
-    assert (
-        _target(load_config('gpt2', resume_from=str(root / 'checkpoint_step_000010')))
-        == root / 'checkpoint_step_000010'
-    )
+    newest = resolve_resume('latest', str(root), 'infinitrain-bin')[0]
+    assert newest == (root / 'checkpoint_step_000020').absolute()  # not checkpoint_final
+    step_dir, notice = resolve_resume('latest', str(root), 'orbax')  # orbax asked: none of ours there
+    assert step_dir is None and 'no committed checkpoint' in notice
+    explicit = resolve_resume(str(root / 'checkpoint_step_000010'), '', 'orbax')[0]
+    assert explicit == root / 'checkpoint_step_000010'  # any kind, whatever the format written
 
 
 def test_a_damaged_checkpoint_stops_the_run_before_anything_is_touched(real, tmp_path):

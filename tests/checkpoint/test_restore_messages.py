@@ -13,7 +13,8 @@ import orbax.checkpoint as ocp
 import pytest
 
 from cli_runs import run_cli
-from jaxtrain.checkpoint import layout, resume
+from jaxtrain.checkpoint import layout
+from jaxtrain.checkpoint.formats import orbax as orbax_format
 from jaxtrain.checkpoint.layout import CheckpointError
 from trainer_runs import random_shard, tiny_llmc_model
 
@@ -53,7 +54,7 @@ def test_a_corrupt_zstd_chunk_is_one_line_without_logged_tracebacks(tmp_path, ca
     _corrupt_zstd_frames(tmp_path / 'params')
     like = {name: jnp.zeros(a.shape) for name, a in tree.items()}
     with caplog.at_level(logging.INFO), pytest.raises(CheckpointError) as refused:
-        resume._restore_item(tmp_path, 'params', like)
+        orbax_format._restore_item(tmp_path, 'params', like)
     message = str(refused.value)
     assert '\n' not in message and 'ZSTD' in message and 'could not restore' in message, message
     assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []

@@ -1,5 +1,5 @@
-"""The run's side of InfiniTrain checkpoints: a Checkpointer look-alike for --checkpoint_format
-infinitrain|infinitrain-bin, and the resume hook for an InfiniTrain step directory.
+"""InfiniTrain step directories as a checkpoint format (format.py): the run's checkpointer for
+--checkpoint_format infinitrain|infinitrain-bin, and restoring a step of any InfiniTrain kind.
 
 Saves are synchronous (NumPy files, written into a temporary directory renamed when complete) and rotate
 like ours: the newest max_checkpoint_keep steps, every multiple of keep_every_steps, and the step the run
@@ -15,13 +15,15 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from jaxtrain.checkpoint.format import Resumed, fresh_optimizer_state
 from jaxtrain.checkpoint.formats import infinitrain as it
 from jaxtrain.checkpoint.formats.infinitrain_trainer import read_step_dir, save_step_dir
-from jaxtrain.checkpoint.layout import CheckpointError, committed_steps, step_dir_name
-from jaxtrain.checkpoint.manager import Checkpointer, Snapshot
+from jaxtrain.checkpoint.layout import CheckpointError, later_steps, step_dir_name
+from jaxtrain.checkpoint.manager import Snapshot
 from jaxtrain.checkpoint.trainer_state import compare_with_run
 from jaxtrain.parallel import sharding
 from llmc_io.errors import LLMCFormatError
+from llmc_io.infinitrain_state import read_trainer_state as read_infinitrain_state
 
 
 def batches_per_step(parts) -> int:
@@ -31,7 +33,7 @@ def batches_per_step(parts) -> int:
 
 
 class InfiniTrainCheckpointer:
-    """save / wait / close / step_dir / refuse_later_steps, as manager.Checkpointer, for InfiniTrain files."""
+    """A format.RunCheckpointer writing InfiniTrain step directories, synchronously."""
 
     def __init__(
         self,
@@ -60,19 +62,14 @@ class InfiniTrainCheckpointer:
         it.prune(self.root, 0)  # removes what a killed save left under a temporary name
 
     def step_dir(self, step: int) -> Path:
-        return self.root / f'checkpoint_step_{step:06d}'
+        return self.root / step_dir_name(step)
 
     def refuse_later_steps(self, start_step: int, overwrite: bool) -> list[int]:
-        later = [d for d in it.step_dirs(self.root) if it.step_number(d) > start_step]
-        if later and not overwrite:
-            raise CheckpointError(
-                f'checkpoint_dir: {self.root}: expected no checkpoints after step {start_step}, found '
-                f'{", ".join(d.name for d in later)}. Choose another --checkpoint_dir, or pass '
-                '--config.overwrite_later_checkpoints=true to delete them.'
-            )
-        for d in later:
-            shutil.rmtree(d)
-        return [it.step_number(d) for d in later]
+        steps = [it.step_number(d) for d in it.step_dirs(self.root)]
+        later = later_steps(self.root, steps, start_step, overwrite)
+        for step in later:
+            shutil.rmtree(self.step_dir(step))
+        return later
 
     def prepare(self, params, opt_state, rng):
         pass  # no snapshot program: saves are synchronous
@@ -123,123 +120,84 @@ class InfiniTrainCheckpointer:
         pass
 
 
-def open_checkpointer(config, parts, protected_steps):
-    """The run's checkpointer for config.checkpoint_format, refusing a root that holds the other kind:
-    Orbax's rotation would count (and delete) InfiniTrain step directories as its own, and ours would
-    skip Orbax steps."""
-    fmt = config.get('checkpoint_format', 'orbax')
-    root = Path(config.checkpoint_dir)
-    theirs = it.step_dirs(root)
-    ours = committed_steps(root)
-    if (fmt == 'orbax' and theirs) or (fmt != 'orbax' and ours):
-        other = 'InfiniTrain' if fmt == 'orbax' else 'Orbax'
-        found = theirs[0].name if fmt == 'orbax' else step_dir_name(ours[0])
-        raise CheckpointError(
-            f'checkpoint_dir: {root.absolute()}: expected only {fmt} checkpoints, found {other} ones '
-            f'({found}); '
-            'keep each kind in its own --checkpoint_dir (resuming from the other root is fine)'
-        )
-    if fmt == 'orbax':
-        return Checkpointer(
+class InfiniTrainFormat:
+    """One InfiniTrain kind (infinitrain.py's KINDS): every kind restores; infinitrain and
+    infinitrain-bin also write."""
+
+    title = 'InfiniTrain'
+
+    def __init__(self, kind: str):
+        self.name = kind
+
+    def owns(self, step_dir) -> bool:
+        return it.detect_kind(step_dir) is not None
+
+    def committed_steps(self, root) -> list[int]:
+        return [it.step_number(d) for d in it.step_dirs(root)]
+
+    def open(self, config, parts, protected_steps) -> InfiniTrainCheckpointer:
+        return InfiniTrainCheckpointer(
             config.checkpoint_dir,
+            self.name,
+            parts,
+            family=config.model_family,
             keep_latest=config.max_checkpoint_keep,
             keep_every=config.keep_every_steps,
             protected_steps=protected_steps,
         )
-    return InfiniTrainCheckpointer(
-        config.checkpoint_dir,
-        fmt,
-        parts,
-        family=config.model_family,
-        keep_latest=config.max_checkpoint_keep,
-        keep_every=config.keep_every_steps,
-        protected_steps=protected_steps,
-    )
 
+    def read_record(self, step_dir) -> dict:
+        """The "jaxtrain" object of trainer_state.json (what only we write), with InfiniTrain's
+        own step and best_loss where it has none."""
+        state = read_infinitrain_state(it.rank_dirs(step_dir)[0] / it.TRAINER_STATE)
+        record = dict(state.jaxtrain or {})
+        record.setdefault('step', state.global_step)
+        record.setdefault('best_loss', state.best_loss)
+        return record
 
-def saved_best_loss(step_dir) -> float | None:
-    """The running minimum loss a checkpoint recorded (ours or InfiniTrain's PR field), else None."""
-    if step_dir is None:
-        return None
-    try:
-        if it.detect_kind(step_dir):
-            from llmc_io.infinitrain_state import read_trainer_state as read_infinitrain_state
-
-            state = read_infinitrain_state(it.rank_dirs(step_dir)[0] / it.TRAINER_STATE)
-            best = (state.jaxtrain or {}).get('best_loss', state.best_loss)
-        else:
-            from jaxtrain.checkpoint.trainer_state import read_trainer_state
-
-            best = read_trainer_state(step_dir).get('best_loss')
-    except (CheckpointError, LLMCFormatError, OSError):
-        return None
-    return float(best) if isinstance(best, (int, float)) and np.isfinite(best) else None
-
-
-def _target(config) -> Path | None:
-    """The InfiniTrain step directory config asks to resume from, or None (not an InfiniTrain one)."""
-    source = config.resume_from  # HEAD's --load arrives here too (config/infinitrain_flags.py)
-    if not source:
-        return None
-    if source == 'latest':
-        if config.get('checkpoint_format', 'orbax') == 'orbax' or not config.checkpoint_dir:
-            return None
-        dirs = it.step_dirs(config.checkpoint_dir)
-        return dirs[-1].absolute() if dirs else None
-    path = Path(source).absolute()
-    return path if it.detect_kind(path) else None
-
-
-def resume_from_infinitrain(config, parts, resumed_cls):
-    """A `resumed_cls` (checkpoint/resume.py's Resumed) when config resumes from an InfiniTrain step
-    directory; None otherwise. Everything is checked (model family, names, shapes, vocabulary, batch
-    geometry) before the run's state is touched."""
-    step_dir = _target(config)
-    if step_dir is None:
-        return None
-    state = parts.state
-    try:
-        params, opt_state, saved = read_step_dir(
-            step_dir, state.params, state.opt_state, batches_per_step(parts), config.optimizer
-        )
-    except LLMCFormatError as e:
-        raise CheckpointError(f'{e}') from None
-    messages = list(saved.pop('messages'))
-    if 'model_config' in saved:  # written by jaxtrain: the same compatibility check as our own checkpoints
-        incompatible, changes = compare_with_run(
-            saved, dataclasses.asdict(parts.setup.model_config), config.to_dict()
-        )
-        if incompatible:
-            raise CheckpointError(
-                f'{step_dir}: does not fit this run: '
-                + '; '.join(incompatible)
-                + '. Resume it with the settings it was saved with, or start a new run.'
+    def restore_into(self, config, parts, step_dir: Path) -> Resumed:
+        """Everything is checked (model family, names, shapes, vocabulary, batch geometry)
+        before the run's state is touched."""
+        state = parts.state
+        try:
+            params, opt_state, saved = read_step_dir(
+                step_dir, state.params, state.opt_state, batches_per_step(parts), config.optimizer
             )
-        messages += [f'resume: changed since the checkpoint: {change}' for change in changes]
-    if opt_state is None:
-        from jaxtrain.checkpoint.resume import set_schedule_position
-
-        fresh = lambda p: set_schedule_position(parts.tx.init(p), saved['step'])
-        opt_state = jax.jit(fresh, out_shardings=parts.opt_shardings)(params)
-    replicated = parts.replicated
-    rng = (
-        state.rng
-        if saved['rng'] is None
-        else sharding.put_global(np.asarray(saved['rng'], np.uint32), replicated)
-    )
-    if saved['rng'] is None:
-        messages.append(
-            f'resume: {step_dir} was written by InfiniTrain: no rng saved, keeping seed {config.seed}\'s'
+        except LLMCFormatError as e:
+            raise CheckpointError(f'{e}') from None
+        messages = list(saved.pop('messages'))
+        if 'model_config' in saved:  # written by jaxtrain: the compatibility check of our own checkpoints
+            incompatible, changes = compare_with_run(
+                saved, dataclasses.asdict(parts.setup.model_config), config.to_dict()
+            )
+            if incompatible:
+                raise CheckpointError(
+                    f'{step_dir}: does not fit this run: '
+                    + '; '.join(incompatible)
+                    + '. Resume it with the settings it was saved with, or start a new run.'
+                )
+            messages += [f'resume: changed since the checkpoint: {change}' for change in changes]
+        if opt_state is None:
+            opt_state = fresh_optimizer_state(parts, params, saved['step'])
+        replicated = parts.replicated
+        rng = (
+            state.rng
+            if saved['rng'] is None
+            else sharding.put_global(np.asarray(saved['rng'], np.uint32), replicated)
         )
-    state = state.replace(
-        step=sharding.put_global(np.int32(saved['step']), replicated),
-        data_position=sharding.put_global(np.int32(saved['data_position']), replicated),
-        params=params,
-        opt_state=opt_state,
-        rng=rng,
-    )
-    messages.append(
-        f"resume: restored step {saved['step']} from {step_dir} ({saved['kind']}, data position "
-        f"{saved['data_position']})"
-    )
-    return resumed_cls(state, step_dir, saved, messages)
+        if saved['rng'] is None:
+            messages.append(
+                f'resume: {step_dir} was written by InfiniTrain: no rng saved, keeping seed {config.seed}\'s'
+            )
+        state = state.replace(
+            step=sharding.put_global(np.int32(saved['step']), replicated),
+            data_position=sharding.put_global(np.int32(saved['data_position']), replicated),
+            params=params,
+            opt_state=opt_state,
+            rng=rng,
+        )
+        messages.append(
+            f"resume: restored step {saved['step']} from {step_dir} ({saved['kind']}, data position "
+            f"{saved['data_position']})"
+        )
+        return Resumed(state, step_dir, saved, messages)

@@ -28,10 +28,10 @@ import optax
 
 import llmc_io
 from jaxtrain.checkpoint.formats import infinitrain as it
+from jaxtrain.checkpoint.layout import step_dir_name
 from llmc_io.infinitrain_state import CONFIG_DEFAULTS, HEAD, PR, InfiniTrainState
 from llmc_io.tensors import tree_leaves
 
-FORMATS = ('orbax', it.HEAD_KIND, it.PR_BIN_KIND)  # --checkpoint_format values
 _OPTIMIZER_TYPE = {'sgd': 'SGD', 'adam': 'Adam', 'adamw': 'AdamW'}
 
 
@@ -161,7 +161,7 @@ def save_step_dir(
     batches_per_step: int,
     data_parallel: int = 1,
 ) -> Path:
-    """Write `checkpoint_step_{step:06d}` under root in InfiniTrain's HEAD (`infinitrain`) or PR
+    """Write step_dir_name(step) under root in InfiniTrain's HEAD (`infinitrain`) or PR
     (`infinitrain-bin`) layout, atomically. record: our trainer-state record (trainer_state_record plus
     rng, and loss / best_loss when known); it becomes the "jaxtrain" object. opt_state None, or one
     without Adam moments (SGD), writes no optimizer file, as upstream."""
@@ -191,5 +191,5 @@ def save_step_dir(
         extras=extras,
         data_parallel=data_parallel,
     )
-    final = Path(root) / f'checkpoint_step_{step:06d}'
+    final = Path(root) / step_dir_name(step)
     return it.write_checkpoint(final, fmt, family, numpy_params, header, moments, state)

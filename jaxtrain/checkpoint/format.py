@@ -1,0 +1,109 @@
+"""The seam between the run and a checkpoint format: what every format implements.
+
+A `CheckpointFormat` knows one kind of step directory on disk: which steps a root holds,
+how to open a checkpointer that saves a run into a root, how to read a step's record, and
+how to restore a step into the run's state. The `RunCheckpointer` it opens is what the
+save policy (train/saving.py) drives. registry.py maps `--checkpoint_format` and a step
+directory's kind to the format; resume.py and the save policy ask the registry, so no
+format module needs either of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Protocol
+
+import jax
+import numpy as np
+import optax
+
+
+@dataclasses.dataclass
+class Resumed:
+    """What a restore gives the loop: the state to train from, the step directory it came
+    from (None for a fresh start), its trainer-state record, and the lines to log."""
+
+    state: object
+    step_dir: Path | None
+    record: dict | None
+    messages: list
+
+
+class RunCheckpointer(Protocol):
+    """The saves of one run into one checkpoint root.
+
+    A save is split in two so the loop can dispatch the device copy before it waits for the
+    step's metrics: snapshot() takes the state, save_snapshot() writes it (or starts writing
+    it); save() is both. wait() returns once every started save is committed."""
+
+    root: Path
+    set_aside: list  # uncommitted step directories moved out of the way when the root was opened
+    blocking_saves: int  # saves that held up the loop until written or handed off
+
+    def step_dir(self, step: int) -> Path: ...
+
+    def refuse_later_steps(self, start_step: int, overwrite: bool) -> list[int]:
+        """Refuses (or, with overwrite, deletes and returns) the steps after start_step."""
+        ...
+
+    def prepare(self, params, opt_state, rng) -> None: ...
+
+    def snapshot(self, params, opt_state, rng): ...
+
+    def save_snapshot(self, step: int, snapshot, trainer_state: dict) -> None: ...
+
+    def save(self, step: int, params, opt_state, rng, trainer_state: dict) -> None: ...
+
+    def wait(self) -> None: ...
+
+    def abort_notice(self) -> str:
+        """For a run aborted at once: what is saved and what is lost."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class CheckpointFormat(Protocol):
+    """One kind of step directory (`checkpoint_step_NNNNNN`, layout.py) and how a run uses it."""
+
+    name: str  # the --checkpoint_format value that writes it (or the kind `ckpt ls` prints)
+    title: str  # the family, as messages name it: 'Orbax', 'InfiniTrain'
+
+    def owns(self, step_dir) -> bool:
+        """Whether step_dir is a step directory of this format."""
+        ...
+
+    def committed_steps(self, root) -> list[int]:
+        """The steps of this format committed under root, oldest first."""
+        ...
+
+    def open(self, config, parts, protected_steps) -> RunCheckpointer:
+        """The run's checkpointer for config.checkpoint_dir; protected steps are never rotated away."""
+        ...
+
+    def read_record(self, step_dir) -> dict:
+        """The step's trainer-state record (step, best_loss, ...), without touching its arrays."""
+        ...
+
+    def restore_into(self, config, parts, step_dir: Path) -> Resumed:
+        """Checks step_dir against the run (everything, before the state is touched) and
+        restores it onto the run's shardings. `parts` is train/setup.py's TrainerSetup."""
+        ...
+
+
+def set_schedule_position(opt_state, step: int):
+    """Fresh optimizer moments, but the learning-rate schedule continues at `step`."""
+    is_schedule = lambda s: isinstance(s, optax.ScaleByScheduleState)
+    return jax.tree.map(
+        lambda s: optax.ScaleByScheduleState(count=np.asarray(step, np.int32)) if is_schedule(s) else s,
+        opt_state,
+        is_leaf=is_schedule,
+    )
+
+
+def fresh_optimizer_state(parts, params, step: int):
+    """For a step saved without optimizer state: new moments on the run's shardings, the
+    learning-rate schedule at `step`."""
+    fresh = lambda p: set_schedule_position(parts.tx.init(p), step)
+    return jax.jit(fresh, out_shardings=parts.opt_shardings)(params)

@@ -1,0 +1,180 @@
+"""Our own checkpoints as a format: Orbax step directories (manager.py writes them).
+
+A step is `checkpoint_step_NNNNNN/` with params/, opt_state/ (when saved) and
+trainer_state/ (the JSON record, trainer_state.py). Restoring checks the record against the
+run first (every incompatibility at once), then restores the arrays onto the run's
+shardings, whatever the saving mesh was, and verifies their checksums.
+"""
+
+import contextlib
+import dataclasses
+import gc
+import logging
+import re
+from pathlib import Path
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from jaxtrain.checkpoint.checksums import checksum_mismatches
+from jaxtrain.checkpoint.format import Resumed, fresh_optimizer_state
+from jaxtrain.checkpoint.layout import DAMAGED, CheckpointError, committed_steps, damaged_advice, is_committed
+from jaxtrain.checkpoint.lora_record import resume_problems as lora_resume_problems
+from jaxtrain.checkpoint.manager import Checkpointer
+from jaxtrain.checkpoint.record_digest import check_digest
+from jaxtrain.checkpoint.resume_checks import check_data, check_weights_file
+from jaxtrain.checkpoint.trainer_state import (
+    check_resumable,
+    compare_with_run,
+    read_trainer_state,
+    topology_change,
+)
+from jaxtrain.parallel import sharding
+
+
+class OrbaxFormat:
+    """--checkpoint_format orbax (the default): asynchronous, sharded, checksummed saves."""
+
+    name = 'orbax'
+    title = 'Orbax'
+
+    def owns(self, step_dir) -> bool:
+        return is_committed(Path(step_dir))
+
+    def committed_steps(self, root) -> list[int]:
+        return committed_steps(root)
+
+    def open(self, config, parts, protected_steps) -> Checkpointer:
+        return Checkpointer(
+            config.checkpoint_dir,
+            keep_latest=config.max_checkpoint_keep,
+            keep_every=config.keep_every_steps,
+            protected_steps=protected_steps,
+        )
+
+    def read_record(self, step_dir) -> dict:
+        return read_trainer_state(step_dir)
+
+    def restore_into(self, config, parts, step_dir: Path) -> Resumed:
+        try:
+            saved = read_trainer_state(step_dir)
+            check_digest(saved, step_dir)  # before its fields are compared with the run
+        except CheckpointError as e:
+            raise CheckpointError(str(e).replace(DAMAGED, damaged_advice(step_dir))) from None
+        model_config = dataclasses.asdict(parts.setup.model_config)
+        incompatible, changes = compare_with_run(saved, model_config, config.to_dict())
+        incompatible += lora_resume_problems(saved, config, parts.setup)  # settings and base file
+        if incompatible:
+            raise CheckpointError(
+                f'{step_dir}: does not fit this run: '
+                + '; '.join(incompatible)
+                + '. Resume it with the settings it was saved with (python -m jaxtrain.ckpt show '
+                f'{step_dir} lists them), or start a new run without --resume_from.'
+            )
+        messages = [f'resume: changed since the checkpoint: {change}' for change in changes]
+        messages += check_data(saved, config, step_dir) + check_weights_file(saved, config, step_dir)
+        state = parts.state
+        try:
+            params, opt_state, saved = restore(step_dir, state.params, state.opt_state)
+        except CheckpointError as e:  # name the step to resume instead of the generic advice
+            if DAMAGED not in str(e):
+                raise
+            raise CheckpointError(str(e).replace(DAMAGED, damaged_advice(step_dir))) from e
+        if opt_state is None:
+            messages.append(
+                f'resume: {step_dir} has no optimizer state; starting with fresh optimizer moments'
+            )
+            opt_state = fresh_optimizer_state(parts, params, saved['step'])
+        replicated = parts.replicated
+        state = state.replace(
+            step=sharding.put_global(np.int32(saved['step']), replicated),
+            data_position=sharding.put_global(np.int32(saved['data_position']), replicated),
+            params=params,
+            opt_state=opt_state,
+            rng=sharding.put_global(np.asarray(saved['rng'], dtype=np.uint32), replicated),
+        )
+        messages.append(
+            f"resume: restored step {saved['step']} from {step_dir} "
+            f"({topology_change(saved.get('topology', {}), parts.topology)})"
+        )
+        return Resumed(state, step_dir, saved, messages)
+
+
+def _abstract(tree):
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+
+
+def restore(step_dir: Path, params_like, opt_state_like):
+    """Restores (params, opt_state or None, trainer_state) onto the shardings of the
+    given live trees; the optimizer state is restored against its abstract tree so
+    optax's namedtuples come back as namedtuples. Checksums are verified."""
+    step_dir = Path(step_dir).absolute()  # Orbax refuses relative paths
+    trainer_state = read_trainer_state(step_dir)
+    check_digest(trainer_state, step_dir)
+    check_resumable(trainer_state, step_dir)
+    has_opt_state = (step_dir / 'opt_state').is_dir()
+    if trainer_state.get('has_optimizer_state') and not has_opt_state:
+        raise CheckpointError(
+            f'{step_dir}: opt_state: expected the optimizer state (the trainer state says '
+            f'has_optimizer_state), found no opt_state directory; {DAMAGED}'
+        )
+    params = _restore_item(step_dir, 'params', params_like)
+    opt_state = _restore_item(step_dir, 'opt_state', opt_state_like) if has_opt_state else None
+    checksums = trainer_state.get('checksums', {})
+    problems = checksum_mismatches(params, checksums.get('params', {}), 'params')
+    if opt_state is not None:
+        problems += checksum_mismatches(opt_state, checksums.get('opt_state', {}), 'opt_state')
+    if problems:
+        raise CheckpointError(
+            f'{step_dir}: checksum verification failed: ' + '; '.join(problems) + f'; {DAMAGED}'
+        )
+    return params, opt_state, trainer_state
+
+
+class _Quiet(logging.Filter):
+    def filter(self, record):
+        return record.levelno < logging.ERROR
+
+
+@contextlib.contextmanager
+def _quiet_restore_errors():
+    """A damaged item fails every concurrent read of it, and asyncio logs each failed task
+    with its traceback and TensorStore spec (hundreds of lines for one bad zstd chunk)
+    besides the exception restore raises, which becomes the one-line refusal."""
+    quiet, loggers = _Quiet(), [logging.getLogger(name) for name in ('asyncio', 'absl')]
+    for logger in loggers:
+        logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        gc.collect()  # tasks whose exceptions nobody read log them when collected
+        for logger in loggers:
+            logger.removeFilter(quiet)
+
+
+def _first_cause(error: BaseException) -> str:
+    """The innermost cause's text (TensorStore's own reason, e.g. ZSTD_decompressStream()
+    failed), else the error's."""
+    for _ in range(20):  # a chain, not a cycle, but bounded all the same
+        inner = error.__cause__ or error.__context__
+        if inner is None:
+            break
+        error = inner
+    return str(error)
+
+
+def _restore_item(step_dir: Path, item: str, like):
+    try:
+        with _quiet_restore_errors():
+            return ocp.StandardCheckpointer().restore(step_dir / item, _abstract(like))
+    except Exception as e:  # Orbax and TensorStore raise many kinds for a damaged item
+        text = ' '.join(str(e).split()).split(' See full TensorStore details')[0] or type(e).__name__
+        cause = ' '.join(_first_cause(e).split()).split(' See full TensorStore details')[0]
+        cause = re.sub(r' in OCDBT database at local file "[^"]*"', '', cause)  # the step dir says where
+        if cause and cause not in text:
+            text = f'{text} {cause}'
+        reason = text if len(text) <= 240 else text[:237] + '...'
+        raise CheckpointError(
+            f'{step_dir}: {item}: could not restore the saved arrays ({reason}); {DAMAGED}'
+        ) from e

@@ -1,0 +1,52 @@
+"""Which checkpoint format (format.py) a flag or a step directory means.
+
+`--checkpoint_format` picks the format a run writes (`for_flag`); a step directory's files
+pick the format it is read with (`for_step_dir`): InfiniTrain's when its model file is one
+of theirs, else ours, whose resolve and restore then say what is wrong with it.
+"""
+
+from pathlib import Path
+
+from jaxtrain.checkpoint.format import CheckpointFormat, RunCheckpointer
+from jaxtrain.checkpoint.formats import infinitrain as it
+from jaxtrain.checkpoint.formats.infinitrain_saver import InfiniTrainFormat
+from jaxtrain.checkpoint.formats.orbax import OrbaxFormat
+from jaxtrain.checkpoint.layout import CheckpointError, step_dir_name
+
+ORBAX = OrbaxFormat()
+_INFINITRAIN = {kind: InfiniTrainFormat(kind) for kind in it.KINDS}  # every kind reads; pth does not write
+# --checkpoint_format values, in the order --help lists them.
+WRITERS: dict[str, CheckpointFormat] = {
+    ORBAX.name: ORBAX,
+    it.HEAD_KIND: _INFINITRAIN[it.HEAD_KIND],
+    it.PR_BIN_KIND: _INFINITRAIN[it.PR_BIN_KIND],
+}
+FORMAT_NAMES = tuple(WRITERS)
+_FAMILIES = (ORBAX, _INFINITRAIN[it.HEAD_KIND])  # one of each kind of root, for the mixed-root check
+
+
+def for_flag(name: str) -> CheckpointFormat:
+    """The format --checkpoint_format `name` writes (config/checks.py has refused any other)."""
+    return WRITERS[name]
+
+
+def for_step_dir(step_dir) -> CheckpointFormat:
+    kind = it.detect_kind(step_dir)
+    return _INFINITRAIN[kind] if kind else ORBAX
+
+
+def open_checkpointer(config, parts, protected_steps) -> RunCheckpointer:
+    """The run's checkpointer for config.checkpoint_format, refusing a root that holds the other kind:
+    Orbax's rotation would count (and delete) InfiniTrain step directories as its own, and ours would
+    skip Orbax steps."""
+    fmt = for_flag(config.get('checkpoint_format', ORBAX.name))
+    root = Path(config.checkpoint_dir)
+    for other in _FAMILIES:
+        found = other.committed_steps(root) if other.title != fmt.title else []
+        if found:
+            raise CheckpointError(
+                f'checkpoint_dir: {root.absolute()}: expected only {fmt.name} checkpoints, found '
+                f'{other.title} ones ({step_dir_name(found[0])}); '
+                'keep each kind in its own --checkpoint_dir (resuming from the other root is fine)'
+            )
+    return fmt.open(config, parts, protected_steps)
