@@ -77,12 +77,21 @@ KEYS = (
         "llm.c's: a sample every N steps and after the last (0 = off; -1 = after the last step on "
         'the built-in corpus only)',
     ),
-    ('freq_generate_txt', 10, "InfiniTrain's: a sample every N steps, only with a tokenizer_bin"),
+    (
+        'freq_generate_txt',
+        10,
+        "InfiniTrain's: a sample every N steps, only with a tokenizer_bin (or tokenizer)",
+    ),
     ('text_length', 64, 'tokens per sample, the EOT it starts from included'),
     (
         'tokenizer_bin',
         '',
         "llm.c tokenizer file for samples ('' = built-in byte tokenizer for GPT-2's vocabulary)",
+    ),
+    (
+        'tokenizer',
+        '',
+        "Hugging Face tokenizer.json or tiktoken BPE file for samples and the HF export ('' = none)",
     ),
     ('overfit_single_batch', False, "train every step on the stream's first batch (a smoke test)"),
     ('batch_size', 4, 'sequences per data-parallel rank per micro-step'),

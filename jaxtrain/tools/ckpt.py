@@ -5,7 +5,7 @@
     python -m jaxtrain.ckpt diff STEP_DIR_A STEP_DIR_B
     python -m jaxtrain.ckpt verify STEP_DIR
     python -m jaxtrain.ckpt export STEP_DIR --output model.bin [--version 3|5] [--merge-lora [--base FILE]]
-    python -m jaxtrain.ckpt export STEP_DIR --format hf --output HF_DIR
+    python -m jaxtrain.ckpt export STEP_DIR --format hf --output HF_DIR [--tokenizer tokenizer.json]
     python -m jaxtrain.ckpt export STEP_DIR --format infinitrain --output OUT/checkpoint_step_NNNNNN \
         [--ddp D] [--tp T] [--pp P] [--vpp V] [--zero_stage Z] [--sequence_parallel]
 
@@ -150,6 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
         help='replace what is at --output: a file, a Hugging Face folder\'s config.json and '
         'model.safetensors, or a step directory an earlier export wrote. Never a directory another '
         'program or run wrote, and never the llm.c base file the checkpoint records',
+    )
+    export.add_argument(
+        '--tokenizer',
+        metavar='FILE',
+        default='',
+        help="--format hf: the tokenizer.json or tiktoken BPE file to write beside config.json (default: "
+        "the run's --tokenizer, if it named one)",
     )
     topology = export.add_argument_group(
         'multi-GPU InfiniTrain layout (--format infinitrain)',

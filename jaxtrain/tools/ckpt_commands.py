@@ -388,7 +388,9 @@ def cmd_export(args) -> int:
             from jaxtrain.checkpoint.layout import CheckpointError
 
             raise CheckpointError(f'--version: expected none with --format hf (fp32), found {args.version}')
-        written = ckpt_export.export_hf(step_dir, args.output, args.merge_lora, args.base, args.force)
+        written = ckpt_export.export_hf(
+            step_dir, args.output, args.merge_lora, args.base, args.force, args.tokenizer
+        )
         if args.json:
             _print_json({'path': str(step_dir), **written})
         else:

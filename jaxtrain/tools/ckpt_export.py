@@ -44,15 +44,38 @@ def verified_params(step_dir, merge_lora: bool = False, base: str = '') -> tuple
     return family, header, params
 
 
-def export_hf(step_dir, output, merge_lora: bool = False, base: str = '', force: bool = False) -> dict:
-    """Writes a Hugging Face folder (config.json + model.safetensors, fp32) through llmc_io.hf; an
-    existing folder's two files only with `force` (export_target.py)."""
+def _run_tokenizer(step_dir, family: str, given: str):
+    """The BPE tokenizer to export beside the model: --tokenizer, else the one the run named."""
+    from llmc_io.text_tokenizer import load_text_tokenizer
+
+    named = read_trainer_state(step_dir).get('training_config', {}).get('tokenizer', '')
+    path = given or named
+    if not path:
+        return None
+    if not os.path.isfile(path):
+        raise CheckpointError(
+            f'--tokenizer: {path}: expected the tokenizer file {"the run named" if not given else "given"}, '
+            f'found nothing there; pass --tokenizer with its new path'
+        )
+    return load_text_tokenizer(path, family)
+
+
+def export_hf(
+    step_dir, output, merge_lora: bool = False, base: str = '', force: bool = False, tokenizer: str = ''
+) -> dict:
+    """Writes a Hugging Face folder (config.json + model.safetensors, fp32) through llmc_io.hf, and
+    the run's BPE tokenizer (tokenizer.json, tokenizer_config.json) when it names one (or
+    `tokenizer` is given); an existing folder's files only with `force` (export_target.py)."""
     from llmc_io.hf import save_hf
+    from llmc_io.hf_tokenizer_files import write_hf_tokenizer_files
 
     output = Path(output)
     check_hf_output(output, force)
     family, header, params = verified_params(Path(step_dir), merge_lora, base)
+    text_tokenizer = _run_tokenizer(step_dir, family, tokenizer)
     written = save_hf(output, header, params)
+    if text_tokenizer is not None:
+        written += write_hf_tokenizer_files(text_tokenizer, output, header.max_seq_len)
     return {
         'output': os.fspath(output),
         'files': written,

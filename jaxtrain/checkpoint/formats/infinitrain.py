@@ -401,8 +401,8 @@ def prune(root, keep: int, protected_steps=(), keep_every: int = 0) -> list[Path
         return removed
     for p in step_dirs(root)[:-keep]:
         step = step_number(p)
-        if step in protected_steps or (keep_every > 0 and step % keep_every == 0):
-            continue
+        if step in protected_steps or (keep_every > 0 and step % keep_every == 0) or p.is_symlink():
+            continue  # a symbolic link is someone's own: never deleted (layout.linked_steps)
         shutil.rmtree(p)
         removed.append(p)
     return removed

@@ -18,7 +18,14 @@ import numpy as np
 from jaxtrain.checkpoint.format import Resumed, fresh_optimizer_state
 from jaxtrain.checkpoint.formats import infinitrain as it
 from jaxtrain.checkpoint.formats.infinitrain_trainer import read_step_dir, save_step_dir
-from jaxtrain.checkpoint.layout import CheckpointError, later_steps, step_dir_name
+from jaxtrain.checkpoint.layout import (
+    CheckpointError,
+    later_steps,
+    linked_steps,
+    refuse_deleting_links,
+    set_aside_uncommitted,
+    step_dir_name,
+)
 from jaxtrain.checkpoint.manager import Snapshot
 from jaxtrain.checkpoint.trainer_state import compare_with_run
 from jaxtrain.parallel import sharding
@@ -56,9 +63,12 @@ class InfiniTrainCheckpointer:
         self.root.mkdir(parents=True, exist_ok=True)
         self.fmt, self.parts, self.family = fmt, parts, family
         self.keep_latest, self.keep_every = keep_latest, keep_every
-        self.protected = {s for s in protected_steps if s is not None}
         self.blocking_saves = 0
-        self.set_aside = []  # uncommitted step directories moved out of the way: none (saves are atomic renames)
+        # A step's name without InfiniTrain files is not ours (saves are atomic renames): moved
+        # aside, never deleted, as the Orbax root does.
+        self.set_aside = set_aside_uncommitted(self.root, committed=lambda p: it.detect_kind(p) is not None)
+        self.linked = linked_steps(self.root)
+        self.protected = {s for s in (*protected_steps, *self.linked) if s is not None}
         it.prune(self.root, 0)  # removes what a killed save left under a temporary name
 
     def step_dir(self, step: int) -> Path:
@@ -67,6 +77,7 @@ class InfiniTrainCheckpointer:
     def refuse_later_steps(self, start_step: int, overwrite: bool) -> list[int]:
         steps = [it.step_number(d) for d in it.step_dirs(self.root)]
         later = later_steps(self.root, steps, start_step, overwrite)
+        refuse_deleting_links(self.root, later, 'overwrite_later_checkpoints')
         for step in later:
             shutil.rmtree(self.step_dir(step))
         return later
