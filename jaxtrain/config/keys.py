@@ -103,6 +103,22 @@ KEYS = (
     ('lr_schedule', 'constant', 'constant | cosine (linear warmup, then cosine to min_lr_ratio)'),
     ('warmup_steps', 0, 'linear warmup as llm.c: step s (from 0) takes learning_rate*(s+1)/warmup_steps'),
     ('min_lr_ratio', 0.0, 'cosine: final learning rate as a fraction of learning_rate'),
+    # InfiniTrain's spelling of the schedule (PR 151): its own float32 arithmetic, step for step.
+    # A run spells its schedule one way: these, or lr_schedule / warmup_steps / min_lr_ratio.
+    (
+        'lr_decay_style',
+        'constant',
+        "InfiniTrain's schedule: none | constant | linear | cosine | inverse-square-root, after "
+        'lr_warmup_iters; none: no scheduler and no lr_scheduler.ckpt',
+    ),
+    ('lr_warmup_iters', 0, 'InfiniTrain: warmup steps, linear from lr_warmup_init (step 1) to learning_rate'),
+    ('lr_warmup_init', 0.0, 'InfiniTrain: the learning rate of step 1 when lr_warmup_iters > 0'),
+    ('min_lr', 0.0, "InfiniTrain: where the decay ends, an absolute learning rate (ours: min_lr_ratio)"),
+    (
+        'lr_decay_iters',
+        0,
+        'InfiniTrain: the step where the decay reaches min_lr, warmup included (0 = num_iteration)',
+    ),
     ('beta1', 0.9, 'Adam beta1'),
     ('beta2', 0.95, "Adam beta2 (llm.c's CUDA trainer; the LLaMA-3 config uses InfiniTrain's 0.999)"),
     ('eps', 1e-8, 'Adam epsilon'),
