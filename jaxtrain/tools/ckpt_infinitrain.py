@@ -334,7 +334,7 @@ def export(step_dir, output, fmt: str, force: bool = False, topology: Topology |
         ckpt = _read(step_dir)
         family, params, moments = ckpt.family, ckpt.params, ckpt.moments
         record = dict(
-            ckpt.state.jaxtrain or {}, step=ckpt.state.global_step, learning_rate=ckpt.state.last_lr
+            ckpt.state.jaxtrain or {}, step=ckpt.state.global_step, learning_rate=_next_lr(step_dir, ckpt)
         )
         record.setdefault('best_loss', ckpt.state.best_loss)
         shape = record.get('model_shape')
@@ -381,6 +381,18 @@ def export(step_dir, output, fmt: str, force: bool = False, topology: Topology |
         'upstream_flags': topology.upstream_flags() if topology else '',
         'ranks': topology.world if topology else 1,
     }
+
+
+def _next_lr(step_dir, ckpt) -> float:
+    """last_lr, or where the LR-scheduler generation keeps it: lr_scheduler.ckpt's recover_lr (0 without)."""
+    if ckpt.state.last_lr is not None:
+        return ckpt.state.last_lr
+    from jaxtrain.checkpoint.formats.infinitrain_schedule import saved_scheduler
+
+    found = saved_scheduler(step_dir)
+    if found:
+        return float(found[1].get('recover_lr', 0.0))
+    return float((ckpt.state.jaxtrain or {}).get('learning_rate', 0.0))
 
 
 def export_line(written: dict) -> str:

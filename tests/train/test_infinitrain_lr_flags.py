@@ -212,3 +212,61 @@ def test_a_damaged_scheduler_file_is_refused(lrs_gpt2, damage, part):
     result = _resume(*COSINE)
     _one_error_line(result, 'lr_scheduler.ckpt', part)
     assert tree_digest(lrs_gpt2) == before and not (lrs_gpt2 / 'b').exists()
+
+
+def test_our_lr_scheduler_generation_saves_verifies_exports_and_resumes(files, tmp_path, capsys):
+    """A run with InfiniTrain's flags saving --checkpoint_format infinitrain: lr_scheduler.ckpt is the
+    scheduler's state at the step (checked against the replay, whose bytes equal the binary's files);
+    `ckpt verify` covers it by sha256; export to HEAD puts its lr in last_lr; a resume from step 3
+    prints the uninterrupted run's steps 4-6."""
+    from jaxtrain.tools import ckpt
+    from jaxtrain.train.infinitrain_lr_schedule import ScheduleSpec, state_at
+    from llmc_io.infinitrain_lr_scheduler import read_lr_scheduler
+    from llmc_io.infinitrain_state import read_trainer_state
+
+    schedule = (
+        '--lr_decay_style',
+        'linear',
+        '--min_lr',
+        1e-4,
+        '--lr_warmup_iters',
+        2,
+        '--lr_warmup_init',
+        2e-4,
+    )
+    common = _train(files, '--learning_rate', 1e-3, '--checkpoint_format', 'infinitrain', *schedule)
+    full = run_cli(*common, '--checkpoint_dir', tmp_path / 'full', '--save_steps', 3)
+    assert full.code == 0, full.err
+    spec = ScheduleSpec('linear', 1e-3, min_lr=1e-4, warmup_iters=2, warmup_init=2e-4, decay_iters=6)
+    for step in (3, 6):
+        step_dir = tmp_path / 'full' / f'checkpoint_step_{step:06d}'
+        saved = read_lr_scheduler(step_dir / 'lr_scheduler.ckpt')
+        assert saved == state_at(spec, step)
+        state = read_trainer_state(step_dir / 'trainer_state.json')
+        assert state.generation == 'lrs' and state.last_lr is None
+        assert 'lr_scheduler.ckpt' in state.jaxtrain['sha256']
+    step3 = tmp_path / 'full' / 'checkpoint_step_000003'
+    assert ckpt.main(['verify', str(step3)]) == 0
+    assert 'sha256 of 3 files' in capsys.readouterr().out
+    assert (
+        ckpt.main(
+            ['export', str(step3), '--format', 'infinitrain', '--output', str(tmp_path / 'head' / step3.name)]
+        )
+        == 0
+    )
+    head = read_trainer_state(tmp_path / 'head' / step3.name / 'trainer_state.json')
+    next_lr = read_lr_scheduler(step3 / 'lr_scheduler.ckpt')['recover_lr']
+    assert head.generation == 'head' and head.last_lr == float(f'{next_lr:g}')  # HEAD prints %g
+    resumed = run_cli(
+        *common, '--checkpoint_dir', tmp_path / 'resumed', '--save_steps', 3, '--resume_from', step3
+    )
+    assert resumed.code == 0, resumed.err
+    assert (
+        '[CKPT] Loading LR scheduler' in resumed.out
+        and 'last_lr' not in resumed.out.split('Load done')[1].split('\n')[0]
+    )
+    steps = lambda out: {int(m[1]): m.groups()[1:] for m in map(STEP_LR.search, out.splitlines()) if m}
+    assert steps(resumed.out) == {k: v for k, v in steps(full.out).items() if k > 3}
+    assert (tmp_path / 'resumed/checkpoint_step_000006/lr_scheduler.ckpt').read_bytes() == (
+        tmp_path / 'full/checkpoint_step_000006/lr_scheduler.ckpt'
+    ).read_bytes()
