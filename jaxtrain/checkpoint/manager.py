@@ -41,6 +41,7 @@ from jaxtrain.checkpoint.layout import (
     set_aside_uncommitted,
     step_dir_name,
 )
+from jaxtrain.checkpoint.orbax_threads import release_waiting_threads
 from jaxtrain.checkpoint.record_digest import with_digest
 
 
@@ -307,6 +308,7 @@ class Checkpointer:
         try:
             self.wait()
         except CheckpointError:
+            release_waiting_threads()  # else they wait 20 minutes for a stage that failed
             with contextlib.suppress(Exception):  # it would raise the same failure again
                 self.manager.close()
             raise
@@ -327,8 +329,14 @@ class Checkpointer:
         reason = next((r for r in _WRITE_ERRORS if r in text), None) or (text[:160] or type(error).__name__)
         steps = committed_steps(self.root)
         kept = f'{step_dir_name(steps[-1])} and earlier are intact' if steps else 'no step was committed'
+        advice = {
+            'Read-only file system': (
+                f'Make {self.root} writable again (or resume into another --checkpoint_dir)'
+            ),
+            'Permission denied': f'Give this user write access to {self.root}',
+        }.get(reason, 'Free space')
         return CheckpointError(
-            f'checkpoint_dir: {self.root}: could not save {failed}: {reason}; {kept}. Free space, '
+            f'checkpoint_dir: {self.root}: could not save {failed}: {reason}; {kept}. {advice}, '
             'then resume with --resume_from latest.'
         )
 

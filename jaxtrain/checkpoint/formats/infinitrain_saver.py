@@ -9,6 +9,7 @@ resumed from are kept.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import shutil
 from pathlib import Path
 
@@ -118,9 +119,15 @@ class InfiniTrainCheckpointer:
                 lr_scheduler=scheduler,
             )
         except OSError as e:
+            steps = [it.step_number(d) for d in it.step_dirs(self.root)]
+            kept = f'{step_dir_name(steps[-1])} and earlier are intact' if steps else 'no step was committed'
+            advice = {
+                errno.EROFS: f'Make {self.root} writable again (or resume into another --checkpoint_dir)',
+                errno.EACCES: f'Give this user write access to {self.root}',
+            }.get(e.errno, 'Free space')
             raise CheckpointError(
                 f'checkpoint_dir: {self.root}: could not save {self.step_dir(step).name}: '
-                f'{e.strerror or e}; earlier steps are intact. Free space, then resume.'
+                f'{e.strerror or e}; {kept}. {advice}, then resume with --resume_from latest.'
             ) from e
         self.blocking_saves += 1
         it.prune(self.root, self.keep_latest, self.protected, self.keep_every)
