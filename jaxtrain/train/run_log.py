@@ -102,6 +102,7 @@ class RunLog:
     def __init__(self, log_dir: str = ''):
         self.is_main = jax.process_index() == 0
         self.metrics_file = None
+        self.dashboards = None  # train/dashboards.py, attached once the run knows its first step
         if log_dir and self.is_main:
             Path(log_dir).mkdir(parents=True, exist_ok=True)
             self.metrics_file = open(Path(log_dir) / 'metrics.jsonl', 'a')
@@ -147,7 +148,11 @@ class RunLog:
         if self.metrics_file:
             self.metrics_file.write(json.dumps({'time': time.time(), **row}) + '\n')
             self.metrics_file.flush()
+        if self.dashboards is not None:
+            self.dashboards.record(row)
 
     def close(self):
         if self.metrics_file:
             self.metrics_file.close()
+        if self.dashboards is not None:
+            self.dashboards.close()
