@@ -10,8 +10,8 @@ Decoding runs with a KV cache, compiled once (jaxtrain/models/decode.py); the to
 counts new tokens of all samples over the decoding time, compilation excluded. Text is encoded
 and decoded with --tokenizer (a Hugging Face tokenizer.json or a tiktoken BPE file, by its own
 library), or --tokenizer_bin (an llm.c tokenizer file: decoding, and --prompt by longest match),
-or, for a GPT-2 vocabulary without either, the built-in byte-level tokenizer of the default
-corpus. Errors are one line, exit status 2.
+or, for a GPT-2 or LLaMA-3 vocabulary without either, the built-in byte-level tokenizer of the
+default corpus. Errors are one line, exit status 2.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         default='',
         metavar='FILE',
         help="llm.c tokenizer file to decode (and encode --prompt) with ('' = the built-in byte-level "
-        'tokenizer for a GPT-2 vocabulary; token ids only for LLaMA-3)',
+        'tokenizer of a GPT-2 or LLaMA-3 vocabulary; token ids for any other)',
     )
     parser.add_argument(
         '--tokenizer',

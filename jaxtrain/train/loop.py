@@ -14,6 +14,7 @@ import time
 import jax
 import numpy as np
 
+from jaxtrain.checkpoint.layout import step_dir_names
 from jaxtrain.checkpoint.resume import resume_into
 from jaxtrain.checkpoint.root_access import owned_checkpoint_dir
 from jaxtrain.config.checks import check_config
@@ -22,7 +23,7 @@ from jaxtrain.models.lora_setup import save_lora_weights
 from jaxtrain.parallel import sharding
 from jaxtrain.parallel.distributed import agree_on_step_end
 from jaxtrain.train import run_log
-from jaxtrain.train.banner import run_banner
+from jaxtrain.train.banner import run_banner, run_record
 from jaxtrain.train.dashboards import Dashboards
 from jaxtrain.train.mfu import MFUMeter
 from jaxtrain.train.optim import learning_rate_at
@@ -100,6 +101,9 @@ def _run(config) -> int:
     if saver.checkpointer is not None and saver.checkpointer.set_aside:
         aside = saver.checkpointer.set_aside
         log.info(f'checkpoint_dir: not committed (no trainer state), set aside: {aside}')
+    if saver.checkpointer is not None and saver.checkpointer.linked:
+        links = step_dir_names(saver.checkpointer.linked)
+        log.info(f'checkpoint_dir: symbolic links, kept out of rotation (never deleted): {links}')
     if saver.deleted_later_steps:
         log.info(
             f'overwrite_later_checkpoints: deleted steps {saver.deleted_later_steps} of {saver.checkpointer.root}'
@@ -108,6 +112,7 @@ def _run(config) -> int:
     weights = parts.setup.source if resumed.step_dir is None else f'checkpoint {resumed.step_dir}'
     for line in run_banner(config, parts, stream, weights):
         log.info(line)
+    log.write_config(run_record(config, parts, weights))
     if step >= config.num_iteration:
         log.info(f'nothing to do: the run is at step {step} and num_iteration is {config.num_iteration}')
 

@@ -18,6 +18,7 @@ writer (the loop goes on), and the closing `saved:` line when the last write is 
 """
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -77,6 +78,10 @@ def ckpt_save_begin_line(step_dir, step: int) -> str:
     return f'[CKPT] Save begin: dir={_cpp_path(step_dir)}, global_step={step}'
 
 
+def ckpt_loading_lr_scheduler_line(path) -> str:
+    return f'[CKPT] Loading LR scheduler: {_cpp_path(path)}'
+
+
 def ckpt_save_done_line(step_dir) -> str:
     return f'[CKPT] Save done: dir={_cpp_path(step_dir)}'
 
@@ -91,10 +96,12 @@ def ckpt_load_done_line(trainer_state: dict, sequence_parallel: bool = False) ->
     dp = mesh.get('data', 1) * mesh.get('fsdp', 1)
     tp = mesh.get('tensor', 1)
     sp = tp if sequence_parallel else 1
+    # The LR-scheduler generation (InfiniTrain PR 151) keeps no last_lr and prints none.
+    learning_rate = trainer_state.get('learning_rate', 0.0)
+    last_lr = '' if learning_rate is None else f'last_lr={_cpp_float(learning_rate)}, '
     return (
         f"[CKPT] Load done: global_step={trainer_state.get('step', 0)}, consumed_batches ={consumed}, "
-        f"last_lr={_cpp_float(trainer_state.get('learning_rate', 0.0))}, "
-        f'topology(ddp,tp,sp,pp)=({dp},{tp},{sp},1)'
+        f'{last_lr}topology(ddp,tp,sp,pp)=({dp},{tp},{sp},1)'
     )
 
 
@@ -102,10 +109,24 @@ class RunLog:
     def __init__(self, log_dir: str = ''):
         self.is_main = jax.process_index() == 0
         self.metrics_file = None
+        self.log_dir = log_dir
         self.dashboards = None  # train/dashboards.py, attached once the run knows its first step
         if log_dir and self.is_main:
             Path(log_dir).mkdir(parents=True, exist_ok=True)
             self.metrics_file = open(Path(log_dir) / 'metrics.jsonl', 'a')
+
+    def write_config(self, record: dict):
+        """config.json beside metrics.jsonl: the run's resolved config (banner.run_record), this
+        run's (a resume into the same directory replaces it). Written to a temporary name and
+        renamed, so a reader never sees half a file. The dashboards get it as their config."""
+        if self.dashboards is not None:
+            self.dashboards.write_config(record)
+        if not self.metrics_file:
+            return
+        path = Path(self.log_dir) / 'config.json'
+        temporary = path.with_name(f'.config.json.tmp-{os.getpid()}')
+        temporary.write_text(json.dumps({'written_at': time.time(), **record}, indent=2, default=str) + '\n')
+        os.replace(temporary, path)
 
     def info(self, message: str):
         if self.is_main:

@@ -10,27 +10,14 @@ import shutil
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from tiny_models import random_params, tiny_header
 from trainer_runs import write_checkpoint
 
-import llmc_io
-from llmc_io.hf import load_hf
 from jaxtrain.tools import ckpt
+from llmc_io.hf import load_hf
 
-GPT2 = llmc_io.GPT2Header(
-    max_seq_len=16, vocab_size=50, padded_vocab_size=64, num_layers=2, num_heads=2, channels=16
-)
-LLAMA = llmc_io.LLaMA3Header(16, 48, 2, 4, 2, 32, 1.3, 8, 1e-5, 10000.0, False, 4)
-
-
-def random_tree(header, seed):
-    rng, tree = np.random.default_rng(seed), {}
-    for name, shape in header.param_shapes().items():
-        *parents, leaf = name.split('/')
-        node = tree
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = rng.normal(0, 0.3, shape).astype(np.float32)
-    return tree
+GPT2 = tiny_header('gpt2', max_seq_len=16, vocab_size=50, padded_vocab_size=64, channels=16)
+LLAMA = tiny_header('llama3', max_seq_len=16, vocab_size=48, ffn_dim_multiplier=1.3, multiple_of=8)
 
 
 def flat(tree, prefix=''):
@@ -42,7 +29,7 @@ def flat(tree, prefix=''):
 
 @pytest.mark.parametrize('family, header', [('gpt2', GPT2), ('llama3', LLAMA)])
 def test_export_hf_reads_back_to_the_saved_params(tmp_path, capsys, family, header):
-    params = random_tree(header, 0)
+    params = random_params(header, 0, std=0.3, everywhere=True)
     if family == 'gpt2':
         params['wte']['embedding'][header.vocab_size :] = (
             0  # HF keeps V rows; the padding comes back as zeros
@@ -60,7 +47,7 @@ def test_export_hf_reads_back_to_the_saved_params(tmp_path, capsys, family, head
 
 
 def test_damaged_params_are_refused(tmp_path, capsys):
-    params = random_tree(GPT2, 1)
+    params = random_params(GPT2, 1, std=0.3, everywhere=True)
     step_dir = write_checkpoint(tmp_path / 'ck', 5, 'gpt2', GPT2, params)
     params['ln_f']['bias'][0] += 1.0
     shutil.rmtree(step_dir / 'params')
@@ -101,7 +88,7 @@ def test_the_runs_tokenizer_is_written_beside_config_json(tmp_path, capsys, kind
         reference = tokenizers.Tokenizer.from_file(str(source))
         reference.encode_special_tokens = True
         expected = reference.encode(text).ids
-    params = random_tree(LLAMA, 1)
+    params = random_params(LLAMA, 1, std=0.3, everywhere=True)
     step = write_checkpoint(tmp_path / 'run', 2, 'llama3', LLAMA, params, training_config={'tokenizer': str(source)})
     assert ckpt.main(['export', str(step), '--format', 'hf', '--output', str(tmp_path / 'hf')]) == 0
     assert 'tokenizer.json, tokenizer_config.json' in capsys.readouterr().out
@@ -119,7 +106,7 @@ def test_the_runs_tokenizer_is_written_beside_config_json(tmp_path, capsys, kind
 
 
 def test_a_tokenizer_the_run_named_but_gone_is_one_line(tmp_path, capsys):
-    step = write_checkpoint(tmp_path / 'run', 2, 'gpt2', GPT2, random_tree(GPT2, 1), training_config={'tokenizer': '/gone/t.json'})
+    step = write_checkpoint(tmp_path / 'run', 2, 'gpt2', GPT2, random_params(GPT2, 1, std=0.3, everywhere=True), training_config={'tokenizer': '/gone/t.json'})
     assert ckpt.main(['export', str(step), '--format', 'hf', '--output', str(tmp_path / 'hf')]) == 2
     err = capsys.readouterr().err
     assert err.count('\n') == 1

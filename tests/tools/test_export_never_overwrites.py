@@ -8,13 +8,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_ckpt_export_hf import GPT2, random_tree
+from tiny_models import random_params, tiny_header
 from trainer_runs import write_checkpoint
 
 import llmc_io
 from jaxtrain.checkpoint.formats import infinitrain as it
 from jaxtrain.tools import ckpt
 from llmc_io.infinitrain_state import read_trainer_state, write_trainer_state
+
+GPT2 = tiny_header('gpt2', max_seq_len=16, vocab_size=50, padded_vocab_size=64, channels=16)
 
 
 def digest(path: Path) -> str:
@@ -27,7 +29,7 @@ def digest(path: Path) -> str:
 
 @pytest.fixture
 def step_dir(tmp_path):
-    params = random_tree(GPT2, 0)
+    params = random_params(GPT2, 0, std=0.3, everywhere=True)
     params['wte']['embedding'][GPT2.vocab_size :] = 0
     llmc_io.save_gpt2(str(tmp_path / 'base.bin'), GPT2, params)
     return write_checkpoint(tmp_path / 'ck', 5, 'gpt2', GPT2, params, llmc_file=str(tmp_path / 'base.bin'))
@@ -110,4 +112,4 @@ def test_force_replaces_an_earlier_export(tmp_path, capsys, step_dir):
     assert it.detect_kind(out) == it.HEAD_KIND and not (out / 'model.bin').exists()
     assert sorted(p.name for p in out.parent.iterdir()) == ['checkpoint_step_000005']  # nothing left aside
     bias = it.read_checkpoint(out).params['ln_f']['bias']
-    np.testing.assert_array_equal(bias, random_tree(GPT2, 0)['ln_f']['bias'])
+    np.testing.assert_array_equal(bias, random_params(GPT2, 0, std=0.3, everywhere=True)['ln_f']['bias'])

@@ -34,7 +34,9 @@ def fake_wandb():
 
     class Run:
         def __init__(self, **kwargs):
-            self.init, self.logged, self.finished = kwargs, [], False
+            self.init, self.logged, self.finished, self.config = kwargs, [], False, {}
+            self.config = types.SimpleNamespace(update=lambda values, **_: self.recorded.update(values))
+            self.recorded = {}
 
         def log(self, values, step):
             self.logged.append((step, dict(values)))
@@ -154,11 +156,13 @@ def test_tensorboard_curves_match_the_step_lines_across_a_resume(tmp_path, monke
     assert sorted(scalars['checkpoint/save_blocked_s']) == [3, 6, 8]
     assert set(scalars['checkpoint/save_commit_s']) <= {3, 6, 8} and 3 in scalars['checkpoint/save_commit_s']
     assert list(scalars['checkpoint/restore_s']) == [3] and scalars['checkpoint/restore_s'][3] > 0
-    assert 'config/text_summary' in events.Tags()['tensors']
+    (config_text,) = [e for e in events.Tensors('config/text_summary') if e.step == 3]  # the resumed run's
+    resumed_from = json.loads(config_text.tensor_proto.string_val[0].decode().replace('\n    ', '\n'))
+    assert resumed_from['config']['num_iteration'] == 8 and resumed_from['weights'].endswith('000003')
     assert 'summary: 5 steps (4-8)' in out_second and '| MFU ' in out_second
 
     (run,) = wandb.runs  # only the first run asked for W&B
-    assert run.init['project'] == 'curves' and run.init['config']['num_iteration'] == 6 and run.finished
+    assert run.init['project'] == 'curves' and run.recorded['config']['num_iteration'] == 6 and run.finished
     logged_loss = {step: values['train/loss'] for step, values in run.logged if 'train/loss' in values}
     assert sorted(logged_loss) == list(range(1, 7))
     assert all(logged_loss[s] == pytest.approx(scalars['train/loss'][s]) for s in (1, 2, 3))

@@ -280,12 +280,14 @@ def write_checkpoint(
     state: InfiniTrainState,
     replace: bool = False,
     topology: Topology | None = None,
+    extra_files: dict[str, bytes] | None = None,
 ) -> Path:
     """Write one step directory atomically. params: NumPy tree; header: llmc_io GPT2Header / LLaMA3Header of
     model; moments: (mu, nu, t) or None (no optimizer file, as upstream does for SGD). An existing
     final_dir is an error unless `replace` (the caller has checked that it wrote it): a directory
     someone else put there is never deleted. topology: a multi-GPU run's layout to write rank_NNNNNN/
-    directories for (HEAD files only)."""
+    directories for (HEAD files only). extra_files: more files of a one-rank directory by name
+    (lr_scheduler.ckpt), written before the sha256s are taken."""
     final_dir = Path(final_dir)
     if topology is not None and topology.world > 1 and kind != HEAD_KIND:
         raise LLMCFormatError(
@@ -304,7 +306,7 @@ def write_checkpoint(
         if topology is not None and topology.world > 1:
             _write_ranks(tmp, family, params, header, moments, state, topology)
         else:
-            _write_files(tmp, kind, family, params, header, moments, state)
+            _write_files(tmp, kind, family, params, header, moments, state, extra_files)
         os.chmod(tmp, 0o755)
         if final_dir.exists():  # replace: the old one goes under a temporary name until the new is in place
             old = Path(tempfile.mkdtemp(prefix=final_dir.name + _TMP_MARK, dir=final_dir.parent))
@@ -320,7 +322,7 @@ def write_checkpoint(
     return final_dir
 
 
-def _write_files(tmp: Path, kind, family, params, header, moments, state) -> None:
+def _write_files(tmp: Path, kind, family, params, header, moments, state, extra_files=None) -> None:
     model_name, opt_name = FILES[kind]
     vocab = header.vocab_size
     if kind == PR_BIN_KIND:
@@ -334,6 +336,8 @@ def _write_files(tmp: Path, kind, family, params, header, moments, state) -> Non
         write_state_dict(
             tmp / opt_name, names.trees_to_moments(family, mu, nu, t, vocab, kind == HEAD_KIND)
         )
+    for name, payload in (extra_files or {}).items():
+        (tmp / name).write_bytes(payload)
     if state.jaxtrain is not None:  # lets `ckpt verify` prove the files are the ones jaxtrain wrote
         state = dataclasses.replace(
             state,
@@ -401,8 +405,8 @@ def prune(root, keep: int, protected_steps=(), keep_every: int = 0) -> list[Path
         return removed
     for p in step_dirs(root)[:-keep]:
         step = step_number(p)
-        if step in protected_steps or (keep_every > 0 and step % keep_every == 0):
-            continue
+        if step in protected_steps or (keep_every > 0 and step % keep_every == 0) or p.is_symlink():
+            continue  # a symbolic link is someone's own: never deleted (layout.linked_steps)
         shutil.rmtree(p)
         removed.append(p)
     return removed
