@@ -1,9 +1,11 @@
 """Refuses a bad config before anything is built: one line naming the key, what was
-expected and what was found."""
+expected and what was found. The one place a run's config is validated: the entry points
+(main.py, the benchmark) call check_config once; train/ builds without checking again."""
 
 from pathlib import Path
 
 from jaxtrain.checkpoint.registry import FORMAT_NAMES
+from jaxtrain.config.fit_checks import check_fit
 from jaxtrain.config.path_checks import path_problems
 from jaxtrain.models import cross_entropy_kernel
 from jaxtrain.models.attention import IMPLEMENTATIONS
@@ -84,6 +86,7 @@ def check_config(config):
     problems += path_problems(config)
     if problems:
         raise ValueError('; '.join(problems))
+    check_fit(config)  # the devices, the model file's header: only once the keys themselves are sound
 
 
 def _range_problems(config) -> list[str]:

@@ -16,7 +16,6 @@ import numpy as np
 
 from jaxtrain.checkpoint.resume import resume_into
 from jaxtrain.checkpoint.root_access import owned_checkpoint_dir
-from jaxtrain.config.checks import check_config
 from jaxtrain.data.run_streams import open_run_streams
 from jaxtrain.models.lora_setup import save_lora_weights
 from jaxtrain.parallel import sharding
@@ -60,7 +59,8 @@ def validate(parts, state, val_stream, max_steps: int) -> float:
 
 
 def run(config) -> int:
-    check_config(config)  # before metrics_dir or checkpoint_dir is created
+    """Trains a config that config/checks.py's check_config has accepted (the entry points
+    check it before they start anything)."""
     # Before anything is built: a refused run changes nothing (root_access.py).
     with owned_checkpoint_dir(config):
         return _run(config)
