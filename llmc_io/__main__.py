@@ -4,6 +4,9 @@
     python -m llmc_io convert IN OUT [--version 3|5] [--to llmc|hf]
                                                 IN: an llm.c file or an HF model folder
     python -m llmc_io shard INPUT... --family gpt2|llama3 --output PREFIX [--from text|ids|shard]
+                                                [--tokenizer tokenizer.json|tokenizer.model]
+    python -m llmc_io tokenizer TOKENIZER --family gpt2|llama3 --output FILE
+                                                llm.c's tokenizer file from a BPE tokenizer
 
 Errors print one line on stderr and exit with status 2 (a traceback only with --verbose).
 """
@@ -18,7 +21,7 @@ from llmc_io.dtypes import fp32_repr
 from llmc_io.errors import LLMCFormatError
 from llmc_io.gpt2 import GPT2Header, load_gpt2, save_gpt2
 from llmc_io.hf import is_hf_folder, load_hf, save_hf
-from llmc_io import make_shards
+from llmc_io import make_shards, tokenizer_export
 from llmc_io.llama3 import LAYOUT_INFINITRAIN, load_llama3, save_llama3
 from llmc_io.model import model_info
 from llmc_io.shards import read_shard, shard_info
@@ -91,6 +94,7 @@ def _parser() -> argparse.ArgumentParser:
         help="3 = fp32, 5 = bf16 (GPT-2 only); default: the input's version",
     )
     make_shards.add_parser(commands, [common])
+    tokenizer_export.add_parser(commands, [common])
     return parser
 
 
@@ -269,7 +273,13 @@ def _convert(args) -> None:
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     try:
-        {"info": _info, "convert": _convert, "shard": make_shards.run}[args.command](args)
+        commands = {
+            "info": _info,
+            "convert": _convert,
+            "shard": make_shards.run,
+            "tokenizer": tokenizer_export.run,
+        }
+        commands[args.command](args)
     except (LLMCFormatError, OSError) as error:
         if getattr(args, "verbose", False):
             raise

@@ -23,10 +23,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from llmc_io.atomic_file import TEMP_SUFFIX, write_text_atomically
 from llmc_io.errors import LLMCFormatError
 from llmc_io.gpt2 import GPT2Header
 from llmc_io.llama3 import LLaMA3Header
@@ -172,15 +175,32 @@ def llama3_to_hf(header: LLaMA3Header, params: dict) -> tuple[dict, dict]:
 
 
 def save_hf(directory: str | os.PathLike, header, params: dict) -> list[str]:
-    """Writes config.json and model.safetensors (fp32) into `directory`; returns the paths."""
+    """Writes config.json and model.safetensors (fp32) into `directory`; returns the paths.
+
+    A new folder is built under a temporary name and renamed into place once both files are complete;
+    into an existing one each file is written under a temporary name and renamed over the old
+    (llmc_io/atomic_file.py), so a kill never leaves a truncated file where a good one was.
+    """
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     convert = gpt2_to_hf if isinstance(header, GPT2Header) else llama3_to_hf
     tensors, config = convert(header, params)
     tensors = {name: np.asarray(t, np.float32) for name, t in tensors.items()}
-    write_safetensors(directory / WEIGHTS_FILE, tensors, {"format": "pt"})
-    (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-    return [os.fspath(directory / CONFIG_FILE), os.fspath(directory / WEIGHTS_FILE)]
+    paths = [os.fspath(directory / CONFIG_FILE), os.fspath(directory / WEIGHTS_FILE)]
+    if directory.is_dir():
+        write_safetensors(directory / WEIGHTS_FILE, tensors, {"format": "pt"})
+        write_text_atomically(directory / CONFIG_FILE, json.dumps(config, indent=2) + "\n")
+        return paths
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(prefix=directory.name + ".", suffix=TEMP_SUFFIX, dir=directory.parent))
+    try:
+        write_safetensors(building / WEIGHTS_FILE, tensors, {"format": "pt"})
+        write_text_atomically(building / CONFIG_FILE, json.dumps(config, indent=2) + "\n")
+        os.chmod(building, 0o755)  # mkdtemp makes it private
+        os.rename(building, directory)
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+    return paths
 
 
 # ---- import -----------------------------------------------------------------------------------

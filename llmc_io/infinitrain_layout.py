@@ -50,7 +50,7 @@ class _Module:
         self.buffers.insert(name)
         self.buffer_of[name] = _Tensor()
 
-    def add_module(self, name: str, module: "_Module") -> None:
+    def add_module(self, name: str, module: _Module) -> None:
         self.modules.insert(name)
         self.module_of[name] = module
 
@@ -131,47 +131,65 @@ def _layer(family: str) -> _Module:
     return layer
 
 
-def _model(family: str, num_layers: int) -> _Module:
+def _model(
+    family: str,
+    num_layers: int,
+    chunk_layers: tuple[int, ...] | None = None,
+    first: bool = True,
+    last: bool = True,
+    tie: bool = True,
+) -> _Module:
+    """TransformerModel as one rank builds it. Defaults: one stage with every layer (PP = 1).
+
+    A pipeline stage (transformer.cc TransformerModel::TransformerModel) has `__pp_first_stage` only on the
+    first stage, one `__pp_chunk_{c}` per virtual chunk it owns with `chunk_layers[c]` layers, and
+    `__pp_last_stage` plus `lm_head` only on the last; its `transformer.h` lists the stage's layers with local
+    indices 0..n-1. GPT-2's wte/lm_head tie is applied only when PP == 1 (`tie`).
+    """
+    chunk_layers = (num_layers,) if chunk_layers is None else chunk_layers
     model = _Module()
     transformer = LibcxxStringMap()
     transformer_of: dict[str, _Module] = {}
 
-    first = _Module()
-    first.add_module("wte", _linear(False))  # VocabParallelEmbedding: "weight"
-    if family == GPT2:
-        first.add_module("wpe", _linear(False))  # Embedding: "weight"
-    model.add_module("__pp_first_stage", first)
-    for name in ("wte", "wpe") if family == GPT2 else ("wte",):
-        transformer.insert(name)
-        transformer_of[name] = first.module_of[name]
+    if first:
+        stage = _Module()
+        stage.add_module("wte", _linear(False))  # VocabParallelEmbedding: "weight"
+        if family == GPT2:
+            stage.add_module("wpe", _linear(False))  # Embedding: "weight"
+        model.add_module("__pp_first_stage", stage)
+        for name in ("wte", "wpe") if family == GPT2 else ("wte",):
+            transformer.insert(name)
+            transformer_of[name] = stage.module_of[name]
 
-    chunk = _Module()
-    layers = _Module()  # ModuleList
-    for i in range(num_layers):
-        layers.add_module(str(i), _layer(family))
-    chunk.add_module("h", layers)
-    h = _Module()  # TransformerModel's own ModuleList over the chunk's layers
-    for i in range(num_layers):
-        h.add_module(str(i), layers.module_of[str(i)])
-    model.add_module("__pp_chunk_0", chunk)
+    h = _Module()  # TransformerModel's own ModuleList over its chunks' layers
+    for c, count in enumerate(chunk_layers):
+        chunk = _Module()
+        layers = _Module()  # ModuleList
+        for i in range(count):
+            layers.add_module(str(i), _layer(family))
+            h.add_module(str(len(h.module_of)), layers.module_of[str(i)])
+        chunk.add_module("h", layers)
+        model.add_module(f"__pp_chunk_{c}", chunk)
     transformer.insert("h")
     transformer_of["h"] = h
 
-    last = _Module()
-    last.add_module("ln_f", _norm(family))
-    last.add_module("lm_head", _linear(False))  # add_bias_lm_head is false in both configs
-    model.add_module("__pp_last_stage", last)
-    transformer.insert("ln_f")
-    transformer_of["ln_f"] = last.module_of["ln_f"]
-    model.add_module("lm_head", last.module_of["lm_head"])
+    if last:
+        stage = _Module()
+        stage.add_module("ln_f", _norm(family))
+        stage.add_module("lm_head", _linear(False))  # add_bias_lm_head is false in both configs
+        model.add_module("__pp_last_stage", stage)
+        transformer.insert("ln_f")
+        transformer_of["ln_f"] = stage.module_of["ln_f"]
+        model.add_module("lm_head", stage.module_of["lm_head"])
 
     module_dict = _Module()
     for name in transformer.keys():
         module_dict.add_module(name, transformer_of[name])
     model.add_module("transformer", module_dict)
 
-    if family == GPT2:  # tie_weights with PP == 1: wte's weight pointer becomes lm_head's
-        first.module_of["wte"].param_of["weight"] = last.module_of["lm_head"].param_of["weight"]
+    if family == GPT2 and tie and first and last:  # tie_weights: wte's weight pointer becomes lm_head's
+        first_stage, last_stage = model.module_of["__pp_first_stage"], model.module_of["__pp_last_stage"]
+        first_stage.module_of["wte"].param_of["weight"] = last_stage.module_of["lm_head"].param_of["weight"]
     return model
 
 
@@ -233,3 +251,60 @@ def adam_key_order(family: str, num_layers: int, head_keys: bool) -> tuple[str, 
         m.insert(f"adam.v.{tag}")
     m.insert("adam.t")
     return tuple(m.keys())
+
+
+def _names_by_tensor(model: _Module) -> dict[int, str]:
+    """id(tensor) -> its first StateDict name (in StateDict order), so Parameters() can be named."""
+    out: dict[int, str] = {}
+    for name in model.state_dict().keys():
+        out.setdefault(id(model._sd_values[name]), name)
+    return out
+
+
+@functools.lru_cache(maxsize=256)
+def stage_orders(
+    family: str,
+    chunk_layers: tuple[int, ...],
+    first: bool,
+    last: bool,
+    wrapped: bool,
+    device: str = "cuda",
+) -> tuple[tuple[str, ...], tuple[str, ...], tuple[tuple[str, ...], ...]]:
+    """One rank of a parallel run: (StateDict names in file order, Module::Parameters() as unprefixed
+    StateDict names, and Parameters() of each model chunk DistributedDataParallel wraps).
+
+    The model goes to the device before any wrapper (example/gpt2/main.cc:223 model->To(device)), and
+    a parallel run is always on CUDA (main.cc:173), so `device` defaults to "cuda" (see parameter_order).
+    `wrapped`: DDP or PipelineParallel holds the model as "module" (a StateDict of its own, re-emplaced).
+    The chunks: without PP, DDP wraps the whole model; with PP each chunk is a Sequential of the first stage
+    (chunk 0 of stage 0), `__pp_chunk_{c}` and the last stage (last chunk of the last stage), named "0".."2"
+    (pp/pipeline_parallel.cc:88-99, container.cc:10-16), each wrapped on its own (main.cc:281-288).
+    """
+    tie = first and last  # PP == 1 exactly when one stage is both (transformer.cc:256)
+    model = _model(family, sum(chunk_layers), chunk_layers, first, last, tie)
+    if device != "cpu":
+        _to_accelerator(model, set())
+    names = _names_by_tensor(model)
+    params = tuple(names[id(t)] for _, t in model.named_parameters())
+    top = model
+    if wrapped:
+        top = _Module()
+        top.add_module("module", model)
+    state_names = tuple(top.state_dict().keys())
+    if first and last:
+        chunks = (params,)
+    else:
+        chunks = []
+        for c in range(len(chunk_layers)):
+            parts = []
+            if c == 0 and first:
+                parts.append(model.module_of["__pp_first_stage"])
+            parts.append(model.module_of[f"__pp_chunk_{c}"])
+            if c == len(chunk_layers) - 1 and last:
+                parts.append(model.module_of["__pp_last_stage"])
+            sequential = _Module()
+            for i, part in enumerate(parts):
+                sequential.add_module(str(i), part)
+            chunks.append(tuple(names[id(t)] for _, t in sequential.named_parameters()))
+        chunks = tuple(chunks)
+    return state_names, params, chunks

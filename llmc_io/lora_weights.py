@@ -19,6 +19,7 @@ import os
 
 import numpy as np
 
+from llmc_io.atomic_file import write_bytes_atomically
 from llmc_io.errors import LLMCFormatError
 
 MAGIC = 0x4C4F5241
@@ -34,8 +35,7 @@ def write_lora_weights(path, tensors: list[tuple[str, np.ndarray]]) -> None:
         parts.append(np.array([len(encoded)], '<u4').tobytes() + encoded)
         parts.append(np.array([array.ndim], '<u4').tobytes() + np.array(array.shape, '<i8').tobytes())
         parts.append(array.tobytes())
-    with open(path, 'wb') as f:
-        f.write(b''.join(parts))
+    write_bytes_atomically(path, b''.join(parts))
 
 
 def read_lora_weights(path) -> list[tuple[str, np.ndarray]]:

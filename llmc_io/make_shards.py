@@ -1,12 +1,19 @@
 """`python -m llmc_io shard`: text, token ids or shards -> llm.c token shards of either family.
 
     python -m llmc_io shard book.txt notes.txt --family llama3 --output data/mine
+    python -m llmc_io shard book.txt --family gpt2 --output data/mine --tokenizer tokenizer.json
+    python -m llmc_io shard 'fineweb/*.parquet' --family llama3 --output data/fw --tokenizer tokenizer.model
     python -m llmc_io shard ids.npy --from ids --family gpt2 --output data/mine
     python -m llmc_io shard 'gpt2_train_*.bin' --from shard --family llama3 --output data/wide
 
---from text: each file is one document, encoded byte-level (byte_tokens.py: one id per
-  byte, in the order both families' tokenizers give their first 256 ids) after the
-  family's document-start id, as llm.c's dev/data scripts delimit documents.
+--from text: each text file is one document (or one per blank-line-separated section with
+  --split_blank_lines, as llm.c's tinyshakespeare.py), each line of a .jsonl file and each row
+  of a .parquet file one (their --text_field). Each document follows the family's
+  document-start id (GPT-2 <|endoftext|>, LLaMA-3 <|begin_of_text|>), as llm.c's dev/data
+  scripts delimit documents. With --tokenizer (a Hugging Face tokenizer.json or a tiktoken
+  BPE file such as LLaMA-3's tokenizer.model) the text is encoded by that BPE; without one,
+  byte-level (byte_tokens.py: one id per byte, in the order both families' tokenizers give
+  their first 256 ids).
 --from ids: .npy arrays of integer ids, taken as they are.
 --from shard: llm.c shards of either family, their ids taken as they are: uint16 -> uint32
   (gpt2 -> llama3 magic) or back, which refuses ids above 65535 rather than wrap them.
@@ -26,11 +33,13 @@ import numpy as np
 
 from llmc_io import header as hdr
 from llmc_io.byte_tokens import encode_documents
+from llmc_io.documents import read_documents, split_sections
 from llmc_io.errors import LLMCFormatError
 from llmc_io.shards import MAX_TOKENS, SHARD_KINDS, read_shard, write_shard
 
 SOURCES = ("text", "ids", "shard")
 DEFAULT_SHARD_TOKENS = 10**8  # llm.c's fineweb.py shard_size
+ENCODE_BATCH = 1024  # documents per call into the tokenizer library, which encodes a batch in parallel
 
 
 def add_parser(commands, parents) -> None:
@@ -49,6 +58,24 @@ def add_parser(commands, parents) -> None:
         "--shard_tokens", type=int, default=DEFAULT_SHARD_TOKENS, help="tokens per shard (default 10^8)"
     )
     shard.add_argument("--val_tokens", type=int, default=0, help="first N tokens to a val shard (default 0)")
+    shard.add_argument(
+        "--tokenizer",
+        default="",
+        metavar="FILE",
+        help="--from text: a Hugging Face tokenizer.json or a tiktoken BPE file to encode with "
+        "(default: byte-level ids)",
+    )
+    shard.add_argument(
+        "--text_field",
+        default="text",
+        help="--from text: the field of .jsonl rows / column of .parquet (text)",
+    )
+    shard.add_argument(
+        "--split_blank_lines",
+        action="store_true",
+        help="--from text: each blank-line-separated section of a text file is a document (llm.c's "
+        "tinyshakespeare.py)",
+    )
 
 
 def _expand(patterns) -> list[str]:
@@ -59,7 +86,9 @@ def _expand(patterns) -> list[str]:
             raise LLMCFormatError(pattern, "INPUT", "files matching the glob", "none")
         for path in found:
             if not os.path.isfile(path):
-                raise LLMCFormatError(path, "INPUT", "a file", "a directory" if os.path.isdir(path) else "nothing")
+                raise LLMCFormatError(
+                    path, "INPUT", "a file", "a directory" if os.path.isdir(path) else "nothing"
+                )
         paths += found
     return paths
 
@@ -74,14 +103,48 @@ def _ids_of(path: str) -> np.ndarray:
     return ids.reshape(-1)
 
 
-def read_tokens(paths, source: str, family: str) -> np.ndarray:
+def _byte_level_text(path: str, family: str, text_field: str, split_blank_lines: bool) -> np.ndarray:
+    if path.endswith((".jsonl", ".parquet")):
+        documents = [d.encode() for d in read_documents(path, text_field)]
+    else:
+        with open(path, "rb") as f:
+            data = f.read()
+        # Sections of bytes, not of text: byte-level ids need no UTF-8.
+        sections = split_sections(data.decode("latin-1")) if split_blank_lines else None
+        documents = [s.encode("latin-1") for s in sections] if sections else [data]
+    return encode_documents(documents, family).astype(np.int64)
+
+
+def _bpe_text(path: str, tokenizer, text_field: str, split_blank_lines: bool) -> np.ndarray:
+    documents = read_documents(path, text_field, split_blank_lines)
+    start = tokenizer.document_start
+    pieces = []
+    for at in range(0, len(documents), ENCODE_BATCH):
+        for ids in tokenizer.encode_batch(documents[at : at + ENCODE_BATCH]):
+            pieces += [np.array([start], np.int64), np.asarray(ids, np.int64)]
+    return np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
+
+
+def read_tokens(
+    paths,
+    source: str,
+    family: str,
+    tokenizer: str = "",
+    text_field: str = "text",
+    split_blank_lines: bool = False,
+) -> np.ndarray:
     """All tokens of the inputs as int64, checked to fit the family's shard dtype."""
-    if source == "text":
-        documents = []
-        for path in paths:
-            with open(path, "rb") as f:
-                documents.append(f.read())
-        parts = [encode_documents(documents, family)]
+    if tokenizer and source != "text":
+        raise LLMCFormatError(
+            tokenizer, "--tokenizer", "--from text (ids and shards are tokens already)", f"--from {source}"
+        )
+    if source == "text" and tokenizer:
+        from llmc_io.text_tokenizer import load_text_tokenizer
+
+        bpe = load_text_tokenizer(tokenizer, family)
+        parts = [_bpe_text(path, bpe, text_field, split_blank_lines) for path in paths]
+    elif source == "text":
+        parts = [_byte_level_text(path, family, text_field, split_blank_lines) for path in paths]
     elif source == "ids":
         parts = [_ids_of(path) for path in paths]
     else:
@@ -109,11 +172,21 @@ def shard_names(output: str, count: int, has_val: bool) -> list[str]:
     return names
 
 
-def make_shards(inputs, output: str, family: str, source: str, shard_tokens: int, val_tokens: int) -> list[str]:
+def make_shards(
+    inputs,
+    output: str,
+    family: str,
+    source: str,
+    shard_tokens: int,
+    val_tokens: int,
+    tokenizer: str = "",
+    text_field: str = "text",
+    split_blank_lines: bool = False,
+) -> list[str]:
     """Writes the shards; returns their paths."""
     if not 0 < shard_tokens <= MAX_TOKENS:
         raise LLMCFormatError(output, "--shard_tokens", f"between 1 and {MAX_TOKENS:,}", shard_tokens)
-    tokens = read_tokens(_expand(inputs), source, family)
+    tokens = read_tokens(_expand(inputs), source, family, tokenizer, text_field, split_blank_lines)
     if tokens.size == 0:
         raise LLMCFormatError(output, "tokens", "at least one input token", 0)
     if val_tokens < 0 or val_tokens >= tokens.size:
@@ -133,7 +206,17 @@ def make_shards(inputs, output: str, family: str, source: str, shard_tokens: int
 
 
 def run(args) -> None:
-    names = make_shards(args.inputs, args.output, args.family, args.source, args.shard_tokens, args.val_tokens)
+    names = make_shards(
+        args.inputs,
+        args.output,
+        args.family,
+        args.source,
+        args.shard_tokens,
+        args.val_tokens,
+        args.tokenizer,
+        args.text_field,
+        args.split_blank_lines,
+    )
     kind = SHARD_KINDS[args.family]
     for name in names:
         count = (os.path.getsize(name) - hdr.HEADER_BYTES) // kind.dtype.itemsize

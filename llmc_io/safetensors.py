@@ -16,6 +16,7 @@ import struct
 
 import numpy as np
 
+from llmc_io.atomic_file import atomic_output
 from llmc_io.dtypes import bf16_bits_to_fp32
 from llmc_io.errors import LLMCFormatError
 
@@ -57,7 +58,7 @@ def write_safetensors(path: str | os.PathLike, tensors: dict, metadata: dict | N
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
+    with atomic_output(path) as f:
         f.write(struct.pack("<Q", len(text)))
         f.write(text)
         for data in blobs:

@@ -13,6 +13,7 @@ import os
 import numpy as np
 
 from llmc_io import header as hdr
+from llmc_io.atomic_file import atomic_output
 from llmc_io.errors import LLMCFormatError
 
 
@@ -138,6 +139,6 @@ def write_shard(path: str | os.PathLike, tokens, kind: str = "gpt2") -> None:
             "LLaMA-3 token ids need kind='llama3'" if kind == "gpt2" else None,
         )
     header = hdr.pack_header({0: spec.magic, 1: spec.version, 2: tokens.size})
-    with open(path, "wb") as f:
+    with atomic_output(path) as f:
         f.write(header)
         tokens.astype(spec.dtype, copy=False).tofile(f)

@@ -18,11 +18,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import struct
-import tempfile
 from collections.abc import Mapping
 
 import numpy as np
 
+from llmc_io.atomic_file import write_bytes_atomically
 from llmc_io.errors import LLMCFormatError
 
 CKPT_MAGIC = 0x54504B43
@@ -193,20 +193,4 @@ def write_state_dict(path: str | os.PathLike, tensors: Mapping[str, CkptTensor |
     """Write a CKPT file atomically (a temporary name in the same directory, then a rename)."""
     path = os.fspath(path)
     payload = state_dict_bytes(tensors)
-    atomic_write_bytes(path, payload)
-
-
-def atomic_write_bytes(path: str | os.PathLike, payload: bytes) -> None:
-    """`payload` under `path`, appearing only once complete, so a crash never leaves half a file."""
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=os.path.basename(path) + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    write_bytes_atomically(path, payload)

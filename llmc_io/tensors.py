@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tempfile
 from collections.abc import Iterable, Mapping
 
 import numpy as np
 
+from llmc_io.atomic_file import atomic_output
 from llmc_io.dtypes import bf16_bits_to_fp32, fp32_to_bf16_bits
 from llmc_io.errors import LLMCFormatError
 
@@ -187,20 +187,10 @@ def write_file(path: str | os.PathLike, header: bytes, arrays: Iterable[np.ndarr
     crash mid-save never leaves a truncated checkpoint behind and `convert A A` cannot corrupt A.
     """
     _, disk_dtype = VERSION_DTYPES[version]
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=os.path.basename(path) + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(header)
-            for array in arrays:
-                if version == 5:
-                    fp32_to_bf16_bits(array).astype(disk_dtype, copy=False).tofile(f)
-                else:
-                    np.ascontiguousarray(array, dtype=disk_dtype).tofile(f)
-        os.chmod(tmp, 0o644)  # mkstemp makes files private; a checkpoint should be readable like any file
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    with atomic_output(path) as f:
+        f.write(header)
+        for array in arrays:
+            if version == 5:
+                fp32_to_bf16_bits(array).astype(disk_dtype, copy=False).tofile(f)
+            else:
+                np.ascontiguousarray(array, dtype=disk_dtype).tofile(f)

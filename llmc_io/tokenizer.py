@@ -21,6 +21,7 @@ import os
 import numpy as np
 
 from llmc_io import header as hdr
+from llmc_io.atomic_file import atomic_output
 from llmc_io.errors import LLMCFormatError
 
 GPT2_TOKENIZER_MAGIC = 20240328
@@ -129,7 +130,7 @@ def write_tokenizer(
             raise LLMCFormatError(path, "eot_token", f"an id in 0..{len(tokens) - 1}", eot_token)
         slots = {0: magic, 1: 2, 2: len(tokens), 3: eot_token}
     _check_table(path, magic, tokens)
-    with open(path, "wb") as f:
+    with atomic_output(path) as f:
         f.write(hdr.pack_header(slots))
         for piece in tokens:
             f.write(bytes([len(piece)]) + piece)

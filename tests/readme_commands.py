@@ -6,7 +6,8 @@ next; a `# comment` after the command is dropped. `A && B` where A is a `pip ins
 B only (the install is CI's own first step, .ci/run).
 
 `needs(command)` says why a command cannot run in CI (GPUs, SLURM, the network, or being
-the test suite itself), or None: then the test runs it.
+the test suite itself) or why it need not (another test runs it), or None: then the test
+runs it.
 """
 
 import dataclasses
@@ -18,6 +19,10 @@ _SHELL_FENCES = ('bash', 'sh', 'shell', 'console')  # a bare ``` block is text (
 _COMMAND_START = re.compile(r'^(python|launch/|jaxtrain\b|pip\b|sbatch\b|[A-Z_]+=\S*\s)')
 _COMMENT = re.compile(r'(^|\s)#\s.*$')
 
+# Two trainer processes started by the launcher, as README's line starts them, then checked
+# against one process; running README's line as well would start the same two again.
+MULTIPROCESS_TEST = 'runs in tests/parallel/test_multiprocess.py (the same launcher, two processes)'
+
 # (pattern, why it does not run in CI). The first match wins.
 NOT_IN_CI = (
     (re.compile(r'\bsbatch\b'), 'needs SLURM'),
@@ -28,6 +33,7 @@ NOT_IN_CI = (
     (re.compile(r'--pipeline_parallel [2-9]'), 'needs one device per pipeline stage (GPUs; CI has one CPU device)'),
     (re.compile(r'gpt2_124M'), "needs the downloaded GPT-2 124M weights (llm.c's gpt2_124M.bin)"),
     (re.compile(r'\bit_run\b'), "needs a checkpoint directory written by InfiniTrain's binary"),
+    (re.compile(r'^launch/local_multiprocess\.sh '), MULTIPROCESS_TEST),
 )
 
 

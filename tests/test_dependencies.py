@@ -1,5 +1,6 @@
 """Every library the code imports is a dependency of the package (a plain `pip install .`
-gets it), not only of the test extra: e.g. matplotlib for `compare_loss --plot`."""
+gets it), not only of the test extra: e.g. matplotlib for `compare_loss --plot`. The few
+optional ones (OPTIONAL_EXTRAS) are in an extra of their own instead."""
 
 import ast
 import importlib.metadata
@@ -8,6 +9,9 @@ import sys
 import tomllib
 
 from trainer_runs import REPO
+
+# Imported only when their feature is asked for, with a one-line 'pip install' error otherwise.
+OPTIONAL_EXTRAS = {'pyarrow': 'parquet', 'wandb': 'wandb'}
 
 
 def _declared(requirements) -> set[str]:
@@ -32,6 +36,9 @@ def test_every_imported_library_is_a_dependency():
     distributions = importlib.metadata.packages_distributions()
     missing = {}
     for name in sorted(_imported_top_level_names()):
+        if name in OPTIONAL_EXTRAS:
+            assert name in _declared(project['optional-dependencies'][OPTIONAL_EXTRAS[name]])
+            continue
         dists = {d.lower().replace('_', '-') for d in distributions.get(name, [name])}
         if not dists & declared:
             missing[name] = sorted(dists)

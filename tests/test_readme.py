@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from readme_commands import needs, readme_commands
+from readme_commands import MULTIPROCESS_TEST, needs, readme_commands
 from trainer_runs import REPO, random_shard, tiny_llmc_model
 
 COMMANDS = readme_commands(REPO / 'README.md')
@@ -27,7 +27,7 @@ def test_the_readme_has_commands_and_each_is_classified():
     assert len(COMMANDS) >= 5
     runnable = [c for c in COMMANDS if needs(c) is None]
     assert any('jaxtrain.main' in c.text for c in runnable)
-    assert any(c.text.startswith('launch/local_multiprocess.sh') for c in runnable)
+    assert any(needs(c) == MULTIPROCESS_TEST for c in COMMANDS)
 
 
 @pytest.fixture(scope='module')

@@ -82,64 +82,22 @@ def restore_params(step_dir):
 
 
 def tiny_llmc_model(path, family='gpt2', vocab=512, seed=0, num_layers=2):
-    """A small-vocabulary llm.c model file (fast to train on CPU) with random weights."""
-    import dataclasses
-
-    import jax
-    from flax import nnx
+    """A small-vocabulary llm.c model file (fast to train on CPU) with random weights, written
+    from NumPy (an eager Flax init costs seconds on a busy CPU)."""
+    from tiny_models import random_params, tiny_header
 
     import llmc_io
-    from jaxtrain.models import FAMILIES
 
-    model_cls, config_cls, _ = FAMILIES[family]
-    if family == 'gpt2':
-        config = config_cls(
-            max_seq_len=128,
-            vocab_size=vocab,
-            padded_vocab_size=vocab,
-            num_layers=num_layers,
-            num_heads=2,
-            channels=32,
-        )
-        header = llmc_io.GPT2Header(**dataclasses.asdict(config))
-        save = llmc_io.save_gpt2
-    else:
-        config = config_cls(
-            max_seq_len=128,
-            vocab_size=vocab,
-            num_layers=num_layers,
-            num_heads=4,
-            num_kv_heads=2,
-            channels=32,
-            ffn_dim_multiplier=1.0,
-            multiple_of=16,
-            norm_eps=1e-5,
-            rope_theta=10000.0,
-            use_scaled_rope=False,
-            max_gen_batch_size=4,
-        )
-        header = llmc_io.LLaMA3Header(**dataclasses.asdict(config))
-        save = llmc_io.save_llama3
-    # NumPy init from the abstract shapes: eager Flax init costs seconds on a busy CPU.
-    _, abstract = nnx.split(nnx.eval_shape(lambda: model_cls(config, rngs=nnx.Rngs(0))), nnx.Param)
-    rng = np.random.default_rng(seed)
-
-    def init(path, leaf):
-        name = jax.tree_util.keystr(path)
-        if 'scale' in name:
-            return np.ones(leaf.shape, np.float32)
-        if 'bias' in name:
-            return np.zeros(leaf.shape, np.float32)
-        return rng.normal(0, 0.02, leaf.shape).astype(np.float32)
-
-    params = jax.tree_util.tree_map_with_path(init, nnx.to_pure_dict(abstract))
-    save(str(path), header, params)
+    header = tiny_header(family, max_seq_len=128, vocab_size=vocab, num_layers=num_layers)
+    save = llmc_io.save_gpt2 if family == 'gpt2' else llmc_io.save_llama3
+    save(str(path), header, random_params(header, seed))
     return str(path)
 
 
-def write_checkpoint(root, step, family, header, params):
+def write_checkpoint(root, step, family, header, params, **record):
     """A committed step holding `params` (a NumPy tree), written by the trainer's own Checkpointer
-    without training: the model config is the llmc_io header's fields."""
+    without training: the model config is the llmc_io header's fields; `record` adds to (or
+    replaces) trainer-state fields."""
     import dataclasses
     import time
 
@@ -158,6 +116,7 @@ def write_checkpoint(root, step, family, header, params):
         'topology': {'platform': 'cpu', 'device_count': 1, 'process_count': 1, 'mesh': {'data': 1}},
         'has_optimizer_state': False,
         'saved_at': time.time(),
+        **record,
     }
     checkpointer = Checkpointer(str(root), keep_latest=0, keep_every=0)
     on_device = jax.tree.map(jax.numpy.asarray, params)

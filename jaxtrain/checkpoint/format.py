@@ -39,6 +39,7 @@ class RunCheckpointer(Protocol):
 
     root: Path
     set_aside: list  # uncommitted step directories moved out of the way when the root was opened
+    linked: list  # steps whose directory is a symbolic link: kept out of rotation, never deleted
     blocking_saves: int  # saves that held up the loop until written or handed off
 
     def step_dir(self, step: int) -> Path: ...

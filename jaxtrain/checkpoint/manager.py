@@ -36,6 +36,8 @@ from jaxtrain.checkpoint.layout import (
     CheckpointError,
     committed_steps,
     later_steps,
+    linked_steps,
+    refuse_deleting_links,
     set_aside_uncommitted,
     step_dir_name,
 )
@@ -152,6 +154,8 @@ class Checkpointer:
         _barrier('jaxtrain: before uncommitted steps are set aside')
         self.set_aside = set_aside_uncommitted(self.root) if jax.process_index() == 0 else []
         _barrier('jaxtrain: uncommitted steps set aside')
+        self.linked = linked_steps(self.root)  # never deleted: Orbax's rmtree refuses links anyway
+        protected_steps = (*protected_steps, *self.linked)
         options = ocp.CheckpointManagerOptions(
             step_prefix=STEP_PREFIX,
             step_format_fixed_length=STEP_DIGITS,
@@ -187,6 +191,7 @@ class Checkpointer:
 
     def refuse_later_steps(self, start_step: int, overwrite: bool) -> list[int]:
         later = later_steps(self.root, committed_steps(self.root), start_step, overwrite)
+        refuse_deleting_links(self.root, later, 'overwrite_later_checkpoints')
         # Every process has listed the steps before process 0 deletes any, and sees them gone after.
         _barrier('jaxtrain: later checkpoints listed')
         if jax.process_index() == 0:

@@ -10,13 +10,15 @@ from jaxtrain.config.path_checks import path_problems
 from jaxtrain.models import cross_entropy_kernel
 from jaxtrain.models.attention import IMPLEMENTATIONS
 from jaxtrain.train import precision_check
-from jaxtrain.train.optim import OPTIMIZERS, SCHEDULES
+from jaxtrain.train.infinitrain_lr_schedule import STYLES
+from jaxtrain.train.optim import OPTIMIZERS, SCHEDULES, schedule_spec
 
 CHOICES = {
     'model_family': ('gpt2', 'llama3'),
     'dtype': ('float32', 'bfloat16'),
     'optimizer': OPTIMIZERS,
     'lr_schedule': SCHEDULES,
+    'lr_decay_style': STYLES,
     'attention': IMPLEMENTATIONS,
     'cross_entropy': cross_entropy_kernel.IMPLEMENTATIONS,
     'deterministic': ('auto', 'true', 'false'),
@@ -97,6 +99,13 @@ def _range_problems(config) -> list[str]:
         problems.append(
             f'min_lr_ratio: expected 0..1 (a fraction of learning_rate), found {config.min_lr_ratio}'
         )
+    if config.lr_decay_style in STYLES:  # else CHOICES names it
+        try:
+            spec = schedule_spec(config)
+            if spec is not None:
+                spec.check()  # InfiniTrain's CreateLRScheduler CHECKs
+        except ValueError as e:
+            problems.append(str(e))
     for key in ('beta1', 'beta2'):
         if not 0 <= config[key] < 1:
             problems.append(f'{key}: expected 0 <= {key} < 1, found {config[key]}')

@@ -79,12 +79,21 @@ KEYS = (
         "llm.c's: a sample every N steps and after the last (0 = off; -1 = after the last step on "
         'the built-in corpus only)',
     ),
-    ('freq_generate_txt', 10, "InfiniTrain's: a sample every N steps, only with a tokenizer_bin"),
+    (
+        'freq_generate_txt',
+        10,
+        "InfiniTrain's: a sample every N steps, only with a tokenizer_bin (or tokenizer)",
+    ),
     ('text_length', 64, 'tokens per sample, the EOT it starts from included'),
     (
         'tokenizer_bin',
         '',
         "llm.c tokenizer file for samples ('' = built-in byte tokenizer for GPT-2's vocabulary)",
+    ),
+    (
+        'tokenizer',
+        '',
+        "Hugging Face tokenizer.json or tiktoken BPE file for samples and the HF export ('' = none)",
     ),
     ('overfit_single_batch', False, "train every step on the stream's first batch (a smoke test)"),
     ('batch_size', 4, 'sequences per data-parallel rank per micro-step'),
@@ -100,6 +109,22 @@ KEYS = (
     ('lr_schedule', 'constant', 'constant | cosine (linear warmup, then cosine to min_lr_ratio)'),
     ('warmup_steps', 0, 'linear warmup as llm.c: step s (from 0) takes learning_rate*(s+1)/warmup_steps'),
     ('min_lr_ratio', 0.0, 'cosine: final learning rate as a fraction of learning_rate'),
+    # InfiniTrain's spelling of the schedule (PR 151): its own float32 arithmetic, step for step.
+    # A run spells its schedule one way: these, or lr_schedule / warmup_steps / min_lr_ratio.
+    (
+        'lr_decay_style',
+        'constant',
+        "InfiniTrain's schedule: none | constant | linear | cosine | inverse-square-root, after "
+        'lr_warmup_iters; none: no scheduler and no lr_scheduler.ckpt',
+    ),
+    ('lr_warmup_iters', 0, 'InfiniTrain: warmup steps, linear from lr_warmup_init (step 1) to learning_rate'),
+    ('lr_warmup_init', 0.0, 'InfiniTrain: the learning rate of step 1 when lr_warmup_iters > 0'),
+    ('min_lr', 0.0, "InfiniTrain: where the decay ends, an absolute learning rate (ours: min_lr_ratio)"),
+    (
+        'lr_decay_iters',
+        0,
+        'InfiniTrain: the step where the decay reaches min_lr, warmup included (0 = num_iteration)',
+    ),
     ('beta1', 0.9, 'Adam beta1'),
     ('beta2', 0.95, "Adam beta2 (llm.c's CUDA trainer; the LLaMA-3 config uses InfiniTrain's 0.999)"),
     ('eps', 1e-8, 'Adam epsilon'),
@@ -115,7 +140,7 @@ KEYS = (
     ('metrics_dir', '', "directory for metrics.jsonl ('' = no file)"),
     ('checkpoint_dir', '', 'root of this run\'s checkpoints (checkpoint_step_NNNNNN/ inside)'),
     ('save_steps', 0, 'save every N steps (0 = never); the last step is saved whenever saving is on'),
-    ('max_checkpoint_keep', 0, 'keep the newest K checkpoints (0 = keep all)'),
+    ('max_checkpoint_keep', 3, "keep the newest K checkpoints (InfiniTrain's 3; 0 = keep all)"),
     ('keep_every_steps', 0, 'also keep, forever, checkpoints whose step is a multiple of N (0 = off)'),
     ('save_every_minutes', 0.0, 'also save when this many minutes passed since the last save (0 = off)'),
     ('save_optimizer_state', True, 'save the optimizer state too (needed for an exact resume)'),

@@ -12,6 +12,8 @@ DIRECTORY_KEYS = ('checkpoint_dir', 'metrics_dir')
 # Keys naming files: a glob of shards, or one file.
 SHARD_GLOB_KEYS = ('input_bin', 'input_val_bin')
 FILE_KEYS = ('llmc_filepath',)
+# Keys naming a file the run writes at its end: checked now, or the run would train and then lose it.
+OUTPUT_FILE_KEYS = ('lora_save_path',)
 
 
 def _file_in_the_way(path: Path) -> Path | None:
@@ -49,4 +51,26 @@ def path_problems(config) -> list[str]:
     for key in FILE_KEYS:
         if config[key] and os.path.isdir(config[key]):
             problems.append(f'{key}: expected an llm.c model file, found the directory {config[key]}')
+    for key in OUTPUT_FILE_KEYS:
+        if config.get(key):
+            problems += _output_file_problems(key, Path(config[key]))
     return problems
+
+
+def _output_file_problems(key: str, path: Path) -> list[str]:
+    parent = path.absolute().parent
+    if path.is_dir():
+        problem = (
+            f'{key}: {path}: expected a file to write, found a directory; name a file in it, e.g. '
+            f'--{key} {path / "lora.bin"}'
+        )
+    elif not parent.is_dir():
+        problem = (
+            f'{key}: {path}: expected a file in an existing directory, found no directory {parent}; '
+            f'create it first (mkdir -p {parent})'
+        )
+    elif not os.access(parent, os.W_OK):
+        problem = f'{key}: {path}: expected a directory this user can write, found {parent} read-only; choose another path'
+    else:
+        return []
+    return [problem]

@@ -102,5 +102,11 @@ def save_lora_weights(path: str, lora_params: dict) -> str:
         lora_params = multihost_utils.process_allgather(lora_params, tiled=True)
     tensors = upstream_tensors(lora_params)
     if jax.process_index() == 0:
-        write_lora_weights(path, tensors)
+        try:
+            write_lora_weights(path, tensors)  # a temporary name, then a rename: the old file stays on failure
+        except OSError as e:
+            raise OSError(
+                f'lora_save_path: {path}: could not write the adapters: {e.strerror or e}; what was there is '
+                'unchanged. Free space (or fix the path) and run again'
+            ) from None
     return f"lora_save_path: wrote {len(tensors)} LoRA tensors to {path} (InfiniTrain's LoRA weights format)"

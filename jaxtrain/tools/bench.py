@@ -46,11 +46,12 @@ from pathlib import Path
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from jaxtrain.parallel import deterministic_flag
-from jaxtrain.tools import pipeline_bench
 from jaxtrain.config import flags as key_flags
 from jaxtrain.config.checks import check_config, deterministic_wanted
+from jaxtrain.parallel import deterministic_flag
+from jaxtrain.tools import pipeline_bench
 from jaxtrain.tools.bench_measure import BenchError, Settings, command_line, run_benchmark
+from llmc_io.atomic_file import write_text_atomically
 
 _DEFAULT_CONFIG = str(Path(__file__).resolve().parents[2] / 'configs' / 'gpt2.py')
 config_flags.DEFINE_config_file(
@@ -304,7 +305,7 @@ def main(argv):
             text = summary(result) + pipeline_bench.report(config, settings.warmup, settings.steps)
         print(text, flush=True)
         if _JSON.value:
-            Path(_JSON.value).write_text(json.dumps(result, indent=2) + '\n')
+            write_text_atomically(_JSON.value, json.dumps(result, indent=2) + '\n')
         return 0
     except KeyboardInterrupt:
         print('interrupted', file=sys.stderr)

@@ -5,7 +5,9 @@
     python -m jaxtrain.ckpt diff STEP_DIR_A STEP_DIR_B
     python -m jaxtrain.ckpt verify STEP_DIR
     python -m jaxtrain.ckpt export STEP_DIR --output model.bin [--version 3|5] [--merge-lora [--base FILE]]
-    python -m jaxtrain.ckpt export STEP_DIR --format hf --output HF_DIR
+    python -m jaxtrain.ckpt export STEP_DIR --format hf --output HF_DIR [--tokenizer tokenizer.json]
+    python -m jaxtrain.ckpt export STEP_DIR --format infinitrain --output OUT/checkpoint_step_NNNNNN \
+        [--ddp D] [--tp T] [--pp P] [--vpp V] [--zero_stage Z] [--sequence_parallel]
 
 STEP_DIR is one `checkpoint_step_NNNNNN` directory: ours (Orbax) or InfiniTrain's (HEAD model.ckpt, PR
 model.bin / model.pth, with or without rank_* subdirectories); every command says which kind it read
@@ -141,6 +143,38 @@ def build_parser() -> argparse.ArgumentParser:
         default='',
         help="with --merge-lora: the base llm.c file, when it is no longer where trainer_state's llmc_file "
         'says (its sha256 must match)',
+    )
+    export.add_argument(
+        '--force',
+        action='store_true',
+        help='replace what is at --output: a file, a Hugging Face folder\'s config.json and '
+        'model.safetensors, or a step directory an earlier export wrote. Never a directory another '
+        'program or run wrote, and never the llm.c base file the checkpoint records',
+    )
+    export.add_argument(
+        '--tokenizer',
+        metavar='FILE',
+        default='',
+        help="--format hf: the tokenizer.json or tiktoken BPE file to write beside config.json (default: "
+        "the run's --tokenizer, if it named one)",
+    )
+    topology = export.add_argument_group(
+        'multi-GPU InfiniTrain layout (--format infinitrain)',
+        'write one rank_NNNNNN/ per GPU, as an InfiniTrain run with these flags saves and --load reads',
+    )
+    for flag, upstream in (
+        ('ddp', 'data-parallel ranks (upstream: --nthread_per_process / (tp x pp))'),
+        ('tp', '--tensor_parallel'),
+        ('pp', '--pipeline_parallel'),
+        ('vpp', '--virtual_pipeline_parallel (chunks per pipeline stage)'),
+    ):
+        topology.add_argument(f'--{flag}', type=int, default=1, metavar='N', help=f'{upstream}; default 1')
+    topology.add_argument(
+        '--zero_stage', type=int, default=0, choices=(0, 1, 2),
+        help="upstream's --zero_stage: 1 or 2 shard Adam's state over the --ddp ranks; default 0",
+    )
+    topology.add_argument(
+        '--sequence_parallel', action='store_true', help="upstream's --sequence_parallel (sp_size = tp)"
     )
     export.set_defaults(run=cmd_export)
     return parser

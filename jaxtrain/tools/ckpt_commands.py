@@ -370,8 +370,9 @@ def cmd_export(args) -> int:
 
     from jaxtrain.tools import ckpt_infinitrain
 
+    topology = ckpt_infinitrain.topology_from_args(args)
     if args.format in ('infinitrain', 'infinitrain-bin'):
-        written = ckpt_infinitrain.export(args.step_dir, args.output, args.format)
+        written = ckpt_infinitrain.export(args.step_dir, args.output, args.format, args.force, topology)
         if args.json:
             _print_json({'path': str(args.step_dir), **written})
         else:
@@ -387,7 +388,9 @@ def cmd_export(args) -> int:
             from jaxtrain.checkpoint.layout import CheckpointError
 
             raise CheckpointError(f'--version: expected none with --format hf (fp32), found {args.version}')
-        written = ckpt_export.export_hf(step_dir, args.output, args.merge_lora, args.base)
+        written = ckpt_export.export_hf(
+            step_dir, args.output, args.merge_lora, args.base, args.force, args.tokenizer
+        )
         if args.json:
             _print_json({'path': str(step_dir), **written})
         else:
@@ -398,7 +401,9 @@ def cmd_export(args) -> int:
                 f"load it with {written['hf_class']}.from_pretrained"
             )
         return EXIT_OK
-    written = ckpt_export.export_llmc(step_dir, args.output, args.version or 3, args.merge_lora, args.base)
+    written = ckpt_export.export_llmc(
+        step_dir, args.output, args.version or 3, args.merge_lora, args.base, args.force
+    )
     if args.json:
         _print_json({'path': str(step_dir), **written})
         return EXIT_OK

@@ -21,6 +21,7 @@ from jaxtrain.checkpoint.trainer_state import read_trainer_state
 from jaxtrain.checkpoint.checksums import checksum_mismatches
 from jaxtrain.tools.ckpt_inspect import flatten, model_config_object, restore_item
 from jaxtrain.tools.ckpt_merge_lora import merge_for_export
+from jaxtrain.tools.export_target import check_file_output, check_hf_output, refuse_base_file
 
 VERSIONS = {3: 'float32', 5: 'bfloat16'}
 
@@ -43,15 +44,38 @@ def verified_params(step_dir, merge_lora: bool = False, base: str = '') -> tuple
     return family, header, params
 
 
-def export_hf(step_dir, output, merge_lora: bool = False, base: str = '') -> dict:
-    """Writes a Hugging Face folder (config.json + model.safetensors, fp32) through llmc_io.hf."""
+def _run_tokenizer(step_dir, family: str, given: str):
+    """The BPE tokenizer to export beside the model: --tokenizer, else the one the run named."""
+    from llmc_io.text_tokenizer import load_text_tokenizer
+
+    named = read_trainer_state(step_dir).get('training_config', {}).get('tokenizer', '')
+    path = given or named
+    if not path:
+        return None
+    if not os.path.isfile(path):
+        raise CheckpointError(
+            f'--tokenizer: {path}: expected the tokenizer file {"the run named" if not given else "given"}, '
+            f'found nothing there; pass --tokenizer with its new path'
+        )
+    return load_text_tokenizer(path, family)
+
+
+def export_hf(
+    step_dir, output, merge_lora: bool = False, base: str = '', force: bool = False, tokenizer: str = ''
+) -> dict:
+    """Writes a Hugging Face folder (config.json + model.safetensors, fp32) through llmc_io.hf, and
+    the run's BPE tokenizer (tokenizer.json, tokenizer_config.json) when it names one (or
+    `tokenizer` is given); an existing folder's files only with `force` (export_target.py)."""
     from llmc_io.hf import save_hf
+    from llmc_io.hf_tokenizer_files import write_hf_tokenizer_files
 
     output = Path(output)
-    if output.exists() and not output.is_dir():
-        raise CheckpointError(f'--output: {output}: expected a directory for --format hf, found a file')
+    check_hf_output(output, force)
     family, header, params = verified_params(Path(step_dir), merge_lora, base)
+    text_tokenizer = _run_tokenizer(step_dir, family, tokenizer)
     written = save_hf(output, header, params)
+    if text_tokenizer is not None:
+        written += write_hf_tokenizer_files(text_tokenizer, output, header.max_seq_len)
     return {
         'output': os.fspath(output),
         'files': written,
@@ -62,17 +86,19 @@ def export_hf(step_dir, output, merge_lora: bool = False, base: str = '') -> dic
     }
 
 
-def export_llmc(step_dir, output, version: int = 3, merge_lora: bool = False, base: str = '') -> dict:
+def export_llmc(
+    step_dir, output, version: int = 3, merge_lora: bool = False, base: str = '', force: bool = False
+) -> dict:
     """Writes the file; returns what was written, for the report. A LoRA checkpoint is
-    exported merged into its base (merge_lora; ckpt_merge_lora.py), never alone."""
+    exported merged into its base (merge_lora; ckpt_merge_lora.py), never alone. An existing
+    file is replaced only with `force`, and never the base the checkpoint records (export_target.py)."""
     step_dir, output = Path(step_dir), Path(output)
-    if not output.parent.is_dir():
-        raise CheckpointError(
-            f'--output: {output}: expected a file in an existing directory, found no {output.parent}'
-        )
+    state = read_trainer_state(step_dir)
+    refuse_base_file(output, step_dir, state.get('llmc_file', ''), base)
+    check_file_output(output, force)
     if version not in VERSIONS:
         raise CheckpointError(f'--version: expected 3 (fp32) or 5 (bf16, GPT-2 only), found {version}')
-    if read_trainer_state(step_dir).get('model_family') == 'llama3' and version != 3:
+    if state.get('model_family') == 'llama3' and version != 3:
         raise CheckpointError(
             f'--version: expected 3 for LLaMA-3 (save_llama3 writes the InfiniTrain layout, fp32 only), '
             f'found {version}'

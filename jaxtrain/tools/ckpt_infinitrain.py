@@ -23,7 +23,8 @@ from jaxtrain.checkpoint.formats import infinitrain as it
 from jaxtrain.checkpoint.formats.infinitrain_trainer import infinitrain_state_for, model_header
 from jaxtrain.checkpoint.layout import CheckpointError, step_of
 from llmc_io.errors import LLMCFormatError
-from llmc_io.infinitrain_state import HEAD, PR
+from llmc_io.infinitrain_state import HEAD, LR_SCHEDULER, PR
+from llmc_io.infinitrain_topology import Topology
 from llmc_io.tensors import tree_leaves
 
 ORBAX = 'orbax'
@@ -183,7 +184,6 @@ def show(step_dir, with_tensors: bool) -> dict:
         'ranks': ckpt.ranks,
         'global_step': s.global_step,
         'data_batch_idx' if s.generation == PR else 'consumed_batches': s.data_batch_idx,
-        'last_lr': s.last_lr,
         'topology': {k: getattr(s, k) for k in ('ddp_size', 'tp_size', 'sp_size', 'pp_size')},
         'optimizer': 'Adam (m, v, t = %d)' % ckpt.moments[2]
         if ckpt.moments
@@ -196,7 +196,13 @@ def show(step_dir, with_tensors: bool) -> dict:
             'vocab_rows': header['wte/embedding'][0],
         },
     }
-    if s.generation == HEAD:
+    if s.generation == LR_SCHEDULER:  # no last_lr: the scheduler file holds the learning rate
+        from jaxtrain.checkpoint.formats.infinitrain_schedule import show_fields
+
+        shown.update(show_fields(step_dir))
+    else:
+        shown['last_lr'] = s.last_lr
+    if s.generation in (HEAD, LR_SCHEDULER):
         shown['shape_fields'] = (
             s.shape
         )  # GPT2Config()/LLaMA3Config() defaults when trained from an llm.c file
@@ -259,6 +265,11 @@ def verify(step_dir):
         checked.append(f'optimizer: Adam m and v for every parameter, t = {t}')
         if t != ckpt.state.global_step:
             problems.append(f'{ckpt.path}: adam.t: expected global_step {ckpt.state.global_step}, found {t}')
+    from jaxtrain.checkpoint.formats.infinitrain_schedule import verify_scheduler
+
+    scheduler_problems, scheduler_checked = verify_scheduler(step_dir, ckpt.state.global_step)
+    problems += scheduler_problems
+    checked += scheduler_checked
     for rank in it.rank_dirs(step_dir)[1:]:
         if it.detect_kind(rank) != ckpt.kind:
             problems.append(f'{rank}: expected the same {ckpt.kind} files as rank_000000, found others')
@@ -282,14 +293,41 @@ def verify(step_dir):
 # --- export --------------------------------------------------------------------------------------------
 
 
-def export(step_dir, output, fmt: str) -> dict:
-    """Write `output` (a checkpoint_step_NNNNNN directory) in InfiniTrain format `fmt` from any checkpoint."""
+def topology_from_args(args) -> Topology | None:
+    """The multi-GPU layout export's flags name, None for one GPU; refused with any format but infinitrain."""
+    topology = Topology(
+        ddp=args.ddp, tp=args.tp, pp=args.pp, vpp=args.vpp, sequence_parallel=args.sequence_parallel,
+        zero_stage=args.zero_stage,
+    )
+    if topology == Topology():
+        return None
+    if args.format != it.HEAD_KIND:
+        raise CheckpointError(
+            f'--ddp/--tp/--pp/--vpp/--zero_stage/--sequence_parallel: expected only with --format infinitrain '
+            f'(HEAD rank directories), found --format {args.format}'
+        )
+    try:
+        topology.validate('export')
+    except LLMCFormatError as e:
+        raise CheckpointError(str(e)) from None
+    return topology
+
+
+def export(step_dir, output, fmt: str, force: bool = False, topology: Topology | None = None) -> dict:
+    """Write `output` (a checkpoint_step_NNNNNN directory) in InfiniTrain format `fmt` from any checkpoint;
+    with `force`, over an earlier export there (export_target.py says what else is refused); with a
+    topology, as the rank directories of that multi-GPU run."""
+    from jaxtrain.tools.export_target import EXPORTED_FROM, check_step_dir_output
+
     output = Path(output)
     if step_of(output) is None:
         raise CheckpointError(
             f'--output: {output}: expected a checkpoint_step_NNNNNN directory to create, '
             f'found another name (InfiniTrain\'s --load / --resume_from take such a directory)'
         )
+    if Path(step_dir).absolute() == output.absolute():
+        raise CheckpointError(f'--output: {output}: expected another directory than STEP_DIR, found the same')
+    replacing = check_step_dir_output(output, force)
     if kind_of(step_dir) == ORBAX:
         family, params, moments, record, header = _from_orbax(step_dir)
     else:
@@ -314,7 +352,9 @@ def export(step_dir, output, fmt: str) -> dict:
             else record['data_position']
         )
     extras = {k: v for k, v in record.items() if k != 'data_batch_idx'}
-    extras.update(checkpoint_format=fmt, model_shape=dataclasses.asdict(header))
+    extras.update(
+        checkpoint_format=fmt, model_shape=dataclasses.asdict(header), **{EXPORTED_FROM: str(Path(step_dir))}
+    )
     state = infinitrain_state_for(
         fmt,
         family,
@@ -326,7 +366,9 @@ def export(step_dir, output, fmt: str) -> dict:
         extras=extras,
     )
     try:
-        it.write_checkpoint(output, fmt, family, params, header, moments, state)
+        it.write_checkpoint(
+            output, fmt, family, params, header, moments, state, replace=replacing, topology=topology
+        )
     except LLMCFormatError as e:
         raise CheckpointError(str(e)) from None
     return {
@@ -335,11 +377,20 @@ def export(step_dir, output, fmt: str) -> dict:
         'model_family': family,
         'step': step,
         'optimizer_file': moments is not None,
+        'topology': topology.describe() if topology else None,
+        'upstream_flags': topology.upstream_flags() if topology else '',
+        'ranks': topology.world if topology else 1,
     }
 
 
 def export_line(written: dict) -> str:
     no_optimizer = '' if written['optimizer_file'] else ' (no optimizer file: no Adam state)'
+    if written.get('topology'):
+        return (
+            f"wrote {written['output']}: {written['kind']} checkpoint of {written['model_family']} step "
+            f"{written['step']} as {written['ranks']} rank directories ({written['topology']}){no_optimizer}; "
+            f"InfiniTrain resumes it with {written['upstream_flags']} --load {written['output']}"
+        )
     return (
         f"wrote {written['output']}: {written['kind']} checkpoint of {written['model_family']} step "
         f"{written['step']}{no_optimizer}; InfiniTrain resumes it with --load (HEAD) / --resume_from (PR) "

@@ -7,9 +7,11 @@
     python -m jaxtrain.generate --model d12 --dtype bfloat16 --num_samples 16   # timing only
 
 Decoding runs with a KV cache, compiled once (jaxtrain/models/decode.py); the tokens/s printed
-counts new tokens of all samples over the decoding time, compilation excluded. Text is decoded
-with --tokenizer_bin (an llm.c tokenizer file) or, for a GPT-2 vocabulary without one, the
-built-in byte-level tokenizer of the default corpus. Errors are one line, exit status 2.
+counts new tokens of all samples over the decoding time, compilation excluded. Text is encoded
+and decoded with --tokenizer (a Hugging Face tokenizer.json or a tiktoken BPE file, by its own
+library), or --tokenizer_bin (an llm.c tokenizer file: decoding, and --prompt by longest match),
+or, for a GPT-2 or LLaMA-3 vocabulary without either, the built-in byte-level tokenizer of the
+default corpus. Errors are one line, exit status 2.
 """
 
 from __future__ import annotations
@@ -55,13 +57,21 @@ def build_parser() -> argparse.ArgumentParser:
         default='',
         metavar='FILE',
         help="llm.c tokenizer file to decode (and encode --prompt) with ('' = the built-in byte-level "
-        'tokenizer for a GPT-2 vocabulary; token ids only for LLaMA-3)',
+        'tokenizer of a GPT-2 or LLaMA-3 vocabulary; token ids for any other)',
+    )
+    parser.add_argument(
+        '--tokenizer',
+        default='',
+        metavar='FILE',
+        help="a Hugging Face tokenizer.json or tiktoken BPE file (LLaMA-3's tokenizer.model) to encode "
+        "--prompt and decode with ('' = --tokenizer_bin's or the built-in)",
     )
     prompt = parser.add_mutually_exclusive_group()
     prompt.add_argument(
         '--prompt',
         default=None,
-        help="text to continue, encoded by longest match over the tokenizer's pieces (default: EOT)",
+        help="text to continue: --tokenizer's BPE encoding, or the longest match over --tokenizer_bin's "
+        'pieces (default: EOT)',
     )
     prompt.add_argument(
         '--prompt_ids', default=None, help="comma-separated token ids to continue, e.g. '464,3616'"
@@ -150,24 +160,11 @@ def load_model(args):
     return family, config, graphdef, jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), params), where
 
 
-def load_tokenizer(path: str, config):
+def load_tokenizer(args, family: str, config):
     """The tokenizer to decode with, or None (ids are printed) when there is none to take."""
-    from jaxtrain.data.default_tokenizer import default_corpus_tokenizer
+    from jaxtrain.data.run_tokenizer import load_run_tokenizer
 
-    if path:
-        import llmc_io
-
-        tokenizer = llmc_io.read_tokenizer(path)
-    elif config.vocab_size == default_corpus_tokenizer().vocab_size:
-        tokenizer = default_corpus_tokenizer()
-    else:
-        return None
-    if tokenizer.vocab_size < config.vocab_size:
-        raise ValueError(
-            f'--tokenizer_bin: {tokenizer.path}: expected at least {config.vocab_size} tokens (the '
-            f"model's vocab_size), found {tokenizer.vocab_size}"
-        )
-    return tokenizer
+    return load_run_tokenizer(args.tokenizer_bin, args.tokenizer, family, config.vocab_size)
 
 
 def prompt_ids(args, tokenizer, eot_default: int, vocab_size: int) -> list[int]:
@@ -181,9 +178,12 @@ def prompt_ids(args, tokenizer, eot_default: int, vocab_size: int) -> list[int]:
     if args.prompt is not None:
         if tokenizer is None:
             raise ValueError(
-                '--prompt: expected a --tokenizer_bin to encode it with, found none; use --prompt_ids'
+                '--prompt: expected a --tokenizer or --tokenizer_bin to encode it with, found none; use '
+                '--prompt_ids'
             )
-        return tokenizer.encode_longest_match(args.prompt.encode())
+        from jaxtrain.data.run_tokenizer import encode_prompt
+
+        return encode_prompt(tokenizer, args.prompt)
     start = tokenizer.eot_token if tokenizer is not None else eot_default
     if start >= vocab_size:
         raise ValueError(
@@ -208,7 +208,7 @@ def run(args) -> int:
     from jaxtrain.models.decode import Decoder
 
     family, config, graphdef, params, where = load_model(args)
-    tokenizer = load_tokenizer(args.tokenizer_bin, config)
+    tokenizer = load_tokenizer(args, family, config)
     # Files without a tokenizer start from the family's usual EOT (GPT-2 50256, LLaMA-3 <|eot_id|>).
     prompt = prompt_ids(args, tokenizer, 50256 if family == 'gpt2' else 128001, config.vocab_size)
     length = len(prompt) + args.max_new_tokens

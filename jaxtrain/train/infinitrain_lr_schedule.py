@@ -278,12 +278,18 @@ def learning_rates(spec: ScheduleSpec, steps: int, saved_state: dict | None = No
     return out
 
 
-def state_at(spec: ScheduleSpec, step: int) -> dict | None:
+def state_at(
+    spec: ScheduleSpec, step: int, saved_state: dict | None = None, saved_step: int = 0
+) -> dict | None:
     """The scheduler's State() after `step` optimizer updates (what a save at that step writes), or None
-    for style 'none' (no scheduler, no file)."""
+    for style 'none' (no scheduler, no file). saved_state / saved_step: as for learning_rates."""
     scheduler = create(spec)
     if scheduler is None:
         return None
-    for _ in range(step):
+    for k in range(step):
+        if saved_state is not None and k == saved_step:
+            scheduler.load_state(saved_state)
         scheduler.step()
+    if saved_state is not None and saved_step == step:
+        scheduler.load_state(saved_state)
     return scheduler.state()

@@ -14,6 +14,7 @@ import time
 import jax
 import numpy as np
 
+from jaxtrain.checkpoint.layout import step_dir_names
 from jaxtrain.checkpoint.resume import resume_into
 from jaxtrain.checkpoint.root_access import owned_checkpoint_dir
 from jaxtrain.data.run_streams import open_run_streams
@@ -84,6 +85,9 @@ def _run(config) -> int:
     if saver.checkpointer is not None and saver.checkpointer.set_aside:
         aside = saver.checkpointer.set_aside
         log.info(f'checkpoint_dir: not committed (no trainer state), set aside: {aside}')
+    if saver.checkpointer is not None and saver.checkpointer.linked:
+        links = step_dir_names(saver.checkpointer.linked)
+        log.info(f'checkpoint_dir: symbolic links, kept out of rotation (never deleted): {links}')
     if saver.deleted_later_steps:
         log.info(
             f'overwrite_later_checkpoints: deleted steps {saver.deleted_later_steps} of {saver.checkpointer.root}'

@@ -77,6 +77,10 @@ def ckpt_save_begin_line(step_dir, step: int) -> str:
     return f'[CKPT] Save begin: dir={_cpp_path(step_dir)}, global_step={step}'
 
 
+def ckpt_loading_lr_scheduler_line(path) -> str:
+    return f'[CKPT] Loading LR scheduler: {_cpp_path(path)}'
+
+
 def ckpt_save_done_line(step_dir) -> str:
     return f'[CKPT] Save done: dir={_cpp_path(step_dir)}'
 
@@ -91,10 +95,12 @@ def ckpt_load_done_line(trainer_state: dict, sequence_parallel: bool = False) ->
     dp = mesh.get('data', 1) * mesh.get('fsdp', 1)
     tp = mesh.get('tensor', 1)
     sp = tp if sequence_parallel else 1
+    # The LR-scheduler generation (InfiniTrain PR 151) keeps no last_lr and prints none.
+    learning_rate = trainer_state.get('learning_rate', 0.0)
+    last_lr = '' if learning_rate is None else f'last_lr={_cpp_float(learning_rate)}, '
     return (
         f"[CKPT] Load done: global_step={trainer_state.get('step', 0)}, consumed_batches ={consumed}, "
-        f"last_lr={_cpp_float(trainer_state.get('learning_rate', 0.0))}, "
-        f'topology(ddp,tp,sp,pp)=({dp},{tp},{sp},1)'
+        f'{last_lr}topology(ddp,tp,sp,pp)=({dp},{tp},{sp},1)'
     )
 
 

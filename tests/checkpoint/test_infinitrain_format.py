@@ -63,16 +63,19 @@ def test_real_step_dir_rewritten_byte_for_byte(real, tmp_path, folder, kind):
 
 @needs_samples
 def test_rank_directories(real, tmp_path):
+    """Copies of a one-GPU step are not a two-GPU step: the count and the DDP `module.` prefix are checked
+    (a real split is in tests/checkpoint/test_infinitrain_topologies.py)."""
     step = tmp_path / 'checkpoint_step_000010'
     for r in range(2):
         shutil.copytree(real / 'head-gpt2' / 'a' / 'checkpoint_step_000010', step / f'rank_{r:06d}')
     assert it.detect_kind(step) == it.HEAD_KIND
-    ckpt = it.read_checkpoint(step)
-    assert (
-        ckpt.ranks == 2
-        and ckpt.path.name == 'rank_000000'
-        and any('2 rank directories' in n for n in ckpt.notices)
-    )
+    with pytest.raises(LLMCFormatError, match=r'expected ddp x tp x pp = 1 x 1 x 1 = 1 .*found 2'):
+        it.read_checkpoint(step)
+    for r in range(2):
+        state = step / f'rank_{r:06d}' / 'trainer_state.json'
+        state.write_text(state.read_text().replace('"ddp_size": 1', '"ddp_size": 2'))
+    with pytest.raises(LLMCFormatError, match=r"rank_000000/model.ckpt: tensor '[^']+': expected a name .*module"):
+        it.read_checkpoint(step)
     shutil.rmtree(step / 'rank_000000')
     with pytest.raises(
         LLMCFormatError, match=r'rank_000000: expected a directory \(ranks are 0..N-1\), found missing'

@@ -42,3 +42,20 @@ def test_input_bin_naming_a_directory(tmp_path, shard):
     assert line.startswith(f'error: input_bin: expected llm.c token shard files, found the directory {tmp_path / "data"}')
     assert f"--input_bin '{tmp_path / 'data' / '*.bin'}'" in line
     assert 'Errno' not in line
+
+
+# --lora_save_path is written after the last step: a path that cannot take the file is refused before
+# step 1, or the run would train to the end and then lose its adapters.
+def test_lora_save_path_naming_a_directory(tmp_path, shard):
+    (tmp_path / 'adapters').mkdir()
+    adapters = tmp_path / 'adapters'
+    line = _refused(tmp_path, '--input_bin', shard, '--lora_rank', 2, '--lora_save_path', adapters)
+    assert line.startswith(f'error: lora_save_path: {adapters}: expected a file to write, found a directory')
+    assert f'--lora_save_path {tmp_path / "adapters" / "lora.bin"}' in line
+
+
+def test_lora_save_path_in_a_missing_directory(tmp_path, shard):
+    target = tmp_path / 'no_such_dir' / 'lora.bin'
+    line = _refused(tmp_path, '--input_bin', shard, '--lora_rank', 2, '--lora_save_path', target)
+    assert line.startswith(f'error: lora_save_path: {target}: expected a file in an existing directory')
+    assert f'found no directory {tmp_path / "no_such_dir"}' in line and 'mkdir -p' in line

@@ -15,45 +15,27 @@ import struct
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpy_reference as ref
 import pytest
 from flax import nnx
+from tiny_models import random_params, tiny_header
 
 import llmc_io
-import numpy_reference as ref
+from jaxtrain.models import FAMILIES
 from llmc_io.__main__ import main as llmc_main
 from llmc_io.errors import LLMCFormatError
 from llmc_io.hf import load_hf, save_hf
 from llmc_io.safetensors import read_safetensors, write_safetensors
-from jaxtrain.models import FAMILIES
 
-GPT2 = llmc_io.GPT2Header(
-    max_seq_len=16, vocab_size=50, padded_vocab_size=64, num_layers=2, num_heads=2, channels=16
-)
-LLAMA = llmc_io.LLaMA3Header(
-    max_seq_len=16,
-    vocab_size=48,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    channels=32,
-    ffn_dim_multiplier=1.3,
-    multiple_of=8,
-    norm_eps=1e-5,
-    rope_theta=10000.0,
-    use_scaled_rope=False,
-    max_gen_batch_size=4,
-)
+# The tiny models with a vocabulary that GPT-2 pads (50 -> 64) and a LLaMA FFN width that
+# ffn_dim_multiplier and multiple_of both round.
+GPT2 = tiny_header('gpt2', max_seq_len=16, vocab_size=50, padded_vocab_size=64, channels=16)
+LLAMA = tiny_header('llama3', max_seq_len=16, vocab_size=48, ffn_dim_multiplier=1.3, multiple_of=8)
 TOKENS = np.array([[1, 7, 3, 9, 0, 22, 5, 41], [40, 2, 2, 8, 19, 4, 30, 11]])
 
 
 def random_tree(header, seed):
-    rng, tree = np.random.default_rng(seed), {}
-    for name, shape in header.param_shapes().items():
-        *parents, leaf = name.split('/')
-        node = tree
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = rng.normal(0, 0.3, shape).astype(np.float32)
+    tree = random_params(header, seed, std=0.3, everywhere=True)
     if isinstance(header, llmc_io.GPT2Header):
         tree['wte']['embedding'][header.vocab_size :] = 0  # llm.c's padding rows
     return tree

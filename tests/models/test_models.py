@@ -5,28 +5,17 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpy_reference as ref
 import pytest
 from flax import nnx
+from tiny_models import tiny_config
 
-import numpy_reference as ref
 from jaxtrain.models.gpt2 import GPT2, GPT2Config
-from jaxtrain.models.llama3 import LLaMA3, LLaMA3Config, rope_frequencies, apply_rope
+from jaxtrain.models.llama3 import LLaMA3, LLaMA3Config, apply_rope, rope_frequencies
 
-GPT2_SMALL = GPT2Config(
-    max_seq_len=16, vocab_size=50, padded_vocab_size=64, num_layers=2, num_heads=2, channels=16
-)
-LLAMA_SMALL = LLaMA3Config(
-    max_seq_len=16,
-    vocab_size=48,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    channels=16,
-    ffn_dim_multiplier=1.3,
-    multiple_of=8,
-    norm_eps=1e-5,
-    rope_theta=10000.0,
-    use_scaled_rope=False,
+GPT2_SMALL = tiny_config('gpt2', max_seq_len=16, vocab_size=50, padded_vocab_size=64, channels=16)
+LLAMA_SMALL = tiny_config(
+    'llama3', max_seq_len=16, vocab_size=48, channels=16, ffn_dim_multiplier=1.3, multiple_of=8
 )
 
 

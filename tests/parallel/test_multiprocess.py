@@ -1,10 +1,11 @@
-"""Two real processes on localhost (4 fake CPU devices each, one 8-device mesh across them)
-train and checkpoint together through `jax.distributed`; then one process alone resumes
-from their checkpoint and continues the uninterrupted single-process run's losses within
-1e-5."""
+"""Two real processes on localhost (4 fake CPU devices each, one 8-device mesh across them),
+started by README's launcher launch/local_multiprocess.sh, train and checkpoint together
+through `jax.distributed`; then one process alone resumes from their checkpoint and continues
+the uninterrupted single-process run's losses within 1e-5. (README's own
+local_multiprocess.sh line is this launch; tests/readme_commands.py leaves it to this test.)"""
 
 import os
-import socket
+import signal
 import subprocess
 import sys
 import tempfile
@@ -29,31 +30,23 @@ COMMON = dict(
 TOLERANCE = 1e-5
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(('localhost', 0))
-        return s.getsockname()[1]
-
-
-def start_process(process_id: int, port: int, flags: list[str]):
-    command = [
-        sys.executable,
-        '-m',
-        'jaxtrain.main',
-        '--config=configs/gpt2.py',
-        *flags,
-        '--coordinator_address',
-        f'localhost:{port}',
-        '--num_processes',
-        '2',
-        '--process_id',
-        str(process_id),
-    ]
-    env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='--xla_force_host_platform_device_count=4')
-    out = tempfile.TemporaryFile('w+')  # a pipe nobody reads could fill up and stall the run
-    process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, text=True, cwd=REPO)
-    process.output = lambda: (out.seek(0), out.read())[1]
-    return process
+def launch_two_processes(flags: list[str], log_dir):
+    """`launch/local_multiprocess.sh 2 configs/gpt2.py FLAGS` as README runs it, with this
+    interpreter; returns (exit status, process 0's output, process 1's log)."""
+    env = dict(os.environ, PYTHON=sys.executable, LOG_DIR=str(log_dir))
+    env.pop('XLA_FLAGS', None)  # the launcher gives each process its 4 fake devices
+    with tempfile.TemporaryFile('w+') as out:  # a pipe nobody reads could fill up and stall it
+        launcher = subprocess.Popen(
+            ['launch/local_multiprocess.sh', '2', 'configs/gpt2.py', *flags],
+            stdout=out, stderr=subprocess.STDOUT, env=env, text=True, cwd=REPO, start_new_session=True,
+        )  # fmt: skip
+        try:
+            code = launcher.wait(timeout=300)
+        finally:
+            if launcher.poll() is None:  # the launcher and both trainers: its whole session
+                os.killpg(launcher.pid, signal.SIGKILL)
+        out.seek(0)
+        return code, out.read(), (log_dir / 'process_1.log').read_text()
 
 
 def test_two_processes_train_and_one_process_resumes(tmp_path):
@@ -66,16 +59,8 @@ def test_two_processes_train_and_one_process_resumes(tmp_path):
         f'--checkpoint_dir={tmp_path / "two" / "ck"}',
         f'--metrics_dir={tmp_path / "two" / "m"}',
     ]
-    port = free_port()
-    processes = [start_process(i, port, flags) for i in (0, 1)]
-    try:
-        codes = [p.wait(timeout=300) for p in processes]
-    finally:
-        for p in processes:
-            if p.poll() is None:
-                p.kill()
-    outputs = [p.output() for p in processes]
-    assert codes == [0, 0], outputs
+    code, *outputs = launch_two_processes(flags, tmp_path)
+    assert code == 0, outputs
     assert 'distributed: process 0 of 2' in outputs[0] and 'mesh data 2 × fsdp 4 × tensor 1' in outputs[0]
     assert 'step    6/6' in outputs[0] and 'train loss' not in outputs[1]  # only process 0 logs
 

@@ -3,33 +3,21 @@ the folder reads back (llmc_io.hf, itself checked against the NumPy reference in
 tests/llmc/test_llmc_hf.py) to exactly the saved params, for both families; damaged params are
 refused before anything is written."""
 
+import importlib.util
 import json
 import shutil
 
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from tiny_models import random_params, tiny_header
 from trainer_runs import write_checkpoint
 
-import llmc_io
-from llmc_io.hf import load_hf
 from jaxtrain.tools import ckpt
+from llmc_io.hf import load_hf
 
-GPT2 = llmc_io.GPT2Header(
-    max_seq_len=16, vocab_size=50, padded_vocab_size=64, num_layers=2, num_heads=2, channels=16
-)
-LLAMA = llmc_io.LLaMA3Header(16, 48, 2, 4, 2, 32, 1.3, 8, 1e-5, 10000.0, False, 4)
-
-
-def random_tree(header, seed):
-    rng, tree = np.random.default_rng(seed), {}
-    for name, shape in header.param_shapes().items():
-        *parents, leaf = name.split('/')
-        node = tree
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = rng.normal(0, 0.3, shape).astype(np.float32)
-    return tree
+GPT2 = tiny_header('gpt2', max_seq_len=16, vocab_size=50, padded_vocab_size=64, channels=16)
+LLAMA = tiny_header('llama3', max_seq_len=16, vocab_size=48, ffn_dim_multiplier=1.3, multiple_of=8)
 
 
 def flat(tree, prefix=''):
@@ -41,7 +29,7 @@ def flat(tree, prefix=''):
 
 @pytest.mark.parametrize('family, header', [('gpt2', GPT2), ('llama3', LLAMA)])
 def test_export_hf_reads_back_to_the_saved_params(tmp_path, capsys, family, header):
-    params = random_tree(header, 0)
+    params = random_params(header, 0, std=0.3, everywhere=True)
     if family == 'gpt2':
         params['wte']['embedding'][header.vocab_size :] = (
             0  # HF keeps V rows; the padding comes back as zeros
@@ -59,7 +47,7 @@ def test_export_hf_reads_back_to_the_saved_params(tmp_path, capsys, family, head
 
 
 def test_damaged_params_are_refused(tmp_path, capsys):
-    params = random_tree(GPT2, 1)
+    params = random_params(GPT2, 1, std=0.3, everywhere=True)
     step_dir = write_checkpoint(tmp_path / 'ck', 5, 'gpt2', GPT2, params)
     params['ln_f']['bias'][0] += 1.0
     shutil.rmtree(step_dir / 'params')
@@ -76,3 +64,52 @@ def test_damaged_params_are_refused(tmp_path, capsys):
         == 2
     )
     assert '--version: expected none with --format hf' in capsys.readouterr().err
+
+
+@pytest.mark.parametrize('kind', ['tokenizer.json', 'tiktoken'])
+def test_the_runs_tokenizer_is_written_beside_config_json(tmp_path, capsys, kind):
+    import tiktoken
+    import tokenizers
+
+    from text_tokenizers import corpus_text, tiktoken_file_from, train_bpe
+
+    source = train_bpe(tmp_path / 'tokenizer.json', 'llama3', vocab_size=LLAMA.vocab_size + 400)
+    text = corpus_text(30_000) + ' naïve “quotes” 12345 <|end_of_text|>'
+    if kind == 'tiktoken':
+        ranks = tiktoken_file_from(source, tmp_path / 'tokenizer.model')
+        source = tmp_path / 'tokenizer.model'
+        pattern = (
+            r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+            r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+        )
+        expected = tiktoken.Encoding('t', pat_str=pattern, mergeable_ranks=ranks,
+                                     special_tokens={}).encode_ordinary(text)
+    else:
+        reference = tokenizers.Tokenizer.from_file(str(source))
+        reference.encode_special_tokens = True
+        expected = reference.encode(text).ids
+    params = random_params(LLAMA, 1, std=0.3, everywhere=True)
+    step = write_checkpoint(tmp_path / 'run', 2, 'llama3', LLAMA, params, training_config={'tokenizer': str(source)})
+    assert ckpt.main(['export', str(step), '--format', 'hf', '--output', str(tmp_path / 'hf')]) == 0
+    assert 'tokenizer.json, tokenizer_config.json' in capsys.readouterr().out
+    exported = tokenizers.Tokenizer.from_file(str(tmp_path / 'hf' / 'tokenizer.json'))
+    exported.encode_special_tokens = True
+    assert exported.encode(text).ids == expected
+    assert exported.token_to_id('<|end_of_text|>') == (len(ranks) + 1 if kind == 'tiktoken' else 1)
+    config = json.loads((tmp_path / 'hf' / 'tokenizer_config.json').read_text())
+    assert (config['bos_token'], config['eos_token']) == ('<|begin_of_text|>', '<|end_of_text|>')
+    if importlib.util.find_spec('transformers'):  # the optional `hf` extra
+        import transformers
+
+        loaded = transformers.AutoTokenizer.from_pretrained(str(tmp_path / 'hf'))
+        assert loaded.decode(expected) == text
+
+
+def test_a_tokenizer_the_run_named_but_gone_is_one_line(tmp_path, capsys):
+    step = write_checkpoint(tmp_path / 'run', 2, 'gpt2', GPT2, random_params(GPT2, 1, std=0.3, everywhere=True), training_config={'tokenizer': '/gone/t.json'})
+    assert ckpt.main(['export', str(step), '--format', 'hf', '--output', str(tmp_path / 'hf')]) == 2
+    err = capsys.readouterr().err
+    assert err.count('\n') == 1
+    assert ('--tokenizer: /gone/t.json: expected the tokenizer file the run named, found nothing there; '
+            'pass --tokenizer with its new path') in err
+    assert not (tmp_path / 'hf').exists()

@@ -25,38 +25,19 @@ import orbax.checkpoint as ocp
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from tiny_models import random_params, tiny_header
 from trainer_runs import load_config, random_shard, restore_params, train, write_shard
 
 import llmc_io
-from jaxtrain.tools import ckpt
+from jaxtrain.checkpoint.checksums import path_name
 from jaxtrain.checkpoint.manager import Checkpointer
 from jaxtrain.checkpoint.resume import resolve_resume
-from jaxtrain.checkpoint.checksums import path_name
+from jaxtrain.tools import ckpt
 
 REPO = Path(__file__).resolve().parents[2]
-TINY_GPT2 = llmc_io.GPT2Header(
-    max_seq_len=64, vocab_size=256, padded_vocab_size=256, num_layers=2, num_heads=2, channels=32
-)
+TINY_GPT2 = tiny_header('gpt2')
 TOKENS_PER_STEP = 4 * 64  # configs/gpt2.py:tiny: batch 4 x sequence 64, no accumulation, 1 device
 PERTURBED = ('h/mlp/c_fc/kernel', (1, 3, 5), 0.25)  # tensor, element, added value
-
-
-def random_params(shapes: dict, seed: int) -> dict:
-    """A nested params tree (llmc_io/PARAMS_SPEC.md) with N(0, 0.02) weights, unit norm scales, zero biases."""
-    rng = np.random.default_rng(seed)
-    params = {}
-    for path, shape in shapes.items():
-        node = params
-        *parents, leaf = path.split('/')
-        for key in parents:
-            node = node.setdefault(key, {})
-        if leaf == 'scale':
-            node[leaf] = np.ones(shape, np.float32)
-        elif leaf == 'bias':
-            node[leaf] = np.zeros(shape, np.float32)
-        else:
-            node[leaf] = (0.02 * rng.standard_normal(shape)).astype(np.float32)
-    return params
 
 
 def flat(tree) -> dict:
@@ -108,7 +89,7 @@ def train_tiny(work: Path, name: str, **overrides) -> dict:
 def runs(tmp_path_factory):
     work = tmp_path_factory.mktemp('ckpt_tool')
     model = str(work / 'tiny_gpt2.bin')
-    llmc_io.save_gpt2(model, TINY_GPT2, random_params(TINY_GPT2.param_shapes(), seed=0))
+    llmc_io.save_gpt2(model, TINY_GPT2, random_params(TINY_GPT2, seed=0))
     shard = random_shard(work / 'train.bin', num_tokens=20 * TOKENS_PER_STEP, vocab=TINY_GPT2.vocab_size)
     common = {'input_bin': shard, 'llmc_filepath': model}
     losses = train_tiny(work, 'a', checkpoint_dir=str(work / 'a'), **common)
@@ -138,20 +119,7 @@ def perturbed(runs, tmp_path_factory):
     return step_dir, before, after
 
 
-TINY_LLAMA3 = llmc_io.LLaMA3Header(
-    max_seq_len=64,
-    vocab_size=256,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    channels=32,
-    ffn_dim_multiplier=1.0,
-    multiple_of=16,
-    norm_eps=1e-5,
-    rope_theta=10000.0,
-    use_scaled_rope=False,
-    max_gen_batch_size=4,
-)
+TINY_LLAMA3 = tiny_header('llama3')
 
 
 @pytest.fixture(scope='module')
@@ -160,7 +128,7 @@ def llama_checkpoint(tmp_path_factory):
     devices = jax.devices()
     assert len(devices) == 8  # conftest.py
     mesh = jax.sharding.Mesh(np.array(devices), ('data',))
-    params = random_params(TINY_LLAMA3.param_shapes(), seed=1)
+    params = random_params(TINY_LLAMA3, seed=1)
     sharded = jax.tree.map(
         lambda x: jax.device_put(x, NamedSharding(mesh, P('data') if x.shape[0] % 8 == 0 else P())), params
     )

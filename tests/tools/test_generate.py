@@ -144,3 +144,39 @@ def test_small_vocabulary_without_a_start_token_is_one_line(tmp_path, capsys):
     model = tiny_llmc_model(tmp_path / 'llama.bin', 'llama3')  # 512 tokens: no LLaMA-3 EOT 128001
     code, _, err = _run(capsys, '--llmc_filepath', model, '--max_new_tokens', 4)
     assert code == 2 and 'the default, EOT 128001, is outside the vocabulary of 512' in err
+
+
+@pytest.mark.parametrize('kind', ['tokenizer.json', 'tiktoken'])
+def test_bpe_tokenizer_encodes_the_prompt_and_decodes_the_sample(tmp_path, capsys, kind):
+    import tiktoken
+    import tokenizers
+
+    from text_tokenizers import tiktoken_file_from, train_bpe
+    from trainer_runs import tiny_llmc_model
+
+    model = tiny_llmc_model(tmp_path / 'model.bin', vocab=512)
+    tokenizer = train_bpe(tmp_path / 'tokenizer.json', 'gpt2', vocab_size=512)
+    hf = tokenizers.Tokenizer.from_file(str(tokenizer))
+    text = 'def main(argv):\n    return'
+    if kind == 'tiktoken':
+        ranks = tiktoken_file_from(tokenizer, tmp_path / 'tokenizer.model')
+        tokenizer = tmp_path / 'tokenizer.model'
+        pattern = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+        encoding = tiktoken.Encoding('t', pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
+        ids, decode = encoding.encode_ordinary(text), encoding.decode
+    else:
+        ids, decode = hf.encode(text).ids, lambda i: hf.decode(i, skip_special_tokens=False)
+    greedy = ['--llmc_filepath', model, '--temperature', 0, '--max_new_tokens', 8]
+    code, out, err = _run(capsys, *greedy, '--tokenizer', tokenizer, '--prompt', text)
+    assert code == 0, err
+    shown = out.split('--- sample 1/1\n')[1].split('\n---\n')[0]
+    # The same prompt as ids, decoded by a '<i>' table, gives the ids that the BPE run printed as text.
+    pieces = [f'<{i}>'.encode() for i in range(512)]
+    header = struct.pack('<256i', *([20240328, 2, 512, 0] + [0] * 252))
+    (tmp_path / 'ids.bin').write_bytes(header + b''.join(bytes([len(p)]) + p for p in pieces))
+    code, out, err = _run(capsys, *greedy, '--tokenizer_bin', tmp_path / 'ids.bin',
+                          '--prompt_ids', ','.join(map(str, ids)))
+    assert code == 0, err
+    sampled = [int(i) for i in re.findall(r'<(\d+)>', out.split('--- sample 1/1\n')[1].split('\n---')[0])]
+    assert sampled[: len(ids)] == ids and len(sampled) == len(ids) + 8
+    assert shown == decode(sampled) and shown.startswith(text)

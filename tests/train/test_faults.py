@@ -2,10 +2,12 @@
 being finite. Nothing committed is lost, `latest` never picks an unfinished save, resumed
 losses equal the uninterrupted run's bit for bit, and every stop says why in one line.
 
-SIGTERM and SIGINT have their own test (test_seed_experiment.py). The kill series is one
-sequence of 21 real trainer processes (start, kill, resume latest, kill again, ...); each
-is started while the one before trains, with its imports done, and released once that one
-is dead, so the sequence costs about 3 s a kill instead of 6.
+SIGTERM and SIGINT have their own test (test_seed_experiment.py). A kill series is one
+sequence of real trainer processes (start, kill, resume latest, kill again, ...); each is
+started while the one before trains, with its imports done, and released once that one is
+dead, so the sequence costs about 3 s a kill instead of 6. The default run kills at five of
+the twenty moments, a quarter chosen by rotation (KILL_ROTATION_ENV); the `heavy` test
+kills at all twenty.
 """
 
 import json
@@ -157,6 +159,28 @@ MOMENTS = [
     ('committed', 0.2),
 ]
 FINAL_STEP = 40
+KILL_ROTATION_ENV = 'JAXTRAIN_KILL_ROTATION'
+ROTATIONS = 4
+
+
+def moments_of_rotation(rotation: int) -> list[tuple[str, float]]:
+    """A quarter of MOMENTS, in their order: each kind of moment is dealt round the four
+    quarters in turn, so every quarter has a write and a commit to land in, and the four
+    rotations together kill at all twenty."""
+    quarters = [[] for _ in range(ROTATIONS)]
+    dealt = 0
+    for kind in ('writing', 'committed', 'started', 'stepped'):
+        for index, moment in enumerate(MOMENTS):
+            if moment[0] == kind:
+                quarters[dealt % ROTATIONS].append(index)
+                dealt += 1
+    return [MOMENTS[index] for index in sorted(quarters[rotation % ROTATIONS])]
+
+
+def todays_rotation() -> int:
+    """$JAXTRAIN_KILL_ROTATION, or the day's number: runs on four days in a row kill at every
+    moment between them, and a failure names its rotation to rerun it."""
+    return int(os.environ.get(KILL_ROTATION_ENV, int(time.time() // 86400)))
 
 
 def _wait_for(moment, run: Trainer, root: Path, metrics: Path, rows_before: int, resumed: int, timeout=120):
@@ -194,7 +218,20 @@ def _restored_step(output: str, root: Path) -> int | None:
 
 
 @pytest.mark.slow
+def test_kill_9_at_five_moments_then_resume_is_exact(tmp_path, trainers):
+    rotation = todays_rotation()
+    kill_and_resume_at(moments_of_rotation(rotation), tmp_path, trainers, f'{KILL_ROTATION_ENV}={rotation}')
+
+
+@pytest.mark.heavy
 def test_kill_9_at_twenty_moments_then_resume_is_exact(tmp_path, trainers):
+    kill_and_resume_at(MOMENTS, tmp_path, trainers, 'all twenty moments')
+
+
+def kill_and_resume_at(moments, tmp_path, trainers, which: str):
+    """Kills a sequence of runs, one at each of `moments`, then lets one finish; every loss
+    any of them logged is the uninterrupted run's. `which` names the moments in failures."""
+    print(f'kills at: {which}')  # pytest shows it with a failure
     shard = random_shard(tmp_path / 'train.bin')
     model = tiny_llmc_model(tmp_path / 'model.bin')
     root, metrics = tmp_path / 'ck', tmp_path / 'metrics' / 'metrics.jsonl'
@@ -205,13 +242,13 @@ def test_kill_9_at_twenty_moments_then_resume_is_exact(tmp_path, trainers):
 
     kills = []  # (moment, committed steps, unfinished directories, seconds since release) at each kill
     run = trainers(*sequence, '--num_iteration', FINAL_STEP, release_file=tmp_path / 'go-1')
-    for number, moment in enumerate(MOMENTS, 1):
+    for number, moment in enumerate(moments, 1):
         committed = ckpt_layout.committed_steps(root)
         resumed = committed[-1] if committed else None
         rows_before = len(logged_losses(metrics))
         run.release()
         # The last run trains to the end: fewer saves make it quicker, and save_steps may change.
-        last = ['--save_steps', 8] if number == len(MOMENTS) else []
+        last = ['--save_steps', 8] if number == len(moments) else []
         following = trainers(
             *sequence, '--num_iteration', FINAL_STEP, *last, release_file=tmp_path / f'go-{number + 1}'
         )
@@ -252,7 +289,16 @@ def test_kill_9_at_twenty_moments_then_resume_is_exact(tmp_path, trainers):
     )
     assert ckpt_layout.committed_steps(root)[-1] == FINAL_STEP and unfinished(root) == []
     # The kills did land in the middle of writes, not only between them.
-    assert len(kills) == len(MOMENTS) and any(leftover for _, _, leftover, _ in kills), kills
+    assert len(kills) == len(moments) and any(leftover for _, _, leftover, _ in kills), kills
+
+
+def test_the_four_rotations_kill_at_every_moment_once_each_with_a_write_and_a_commit():
+    rotations = [moments_of_rotation(r) for r in range(ROTATIONS)]
+    assert sorted(m for moments in rotations for m in moments) == sorted(MOMENTS)
+    for moments in rotations:
+        assert len(moments) == 5
+        assert {'writing', 'committed'} <= {event for event, _ in moments}, moments
+    assert moments_of_rotation(ROTATIONS + 1) == rotations[1]
 
 
 # --- a full disk ----------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import pytest
 
 import numpy_reference as ref
 from llmc_io.errors import LLMCFormatError
+from text_tokenizers import train_bpe
 from trainer_runs import load_config, random_shard, restore_params, tiny_llmc_model, train
 from jaxtrain.train.samples import TrainingSampler, sample_interval
 
@@ -76,29 +77,34 @@ def test_resumed_run_prints_the_same_samples(tmp_path):
     assert timed[2]['sample_compile_s'] > 0 and timed[4]['sample_compile_s'] == 0  # compiled once
 
 
-def _config(**overrides):
+def _config(family='gpt2', **overrides):
     base = dict(
         sample_every=0,
         freq_generate_txt=10,
         tokenizer_bin='',
+        tokenizer='',
         text_length=64,
         num_iteration=25,
         input_bin='x',
     )
     base.update(overrides)
-    base['model_family'] = 'gpt2'
+    base['model_family'] = family
     return ml_collections.ConfigDict(base)
 
 
 def test_when_samples_are_due():
     assert sample_interval(_config(sample_every=5)) == (5, True)  # llm.c: every N and the last step
     assert sample_interval(_config(tokenizer_bin='t.bin')) == (10, False)  # InfiniTrain: with a tokenizer
+    assert sample_interval(_config(tokenizer='tokenizer.json')) == (10, False)  # a BPE tokenizer too
     assert sample_interval(_config()) == (0, False)
     assert sample_interval(_config(sample_every=0, freq_generate_txt=0, tokenizer_bin='t.bin')) == (0, False)
     # The default (-1): after the last step of a run on the built-in corpus (the default job), else never.
     assert sample_interval(_config(sample_every=-1, input_bin='')) == (0, True)
     assert sample_interval(_config(sample_every=-1)) == (0, False)
     assert sample_interval(_config(sample_every=0, input_bin='')) == (0, False)
+    # LLaMA-3's built-in corpus is byte-level too: its default job prints a sample as GPT-2's does.
+    assert sample_interval(_config('llama3', sample_every=-1, input_bin='')) == (0, True)
+    assert sample_interval(_config('llama3', sample_every=-1)) == (0, False)
 
 
 def test_bad_tokenizer_files_are_one_line(tmp_path):
@@ -121,3 +127,48 @@ def test_bad_tokenizer_files_are_one_line(tmp_path):
         TrainingSampler(_config(tokenizer_bin=small), graphdef, model_config, 5, True)
     with pytest.raises(ValueError, match='samples start from EOT 50256, which a vocab_size of 512 lacks'):
         TrainingSampler(_config(), graphdef, model_config, 5, True)
+
+
+@pytest.mark.parametrize('family', ['gpt2', 'llama3'])
+def test_samples_decode_with_a_bpe_tokenizer(tmp_path, family):
+    import tokenizers
+    from flax import nnx
+
+    import llmc_io
+    from jaxtrain.models import FAMILIES
+
+    tokenizer_json = train_bpe(tmp_path / 'tokenizer.json', family, vocab_size=VOCAB)
+    hf = tokenizers.Tokenizer.from_file(str(tokenizer_json))
+    header, params = llmc_io.load_model(tiny_llmc_model(tmp_path / 'model.bin', family))
+    model_cls, config_cls, _ = FAMILIES[family]
+    fields = config_cls.__dataclass_fields__
+    model_config = config_cls(**{k: v for k, v in vars(header).items() if k in fields})
+    graphdef, _ = nnx.split(nnx.eval_shape(lambda: model_cls(model_config, rngs=nnx.Rngs(0))), nnx.Param)
+    config = _config(tokenizer=str(tokenizer_json), text_length=12)
+    config.model_family = family
+    sampler = TrainingSampler(config, graphdef, model_config, 5, True)
+    result = sampler.sample(jax.tree.map(np.asarray, params), np.array([0, 42], np.uint32), 5)
+    # Samples start from the tokenizer's end of text: GPT-2 <|endoftext|>, LLaMA-3 <|end_of_text|>.
+    start = '<|endoftext|>' if family == 'gpt2' else '<|end_of_text|>'
+    assert result['tokens'][0] == hf.token_to_id(start) and len(result['tokens']) == 12
+    assert result['text'] == hf.decode(result['tokens'][1:], skip_special_tokens=False)
+    assert isinstance(result['text'], str) and result['text']
+
+
+@pytest.mark.slow  # the plain LLaMA-3 job (16.5M parameters, 10 steps): about 20 s on 2 cores
+def test_plain_llama3_job_learns_and_its_samples_decode_to_text(tmp_path, capsys):
+    """configs/llama3.py with no flags: the loss falls far below ln(128256) ≈ 11.76 in its 10 steps, it
+    prints a sample decoded as text, and `generate` on its checkpoint decodes byte-level text too."""
+    from jaxtrain.tools import generate
+
+    ck, metrics = str(tmp_path / 'ck'), str(tmp_path / 'm')
+    config = load_config('llama3', '', checkpoint_dir=ck, save_steps=10, metrics_dir=metrics)
+    code, losses, out = train(config)
+    assert code == 0, out
+    assert sorted(losses) == list(range(1, 11))
+    assert abs(losses[1] - np.log(128256)) < 0.2 and losses[10] < 7.0, losses
+    text = re.search(r'sample \(64 tokens from <\|begin_of_text\|>.*?\n---\n(.*?)\n---', out, re.S).group(1)
+    assert 'token ids' not in text and text.count('\ufffd') < len(text) / 4, text
+    assert generate.main(['--checkpoint', ck, '--max_new_tokens', '48']) == 0
+    shown = capsys.readouterr().out.split('--- sample 1/1\n')[1]
+    assert shown.startswith('<|begin_of_text|>') and shown.count('\ufffd') < 12, shown

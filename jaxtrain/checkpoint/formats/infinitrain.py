@@ -29,8 +29,10 @@ import numpy as np
 import llmc_io
 from jaxtrain.checkpoint.layout import step_of
 from llmc_io import infinitrain_names as names
+from llmc_io import infinitrain_ranks
 from llmc_io.errors import LLMCFormatError
 from llmc_io.infinitrain_state import InfiniTrainState, read_trainer_state, write_trainer_state
+from llmc_io.infinitrain_topology import Topology
 from llmc_io.statedict import read_state_dict, write_state_dict
 from llmc_io.tensors import tree_leaves
 
@@ -59,6 +61,7 @@ class InfiniTrainCheckpoint:
     state: InfiniTrainState
     ranks: int  # rank directories found (1 without rank_*)
     notices: list
+    topology: Topology | None = None  # how a multi-GPU run laid its ranks out
 
 
 def _model_file_kind(directory: Path) -> str | None:
@@ -168,10 +171,11 @@ def _read_model(path: Path, kind: str, expected: dict | None) -> tuple[str, dict
 
 
 def read_checkpoint(
-    step_dir, expected_shapes: dict | None = None, with_optimizer: bool = True
+    step_dir, expected_shapes: dict | None = None, with_optimizer: bool = True, vpp: int | None = None
 ) -> InfiniTrainCheckpoint:
     """Read an InfiniTrain step directory. expected_shapes: {tree path: shape} of the model that will use it
-    (names and shapes are checked against it), or None to take the shapes from the files."""
+    (names and shapes are checked against it), or None to take the shapes from the files. vpp: the run's
+    --virtual_pipeline_parallel when its pipeline stages fit several (trainer_state.json has no record)."""
     step_dir = Path(step_dir)
     if not step_dir.is_dir():
         raise LLMCFormatError(step_dir, 'directory', 'an InfiniTrain checkpoint directory', 'nothing there')
@@ -196,6 +200,8 @@ def read_checkpoint(
             )
     first = ranks[0]
     kind = kinds[first]
+    if len(ranks) > 1 and kind == HEAD_KIND:
+        return _read_ranks(step_dir, ranks, expected_shapes, with_optimizer, vpp)
     state = read_trainer_state(first / TRAINER_STATE)
     notices = list(state.notices)
     if state.tp_size != 1 or state.pp_size != 1 or state.sp_size != 1:
@@ -204,7 +210,7 @@ def read_checkpoint(
             'tp_size / sp_size / pp_size',
             '1 (one model replica per rank)',
             f'{state.tp_size} / {state.sp_size} / {state.pp_size}',
-            'tensor- or pipeline-parallel shards cannot be read yet',
+            'tensor- or pipeline-parallel shards are read from HEAD (model.ckpt) directories only',
         )
     if len(ranks) > 1:
         notices.append(
@@ -218,6 +224,22 @@ def read_checkpoint(
         shapes = expected_shapes or {k: v.shape for k, v in tree_leaves(params).items()}
         moments = names.moments_to_trees(opt_path, read_state_dict(opt_path), shapes)
     return InfiniTrainCheckpoint(first, kind, family, params, moments, state, len(ranks), notices)
+
+
+def _read_ranks(step_dir, ranks, expected_shapes, with_optimizer, vpp) -> InfiniTrainCheckpoint:
+    """A multi-GPU HEAD run: every rank put back into one model (llmc_io/infinitrain_ranks.py)."""
+    merged = infinitrain_ranks.read_step(step_dir, ranks, vpp)
+    model_path = ranks[0] / FILES[HEAD_KIND][0]
+    shapes = expected_shapes or _expected_shapes_from_state_dict(model_path, merged.model)
+    params = names.state_dict_to_tree(model_path, merged.model, shapes)
+    moments = None
+    if with_optimizer and merged.optimizer is not None:
+        moments = names.moments_to_trees(ranks[0] / FILES[HEAD_KIND][1], merged.optimizer, shapes)
+    notices = list(merged.state.notices) + merged.notices
+    return InfiniTrainCheckpoint(
+        ranks[0], HEAD_KIND, names.family_of(merged.model), params, moments, merged.state, len(ranks), notices,
+        merged.topology,
+    )
 
 
 # ---- the data position ------------------------------------------------------------------------------------
@@ -249,46 +271,103 @@ def batch_index_from_position(position: int, batches_per_step: int) -> int:
 
 
 def write_checkpoint(
-    final_dir, kind: str, family: str, params: dict, header, moments, state: InfiniTrainState
+    final_dir,
+    kind: str,
+    family: str,
+    params: dict,
+    header,
+    moments,
+    state: InfiniTrainState,
+    replace: bool = False,
+    topology: Topology | None = None,
+    extra_files: dict[str, bytes] | None = None,
 ) -> Path:
     """Write one step directory atomically. params: NumPy tree; header: llmc_io GPT2Header / LLaMA3Header of
-    model; moments: (mu, nu, t) or None (no optimizer file, as upstream does for SGD)."""
+    model; moments: (mu, nu, t) or None (no optimizer file, as upstream does for SGD). An existing
+    final_dir is an error unless `replace` (the caller has checked that it wrote it): a directory
+    someone else put there is never deleted. topology: a multi-GPU run's layout to write rank_NNNNNN/
+    directories for (HEAD files only). extra_files: more files of a one-rank directory by name
+    (lr_scheduler.ckpt), written before the sha256s are taken."""
     final_dir = Path(final_dir)
+    if topology is not None and topology.world > 1 and kind != HEAD_KIND:
+        raise LLMCFormatError(
+            final_dir, '--format', f'{HEAD_KIND} for a multi-GPU topology', kind,
+            'rank directories are written as HEAD (b24d92f) files only',
+        )
+    if final_dir.exists() and not replace:
+        raise LLMCFormatError(
+            final_dir, 'directory', 'a step directory to create', 'one already there',
+            'it is left as it is; move it away, or choose another directory',
+        )
     final_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=final_dir.name + _TMP_MARK, dir=final_dir.parent))
+    old = None
     try:
-        model_name, opt_name = FILES[kind]
-        vocab = header.vocab_size
-        if kind == PR_BIN_KIND:
-            _save_llmc(tmp / model_name, family, params, header)
+        if topology is not None and topology.world > 1:
+            _write_ranks(tmp, family, params, header, moments, state, topology)
         else:
-            write_state_dict(
-                tmp / model_name, names.tree_to_state_dict(family, params, vocab, header.max_seq_len)
-            )
-        if moments is not None:
-            mu, nu, t = moments
-            write_state_dict(
-                tmp / opt_name, names.trees_to_moments(family, mu, nu, t, vocab, kind == HEAD_KIND)
-            )
-        if state.jaxtrain is not None:  # lets `ckpt verify` prove the files are the ones jaxtrain wrote
-            state = dataclasses.replace(
-                state,
-                jaxtrain=dict(
-                    state.jaxtrain,
-                    sha256={
-                        p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(tmp.iterdir())
-                    },
-                ),
-            )
-        write_trainer_state(tmp / TRAINER_STATE, state)
+            _write_files(tmp, kind, family, params, header, moments, state, extra_files)
         os.chmod(tmp, 0o755)
-        if final_dir.exists():  # a re-save of the same step replaces it, as Orbax's force=True does
-            shutil.rmtree(final_dir)
+        if final_dir.exists():  # replace: the old one goes under a temporary name until the new is in place
+            old = Path(tempfile.mkdtemp(prefix=final_dir.name + _TMP_MARK, dir=final_dir.parent))
+            os.replace(final_dir, old)
         os.replace(tmp, final_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not final_dir.exists():
+            os.replace(old, final_dir)
         raise
+    if old is not None:
+        shutil.rmtree(old)
     return final_dir
+
+
+def _write_files(tmp: Path, kind, family, params, header, moments, state, extra_files=None) -> None:
+    model_name, opt_name = FILES[kind]
+    vocab = header.vocab_size
+    if kind == PR_BIN_KIND:
+        _save_llmc(tmp / model_name, family, params, header)
+    else:
+        write_state_dict(
+            tmp / model_name, names.tree_to_state_dict(family, params, vocab, header.max_seq_len)
+        )
+    if moments is not None:
+        mu, nu, t = moments
+        write_state_dict(
+            tmp / opt_name, names.trees_to_moments(family, mu, nu, t, vocab, kind == HEAD_KIND)
+        )
+    for name, payload in (extra_files or {}).items():
+        (tmp / name).write_bytes(payload)
+    if state.jaxtrain is not None:  # lets `ckpt verify` prove the files are the ones jaxtrain wrote
+        state = dataclasses.replace(
+            state,
+            jaxtrain=dict(
+                state.jaxtrain,
+                sha256={
+                    p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(tmp.iterdir())
+                },
+            ),
+        )
+    write_trainer_state(tmp / TRAINER_STATE, state)
+
+
+def _write_ranks(tmp: Path, family, params, header, moments, state, topology: Topology) -> None:
+    # With TP > 1 GPT-2's model vocabulary is the padded one (example/gpt2/checkpoint_loader.cc:81-82).
+    vocab = header.padded_vocab_size if family == 'gpt2' and topology.tp > 1 else header.vocab_size
+    model = names.tree_to_state_dict(family, params, vocab, header.max_seq_len)
+    optimizer = None
+    if moments is not None:
+        mu, nu, t = moments
+        optimizer = names.trees_to_moments(family, mu, nu, t, vocab, head_keys=False)
+    if state.jaxtrain is not None:  # what trainer_state.json cannot say, for reading these files back
+        state = dataclasses.replace(
+            state,
+            jaxtrain=dict(
+                state.jaxtrain, virtual_pipeline_parallel=topology.vpp, zero_stage=topology.zero_stage
+            ),
+        )
+    heads = (header.num_heads, getattr(header, 'num_kv_heads', header.num_heads))
+    infinitrain_ranks.write_step(tmp, family, model, optimizer, state, topology, heads)
 
 
 def _save_llmc(path: Path, family: str, params: dict, header) -> None:
@@ -326,8 +405,8 @@ def prune(root, keep: int, protected_steps=(), keep_every: int = 0) -> list[Path
         return removed
     for p in step_dirs(root)[:-keep]:
         step = step_number(p)
-        if step in protected_steps or (keep_every > 0 and step % keep_every == 0):
-            continue
+        if step in protected_steps or (keep_every > 0 and step % keep_every == 0) or p.is_symlink():
+            continue  # a symbolic link is someone's own: never deleted (layout.linked_steps)
         shutil.rmtree(p)
         removed.append(p)
     return removed

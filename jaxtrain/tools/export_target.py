@@ -1,0 +1,111 @@
+"""Where `ckpt export` may write, checked before anything is read or written.
+
+An export never replaces what is already at --output unless --force. Even with --force it
+never deletes a directory it did not write (an InfiniTrain step directory is replaced only when
+its own record says `ckpt export` wrote it, and it holds nothing else), never writes into a
+checkpoint, and never writes over the llm.c file a checkpoint records as its base: a LoRA
+checkpoint is merged and resumed from that file, and a full one names it as its source.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from jaxtrain.checkpoint.layout import CheckpointError
+
+# The jaxtrain record's key that marks a step directory written by `ckpt export` (its source).
+EXPORTED_FROM = 'exported_from'
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def refuse_base_file(output, step_dir, recorded_base: str, base: str) -> None:
+    """The llm.c file the checkpoint records (and --base, the one standing in for it) is never
+    an output, whatever --force says."""
+    output = Path(output)
+    for name, path in (('records as its base (llmc_file)', recorded_base), ('was given as --base', base)):
+        if path and _same_file(output, Path(path)):
+            raise CheckpointError(
+                f'--output: {output}: expected a new file, found the llm.c file {step_dir} {name}; '
+                'writing over it would leave that checkpoint without its base. Choose another --output'
+            )
+
+
+def check_file_output(output, force: bool) -> None:
+    output = Path(output)
+    if output.is_dir():
+        raise CheckpointError(f'--output: {output}: expected a file to write, found a directory; name a file')
+    if not output.parent.is_dir():
+        raise CheckpointError(
+            f'--output: {output}: expected a file in an existing directory, found no {output.parent}'
+        )
+    if output.exists() and not force:
+        raise CheckpointError(
+            f'--output: {output}: expected a path that does not exist yet, found a file there; '
+            'choose another --output, or pass --force to replace it'
+        )
+
+
+def _is_checkpoint(directory: Path) -> bool:
+    from jaxtrain.checkpoint.formats import infinitrain as it
+
+    return (directory / 'trainer_state').is_dir() or it.detect_kind(directory) is not None
+
+
+def check_hf_output(output, force: bool) -> None:
+    """A folder to create, an empty one, or (with --force) one whose config.json and
+    model.safetensors are replaced; other files in it are left alone."""
+    output = Path(output)
+    if output.exists() and not output.is_dir():
+        raise CheckpointError(f'--output: {output}: expected a directory for --format hf, found a file')
+    if not output.is_dir() or not any(output.iterdir()):
+        return
+    if _is_checkpoint(output):
+        raise CheckpointError(
+            f'--output: {output}: expected a folder for the Hugging Face files, found a checkpoint; '
+            'choose another --output'
+        )
+    if not force:
+        names = ', '.join(sorted(p.name for p in output.iterdir())[:4])
+        raise CheckpointError(
+            f'--output: {output}: expected a new or empty folder, found one holding {names}; choose '
+            'another --output, or pass --force to replace its config.json and model.safetensors'
+        )
+
+
+def check_step_dir_output(output, force: bool) -> bool:
+    """True when --output is an earlier export to be replaced (--force); refuses any other
+    existing directory."""
+    from jaxtrain.checkpoint.formats import infinitrain as it
+    from llmc_io.errors import LLMCFormatError
+    from llmc_io.infinitrain_state import read_trainer_state
+
+    output = Path(output)
+    if not output.exists():
+        return False
+    if not force:
+        raise CheckpointError(
+            f'--output: {output}: expected a step directory to create, found one there; choose another '
+            '--output, or pass --force to replace an earlier export'
+        )
+    kind = it.detect_kind(output) if output.is_dir() else None
+    record = {}
+    if kind is not None:
+        try:
+            record = read_trainer_state(output / it.TRAINER_STATE).jaxtrain or {}
+        except (LLMCFormatError, OSError):
+            record = {}
+    ours = {it.FILES[kind][0], it.FILES[kind][1], it.TRAINER_STATE} if kind else set()
+    if not record.get(EXPORTED_FROM) or any(p.name not in ours for p in output.iterdir()):
+        raise CheckpointError(
+            f'--output: {output}: expected (with --force) a step directory that ckpt export wrote and '
+            'nothing else, found another one (a run\'s checkpoint, or files of yours); it is left as it '
+            'is: choose another --output, or move it away yourself'
+        )
+    return True

@@ -1,0 +1,51 @@
+"""Writing a file so that its name only ever holds a complete file: the old one, or the new one.
+
+Every file the project writes (model files, CKPT state dicts, LoRA adapters, Hugging Face folders,
+trainer states, plots, JSON reports) goes through `atomic_output`: the bytes go to a temporary name
+in the same directory, are flushed to the disk (fsync, so a full disk fails here and a power loss
+cannot leave a zero-length file behind a rename), and only then is the temporary renamed over
+`path` (os.replace, atomic on one filesystem). A kill, a full disk or any exception before that
+leaves `path` as it was and removes the temporary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from typing import IO
+
+TEMP_SUFFIX = ".tmp"
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike, mode: str = "wb", encoding: str | None = None) -> Iterator[IO]:
+    """A file object ('wb' or 'w') on a temporary sibling of `path`, renamed to `path` when the block
+    ends without an exception, removed when it raises."""
+    if mode not in ("wb", "w"):
+        raise ValueError(f"atomic_output: mode: expected 'wb' or 'w', found {mode!r}")
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=os.path.basename(path) + ".", suffix=TEMP_SUFFIX)
+    try:
+        with os.fdopen(fd, mode, encoding=encoding if mode == "w" else None) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes files private; what we write is read like any other file
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+        raise
+
+
+def write_bytes_atomically(path: str | os.PathLike, payload: bytes) -> None:
+    with atomic_output(path) as f:
+        f.write(payload)
+
+
+def write_text_atomically(path: str | os.PathLike, text: str) -> None:
+    with atomic_output(path, "w", encoding="utf-8") as f:
+        f.write(text)

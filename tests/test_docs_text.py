@@ -1,0 +1,81 @@
+"""Every command of docs/text.md runs as written, in a directory holding what a reader supplies:
+book.txt and a GPT-2-style tokenizer.json, LLaMA-3-style tokenizer.model and fineweb/*.parquet
+(made here: a BPE trained on stdlib text, tests/text_tokenizers.py). Then what they wrote is
+checked: the shards hold the tokenizer's encode, the sample printed text, the HF folder holds
+the tokenizer beside config.json."""
+
+import importlib.util
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+from readme_commands import readme_commands
+from text_tokenizers import corpus_text, tiktoken_file_from, train_bpe
+from trainer_runs import REPO
+
+COMMANDS = readme_commands(REPO / 'docs' / 'text.md')
+
+
+def _run(command: str, cwd) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
+    env.update(PYTHONPATH=str(REPO), JAX_PLATFORMS='cpu')
+    return subprocess.run(
+        ['bash', '-c', command], cwd=cwd, env=env, capture_output=True, text=True, timeout=900
+    )
+
+
+@pytest.mark.slow
+def test_docs_text_commands_run_as_written(tmp_path):
+    import tokenizers
+
+    assert len(COMMANDS) == 6
+    (tmp_path / 'configs').symlink_to(REPO / 'configs')
+    text = corpus_text(60_000)
+    (tmp_path / 'book.txt').write_text(text)
+    train_bpe(tmp_path / 'tokenizer.json', 'gpt2')
+    tiktoken_file_from(train_bpe(tmp_path / 'llama3.json', 'llama3'), tmp_path / 'tokenizer.model')
+    has_pyarrow = importlib.util.find_spec('pyarrow') is not None
+    if has_pyarrow:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        (tmp_path / 'fineweb').mkdir()
+        pq.write_table(
+            pa.table({'text': [text[i : i + 2000] for i in range(0, len(text), 2000)] * 4}),
+            tmp_path / 'fineweb' / 'part_0000.parquet',
+        )
+    for command in COMMANDS:
+        if 'parquet' in command.text and not has_pyarrow:
+            continue
+        result = _run(command.text, tmp_path)
+        assert result.returncode == 0, (
+            f'docs/text.md line {command.line}: {command.text}\n{result.stderr[-3000:]}'
+        )
+        if 'jaxtrain.main' in command.text:
+            assert '| sample (16 tokens from EOT' in result.stdout + result.stderr
+
+    hf = tokenizers.Tokenizer.from_file(str(tmp_path / 'tokenizer.json'))
+    hf.encode_special_tokens = True
+    sections = text.split('\n\n')
+    expected = [
+        t
+        for i, s in enumerate(sections)
+        for t in [0] + hf.encode(s + '\n\n' if i != len(sections) - 1 else s).ids
+    ]
+    shards = sorted((tmp_path / 'data').glob('book_val_*.bin')) + sorted(
+        (tmp_path / 'data').glob('book_train_*.bin')
+    )
+    found = np.concatenate([np.fromfile(p, '<u2', offset=1024) for p in shards]).tolist()
+    assert found == expected and len(np.fromfile(shards[0], '<u2', offset=1024)) == 2000
+    assert (tmp_path / 'data' / 'book_tokenizer.bin').read_bytes()[:4] == (20240328).to_bytes(4, 'little')
+    assert sorted(p.name for p in (tmp_path / 'hf_model').iterdir()) == [
+        'config.json',
+        'model.safetensors',
+        'tokenizer.json',
+        'tokenizer_config.json',
+    ]
+    assert (tmp_path / 'hf_model' / 'tokenizer.json').read_bytes() == (
+        tmp_path / 'tokenizer.json'
+    ).read_bytes()

@@ -1,0 +1,115 @@
+"""`ckpt export` never destroys what is in the way: an existing --output is refused unless --force;
+with --force only an earlier export's files are replaced, never a directory another run or person
+wrote, never a checkpoint, and never the llm.c file a checkpoint records as its base. A refused
+export is one line, exit 2, and every byte in the way is as it was."""
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tiny_models import random_params, tiny_header
+from trainer_runs import write_checkpoint
+
+import llmc_io
+from jaxtrain.checkpoint.formats import infinitrain as it
+from jaxtrain.tools import ckpt
+from llmc_io.infinitrain_state import read_trainer_state, write_trainer_state
+
+GPT2 = tiny_header('gpt2', max_seq_len=16, vocab_size=50, padded_vocab_size=64, channels=16)
+
+
+def digest(path: Path) -> str:
+    files = sorted(p for p in Path(path).rglob('*') if p.is_file()) if Path(path).is_dir() else [Path(path)]
+    h = hashlib.sha256()
+    for f in files:
+        h.update(str(f.relative_to(path) if Path(path).is_dir() else f.name).encode() + f.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.fixture
+def step_dir(tmp_path):
+    params = random_params(GPT2, 0, std=0.3, everywhere=True)
+    params['wte']['embedding'][GPT2.vocab_size :] = 0
+    llmc_io.save_gpt2(str(tmp_path / 'base.bin'), GPT2, params)
+    return write_checkpoint(tmp_path / 'ck', 5, 'gpt2', GPT2, params, llmc_file=str(tmp_path / 'base.bin'))
+
+
+def refused(capsys, *args) -> str:
+    assert ckpt.main(['export', *map(str, args)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+def test_an_existing_llmc_file_is_replaced_only_with_force(tmp_path, capsys, step_dir):
+    out = tmp_path / 'model.bin'
+    out.write_bytes(b'a file the user keeps')
+    err = refused(capsys, step_dir, '--output', out)
+    assert f'--output: {out}: expected a path that does not exist yet, found a file there' in err
+    assert '--force' in err and out.read_bytes() == b'a file the user keeps'
+    assert ckpt.main(['export', str(step_dir), '--output', str(out), '--force']) == 0
+    assert llmc_io.load_gpt2(str(out))[0] == GPT2
+
+
+@pytest.mark.parametrize('force', [[], ['--force']])
+def test_the_recorded_base_is_never_written_over(tmp_path, capsys, step_dir, force):
+    base = tmp_path / 'base.bin'
+    before = digest(base)
+    err = refused(capsys, step_dir, '--output', base, *force)
+    assert str(base) in err and base.read_bytes() and digest(base) == before
+    if force:
+        assert 'records as its base (llmc_file)' in err
+    # The same file under another name (a hard link) is the same base.
+    (tmp_path / 'alias.bin').hardlink_to(base)
+    refused(capsys, step_dir, '--output', tmp_path / 'alias.bin', '--force')
+    assert digest(base) == before
+
+
+def test_an_hf_folder_is_not_replaced_without_force_and_keeps_other_files(tmp_path, capsys, step_dir):
+    folder = tmp_path / 'hf'
+    folder.mkdir()
+    (folder / 'config.json').write_text('{"mine": true}')
+    (folder / 'README.md').write_text('my notes')
+    err = refused(capsys, step_dir, '--format', 'hf', '--output', folder)
+    assert 'expected a new or empty folder' in err
+    assert (folder / 'config.json').read_text() == '{"mine": true}'
+    assert not (folder / 'model.safetensors').exists()
+    assert ckpt.main(['export', str(step_dir), '--format', 'hf', '--output', str(folder), '--force']) == 0
+    assert llmc_io.hf.load_hf(folder)[0] == GPT2
+    assert (folder / 'README.md').read_text() == 'my notes'
+    # A checkpoint is never an HF folder, --force or not.
+    err = refused(capsys, step_dir, '--format', 'hf', '--output', step_dir, '--force')
+    assert 'found a checkpoint' in err
+
+
+def test_an_infinitrain_step_directory_of_another_run_is_never_deleted(tmp_path, capsys, step_dir):
+    theirs = tmp_path / 'other' / 'checkpoint_step_000005'
+    assert ckpt.main(['export', str(step_dir), '--format', 'infinitrain', '--output', str(theirs)]) == 0
+    capsys.readouterr()
+    (theirs / 'notes.txt').write_text('files of theirs')  # no longer only what an export writes
+    before = digest(theirs)
+    for force in ([], ['--force']):
+        refused(capsys, step_dir, '--format', 'infinitrain', '--output', theirs, *force)
+        assert digest(theirs) == before
+    # A committed step a run wrote (no exported_from in its record) is kept too.
+    (theirs / 'notes.txt').unlink()
+    state = read_trainer_state(theirs / it.TRAINER_STATE)
+    state.jaxtrain.pop('exported_from')
+    write_trainer_state(theirs / it.TRAINER_STATE, state)
+    before = digest(theirs)
+    err = refused(capsys, step_dir, '--format', 'infinitrain', '--output', theirs, '--force')
+    assert 'ckpt export wrote and nothing else' in err and digest(theirs) == before
+
+
+def test_force_replaces_an_earlier_export(tmp_path, capsys, step_dir):
+    out = tmp_path / 'it' / 'checkpoint_step_000005'
+    assert ckpt.main(['export', str(step_dir), '--format', 'infinitrain-bin', '--output', str(out)]) == 0
+    err = refused(capsys, step_dir, '--format', 'infinitrain', '--output', out)
+    assert 'pass --force to replace an earlier export' in err and it.detect_kind(out) == it.PR_BIN_KIND
+    forced = ['export', str(step_dir), '--format', 'infinitrain', '--output', str(out), '--force']
+    assert ckpt.main(forced) == 0
+    assert it.detect_kind(out) == it.HEAD_KIND and not (out / 'model.bin').exists()
+    assert sorted(p.name for p in out.parent.iterdir()) == ['checkpoint_step_000005']  # nothing left aside
+    bias = it.read_checkpoint(out).params['ln_f']['bias']
+    np.testing.assert_array_equal(bias, random_params(GPT2, 0, std=0.3, everywhere=True)['ln_f']['bias'])
