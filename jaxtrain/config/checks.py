@@ -10,8 +10,8 @@ from jaxtrain.config.path_checks import path_problems
 from jaxtrain.models import cross_entropy_kernel
 from jaxtrain.models.attention import IMPLEMENTATIONS
 from jaxtrain.train import precision_check
-from jaxtrain.train.infinitrain_lr_schedule import STYLES
-from jaxtrain.train.optim import OPTIMIZERS, SCHEDULES, schedule_spec
+from jaxtrain.optim.infinitrain_lr_schedule import STYLES
+from jaxtrain.optim.optimizer import OPTIMIZERS, SCHEDULES, schedule_spec
 
 CHOICES = {
     'model_family': ('gpt2', 'llama3'),

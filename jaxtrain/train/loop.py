@@ -14,6 +14,7 @@ import time
 import jax
 import numpy as np
 
+from jaxtrain.checkpoint import ckpt_lines
 from jaxtrain.checkpoint.layout import step_dir_names
 from jaxtrain.checkpoint.resume import resume_into
 from jaxtrain.checkpoint.root_access import owned_checkpoint_dir
@@ -21,9 +22,8 @@ from jaxtrain.data.run_streams import open_run_streams
 from jaxtrain.models.lora_setup import save_lora_weights
 from jaxtrain.parallel import sharding
 from jaxtrain.parallel.distributed import agree_on_step_end
-from jaxtrain.train import run_log
 from jaxtrain.train.banner import run_banner
-from jaxtrain.train.optim import learning_rate_at
+from jaxtrain.optim.optimizer import learning_rate_at
 from jaxtrain.train.progress import Progress
 from jaxtrain.train.run_log import RunLog
 from jaxtrain.train.samples import make_sampler
@@ -79,7 +79,7 @@ def _run(config) -> int:
     for message in resumed.messages:
         log.info(message)
     if resumed.record is not None:
-        log.info(run_log.ckpt_load_done_line(resumed.record))  # InfiniTrain's line, for diffing logs
+        log.info(ckpt_lines.ckpt_load_done_line(resumed.record))  # InfiniTrain's line, for diffing logs
     step, data_position = int(state.step), int(state.data_position)
     saver = RunSaver(config, parts, stream, resumed.step_dir, step, report=log.info)
     if saver.checkpointer is not None and saver.checkpointer.set_aside:

@@ -21,7 +21,7 @@ from jaxtrain.data.mesh_default_batch import fit_default_total_to_mesh
 from jaxtrain.models.cross_entropy_kernel import resolve_cross_entropy
 from jaxtrain.models.setup import DTYPES, ModelSetup, setup_model
 from jaxtrain.train import precision_check
-from jaxtrain.train.optim import build_optimizer
+from jaxtrain.optim.optimizer import build_optimizer
 from jaxtrain.train.step import TrainState, WithFrozen, make_eval_step, make_train_step
 
 
