@@ -12,7 +12,6 @@ InfiniTrain counterpart: it is the step, which the configs compare.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 import re
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxtrain.checkpoint.formats import infinitrain as it
+from jaxtrain.checkpoint.formats.infinitrain_record import recorded_problems
 from jaxtrain.checkpoint.formats.infinitrain_trainer import infinitrain_state_for, model_header
 from jaxtrain.checkpoint.layout import CheckpointError, step_of
 from llmc_io.errors import LLMCFormatError
@@ -273,19 +273,9 @@ def verify(step_dir):
     for rank in it.rank_dirs(step_dir)[1:]:
         if it.detect_kind(rank) != ckpt.kind:
             problems.append(f'{rank}: expected the same {ckpt.kind} files as rank_000000, found others')
-    recorded = (ckpt.state.jaxtrain or {}).get('sha256', {})
-    for name, digest in recorded.items():
-        found = (
-            hashlib.sha256((ckpt.path / name).read_bytes()).hexdigest()
-            if (ckpt.path / name).is_file()
-            else 'no file'
-        )
-        if found != digest:
-            problems.append(
-                f'{ckpt.path / name}: sha256: expected {digest} (recorded by jaxtrain), found {found}'
-            )
-    if recorded and not any(p.startswith(str(ckpt.path)) and 'sha256' in p for p in problems):
-        checked.append(f'sha256 of {len(recorded)} files as recorded')
+    found, passed = recorded_problems(step_dir, ckpt.path, ckpt.state)  # digest, step, files' sha256
+    problems += found
+    checked += passed
     checked += ckpt.notices
     return Verification(problems, checked)
 
@@ -334,7 +324,7 @@ def export(step_dir, output, fmt: str, force: bool = False, topology: Topology |
         ckpt = _read(step_dir)
         family, params, moments = ckpt.family, ckpt.params, ckpt.moments
         record = dict(
-            ckpt.state.jaxtrain or {}, step=ckpt.state.global_step, learning_rate=ckpt.state.last_lr
+            ckpt.state.jaxtrain or {}, step=ckpt.state.global_step, learning_rate=_next_lr(step_dir, ckpt)
         )
         record.setdefault('best_loss', ckpt.state.best_loss)
         shape = record.get('model_shape')
@@ -381,6 +371,18 @@ def export(step_dir, output, fmt: str, force: bool = False, topology: Topology |
         'upstream_flags': topology.upstream_flags() if topology else '',
         'ranks': topology.world if topology else 1,
     }
+
+
+def _next_lr(step_dir, ckpt) -> float:
+    """last_lr, or where the LR-scheduler generation keeps it: lr_scheduler.ckpt's recover_lr (0 without)."""
+    if ckpt.state.last_lr is not None:
+        return ckpt.state.last_lr
+    from jaxtrain.checkpoint.formats.infinitrain_schedule import saved_scheduler
+
+    found = saved_scheduler(step_dir)
+    if found:
+        return float(found[1].get('recover_lr', 0.0))
+    return float((ckpt.state.jaxtrain or {}).get('learning_rate', 0.0))
 
 
 def export_line(written: dict) -> str:

@@ -22,8 +22,8 @@ from jaxtrain.data.run_streams import open_run_streams
 from jaxtrain.models.lora_setup import save_lora_weights
 from jaxtrain.parallel import sharding
 from jaxtrain.parallel.distributed import agree_on_step_end
-from jaxtrain.train.banner import run_banner
 from jaxtrain.optim.optimizer import learning_rate_at
+from jaxtrain.train.banner import run_banner, run_record
 from jaxtrain.train.progress import Progress
 from jaxtrain.train.run_log import RunLog
 from jaxtrain.train.samples import make_sampler
@@ -96,6 +96,7 @@ def _run(config) -> int:
     weights = parts.setup.source if resumed.step_dir is None else f'checkpoint {resumed.step_dir}'
     for line in run_banner(config, parts, stream, weights):
         log.info(line)
+    log.write_config(run_record(config, parts, weights))
     if step >= config.num_iteration:
         log.info(f'nothing to do: the run is at step {step} and num_iteration is {config.num_iteration}')
 

@@ -18,6 +18,7 @@ writer (the loop goes on), and the closing `saved:` line when the last write is 
 """
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -63,9 +64,21 @@ class RunLog:
     def __init__(self, log_dir: str = ''):
         self.is_main = jax.process_index() == 0
         self.metrics_file = None
+        self.log_dir = log_dir
         if log_dir and self.is_main:
             Path(log_dir).mkdir(parents=True, exist_ok=True)
             self.metrics_file = open(Path(log_dir) / 'metrics.jsonl', 'a')
+
+    def write_config(self, record: dict):
+        """config.json beside metrics.jsonl: the run's resolved config (banner.run_record), this
+        run's (a resume into the same directory replaces it). Written to a temporary name and
+        renamed, so a reader never sees half a file."""
+        if not self.metrics_file:
+            return
+        path = Path(self.log_dir) / 'config.json'
+        temporary = path.with_name(f'.config.json.tmp-{os.getpid()}')
+        temporary.write_text(json.dumps({'written_at': time.time(), **record}, indent=2, default=str) + '\n')
+        os.replace(temporary, path)
 
     def info(self, message: str):
         if self.is_main:

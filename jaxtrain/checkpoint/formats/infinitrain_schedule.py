@@ -111,8 +111,9 @@ def check_against_run(path, saved: dict, spec: ScheduleSpec, step: int) -> None:
             spec,
             step,
         )
-    for key, want in expected.items():
-        got = saved[key]
+    # Step counts first (they say which warmup), then base_lr, then the lr itself.
+    for key in sorted(expected, key=lambda k: (not k.endswith('last_step'), k.endswith('recover_lr'))):
+        want, got = expected[key], saved[key]
         if type(got) is not type(want):
             raise _mismatch(path, key, f'a {type(want).__name__}', type(got).__name__, spec, step)
         if key.endswith('recover_lr'):
@@ -120,9 +121,9 @@ def check_against_run(path, saved: dict, spec: ScheduleSpec, step: int) -> None:
         else:
             same = got == want
         if not same:
-            raise _mismatch(
-                path, key, repr(float(want) if key.endswith('_lr') else want), repr(got), spec, step
-            )
+            # A float entry as its shortest float32 spelling (0.07525, not 0.07524999976158142).
+            shown = (np.float32(want), np.float32(got)) if key.endswith('_lr') else (want, got)
+            raise _mismatch(path, key, *map(str, shown), spec, step)
 
 
 def resume_schedule(config, schedule, step_dir, step: int, generation: str) -> list[str]:
