@@ -138,6 +138,18 @@ KEYS = (
         "md5_tolerance=X' ('' = off)",
     ),
     ('metrics_dir', '', "directory for metrics.jsonl ('' = no file)"),
+    (
+        'tensorboard_dir',
+        '',
+        "directory for TensorBoard event files: loss, val loss, lr, grad norm, tokens/s, MFU, times "
+        "('' = none)",
+    ),
+    ('wandb_project', '', "Weights & Biases project to log the same to (needs pip install wandb; '' = none)"),
+    (
+        'peak_tflops',
+        0.0,
+        "peak dense TFLOP/s of one device for MFU (0 = the device's data-sheet value for the dtype)",
+    ),
     ('checkpoint_dir', '', 'root of this run\'s checkpoints (checkpoint_step_NNNNNN/ inside)'),
     ('save_steps', 0, 'save every N steps (0 = never); the last step is saved whenever saving is on'),
     ('max_checkpoint_keep', 3, "keep the newest K checkpoints (InfiniTrain's 3; 0 = keep all)"),

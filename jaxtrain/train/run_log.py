@@ -65,6 +65,7 @@ class RunLog:
         self.is_main = jax.process_index() == 0
         self.metrics_file = None
         self.log_dir = log_dir
+        self.dashboards = None  # train/dashboards.py, attached once the run knows its first step
         if log_dir and self.is_main:
             Path(log_dir).mkdir(parents=True, exist_ok=True)
             self.metrics_file = open(Path(log_dir) / 'metrics.jsonl', 'a')
@@ -72,7 +73,9 @@ class RunLog:
     def write_config(self, record: dict):
         """config.json beside metrics.jsonl: the run's resolved config (banner.run_record), this
         run's (a resume into the same directory replaces it). Written to a temporary name and
-        renamed, so a reader never sees half a file."""
+        renamed, so a reader never sees half a file. The dashboards get it as their config."""
+        if self.dashboards is not None:
+            self.dashboards.write_config(record)
         if not self.metrics_file:
             return
         path = Path(self.log_dir) / 'config.json'
@@ -121,7 +124,11 @@ class RunLog:
         if self.metrics_file:
             self.metrics_file.write(json.dumps({'time': time.time(), **row}) + '\n')
             self.metrics_file.flush()
+        if self.dashboards is not None:
+            self.dashboards.record(row)
 
     def close(self):
         if self.metrics_file:
             self.metrics_file.close()
+        if self.dashboards is not None:
+            self.dashboards.close()

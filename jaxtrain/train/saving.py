@@ -36,8 +36,9 @@ class RunSaver:
     """Owns the run's Checkpointer (None without a checkpoint_dir) and remembers the last
     save, which is also the last good state should a later step go non-finite."""
 
-    def __init__(self, config, parts, stream, resume_dir, start_step: int, report=None):
-        """`report`: where the per-save and per-rotation lines go (save_events.py)."""
+    def __init__(self, config, parts, stream, resume_dir, start_step: int, report=None, record=None):
+        """`report`: where the per-save and per-rotation lines go (save_events.py); `record`: their
+        metrics rows."""
         self.config, self.parts, self.stream = config, parts, stream
         self.resume_dir = resume_dir
         self.saving = bool(config.checkpoint_dir) and (config.save_steps > 0 or config.save_every_minutes > 0)
@@ -65,6 +66,7 @@ class RunSaver:
                     keep_every=config.keep_every_steps,
                     protected=protected,
                     report=report,
+                    record=record,
                 )
         setup = parts.setup
         self._llmc_sha256 = cached_sha256(setup.llmc_file) if setup.llmc_file else ''
