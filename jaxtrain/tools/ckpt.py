@@ -125,11 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.add_argument(
         '--format',
-        choices=('llmc', 'hf', 'infinitrain', 'infinitrain-bin'),
+        choices=('llmc', 'hf', 'infinitrain', 'infinitrain-lrs', 'infinitrain-bin'),
         default='llmc',
         help='llmc (default): an llm.c model file; hf: a Hugging Face folder, config.json + '
         'model.safetensors (fp32), for GPT2LMHeadModel / LlamaForCausalLM (GPT-2 head tied); '
-        'infinitrain / infinitrain-bin: an InfiniTrain step directory',
+        'infinitrain / infinitrain-bin: an InfiniTrain step directory (HEAD / PR); infinitrain-lrs: '
+        'HEAD\'s files with lr_scheduler.ckpt, for an InfiniTrain with PR 151\'s LR schedulers',
     )
     export.add_argument(
         '--version', type=int, choices=(3, 5), default=None, help='3: fp32 (default); 5: bf16, GPT-2 only'
