@@ -10,14 +10,13 @@ import time
 import jax
 import numpy as np
 
-from jaxtrain.checkpoint import layout, registry
+from jaxtrain.checkpoint import ckpt_lines, layout, registry
 from jaxtrain.checkpoint.lora_record import lora_record
 from jaxtrain.checkpoint.resume_checks import cached_sha256
 from jaxtrain.checkpoint.trainer_state import library_versions, trainer_state_record
 from jaxtrain.data.identity import data_identity
 from jaxtrain.models.lora import count_parameters
-from jaxtrain.train import run_log
-from jaxtrain.train.optim import learning_rate_at
+from jaxtrain.optim.optimizer import learning_rate_at
 from jaxtrain.train.save_events import SaveEvents
 from llmc_io.errors import LLMCFormatError
 
@@ -142,10 +141,10 @@ class RunSaver:
         if self.best_loss is not None:
             record['best_loss'] = self.best_loss
         as_given = layout.Path(config.checkpoint_dir) / layout.step_dir_name(step)  # as InfiniTrain prints it
-        self._report(run_log.ckpt_save_begin_line(as_given, step))
+        self._report(ckpt_lines.ckpt_save_begin_line(as_given, step))
         self.checkpointer.save_snapshot(step, snapshot, record)
         # InfiniTrain's "done" line: the save is handed off here; save_events.py says when it is committed.
-        self._report(run_log.ckpt_save_done_line(as_given))
+        self._report(ckpt_lines.ckpt_save_done_line(as_given))
         self.last_saved_step, self._last_save_time = step, time.monotonic()
         blocked = time.perf_counter() - began
         if self.events is not None:

@@ -12,7 +12,7 @@ from cli_runs import run_cli, tree_digest
 from infinitrain_samples import SAMPLES
 from trainer_runs import load_config, random_shard, tiny_llmc_model
 
-from jaxtrain.train.optim import learning_rate_schedule
+from jaxtrain.optim.optimizer import learning_rate_schedule
 
 FLAGS = ('min_lr', 'lr_decay_style', 'lr_warmup_iters', 'lr_warmup_init', 'lr_decay_iters')
 STEP_LR = re.compile(r'step +(\d+)/\d+ \| train loss ([\d.]+) \| lr (\S+) ')
@@ -220,7 +220,7 @@ def test_our_lr_scheduler_generation_saves_verifies_exports_and_resumes(files, t
     `ckpt verify` covers it by sha256; export to HEAD puts its lr in last_lr; a resume from step 3
     prints the uninterrupted run's steps 4-6."""
     from jaxtrain.tools import ckpt
-    from jaxtrain.train.infinitrain_lr_schedule import ScheduleSpec, state_at
+    from jaxtrain.optim.infinitrain_lr_schedule import ScheduleSpec, state_at
     from llmc_io.infinitrain_lr_scheduler import read_lr_scheduler
     from llmc_io.infinitrain_state import read_trainer_state
 
@@ -275,7 +275,7 @@ def test_our_lr_scheduler_generation_saves_verifies_exports_and_resumes(files, t
 def test_infinitrain_lrs_names_the_generation_for_a_constant_schedule(files, tmp_path):
     """Upstream master with no schedule flags runs a constant LambdaLR and saves it; so does
     --checkpoint_format infinitrain-lrs. Plain infinitrain stays HEAD's layout (last_lr, no file)."""
-    from jaxtrain.train.infinitrain_lr_schedule import ScheduleSpec, state_at
+    from jaxtrain.optim.infinitrain_lr_schedule import ScheduleSpec, state_at
     from llmc_io.infinitrain_lr_scheduler import read_lr_scheduler
     from llmc_io.infinitrain_state import read_trainer_state
 
@@ -311,7 +311,7 @@ def test_export_infinitrain_lrs_from_orbax_and_from_infinitrain(files, tmp_path,
     """ckpt export --format infinitrain-lrs: from an Orbax step, the scheduler state its recorded flags
     give at the step; from an InfiniTrain step, its own file, byte for byte."""
     from jaxtrain.tools import ckpt
-    from jaxtrain.train.infinitrain_lr_schedule import ScheduleSpec, state_at
+    from jaxtrain.optim.infinitrain_lr_schedule import ScheduleSpec, state_at
     from llmc_io.infinitrain_lr_scheduler import render_lr_scheduler
     from llmc_io.infinitrain_state import read_trainer_state
 

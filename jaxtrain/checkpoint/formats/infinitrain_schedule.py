@@ -25,9 +25,9 @@ from ml_collections import ConfigDict
 from jaxtrain.checkpoint.formats import infinitrain as it
 from jaxtrain.checkpoint.formats.infinitrain_trainer import LRS_FORMAT
 from jaxtrain.checkpoint.layout import CheckpointError
-from jaxtrain.train.infinitrain_lr_schedule import ScheduleSpec, state_at
-from jaxtrain.train.optim import INFINITRAIN_SCHEDULE_KEYS, ReplayedSchedule, schedule_spec
-from jaxtrain.train.run_log import ckpt_loading_lr_scheduler_line
+from jaxtrain.optim.infinitrain_lr_schedule import ScheduleSpec, state_at
+from jaxtrain.optim.optimizer import INFINITRAIN_SCHEDULE_KEYS, ReplayedSchedule, schedule_spec
+from jaxtrain.checkpoint.ckpt_lines import ckpt_loading_lr_scheduler_line
 from llmc_io.errors import LLMCFormatError
 from llmc_io.infinitrain_lr_scheduler import FILE_NAME, describe, read_lr_scheduler, render_lr_scheduler
 from llmc_io.infinitrain_state import LR_SCHEDULER

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxtrain.train.infinitrain_lr_schedule import ScheduleSpec, learning_rates
+from jaxtrain.optim.infinitrain_lr_schedule import ScheduleSpec, learning_rates
 
 OPTIMIZERS = ('adamw', 'adam', 'sgd')
 SCHEDULES = ('constant', 'cosine')
