@@ -6,6 +6,7 @@ from pathlib import Path
 from jaxtrain.checkpoint.registry import FORMAT_NAMES
 from jaxtrain.config.path_checks import path_problems
 from jaxtrain.models import cross_entropy_kernel
+from jaxtrain.models import recompute
 from jaxtrain.models.attention import IMPLEMENTATIONS
 from jaxtrain.train import precision_check
 from jaxtrain.train.optim import OPTIMIZERS, SCHEDULES
@@ -61,6 +62,7 @@ def check_config(config):
         problems.append(
             f'process_id: expected a value >= 0, or -1 (from the environment), found {config.process_id}'
         )
+    problems += recompute.check(config)
     if config.zero_stage not in (0, 1, 2, 3):
         problems.append(f'zero_stage: expected 0, 1, 2 or 3, found {config.zero_stage}')
     keep_every, save_steps = config.keep_every_steps, config.save_steps
