@@ -10,6 +10,7 @@ from pathlib import Path
 from jaxtrain.checkpoint.format import CheckpointFormat, RunCheckpointer
 from jaxtrain.checkpoint.formats import infinitrain as it
 from jaxtrain.checkpoint.formats.infinitrain_saver import InfiniTrainFormat
+from jaxtrain.checkpoint.formats.infinitrain_trainer import LRS_FORMAT
 from jaxtrain.checkpoint.formats.orbax import OrbaxFormat
 from jaxtrain.checkpoint.layout import CheckpointError, step_dir_name
 
@@ -19,6 +20,7 @@ _INFINITRAIN = {kind: InfiniTrainFormat(kind) for kind in it.KINDS}  # every kin
 WRITERS: dict[str, CheckpointFormat] = {
     ORBAX.name: ORBAX,
     it.HEAD_KIND: _INFINITRAIN[it.HEAD_KIND],
+    LRS_FORMAT: InfiniTrainFormat(LRS_FORMAT),  # HEAD's files, PR 151's generation
     it.PR_BIN_KIND: _INFINITRAIN[it.PR_BIN_KIND],
 }
 FORMAT_NAMES = tuple(WRITERS)

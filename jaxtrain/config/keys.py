@@ -8,6 +8,8 @@ optimizer, which is AdamW.
 
 import ml_collections
 
+from jaxtrain.data.batch_geometry import DEFAULT_TOTAL
+
 # (key, default, help). Grouped as model / data / optimization / logging / checkpoints.
 KEYS = (
     ('model_family', 'gpt2', 'gpt2 | llama3 (set by the config file)'),
@@ -110,13 +112,33 @@ KEYS = (
     ('overfit_single_batch', False, "train every step on the stream's first batch (a smoke test)"),
     ('batch_size', 4, 'sequences per data-parallel rank per micro-step'),
     ('sequence_length', 64, 'tokens per sequence (T)'),
-    ('total_batch_size', 256, 'tokens per optimizer step; sets gradient accumulation (0 = one micro-step)'),
+    (
+        'total_batch_size',
+        DEFAULT_TOTAL,
+        'tokens per optimizer step; sets gradient accumulation (0 = one micro-step)',
+    ),
     ('num_iteration', 10, 'optimizer steps in total (global step, counted across resumes)'),
     ('optimizer', 'adamw', 'adamw | adam | sgd'),
     ('learning_rate', 1e-4, 'peak learning rate'),
     ('lr_schedule', 'constant', 'constant | cosine (linear warmup, then cosine to min_lr_ratio)'),
     ('warmup_steps', 0, 'linear warmup as llm.c: step s (from 0) takes learning_rate*(s+1)/warmup_steps'),
     ('min_lr_ratio', 0.0, 'cosine: final learning rate as a fraction of learning_rate'),
+    # InfiniTrain's spelling of the schedule (PR 151): its own float32 arithmetic, step for step.
+    # A run spells its schedule one way: these, or lr_schedule / warmup_steps / min_lr_ratio.
+    (
+        'lr_decay_style',
+        'constant',
+        "InfiniTrain's schedule: none | constant | linear | cosine | inverse-square-root, after "
+        'lr_warmup_iters; none: no scheduler and no lr_scheduler.ckpt',
+    ),
+    ('lr_warmup_iters', 0, 'InfiniTrain: warmup steps, linear from lr_warmup_init (step 1) to learning_rate'),
+    ('lr_warmup_init', 0.0, 'InfiniTrain: the learning rate of step 1 when lr_warmup_iters > 0'),
+    ('min_lr', 0.0, "InfiniTrain: where the decay ends, an absolute learning rate (ours: min_lr_ratio)"),
+    (
+        'lr_decay_iters',
+        0,
+        'InfiniTrain: the step where the decay reaches min_lr, warmup included (0 = num_iteration)',
+    ),
     ('beta1', 0.9, 'Adam beta1'),
     ('beta2', 0.95, "Adam beta2 (llm.c's CUDA trainer; the LLaMA-3 config uses InfiniTrain's 0.999)"),
     ('eps', 1e-8, 'Adam epsilon'),
@@ -130,9 +152,21 @@ KEYS = (
         "md5_tolerance=X' ('' = off)",
     ),
     ('metrics_dir', '', "directory for metrics.jsonl ('' = no file)"),
+    (
+        'tensorboard_dir',
+        '',
+        "directory for TensorBoard event files: loss, val loss, lr, grad norm, tokens/s, MFU, times "
+        "('' = none)",
+    ),
+    ('wandb_project', '', "Weights & Biases project to log the same to (needs pip install wandb; '' = none)"),
+    (
+        'peak_tflops',
+        0.0,
+        "peak dense TFLOP/s of one device for MFU (0 = the device's data-sheet value for the dtype)",
+    ),
     ('checkpoint_dir', '', 'root of this run\'s checkpoints (checkpoint_step_NNNNNN/ inside)'),
     ('save_steps', 0, 'save every N steps (0 = never); the last step is saved whenever saving is on'),
-    ('max_checkpoint_keep', 0, 'keep the newest K checkpoints (0 = keep all)'),
+    ('max_checkpoint_keep', 3, "keep the newest K checkpoints (InfiniTrain's 3; 0 = keep all)"),
     ('keep_every_steps', 0, 'also keep, forever, checkpoints whose step is a multiple of N (0 = off)'),
     ('save_every_minutes', 0.0, 'also save when this many minutes passed since the last save (0 = off)'),
     ('save_optimizer_state', True, 'save the optimizer state too (needed for an exact resume)'),

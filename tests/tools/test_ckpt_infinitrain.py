@@ -14,7 +14,7 @@ from infinitrain_samples import SAMPLES, needs_samples, step_dirs, unpack
 from jaxtrain.tools import ckpt
 from trainer_runs import load_config, random_shard, tiny_llmc_model, train
 
-KIND = {'head': 'infinitrain', 'pr': 'infinitrain-bin'}
+KIND = {'head': 'infinitrain', 'pr': 'infinitrain-bin', 'lrs': 'infinitrain'}
 
 
 def run_tool(capsys, *argv):
@@ -33,7 +33,7 @@ def real(tmp_path_factory):
 @needs_samples
 def test_every_sample_is_listed_shown_and_verified(real, capsys):
     roots = sorted({d.parent for d in step_dirs(real)})
-    assert len(roots) == 10  # a/ b/ of every folder, head-llama3 c/, pr-gpt2 p/
+    assert len(roots) == 16  # a/ b/ of every folder, head-llama3 c/, pr-gpt2 p/, lrs-gpt2 l/ n/
     for root in roots:
         code, out, err = run_tool(capsys, 'ls', root, '--json')
         assert code == 0, err
@@ -51,6 +51,34 @@ def test_every_sample_is_listed_shown_and_verified(real, capsys):
         assert ('adam.t' in names) == ('llama3' in str(d))
         code, out, err = run_tool(capsys, 'verify', d)
         assert code == 0 and out.startswith('OK: '), out + err
+
+
+@needs_samples
+def test_lr_scheduler_generation_shows_its_scheduler_file(real, capsys):
+    """PR 151's directories: no last_lr in trainer_state.json; show prints lr_scheduler.ckpt's entries and the
+    next step's lr (b.log's step-11 lr, 7.52e-02), verify checks the file against the step."""
+    d = real / 'lrs-gpt2/a/checkpoint_step_000010'
+    code, out, err = run_tool(capsys, 'show', d, '--json')
+    assert code == 0, err
+    shown = json.loads(out)
+    assert shown['generation'] == 'lrs' and 'last_lr' not in shown
+    assert len(shown['lr_scheduler']) == 9 and shown['lr_scheduler']['last_step'] == '10 (int64)'
+    assert f"{shown['next_lr']:.2e}" == '7.52e-02'
+    code, out, _ = run_tool(capsys, 'show', real / 'lrs-gpt2/n/checkpoint_step_000010')
+    assert code == 0 and 'no lr_scheduler.ckpt (style none' in out
+    code, out, _ = run_tool(capsys, 'verify', d)
+    assert code == 0 and 'lr_scheduler.ckpt: 9 entries, last_step 10' in out
+    import shutil
+
+    moved = real.parent / 'lrs_wrong_step' / 'checkpoint_step_000020'
+    shutil.copytree(d, moved)
+    shutil.copy(real / 'lrs-gpt2/a/checkpoint_step_000020/lr_scheduler.ckpt', moved / 'lr_scheduler.ckpt')
+    code, out, err = run_tool(capsys, 'verify', moved)
+    expected = 'lr_scheduler.ckpt: last_step: expected global_step 10 (trainer_state.json), found 20'
+    assert code != 0 and expected in out + err
+    (moved / 'lr_scheduler.ckpt').write_bytes(b'CKPT' + bytes(8))
+    code, out, err = run_tool(capsys, 'verify', moved)
+    assert code != 0 and 'magic: expected 0x53524C53' in out + err
 
 
 @needs_samples

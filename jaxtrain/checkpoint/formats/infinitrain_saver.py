@@ -17,7 +17,8 @@ import numpy as np
 
 from jaxtrain.checkpoint.format import Resumed, fresh_optimizer_state
 from jaxtrain.checkpoint.formats import infinitrain as it
-from jaxtrain.checkpoint.formats.infinitrain_trainer import read_step_dir, save_step_dir
+from jaxtrain.checkpoint.formats import infinitrain_schedule
+from jaxtrain.checkpoint.formats.infinitrain_trainer import LRS_FORMAT, read_step_dir, save_step_dir
 from jaxtrain.checkpoint.layout import (
     CheckpointError,
     later_steps,
@@ -28,6 +29,7 @@ from jaxtrain.checkpoint.layout import (
 )
 from jaxtrain.checkpoint.manager import Snapshot
 from jaxtrain.checkpoint.trainer_state import compare_with_run
+from jaxtrain.optim.optimizer import spelled_with_infinitrain_flags
 from jaxtrain.parallel import sharding
 from llmc_io.errors import LLMCFormatError
 from llmc_io.infinitrain_state import read_trainer_state as read_infinitrain_state
@@ -52,7 +54,10 @@ class InfiniTrainCheckpointer:
         keep_latest: int,
         keep_every: int,
         protected_steps=(),
+        config=None,
     ):
+        if fmt == LRS_FORMAT:
+            infinitrain_schedule.run_spec(config)  # refuses, before training, a schedule upstream has not
         if jax.process_count() > 1:
             raise CheckpointError(
                 f'checkpoint_format: {fmt} saves from one process only (it gathers every array on the host); '
@@ -61,7 +66,7 @@ class InfiniTrainCheckpointer:
             )
         self.root = Path(checkpoint_dir).absolute()
         self.root.mkdir(parents=True, exist_ok=True)
-        self.fmt, self.parts, self.family = fmt, parts, family
+        self.fmt, self.parts, self.family, self.config = fmt, parts, family, config
         self.keep_latest, self.keep_every = keep_latest, keep_every
         self.blocking_saves = 0
         # A step's name without InfiniTrain files is not ours (saves are atomic renames): moved
@@ -96,6 +101,9 @@ class InfiniTrainCheckpointer:
     def save(self, step: int, params, opt_state, rng, trainer_state: dict):
         record = dict(trainer_state, rng=[int(x) for x in np.asarray(jax.device_get(rng)).reshape(-1)])
         parts = self.parts
+        scheduler = None
+        if self.fmt == LRS_FORMAT:
+            scheduler = infinitrain_schedule.scheduler_file_bytes(self.config, parts.schedule, step)
         try:
             save_step_dir(
                 self.root,
@@ -108,6 +116,7 @@ class InfiniTrainCheckpointer:
                 model_config=parts.setup.model_config,
                 batches_per_step=batches_per_step(parts),
                 data_parallel=parts.geometry.data_parallel,
+                lr_scheduler=scheduler,
             )
         except OSError as e:
             raise CheckpointError(
@@ -147,14 +156,18 @@ class InfiniTrainFormat:
         return [it.step_number(d) for d in it.step_dirs(root)]
 
     def open(self, config, parts, protected_steps) -> InfiniTrainCheckpointer:
+        # infinitrain with InfiniTrain's schedule flags writes their generation (infinitrain_schedule.py).
+        lrs = self.name == it.HEAD_KIND and spelled_with_infinitrain_flags(config)
+        fmt = LRS_FORMAT if lrs else self.name
         return InfiniTrainCheckpointer(
             config.checkpoint_dir,
-            self.name,
+            fmt,
             parts,
             family=config.model_family,
             keep_latest=config.max_checkpoint_keep,
             keep_every=config.keep_every_steps,
             protected_steps=protected_steps,
+            config=config,
         )
 
     def read_record(self, step_dir) -> dict:
@@ -177,6 +190,10 @@ class InfiniTrainFormat:
         except LLMCFormatError as e:
             raise CheckpointError(f'{e}') from None
         messages = list(saved.pop('messages'))
+        generation = saved.pop('generation')
+        messages += infinitrain_schedule.resume_schedule(
+            config, parts.schedule, step_dir, saved['step'], generation
+        )
         if 'model_config' in saved:  # written by jaxtrain: the compatibility check of our own checkpoints
             incompatible, changes = compare_with_run(
                 saved, dataclasses.asdict(parts.setup.model_config), config.to_dict()

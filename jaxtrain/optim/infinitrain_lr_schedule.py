@@ -7,7 +7,7 @@ optimizer used). Every value there is a C++ `float`, and LinearLR is *chained*: 
 previous lr by a factor, so its rounding errors accumulate. optax's schedules compute in another order
 (and jnp's cos is not glibc's cosf), so only the constant style maps onto optax exactly; the others are
 replayed here with NumPy float32 scalars, one IEEE operation per C++ operation, and handed to optax as
-a table (optim.py). The binary links glibc's cosf; this module calls the same function through ctypes
+a table (optimizer.py). The binary links glibc's cosf; this module calls the same function through ctypes
 where the C library has it.
 
 The replay is also the state upstream saves: `state()` is LRScheduler::State() / SequentialLR::State()
@@ -278,12 +278,18 @@ def learning_rates(spec: ScheduleSpec, steps: int, saved_state: dict | None = No
     return out
 
 
-def state_at(spec: ScheduleSpec, step: int) -> dict | None:
+def state_at(
+    spec: ScheduleSpec, step: int, saved_state: dict | None = None, saved_step: int = 0
+) -> dict | None:
     """The scheduler's State() after `step` optimizer updates (what a save at that step writes), or None
-    for style 'none' (no scheduler, no file)."""
+    for style 'none' (no scheduler, no file). saved_state / saved_step: as for learning_rates."""
     scheduler = create(spec)
     if scheduler is None:
         return None
-    for _ in range(step):
+    for k in range(step):
+        if saved_state is not None and k == saved_step:
+            scheduler.load_state(saved_state)
         scheduler.step()
+    if saved_state is not None and saved_step == step:
+        scheduler.load_state(saved_state)
     return scheduler.state()
