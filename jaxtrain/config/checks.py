@@ -22,6 +22,7 @@ CHOICES = {
     'deterministic': ('auto', 'true', 'false'),
     'device': ('auto', 'cpu', 'cuda'),
     'checkpoint_format': FORMAT_NAMES,
+    'shuffle': ('none', 'llmc'),
 }
 NON_NEGATIVE = (
     'num_devices',

@@ -67,6 +67,18 @@ KEYS = (
         'one GPU in bf16; else XLA)',
     ),
     ('input_bin', '', "glob of llm.c token shards ('' = the built-in stdlib corpus, in the family's shards)"),
+    (
+        'shuffle',
+        'none',
+        "none | llmc: train batches in order, or in llm.c's permuted order (train_gpt2cu's default: "
+        'per-epoch shard and sample permutations from its mt19937, seed 42)',
+    ),
+    (
+        'llmc_require_master_weights',
+        False,
+        'resuming an llm.c run folder: refuse a state file without fp32 master weights (-w 0) '
+        'instead of continuing from its bf16 model',
+    ),
     ('input_val_bin', '', "glob of validation shards ('' = none, or the built-in corpus's val shard)"),
     ('val_loss_every', 0, 'validation loss every N steps (0 = never)'),
     ('val_max_steps', 5, 'validation batches per evaluation'),
