@@ -28,7 +28,7 @@ def test_a_wheel_install_runs_the_default_config_from_another_directory(tmp_path
     source.mkdir()
     for name in ('pyproject.toml', 'README.md'):
         shutil.copy(REPO / name, source / name)
-    for name in ('jaxtrain', 'llmc_io', 'configs'):
+    for name in ('jaxtrain', 'llmc_io', 'configs', 'build_support'):
         shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns('__pycache__'))
     pip = [sys.executable, '-m', 'pip', '--disable-pip-version-check', '-q']
     build = subprocess.run(

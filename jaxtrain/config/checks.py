@@ -1,15 +1,18 @@
 """Refuses a bad config before anything is built: one line naming the key, what was
-expected and what was found."""
+expected and what was found. The one place a run's config is validated: the entry points
+(main.py, the benchmark) call check_config once; train/ builds without checking again."""
 
+import importlib.util
 from pathlib import Path
 
 from jaxtrain.checkpoint.registry import FORMAT_NAMES
+from jaxtrain.config.fit_checks import check_fit
 from jaxtrain.config.path_checks import path_problems
 from jaxtrain.models import cross_entropy_kernel
 from jaxtrain.models.attention import IMPLEMENTATIONS
 from jaxtrain.train import precision_check
-from jaxtrain.train.infinitrain_lr_schedule import STYLES
-from jaxtrain.train.optim import OPTIMIZERS, SCHEDULES, schedule_spec
+from jaxtrain.optim.infinitrain_lr_schedule import STYLES
+from jaxtrain.optim.optimizer import OPTIMIZERS, SCHEDULES, schedule_spec
 
 CHOICES = {
     'model_family': ('gpt2', 'llama3'),
@@ -40,6 +43,7 @@ NON_NEGATIVE = (
     'llmc_ffn_dim_multiplier',
     'llmc_norm_eps',
     'total_batch_size',  # 0: one micro-step per rank (batch_geometry.py)
+    'peak_tflops',
 )
 POSITIVE = ('batch_size', 'sequence_length')
 MESH_AXES = ('mesh_data', 'mesh_fsdp', 'mesh_tensor')  # a size, or -1 to fill (mesh.py)
@@ -73,6 +77,16 @@ def check_config(config):
             f'{config.keep_every_steps}: only steps that are multiples of both would be kept. '
             f'Pass --keep_every_steps {save_steps * max(1, round(keep_every / save_steps))}'
         )
+    if config.wandb_project and importlib.util.find_spec('wandb') is None:
+        problems.append(
+            f"wandb_project: expected the wandb package to log to {config.wandb_project!r}, found it not "
+            "installed; pip install wandb (or pip install 'jaxtrain[wandb]'), or drop --wandb_project"
+        )
+    if config.tokenizer and config.tokenizer_bin:
+        problems.append(
+            f'tokenizer: expected one of --tokenizer and --tokenizer_bin, found both ({config.tokenizer} and '
+            f'{config.tokenizer_bin}); pass one'
+        )
     if config.precision_check:
         try:
             precision_check.parse(config.precision_check)
@@ -87,6 +101,7 @@ def check_config(config):
     problems += path_problems(config)
     if problems:
         raise ValueError('; '.join(problems))
+    check_fit(config)  # the devices, the model file's header: only once the keys themselves are sound
 
 
 def _range_problems(config) -> list[str]:

@@ -8,6 +8,8 @@ optimizer, which is AdamW.
 
 import ml_collections
 
+from jaxtrain.data.batch_geometry import DEFAULT_TOTAL
+
 # (key, default, help). Grouped as model / data / optimization / logging / checkpoints.
 KEYS = (
     ('model_family', 'gpt2', 'gpt2 | llama3 (set by the config file)'),
@@ -108,7 +110,11 @@ KEYS = (
     ('overfit_single_batch', False, "train every step on the stream's first batch (a smoke test)"),
     ('batch_size', 4, 'sequences per data-parallel rank per micro-step'),
     ('sequence_length', 64, 'tokens per sequence (T)'),
-    ('total_batch_size', 256, 'tokens per optimizer step; sets gradient accumulation (0 = one micro-step)'),
+    (
+        'total_batch_size',
+        DEFAULT_TOTAL,
+        'tokens per optimizer step; sets gradient accumulation (0 = one micro-step)',
+    ),
     ('num_iteration', 10, 'optimizer steps in total (global step, counted across resumes)'),
     ('optimizer', 'adamw', 'adamw | adam | sgd'),
     ('learning_rate', 1e-4, 'peak learning rate'),
@@ -144,6 +150,18 @@ KEYS = (
         "md5_tolerance=X' ('' = off)",
     ),
     ('metrics_dir', '', "directory for metrics.jsonl ('' = no file)"),
+    (
+        'tensorboard_dir',
+        '',
+        "directory for TensorBoard event files: loss, val loss, lr, grad norm, tokens/s, MFU, times "
+        "('' = none)",
+    ),
+    ('wandb_project', '', "Weights & Biases project to log the same to (needs pip install wandb; '' = none)"),
+    (
+        'peak_tflops',
+        0.0,
+        "peak dense TFLOP/s of one device for MFU (0 = the device's data-sheet value for the dtype)",
+    ),
     ('checkpoint_dir', '', 'root of this run\'s checkpoints (checkpoint_step_NNNNNN/ inside)'),
     ('save_steps', 0, 'save every N steps (0 = never); the last step is saved whenever saving is on'),
     ('max_checkpoint_keep', 3, "keep the newest K checkpoints (InfiniTrain's 3; 0 = keep all)"),

@@ -12,7 +12,6 @@ InfiniTrain counterpart: it is the step, which the configs compare.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 import re
 from pathlib import Path
@@ -20,9 +19,11 @@ from pathlib import Path
 import numpy as np
 
 from jaxtrain.checkpoint.formats import infinitrain as it
-from jaxtrain.checkpoint.formats.infinitrain_trainer import infinitrain_state_for, model_header
+from jaxtrain.checkpoint.formats.infinitrain_record import recorded_problems
+from jaxtrain.checkpoint.formats.infinitrain_trainer import LRS_FORMAT, infinitrain_state_for, model_header
 from jaxtrain.checkpoint.layout import CheckpointError, step_of
 from llmc_io.errors import LLMCFormatError
+from llmc_io.infinitrain_lr_scheduler import FILE_NAME
 from llmc_io.infinitrain_state import HEAD, LR_SCHEDULER, PR
 from llmc_io.infinitrain_topology import Topology
 from llmc_io.tensors import tree_leaves
@@ -273,19 +274,9 @@ def verify(step_dir):
     for rank in it.rank_dirs(step_dir)[1:]:
         if it.detect_kind(rank) != ckpt.kind:
             problems.append(f'{rank}: expected the same {ckpt.kind} files as rank_000000, found others')
-    recorded = (ckpt.state.jaxtrain or {}).get('sha256', {})
-    for name, digest in recorded.items():
-        found = (
-            hashlib.sha256((ckpt.path / name).read_bytes()).hexdigest()
-            if (ckpt.path / name).is_file()
-            else 'no file'
-        )
-        if found != digest:
-            problems.append(
-                f'{ckpt.path / name}: sha256: expected {digest} (recorded by jaxtrain), found {found}'
-            )
-    if recorded and not any(p.startswith(str(ckpt.path)) and 'sha256' in p for p in problems):
-        checked.append(f'sha256 of {len(recorded)} files as recorded')
+    found, passed = recorded_problems(step_dir, ckpt.path, ckpt.state)  # digest, step, files' sha256
+    problems += found
+    checked += passed
     checked += ckpt.notices
     return Verification(problems, checked)
 
@@ -365,9 +356,24 @@ def export(step_dir, output, fmt: str, force: bool = False, topology: Topology |
         optimizer_type='Adam' if moments else 'SGD',
         extras=extras,
     )
+    kind, extra = fmt, {}
+    if fmt == LRS_FORMAT:  # HEAD's files, and the scheduler's state (formats/infinitrain_schedule.py)
+        from jaxtrain.checkpoint.formats.infinitrain_schedule import exported_scheduler
+
+        kind, scheduler = it.HEAD_KIND, exported_scheduler(step_dir, record, step)
+        extra = {} if scheduler is None else {FILE_NAME: scheduler}
     try:
         it.write_checkpoint(
-            output, fmt, family, params, header, moments, state, replace=replacing, topology=topology
+            output,
+            kind,
+            family,
+            params,
+            header,
+            moments,
+            state,
+            replace=replacing,
+            topology=topology,
+            extra_files=extra,
         )
     except LLMCFormatError as e:
         raise CheckpointError(str(e)) from None

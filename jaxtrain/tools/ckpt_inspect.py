@@ -17,7 +17,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from jaxtrain.checkpoint.layout import STEP_PREFIX, TRAINER_STATE_FILE, CheckpointError, committed_steps, is_committed, step_dir_name, step_dir_names, step_of
-from jaxtrain.checkpoint.record_digest import DIGEST_FIELD, digest_problem
+from jaxtrain.checkpoint.record_digest import DIGEST_FIELD, digest_problem, step_name_problem
 from jaxtrain.checkpoint.trainer_state import read_trainer_state
 from jaxtrain.checkpoint.checksums import checksum_mismatches, path_name, tensor_checksums
 
@@ -319,8 +319,10 @@ def verify(step_dir) -> Verification:
     if state is not None:
         digest = digest_problem(state, step_dir)
         problems += [digest] if digest else []
-        if not digest and DIGEST_FIELD in state:
+        if not digest:
             checked.append(f'trainer_state fields match their {DIGEST_FIELD}')
+        named = step_name_problem(state.get('step'), step_dir)
+        problems += [named] if named else []
     recorded = (state or {}).get('checksums', {})
     for item in ARRAY_ITEMS:
         required = item == 'params' or bool((state or {}).get('has_optimizer_state'))

@@ -14,10 +14,12 @@ from jaxtrain.checkpoint.layout import committed_steps, step_dir_name
 
 
 class SaveEvents:
-    def __init__(self, root, *, keep_latest: int, keep_every: int, protected=(), report=None):
+    def __init__(self, root, *, keep_latest: int, keep_every: int, protected=(), report=None, record=None):
+        """`report` takes the lines; `record` the rows ({'step', 'save_commit_s'}) for metrics."""
         self.root = root
         self.keep_latest, self.keep_every, self.protected = keep_latest, keep_every, frozenset(protected)
         self.report = report or (lambda line: None)
+        self.record = record or (lambda row: None)
         self._on_disk = set(committed_steps(root))
         self._started = {}  # step -> perf_counter when its save began, until it is seen committed
         self.committed = []  # steps this run wrote and saw committed, in order
@@ -60,6 +62,7 @@ class SaveEvents:
                 if len(self.committed) == 1:
                     line += self._size_note(step)
                 self.report(line)
+                self.record({'step': step, 'save_commit_s': seconds})
         for step in sorted((self._on_disk | set(self.committed)) - now - self._reported_deleted):
             self._reported_deleted.add(step)
             self.report(f'rotation: deleted {step_dir_name(step)} ({self._why_deleted(step, now)})')

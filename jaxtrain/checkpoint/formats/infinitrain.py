@@ -28,6 +28,7 @@ import numpy as np
 
 import llmc_io
 from jaxtrain.checkpoint.layout import step_of
+from jaxtrain.checkpoint.record_digest import with_digest
 from llmc_io import infinitrain_names as names
 from llmc_io import infinitrain_ranks
 from llmc_io.errors import LLMCFormatError
@@ -338,16 +339,10 @@ def _write_files(tmp: Path, kind, family, params, header, moments, state, extra_
         )
     for name, payload in (extra_files or {}).items():
         (tmp / name).write_bytes(payload)
-    if state.jaxtrain is not None:  # lets `ckpt verify` prove the files are the ones jaxtrain wrote
-        state = dataclasses.replace(
-            state,
-            jaxtrain=dict(
-                state.jaxtrain,
-                sha256={
-                    p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(tmp.iterdir())
-                },
-            ),
-        )
+    if state.jaxtrain is not None:  # lets resume and `ckpt verify` prove these are the files we wrote
+        files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(tmp.iterdir())}
+        # The digest covers the whole object (step, data position, rng, configs, the files' sha256).
+        state = dataclasses.replace(state, jaxtrain=with_digest(dict(state.jaxtrain, sha256=files)))
     write_trainer_state(tmp / TRAINER_STATE, state)
 
 
@@ -362,8 +357,8 @@ def _write_ranks(tmp: Path, family, params, header, moments, state, topology: To
     if state.jaxtrain is not None:  # what trainer_state.json cannot say, for reading these files back
         state = dataclasses.replace(
             state,
-            jaxtrain=dict(
-                state.jaxtrain, virtual_pipeline_parallel=topology.vpp, zero_stage=topology.zero_stage
+            jaxtrain=with_digest(
+                dict(state.jaxtrain, virtual_pipeline_parallel=topology.vpp, zero_stage=topology.zero_stage)
             ),
         )
     heads = (header.num_heads, getattr(header, 'num_kv_heads', header.num_heads))

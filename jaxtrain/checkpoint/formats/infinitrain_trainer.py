@@ -28,7 +28,8 @@ import optax
 
 import llmc_io
 from jaxtrain.checkpoint.formats import infinitrain as it
-from jaxtrain.checkpoint.layout import step_dir_name
+from jaxtrain.checkpoint.formats.infinitrain_record import recorded_problems
+from jaxtrain.checkpoint.layout import CheckpointError, step_dir_name
 from llmc_io.infinitrain_state import CONFIG_DEFAULTS, HEAD, LR_SCHEDULER, PR, InfiniTrainState
 from llmc_io.tensors import tree_leaves
 
@@ -68,6 +69,10 @@ def read_step_dir(path, params_like, opt_like, batches_per_step: int, optimizer:
     unless jaxtrain wrote the checkpoint), learning_rate, kind and `messages` (lines for the log)."""
     ckpt = it.read_checkpoint(path, expected_shapes(params_like))
     state = ckpt.state
+    problems, _ = recorded_problems(path, ckpt.path, state)  # before anything is put on the devices
+    if problems:
+        more = f'; {len(problems) - 1} more: python -m jaxtrain.ckpt verify {path}' if problems[1:] else ''
+        raise CheckpointError(problems[0] + more)
     messages = list(ckpt.notices)
     extras = state.jaxtrain or {}
     record = dict(extras)
