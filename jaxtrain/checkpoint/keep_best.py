@@ -18,7 +18,8 @@ def best_steps(val_losses: dict[int, float], count: int) -> set[int]:
     """The `count` steps with the lowest finite validation loss (ties: the earlier step)."""
     if count <= 0:
         return set()
-    ranked = sorted((loss, step) for step, loss in val_losses.items() if loss is not None and math.isfinite(loss))
+    finite = {step: loss for step, loss in val_losses.items() if loss is not None and math.isfinite(loss)}
+    ranked = sorted((loss, step) for step, loss in finite.items())
     return {step for _, step in ranked[:count]}
 
 

@@ -187,7 +187,7 @@ def describe_topology(topology: dict) -> str:
     """'8 cpu devices in 1 process, mesh data 2 × fsdp 4 × tensor 1' (fields may be missing
     in older checkpoints: '?')."""
     mesh = ' × '.join(f'{axis} {size}' for axis, size in topology.get('mesh', {}).items()) or '?'
-    if topology.get('vpp_size', 1) > 1:  # interleaved pipeline (parallel/pipeline.py)
+    if topology.get('vpp_size', 1) > 1:  # interleaved pipeline (train/pipeline.py)
         mesh += f", {topology['vpp_size']} chunks per stage"
     return (
         f"{topology.get('device_count', '?')} {topology.get('platform', '?')} device(s) in "

@@ -1,16 +1,18 @@
 """Refuses a bad config before anything is built: one line naming the key, what was
-expected and what was found."""
+expected and what was found. The one place a run's config is validated: the entry points
+(main.py, the benchmark) call check_config once; train/ builds without checking again."""
 
 import importlib.util
 from pathlib import Path
 
 from jaxtrain.checkpoint.registry import FORMAT_NAMES
+from jaxtrain.config.fit_checks import check_fit
 from jaxtrain.config.path_checks import path_problems
 from jaxtrain.models import cross_entropy_kernel
 from jaxtrain.models.attention import IMPLEMENTATIONS
 from jaxtrain.train import precision_check
-from jaxtrain.train.infinitrain_lr_schedule import STYLES
-from jaxtrain.train.optim import OPTIMIZERS, SCHEDULES, schedule_spec
+from jaxtrain.optim.infinitrain_lr_schedule import STYLES
+from jaxtrain.optim.optimizer import OPTIMIZERS, SCHEDULES, schedule_spec
 
 CHOICES = {
     'model_family': ('gpt2', 'llama3'),
@@ -109,6 +111,7 @@ def check_config(config):
     problems += path_problems(config)
     if problems:
         raise ValueError('; '.join(problems))
+    check_fit(config)  # the devices, the model file's header: only once the keys themselves are sound
 
 
 def _range_problems(config) -> list[str]:

@@ -8,6 +8,8 @@ optimizer, which is AdamW.
 
 import ml_collections
 
+from jaxtrain.data.batch_geometry import DEFAULT_TOTAL
+
 # (key, default, help). Grouped as model / data / optimization / logging / checkpoints.
 KEYS = (
     ('model_family', 'gpt2', 'gpt2 | llama3 (set by the config file)'),
@@ -96,7 +98,11 @@ KEYS = (
     ('overfit_single_batch', False, "train every step on the stream's first batch (a smoke test)"),
     ('batch_size', 4, 'sequences per data-parallel rank per micro-step'),
     ('sequence_length', 64, 'tokens per sequence (T)'),
-    ('total_batch_size', 256, 'tokens per optimizer step; sets gradient accumulation (0 = one micro-step)'),
+    (
+        'total_batch_size',
+        DEFAULT_TOTAL,
+        'tokens per optimizer step; sets gradient accumulation (0 = one micro-step)',
+    ),
     ('num_iteration', 10, 'optimizer steps in total (global step, counted across resumes)'),
     ('optimizer', 'adamw', 'adamw | adam | sgd'),
     ('learning_rate', 1e-4, 'peak learning rate'),

@@ -391,7 +391,7 @@ def cmd_export(args) -> int:
     from jaxtrain.tools import ckpt_infinitrain
 
     topology = ckpt_infinitrain.topology_from_args(args)
-    if args.format in ('infinitrain', 'infinitrain-bin'):
+    if args.format in ('infinitrain', 'infinitrain-lrs', 'infinitrain-bin'):
         written = ckpt_infinitrain.export(args.step_dir, args.output, args.format, args.force, topology)
         if args.json:
             _print_json({'path': str(args.step_dir), **written})

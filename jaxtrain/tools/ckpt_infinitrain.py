@@ -20,9 +20,10 @@ import numpy as np
 
 from jaxtrain.checkpoint.formats import infinitrain as it
 from jaxtrain.checkpoint.formats.infinitrain_record import recorded_problems
-from jaxtrain.checkpoint.formats.infinitrain_trainer import infinitrain_state_for, model_header
+from jaxtrain.checkpoint.formats.infinitrain_trainer import LRS_FORMAT, infinitrain_state_for, model_header
 from jaxtrain.checkpoint.layout import CheckpointError, step_of
 from llmc_io.errors import LLMCFormatError
+from llmc_io.infinitrain_lr_scheduler import FILE_NAME
 from llmc_io.infinitrain_state import HEAD, LR_SCHEDULER, PR
 from llmc_io.infinitrain_topology import Topology
 from llmc_io.tensors import tree_leaves
@@ -371,9 +372,24 @@ def export(step_dir, output, fmt: str, force: bool = False, topology: Topology |
         optimizer_type='Adam' if moments else 'SGD',
         extras=extras,
     )
+    kind, extra = fmt, {}
+    if fmt == LRS_FORMAT:  # HEAD's files, and the scheduler's state (formats/infinitrain_schedule.py)
+        from jaxtrain.checkpoint.formats.infinitrain_schedule import exported_scheduler
+
+        kind, scheduler = it.HEAD_KIND, exported_scheduler(step_dir, record, step)
+        extra = {} if scheduler is None else {FILE_NAME: scheduler}
     try:
         it.write_checkpoint(
-            output, fmt, family, params, header, moments, state, replace=replacing, topology=topology
+            output,
+            kind,
+            family,
+            params,
+            header,
+            moments,
+            state,
+            replace=replacing,
+            topology=topology,
+            extra_files=extra,
         )
     except LLMCFormatError as e:
         raise CheckpointError(str(e)) from None

@@ -14,19 +14,18 @@ import time
 import jax
 import numpy as np
 
+from jaxtrain.checkpoint import ckpt_lines
 from jaxtrain.checkpoint.layout import step_dir_names
 from jaxtrain.checkpoint.resume import resume_into
 from jaxtrain.checkpoint.root_access import owned_checkpoint_dir
-from jaxtrain.config.checks import check_config
 from jaxtrain.data.run_streams import open_run_streams
 from jaxtrain.models.lora_setup import save_lora_weights
 from jaxtrain.parallel import sharding
 from jaxtrain.parallel.distributed import agree_on_step_end
-from jaxtrain.train import run_log
+from jaxtrain.optim.optimizer import learning_rate_at
 from jaxtrain.train.banner import run_banner, run_record
 from jaxtrain.train.dashboards import Dashboards
 from jaxtrain.train.mfu import MFUMeter
-from jaxtrain.train.optim import learning_rate_at
 from jaxtrain.train.progress import Progress
 from jaxtrain.train.run_log import RunLog
 from jaxtrain.train.samples import make_sampler
@@ -63,7 +62,8 @@ def validate(parts, state, val_stream, max_steps: int) -> float:
 
 
 def run(config) -> int:
-    check_config(config)  # before metrics_dir or checkpoint_dir is created
+    """Trains a config that config/checks.py's check_config has accepted (the entry points
+    check it before they start anything)."""
     # Before anything is built: a refused run changes nothing (root_access.py).
     with owned_checkpoint_dir(config):
         return _run(config)
@@ -83,7 +83,7 @@ def _run(config) -> int:
     for message in resumed.messages:
         log.info(message)
     if resumed.record is not None:
-        log.info(run_log.ckpt_load_done_line(resumed.record))  # InfiniTrain's line, for diffing logs
+        log.info(ckpt_lines.ckpt_load_done_line(resumed.record))  # InfiniTrain's line, for diffing logs
     step, data_position = int(state.step), int(state.data_position)
     log.dashboards = Dashboards(config, step, log.is_main)  # a resumed run appends from its step
     if resumed.step_dir is not None:

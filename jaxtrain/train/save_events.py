@@ -93,7 +93,8 @@ class SaveEvents:
         if self.keep_every > 0:
             reason += f'; {step} is not a multiple of keep_every_steps {self.keep_every}'
         if self.best:
-            reason += f"; not among keep_best's lowest validation losses (steps {', '.join(map(str, sorted(self.best)))})"
+            best = ', '.join(map(str, sorted(self.best)))
+            reason += f"; not among keep_best's lowest validation losses (steps {best})"
         return reason
 
 

@@ -10,15 +10,14 @@ import time
 import jax
 import numpy as np
 
-from jaxtrain.checkpoint import layout, registry
+from jaxtrain.checkpoint import ckpt_lines, layout, registry
 from jaxtrain.checkpoint.keep_best import best_steps, recorded_val_losses
 from jaxtrain.checkpoint.lora_record import lora_record
 from jaxtrain.checkpoint.resume_checks import cached_sha256
 from jaxtrain.checkpoint.trainer_state import library_versions, trainer_state_record
 from jaxtrain.data.identity import data_identity
 from jaxtrain.models.lora import count_parameters
-from jaxtrain.train import run_log
-from jaxtrain.train.optim import learning_rate_at
+from jaxtrain.optim.optimizer import learning_rate_at
 from jaxtrain.train.save_events import SaveEvents
 from llmc_io.errors import LLMCFormatError
 
@@ -83,7 +82,8 @@ class RunSaver:
         # --keep_best: the validation losses of the steps on disk, this run's saves added as they come.
         self.val_losses = {}
         if config.keep_best and self.checkpointer is not None:
-            self.val_losses = {s: v for s, v in recorded_val_losses(self.checkpointer.root).items() if s <= start_step}
+            on_disk = recorded_val_losses(self.checkpointer.root)
+            self.val_losses = {s: v for s, v in on_disk.items() if s <= start_step}
 
     def note_loss(self, loss: float) -> None:
         self.last_loss = loss
@@ -165,10 +165,10 @@ class RunSaver:
             record['val_loss'] = self.last_val[1]
         self._rank_best(step)
         as_given = layout.Path(config.checkpoint_dir) / layout.step_dir_name(step)  # as InfiniTrain prints it
-        self._report(run_log.ckpt_save_begin_line(as_given, step))
+        self._report(ckpt_lines.ckpt_save_begin_line(as_given, step))
         self.checkpointer.save_snapshot(step, snapshot, record)
         # InfiniTrain's "done" line: the save is handed off here; save_events.py says when it is committed.
-        self._report(run_log.ckpt_save_done_line(as_given))
+        self._report(ckpt_lines.ckpt_save_done_line(as_given))
         self.last_saved_step, self._last_save_time = step, time.monotonic()
         blocked = time.perf_counter() - began
         if self.events is not None:

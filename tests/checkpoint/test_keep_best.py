@@ -15,7 +15,9 @@ VAL_LINE = re.compile(r'step\s+(\d+)/\d+ \| val loss ([\d.]+)')
 
 
 def _steps(root):
-    return sorted(int(p.name.rsplit('_', 1)[1]) for p in root.iterdir() if p.name.startswith('checkpoint_step_'))
+    return sorted(
+        int(p.name.rsplit('_', 1)[1]) for p in root.iterdir() if p.name.startswith('checkpoint_step_')
+    )
 
 
 def _lowest(val: dict, n: int) -> set:
@@ -72,5 +74,7 @@ def test_keep_best_needs_validation_at_the_save_steps():
 
     with pytest.raises(ValueError, match='keep_best: expected --val_loss_every N > 0'):
         check_config(load_config('gpt2', keep_best=2, save_steps=4))
-    with pytest.raises(ValueError, match='keep_best: expected save_steps to be a multiple of val_loss_every 3'):
+    with pytest.raises(
+        ValueError, match='keep_best: expected save_steps to be a multiple of val_loss_every 3'
+    ):
         check_config(load_config('gpt2', keep_best=2, save_steps=4, val_loss_every=3))

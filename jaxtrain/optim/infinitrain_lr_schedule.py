@@ -7,7 +7,7 @@ optimizer used). Every value there is a C++ `float`, and LinearLR is *chained*: 
 previous lr by a factor, so its rounding errors accumulate. optax's schedules compute in another order
 (and jnp's cos is not glibc's cosf), so only the constant style maps onto optax exactly; the others are
 replayed here with NumPy float32 scalars, one IEEE operation per C++ operation, and handed to optax as
-a table (optim.py). The binary links glibc's cosf; this module calls the same function through ctypes
+a table (optimizer.py). The binary links glibc's cosf; this module calls the same function through ctypes
 where the C library has it.
 
 The replay is also the state upstream saves: `state()` is LRScheduler::State() / SequentialLR::State()
