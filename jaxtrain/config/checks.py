@@ -10,9 +10,9 @@ from jaxtrain.config.fit_checks import check_fit
 from jaxtrain.config.path_checks import path_problems
 from jaxtrain.models import cross_entropy_kernel
 from jaxtrain.models.attention import IMPLEMENTATIONS
-from jaxtrain.train import precision_check
 from jaxtrain.optim.infinitrain_lr_schedule import STYLES
-from jaxtrain.optim.optimizer import OPTIMIZERS, SCHEDULES, schedule_spec
+from jaxtrain.optim.optimizer import OPTIMIZERS, SCHEDULES, schedule_spec, spelled_with_infinitrain_flags
+from jaxtrain.train import precision_check
 
 CHOICES = {
     'model_family': ('gpt2', 'llama3'),
@@ -34,6 +34,7 @@ NON_NEGATIVE = (
     'save_steps',
     'max_checkpoint_keep',
     'keep_every_steps',
+    'keep_best',
     'save_every_minutes',
     'val_loss_every',
     'warmup_steps',
@@ -77,6 +78,16 @@ def check_config(config):
             f'{config.keep_every_steps}: only steps that are multiples of both would be kept. '
             f'Pass --keep_every_steps {save_steps * max(1, round(keep_every / save_steps))}'
         )
+    if config.keep_best and not config.val_loss_every:
+        problems.append(
+            f'keep_best: expected --val_loss_every N > 0 (checkpoints are ranked by the validation loss at '
+            f'their step), found val_loss_every 0; pass --val_loss_every {config.save_steps or 1}'
+        )
+    elif config.keep_best and config.save_steps and config.save_steps % config.val_loss_every:
+        problems.append(
+            f'keep_best: expected save_steps to be a multiple of val_loss_every {config.val_loss_every} (a '
+            f'checkpoint is ranked by the validation loss at its step), found save_steps {config.save_steps}'
+        )
     if config.wandb_project and importlib.util.find_spec('wandb') is None:
         problems.append(
             f"wandb_project: expected the wandb package to log to {config.wandb_project!r}, found it not "
@@ -114,9 +125,9 @@ def _range_problems(config) -> list[str]:
         )
     if config.lr_decay_style in STYLES:  # else CHOICES names it
         try:
-            spec = schedule_spec(config)
-            if spec is not None:
-                spec.check()  # InfiniTrain's CreateLRScheduler CHECKs
+            spec = schedule_spec(config)  # refuses both spellings at once
+            if spelled_with_infinitrain_flags(config):
+                spec.check()  # InfiniTrain's CreateLRScheduler CHECKs (ours has its own ranges)
         except ValueError as e:
             problems.append(str(e))
     for key in ('beta1', 'beta2'):

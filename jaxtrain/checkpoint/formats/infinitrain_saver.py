@@ -29,6 +29,7 @@ from jaxtrain.checkpoint.layout import (
 )
 from jaxtrain.checkpoint.manager import Snapshot
 from jaxtrain.checkpoint.trainer_state import compare_with_run
+from jaxtrain.optim.optimizer import spelled_with_infinitrain_flags
 from jaxtrain.parallel import sharding
 from llmc_io.errors import LLMCFormatError
 from llmc_io.infinitrain_state import read_trainer_state as read_infinitrain_state
@@ -73,6 +74,7 @@ class InfiniTrainCheckpointer:
         self.set_aside = set_aside_uncommitted(self.root, committed=lambda p: it.detect_kind(p) is not None)
         self.linked = linked_steps(self.root)
         self.protected = {s for s in (*protected_steps, *self.linked) if s is not None}
+        self.best = set()  # --keep_best's steps (keep_best_steps)
         it.prune(self.root, 0)  # removes what a killed save left under a temporary name
 
     def step_dir(self, step: int) -> Path:
@@ -123,7 +125,11 @@ class InfiniTrainCheckpointer:
                 f'{e.strerror or e}; earlier steps are intact. Free space, then resume.'
             ) from e
         self.blocking_saves += 1
-        it.prune(self.root, self.keep_latest, self.protected, self.keep_every)
+        it.prune(self.root, self.keep_latest, self.protected | self.best, self.keep_every)
+
+    def keep_best_steps(self, steps) -> None:
+        """--keep_best's ranking (checkpoint/keep_best.py): kept out of rotation from the next save on."""
+        self.best = set(steps)
 
     def wait(self):
         pass  # saves are synchronous
@@ -156,7 +162,7 @@ class InfiniTrainFormat:
 
     def open(self, config, parts, protected_steps) -> InfiniTrainCheckpointer:
         # infinitrain with InfiniTrain's schedule flags writes their generation (infinitrain_schedule.py).
-        lrs = self.name == it.HEAD_KIND and infinitrain_schedule.spelled_with_infinitrain_flags(config)
+        lrs = self.name == it.HEAD_KIND and spelled_with_infinitrain_flags(config)
         fmt = LRS_FORMAT if lrs else self.name
         return InfiniTrainCheckpointer(
             config.checkpoint_dir,
