@@ -87,6 +87,8 @@ class ReplayedSchedule:
         return self._table
 
     def __call__(self, count):
+        if isinstance(count, (int, np.integer)):  # the host asking for a step's lr: no device array
+            return jnp.float32(self.table[min(max(int(count), 0), self.length - 1)])
         table = jnp.asarray(self.table)
         return table[jnp.clip(count, 0, table.shape[0] - 1)]
 

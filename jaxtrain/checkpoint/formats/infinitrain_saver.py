@@ -158,7 +158,7 @@ class InfiniTrainFormat:
 
     def open(self, config, parts, protected_steps) -> InfiniTrainCheckpointer:
         # infinitrain with InfiniTrain's schedule flags writes their generation (infinitrain_schedule.py).
-        lrs = self.name == it.HEAD_KIND and infinitrain_schedule.wants_lrs(config)
+        lrs = self.name == it.HEAD_KIND and infinitrain_schedule.spelled_with_infinitrain_flags(config)
         fmt = LRS_FORMAT if lrs else self.name
         return InfiniTrainCheckpointer(
             config.checkpoint_dir,

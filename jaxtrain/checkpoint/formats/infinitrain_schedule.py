@@ -36,13 +36,8 @@ _RECOVER_LR_RTOL = 1e-5
 
 
 def spelled_with_infinitrain_flags(config) -> bool:
+    """Whether a run saving `--checkpoint_format infinitrain` writes the LR-scheduler generation."""
     return any(config.get(key, default) != default for key, default in INFINITRAIN_SCHEDULE_KEYS.items())
-
-
-def wants_lrs(config) -> bool:
-    """Whether a run saving `--checkpoint_format infinitrain` writes the LR-scheduler generation: when
-    its schedule is spelled with InfiniTrain's flags."""
-    return spelled_with_infinitrain_flags(config)
 
 
 def flags_text(spec: ScheduleSpec) -> str:
