@@ -10,9 +10,9 @@ from jaxtrain.config.fit_checks import check_fit
 from jaxtrain.config.path_checks import path_problems
 from jaxtrain.models import cross_entropy_kernel
 from jaxtrain.models.attention import IMPLEMENTATIONS
-from jaxtrain.train import precision_check
 from jaxtrain.optim.infinitrain_lr_schedule import STYLES
-from jaxtrain.optim.optimizer import OPTIMIZERS, SCHEDULES, schedule_spec
+from jaxtrain.optim.optimizer import OPTIMIZERS, SCHEDULES, schedule_spec, spelled_with_infinitrain_flags
+from jaxtrain.train import precision_check
 
 CHOICES = {
     'model_family': ('gpt2', 'llama3'),
@@ -113,9 +113,9 @@ def _range_problems(config) -> list[str]:
         )
     if config.lr_decay_style in STYLES:  # else CHOICES names it
         try:
-            spec = schedule_spec(config)
-            if spec is not None:
-                spec.check()  # InfiniTrain's CreateLRScheduler CHECKs
+            spec = schedule_spec(config)  # refuses both spellings at once
+            if spelled_with_infinitrain_flags(config):
+                spec.check()  # InfiniTrain's CreateLRScheduler CHECKs (ours has its own ranges)
         except ValueError as e:
             problems.append(str(e))
     for key in ('beta1', 'beta2'):

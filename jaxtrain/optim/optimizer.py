@@ -33,6 +33,12 @@ def _spelled(config, keys: dict) -> list[str]:
     ]
 
 
+def spelled_with_infinitrain_flags(config) -> bool:
+    """Whether the run spells its schedule with InfiniTrain's flags (then upstream's checks apply, and an
+    `infinitrain` save writes that generation)."""
+    return bool(_spelled(config, INFINITRAIN_SCHEDULE_KEYS))
+
+
 def schedule_spec(config) -> ScheduleSpec | None:
     """The run's schedule in InfiniTrain's terms, or None where only jaxtrain's spelling says it
     (llm.c's warmup, lr·(s+1)/warmup_steps, is none of upstream's). Both spellings at once is an error."""

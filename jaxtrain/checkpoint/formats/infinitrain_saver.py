@@ -30,6 +30,7 @@ from jaxtrain.checkpoint.layout import (
 from jaxtrain.checkpoint.manager import Snapshot
 from jaxtrain.checkpoint.trainer_state import compare_with_run
 from jaxtrain.checkpoint.write_errors import write_failure
+from jaxtrain.optim.optimizer import spelled_with_infinitrain_flags
 from jaxtrain.parallel import sharding
 from llmc_io.errors import LLMCFormatError
 from llmc_io.infinitrain_state import read_trainer_state as read_infinitrain_state
@@ -158,7 +159,7 @@ class InfiniTrainFormat:
 
     def open(self, config, parts, protected_steps) -> InfiniTrainCheckpointer:
         # infinitrain with InfiniTrain's schedule flags writes their generation (infinitrain_schedule.py).
-        lrs = self.name == it.HEAD_KIND and infinitrain_schedule.spelled_with_infinitrain_flags(config)
+        lrs = self.name == it.HEAD_KIND and spelled_with_infinitrain_flags(config)
         fmt = LRS_FORMAT if lrs else self.name
         return InfiniTrainCheckpointer(
             config.checkpoint_dir,

@@ -22,22 +22,17 @@ from pathlib import Path
 import numpy as np
 from ml_collections import ConfigDict
 
+from jaxtrain.checkpoint.ckpt_lines import ckpt_loading_lr_scheduler_line
 from jaxtrain.checkpoint.formats import infinitrain as it
 from jaxtrain.checkpoint.formats.infinitrain_trainer import LRS_FORMAT
 from jaxtrain.checkpoint.layout import CheckpointError
 from jaxtrain.optim.infinitrain_lr_schedule import ScheduleSpec, state_at
-from jaxtrain.optim.optimizer import INFINITRAIN_SCHEDULE_KEYS, ReplayedSchedule, schedule_spec
-from jaxtrain.checkpoint.ckpt_lines import ckpt_loading_lr_scheduler_line
+from jaxtrain.optim.optimizer import ReplayedSchedule, schedule_spec
 from llmc_io.errors import LLMCFormatError
 from llmc_io.infinitrain_lr_scheduler import FILE_NAME, describe, read_lr_scheduler, render_lr_scheduler
 from llmc_io.infinitrain_state import LR_SCHEDULER
 
 _RECOVER_LR_RTOL = 1e-5
-
-
-def spelled_with_infinitrain_flags(config) -> bool:
-    """Whether a run saving `--checkpoint_format infinitrain` writes the LR-scheduler generation."""
-    return any(config.get(key, default) != default for key, default in INFINITRAIN_SCHEDULE_KEYS.items())
 
 
 def flags_text(spec: ScheduleSpec) -> str:
