@@ -56,12 +56,16 @@ class _KeepPolicy:
     keep_latest: int
     keep_every: int
     protected: frozenset
+    best: frozenset = frozenset()  # --keep_best's steps, replaced as the ranking changes
 
     def should_preserve(self, checkpoints, *, context):
         steps = [c.step for c in checkpoints]
         newest = set(sorted(steps)[-self.keep_latest :]) if self.keep_latest else set(steps)
         return [
-            s in newest or s in self.protected or (self.keep_every > 0 and s % self.keep_every == 0)
+            s in newest
+            or s in self.protected
+            or s in self.best
+            or (self.keep_every > 0 and s % self.keep_every == 0)
             for s in steps
         ]
 
@@ -148,13 +152,14 @@ class Checkpointer:
         _barrier('jaxtrain: uncommitted steps set aside')
         self.linked = linked_steps(self.root)  # never deleted: Orbax's rmtree refuses links anyway
         protected_steps = (*protected_steps, *self.linked)
+        self._keep_policy = _KeepPolicy(keep_latest, keep_every, frozenset(protected_steps))
         options = ocp.CheckpointManagerOptions(
             step_prefix=STEP_PREFIX,
             step_format_fixed_length=STEP_DIGITS,
             create=True,
             cleanup_tmp_directories=True,
             enable_async_checkpointing=True,
-            preservation_policy=_KeepPolicy(keep_latest, keep_every, frozenset(protected_steps)),
+            preservation_policy=self._keep_policy,
         )
         # Uncompressed tensors: Orbax's default zstd halves the write's speed for ~7% less
         # disk on float weights, and on a CPU run the write competes with the training
@@ -288,6 +293,11 @@ class Checkpointer:
         pending, self._pending = self._pending, None
         if pending is not None:
             pending.result()  # re-raises the hand-off's CheckpointError
+
+    def keep_best_steps(self, steps) -> None:
+        """--keep_best's ranking (checkpoint/keep_best.py): these steps are kept out of rotation
+        from the next save on, in place of the ones given before."""
+        self._keep_policy.best = frozenset(steps)
 
     def wait(self):
         """Until every started save is committed on disk."""

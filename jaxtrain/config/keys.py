@@ -154,6 +154,11 @@ KEYS = (
     ('save_steps', 0, 'save every N steps (0 = never); the last step is saved whenever saving is on'),
     ('max_checkpoint_keep', 3, "keep the newest K checkpoints (InfiniTrain's 3; 0 = keep all)"),
     ('keep_every_steps', 0, 'also keep, forever, checkpoints whose step is a multiple of N (0 = off)'),
+    (
+        'keep_best',
+        0,
+        'also keep the N checkpoints with the lowest validation loss measured at their step (0 = off)',
+    ),
     ('save_every_minutes', 0.0, 'also save when this many minutes passed since the last save (0 = off)'),
     ('save_optimizer_state', True, 'save the optimizer state too (needed for an exact resume)'),
     (

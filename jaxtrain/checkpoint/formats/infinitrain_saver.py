@@ -75,6 +75,7 @@ class InfiniTrainCheckpointer:
         self.set_aside = set_aside_uncommitted(self.root, committed=lambda p: it.detect_kind(p) is not None)
         self.linked = linked_steps(self.root)
         self.protected = {s for s in (*protected_steps, *self.linked) if s is not None}
+        self.best = set()  # --keep_best's steps (keep_best_steps)
         it.prune(self.root, 0)  # removes what a killed save left under a temporary name
 
     def step_dir(self, step: int) -> Path:
@@ -126,7 +127,11 @@ class InfiniTrainCheckpointer:
                 f'{reason}; earlier steps are intact. {advice}, then resume.'
             ) from e
         self.blocking_saves += 1
-        it.prune(self.root, self.keep_latest, self.protected, self.keep_every)
+        it.prune(self.root, self.keep_latest, self.protected | self.best, self.keep_every)
+
+    def keep_best_steps(self, steps) -> None:
+        """--keep_best's ranking (checkpoint/keep_best.py): kept out of rotation from the next save on."""
+        self.best = set(steps)
 
     def wait(self):
         pass  # saves are synchronous
