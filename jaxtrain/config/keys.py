@@ -212,9 +212,6 @@ KEYS = (
     ),
 )
 
-HELP = {key: text for key, _, text in KEYS}
-
-
 def base_config(model_family: str) -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict({key: default for key, default, _ in KEYS})
     config.model_family = model_family

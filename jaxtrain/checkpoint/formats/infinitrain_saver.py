@@ -29,6 +29,7 @@ from jaxtrain.checkpoint.layout import (
 )
 from jaxtrain.checkpoint.manager import Snapshot
 from jaxtrain.checkpoint.trainer_state import compare_with_run
+from jaxtrain.checkpoint.write_errors import write_failure
 from jaxtrain.optim.optimizer import spelled_with_infinitrain_flags
 from jaxtrain.parallel import sharding
 from llmc_io.errors import LLMCFormatError
@@ -120,9 +121,10 @@ class InfiniTrainCheckpointer:
                 lr_scheduler=scheduler,
             )
         except OSError as e:
+            reason, advice = write_failure(e)
             raise CheckpointError(
                 f'checkpoint_dir: {self.root}: could not save {self.step_dir(step).name}: '
-                f'{e.strerror or e}; earlier steps are intact. Free space, then resume.'
+                f'{reason}; earlier steps are intact. {advice}, then resume.'
             ) from e
         self.blocking_saves += 1
         it.prune(self.root, self.keep_latest, self.protected | self.best, self.keep_every)
