@@ -83,6 +83,18 @@ KEYS = (
         'one GPU in bf16; else XLA)',
     ),
     ('input_bin', '', "glob of llm.c token shards ('' = the built-in stdlib corpus, in the family's shards)"),
+    (
+        'shuffle',
+        'none',
+        "none | llmc: train batches in order, or in llm.c's permuted order (train_gpt2cu's default: "
+        'per-epoch shard and sample permutations from its mt19937, seed 42)',
+    ),
+    (
+        'llmc_require_master_weights',
+        False,
+        'resuming an llm.c run folder: refuse a state file without fp32 master weights (-w 0) '
+        'instead of continuing from its bf16 model',
+    ),
     ('input_val_bin', '', "glob of validation shards ('' = none, or the built-in corpus's val shard)"),
     ('val_loss_every', 0, 'validation loss every N steps (0 = never)'),
     ('val_max_steps', 5, 'validation batches per evaluation'),
@@ -168,6 +180,11 @@ KEYS = (
     ('save_steps', 0, 'save every N steps (0 = never); the last step is saved whenever saving is on'),
     ('max_checkpoint_keep', 3, "keep the newest K checkpoints (InfiniTrain's 3; 0 = keep all)"),
     ('keep_every_steps', 0, 'also keep, forever, checkpoints whose step is a multiple of N (0 = off)'),
+    (
+        'keep_best',
+        0,
+        'also keep the N checkpoints with the lowest validation loss measured at their step (0 = off)',
+    ),
     ('save_every_minutes', 0.0, 'also save when this many minutes passed since the last save (0 = off)'),
     ('save_optimizer_state', True, 'save the optimizer state too (needed for an exact resume)'),
     (
@@ -208,9 +225,6 @@ KEYS = (
         'auto | true | false: deterministic GPU kernels (auto: on when saving or resuming)',
     ),
 )
-
-HELP = {key: text for key, _, text in KEYS}
-
 
 def base_config(model_family: str) -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict({key: default for key, default, _ in KEYS})

@@ -57,10 +57,6 @@ class GPT2Config:
         return 6 * self.num_parameters + 6 * self.num_layers * self.channels * seq_len
 
 
-def _padded(vocab_size: int) -> int:
-    return 128 * math.ceil(vocab_size / 128)
-
-
 VARIANTS = {
     # Tests and smoke runs: the real GPT-2 vocabulary so any GPT-2 shard fits.
     'tiny': GPT2Config(max_seq_len=256, num_layers=2, num_heads=4, channels=64),
