@@ -29,6 +29,7 @@ from jaxtrain.checkpoint.layout import (
 )
 from jaxtrain.checkpoint.manager import Snapshot
 from jaxtrain.checkpoint.trainer_state import compare_with_run
+from jaxtrain.checkpoint.write_errors import write_failure
 from jaxtrain.optim.optimizer import spelled_with_infinitrain_flags
 from jaxtrain.parallel import sharding
 from llmc_io.errors import LLMCFormatError
@@ -76,6 +77,7 @@ class InfiniTrainCheckpointer:
         self.set_aside = set_aside_uncommitted(self.root, committed=lambda p: it.detect_kind(p) is not None)
         self.linked = linked_steps(self.root)
         self.protected = {s for s in (*protected_steps, *self.linked) if s is not None}
+        self.best = set()  # --keep_best's steps (keep_best_steps)
         it.prune(self.root, 0)  # removes what a killed save left under a temporary name
 
     def step_dir(self, step: int) -> Path:
@@ -119,12 +121,17 @@ class InfiniTrainCheckpointer:
                 lr_scheduler=scheduler,
             )
         except OSError as e:
+            reason, advice = write_failure(e)
             raise CheckpointError(
                 f'checkpoint_dir: {self.root}: could not save {self.step_dir(step).name}: '
-                f'{e.strerror or e}; earlier steps are intact. Free space, then resume.'
+                f'{reason}; earlier steps are intact. {advice}, then resume.'
             ) from e
         self.blocking_saves += 1
-        it.prune(self.root, self.keep_latest, self.protected, self.keep_every)
+        it.prune(self.root, self.keep_latest, self.protected | self.best, self.keep_every)
+
+    def keep_best_steps(self, steps) -> None:
+        """--keep_best's ranking (checkpoint/keep_best.py): kept out of rotation from the next save on."""
+        self.best = set(steps)
 
     def wait(self):
         pass  # saves are synchronous
