@@ -3,7 +3,7 @@
   python -m jaxtrain.main --config=configs/gpt2.py[:variant] [--config.KEY=VALUE] [--KEY VALUE]
 
 Flags -> config -> XLA flags -> distributed init (distributed.py; a no-op for one process)
--> train.run(config). On many hosts launch/ starts one of these per process.
+-> check_config -> train.run(config). On many hosts launch/ starts one of these per process.
 
 Every key is listed with its meaning and default by --help (the KEYS table of
 jaxtrain/config/keys.py).
@@ -17,7 +17,7 @@ from pathlib import Path
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from jaxtrain.train import deterministic_flag
+from jaxtrain.parallel import deterministic_flag
 from jaxtrain.config import flags as key_flags
 from jaxtrain.config import infinitrain_flags
 
@@ -72,7 +72,7 @@ def main(argv):
         import jax
 
         from jaxtrain.parallel import distributed, platform
-        from jaxtrain.config.checks import deterministic_wanted
+        from jaxtrain.config.checks import check_config, deterministic_wanted
 
         config = flags.FLAGS.config
         key_flags.apply_key_flags(config, _KEY_FLAGS, warn=print)
@@ -84,6 +84,7 @@ def main(argv):
         platform.check(config.device)
         if joined and jax.process_index() == 0:
             print(joined, flush=True)
+        check_config(config)  # the one validation: before metrics_dir or checkpoint_dir is created
         from jaxtrain.train import loop as train
 
         return train.run(config)

@@ -47,10 +47,10 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from jaxtrain.config import flags as key_flags
-from jaxtrain.config.checks import deterministic_wanted
+from jaxtrain.config.checks import check_config, deterministic_wanted
+from jaxtrain.parallel import deterministic_flag
 from jaxtrain.tools import pipeline_bench
 from jaxtrain.tools.bench_measure import BenchError, Settings, command_line, run_benchmark
-from jaxtrain.train import deterministic_flag
 from llmc_io.atomic_file import write_text_atomically
 
 _DEFAULT_CONFIG = str(Path(__file__).resolve().parents[2] / 'configs' / 'gpt2.py')
@@ -300,6 +300,7 @@ def main(argv):
                     f'decide: this run is {"deterministic" if deterministic else "fast"}',
                     file=sys.stderr,
                 )
+            check_config(config)
             result = run_benchmark(config, settings, deterministic)
             text = summary(result) + pipeline_bench.report(config, settings.warmup, settings.steps)
         print(text, flush=True)

@@ -20,6 +20,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from jaxtrain.tools.command_line import program_name, reader_gone
 from jaxtrain.tools.quiet_absl import quiet_absl
 
 EXIT_ERROR = 2
@@ -28,7 +29,7 @@ PROG = 'python -m jaxtrain.generate'
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=program_name(PROG), description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument(
@@ -236,15 +237,18 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)  # inside: --help's text goes to a pipe too
         return run(args)
     except KeyboardInterrupt:
         print('interrupted', file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `| head` has read what it wanted
+        return reader_gone()
     except Exception as e:  # noqa: BLE001  one line for people; the traceback on request
         if args.verbose:
             raise
         text = str(e).strip()
-        print(f'{PROG}: error: {text.splitlines()[0] if text else type(e).__name__}', file=sys.stderr)
+        message = text.splitlines()[0] if text else type(e).__name__
+        print(f'{program_name(PROG)}: error: {message}', file=sys.stderr)
         return EXIT_ERROR

@@ -8,7 +8,7 @@ import jax
 from jaxtrain.models.lora import describe as describe_lora
 from jaxtrain.parallel import mesh as mesh_lib
 from jaxtrain.parallel import sharding
-from jaxtrain.train.optim import INFINITRAIN_SCHEDULE_KEYS, schedule_spec
+from jaxtrain.optim.optimizer import INFINITRAIN_SCHEDULE_KEYS, schedule_spec
 
 
 def run_banner(config, parts, stream, weights: str) -> list[str]:

@@ -12,7 +12,7 @@ from cli_runs import run_cli, tree_digest
 from infinitrain_samples import SAMPLES
 from trainer_runs import load_config, random_shard, tiny_llmc_model
 
-from jaxtrain.train.optim import learning_rate_schedule
+from jaxtrain.optim.optimizer import learning_rate_schedule
 
 FLAGS = ('min_lr', 'lr_decay_style', 'lr_warmup_iters', 'lr_warmup_init', 'lr_decay_iters')
 STEP_LR = re.compile(r'step +(\d+)/\d+ \| train loss ([\d.]+) \| lr (\S+) ')
@@ -219,8 +219,8 @@ def test_our_lr_scheduler_generation_saves_verifies_exports_and_resumes(files, t
     scheduler's state at the step (checked against the replay, whose bytes equal the binary's files);
     `ckpt verify` covers it by sha256; export to HEAD puts its lr in last_lr; a resume from step 3
     prints the uninterrupted run's steps 4-6."""
+    from jaxtrain.optim.infinitrain_lr_schedule import ScheduleSpec, state_at
     from jaxtrain.tools import ckpt
-    from jaxtrain.train.infinitrain_lr_schedule import ScheduleSpec, state_at
     from llmc_io.infinitrain_lr_scheduler import read_lr_scheduler
     from llmc_io.infinitrain_state import read_trainer_state
 
@@ -270,3 +270,85 @@ def test_our_lr_scheduler_generation_saves_verifies_exports_and_resumes(files, t
     assert (tmp_path / 'resumed/checkpoint_step_000006/lr_scheduler.ckpt').read_bytes() == (
         tmp_path / 'full/checkpoint_step_000006/lr_scheduler.ckpt'
     ).read_bytes()
+
+
+def test_infinitrain_lrs_names_the_generation_for_a_constant_schedule(files, tmp_path):
+    """Upstream master with no schedule flags runs a constant LambdaLR and saves it; so does
+    --checkpoint_format infinitrain-lrs. Plain infinitrain stays HEAD's layout (last_lr, no file)."""
+    from jaxtrain.optim.infinitrain_lr_schedule import ScheduleSpec, state_at
+    from llmc_io.infinitrain_lr_scheduler import read_lr_scheduler
+    from llmc_io.infinitrain_state import read_trainer_state
+
+    for fmt, generation in (('infinitrain-lrs', 'lrs'), ('infinitrain', 'head')):
+        root = tmp_path / fmt
+        result = run_cli(
+            *_train(files, '--checkpoint_dir', root, '--save_steps', 3, '--checkpoint_format', fmt)
+        )
+        assert result.code == 0, result.err
+        step_dir = root / 'checkpoint_step_000006'
+        assert read_trainer_state(step_dir / 'trainer_state.json').generation == generation
+        if generation == 'lrs':
+            lr = load_config().learning_rate
+            assert read_lr_scheduler(step_dir / 'lr_scheduler.ckpt') == state_at(
+                ScheduleSpec('constant', lr), 6
+            )
+        else:
+            assert not (step_dir / 'lr_scheduler.ckpt').exists()
+
+
+def test_infinitrain_lrs_refuses_llmc_warmup_before_training(files, tmp_path):
+    root = tmp_path / 'ck'
+    result = run_cli(
+        *_train(files, '--checkpoint_dir', root, '--save_steps', 3, '--checkpoint_format', 'infinitrain-lrs'),
+        '--warmup_steps',
+        2,
+    )
+    _one_error_line(result, 'infinitrain-lrs: expected a schedule InfiniTrain can run', '--lr_warmup_iters')
+    assert not root.exists()
+
+
+def test_export_infinitrain_lrs_from_orbax_and_from_infinitrain(files, tmp_path, capsys):
+    """ckpt export --format infinitrain-lrs: from an Orbax step, the scheduler state its recorded flags
+    give at the step; from an InfiniTrain step, its own file, byte for byte."""
+    from jaxtrain.optim.infinitrain_lr_schedule import ScheduleSpec, state_at
+    from jaxtrain.tools import ckpt
+    from llmc_io.infinitrain_lr_scheduler import render_lr_scheduler
+    from llmc_io.infinitrain_state import read_trainer_state
+
+    schedule = (
+        '--lr_decay_style',
+        'cosine',
+        '--min_lr',
+        1e-4,
+        '--lr_warmup_iters',
+        2,
+        '--lr_warmup_init',
+        2e-4,
+    )
+    result = run_cli(
+        *_train(files, '--learning_rate', 1e-3, *schedule),
+        '--checkpoint_dir',
+        tmp_path / 'orbax',
+        '--save_steps',
+        3,
+    )
+    assert result.code == 0, result.err
+    spec = ScheduleSpec('cosine', 1e-3, min_lr=1e-4, warmup_iters=2, warmup_init=2e-4, decay_iters=6)
+    first = tmp_path / 'lrs' / 'checkpoint_step_000003'
+    args = ['export', str(tmp_path / 'orbax/checkpoint_step_000003'), '--format', 'infinitrain-lrs']
+    assert ckpt.main([*args, '--output', str(first)]) == 0, capsys.readouterr()
+    assert (first / 'lr_scheduler.ckpt').read_bytes() == render_lr_scheduler(state_at(spec, 3))
+    assert read_trainer_state(first / 'trainer_state.json').generation == 'lrs'
+    second = tmp_path / 'again' / 'checkpoint_step_000003'
+    assert ckpt.main(['export', str(first), '--format', 'infinitrain-lrs', '--output', str(second)]) == 0
+    assert (second / 'lr_scheduler.ckpt').read_bytes() == (first / 'lr_scheduler.ckpt').read_bytes()
+    assert ckpt.main(['verify', str(second)]) == 0
+
+
+def test_upstreams_checks_apply_only_to_its_spelling():
+    """learning_rate 0 is a valid run of ours (nothing moves); upstream's CHECK refuses it with a style."""
+    from jaxtrain.config.checks import check_config
+
+    check_config(load_config(learning_rate=0.0))
+    with pytest.raises(ValueError, match='learning_rate: expected > 0 with a decay style, found 0.0'):
+        check_config(load_config(learning_rate=0.0, lr_decay_style='cosine'))

@@ -20,28 +20,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from ml_collections import ConfigDict
 
+from jaxtrain.checkpoint.ckpt_lines import ckpt_loading_lr_scheduler_line
 from jaxtrain.checkpoint.formats import infinitrain as it
 from jaxtrain.checkpoint.formats.infinitrain_trainer import LRS_FORMAT
 from jaxtrain.checkpoint.layout import CheckpointError
-from jaxtrain.train.infinitrain_lr_schedule import ScheduleSpec, state_at
-from jaxtrain.train.optim import INFINITRAIN_SCHEDULE_KEYS, ReplayedSchedule, schedule_spec
-from jaxtrain.train.run_log import ckpt_loading_lr_scheduler_line
+from jaxtrain.optim.infinitrain_lr_schedule import Replay, ScheduleSpec, state_at
+from jaxtrain.optim.optimizer import ReplayedSchedule, schedule_spec
 from llmc_io.errors import LLMCFormatError
 from llmc_io.infinitrain_lr_scheduler import FILE_NAME, describe, read_lr_scheduler, render_lr_scheduler
 from llmc_io.infinitrain_state import LR_SCHEDULER
 
 _RECOVER_LR_RTOL = 1e-5
-
-
-def spelled_with_infinitrain_flags(config) -> bool:
-    return any(config.get(key, default) != default for key, default in INFINITRAIN_SCHEDULE_KEYS.items())
-
-
-def wants_lrs(config) -> bool:
-    """Whether a run saving `--checkpoint_format infinitrain` writes the LR-scheduler generation: when
-    its schedule is spelled with InfiniTrain's flags."""
-    return spelled_with_infinitrain_flags(config)
 
 
 def flags_text(spec: ScheduleSpec) -> str:
@@ -66,13 +57,23 @@ def run_spec(config) -> ScheduleSpec:
     return spec
 
 
-def scheduler_file_bytes(config, schedule, step: int) -> bytes | None:
-    """lr_scheduler.ckpt of a save at `step` (None for style none: upstream writes no file). A run resumed
-    from such a file continues from its state, as the schedule does."""
-    spec = run_spec(config)
-    saved = schedule.saved if isinstance(schedule, ReplayedSchedule) and schedule.saved else (0, None)
-    state = state_at(spec, step, saved_state=saved[1], saved_step=saved[0])
-    return None if state is None else render_lr_scheduler(state)
+class SchedulerFiles:
+    """The lr_scheduler.ckpt of each save of one run (None for style none: upstream writes no file). Its
+    replay is kept between saves, so a save costs the steps since the last one; a run resumed from a
+    scheduler file continues from that file's state, as the schedule does. Refuses (one line, before
+    training) a schedule upstream cannot run."""
+
+    def __init__(self, config, schedule):
+        self.spec, self.schedule = run_spec(config), schedule
+        self._replay, self._saved = None, None
+
+    def bytes_at(self, step: int) -> bytes | None:
+        schedule = self.schedule
+        saved = schedule.saved if isinstance(schedule, ReplayedSchedule) and schedule.saved else (0, None)
+        if self._replay is None or saved is not self._saved:
+            self._replay, self._saved = Replay(self.spec, saved_state=saved[1], saved_step=saved[0]), saved
+        state = self._replay.state_at(step)
+        return None if state is None else render_lr_scheduler(state)
 
 
 def saved_scheduler(step_dir) -> tuple[Path, dict] | None:
@@ -192,3 +193,31 @@ def verify_scheduler(step_dir, global_step: int) -> tuple[list[str], list[str]]:
     if not all(np.isfinite(lr) and lr >= 0 for lr in lrs):
         problems.append(f'{path}: learning rates: expected finite values >= 0, found {lrs}')
     return problems, [f'{FILE_NAME}: {len(saved)} entries, last_step {saved.get("last_step")}']
+
+
+# --- ckpt export --format infinitrain-lrs -------------------------------------------------------------------
+
+
+def exported_scheduler(step_dir, record: dict, step: int) -> bytes | None:
+    """lr_scheduler.ckpt for an export of `step_dir` into the LR-scheduler generation: an InfiniTrain
+    source's own file, else the state the recorded training config's schedule has at `step` (None for
+    style none). A schedule upstream cannot run is refused on one line."""
+    if it.detect_kind(step_dir):
+        found = saved_scheduler(step_dir)
+        if found is not None:
+            return render_lr_scheduler(found[1])
+    training = record.get('training_config')
+    if not training:
+        raise CheckpointError(
+            f'{step_dir}: training_config: expected the recorded schedule flags (jaxtrain writes them), '
+            f'found none; export --format {it.HEAD_KIND} instead, or resume it with the flags and save'
+        )
+    config = ConfigDict(training)
+    spec = schedule_spec(config)
+    if spec is None:
+        raise CheckpointError(
+            f"{step_dir}: schedule: expected one InfiniTrain can run, found llm.c's warmup (warmup_steps "
+            f'{config.warmup_steps}); export --format {it.HEAD_KIND} instead'
+        )
+    state = state_at(spec, step)
+    return None if state is None else render_lr_scheduler(state)

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxtrain.train.infinitrain_lr_schedule import ScheduleSpec, learning_rates
+from jaxtrain.optim.infinitrain_lr_schedule import ScheduleSpec, learning_rates
 
 OPTIMIZERS = ('adamw', 'adam', 'sgd')
 SCHEDULES = ('constant', 'cosine')
@@ -31,6 +31,12 @@ def _spelled(config, keys: dict) -> list[str]:
         for key, default in keys.items()
         if config.get(key, default) != default
     ]
+
+
+def spelled_with_infinitrain_flags(config) -> bool:
+    """Whether the run spells its schedule with InfiniTrain's flags (then upstream's checks apply, and an
+    `infinitrain` save writes that generation)."""
+    return bool(_spelled(config, INFINITRAIN_SCHEDULE_KEYS))
 
 
 def schedule_spec(config) -> ScheduleSpec | None:
@@ -87,6 +93,8 @@ class ReplayedSchedule:
         return self._table
 
     def __call__(self, count):
+        if isinstance(count, (int, np.integer)):  # the host asking for a step's lr: no device array
+            return jnp.float32(self.table[min(max(int(count), 0), self.length - 1)])
         table = jnp.asarray(self.table)
         return table[jnp.clip(count, 0, table.shape[0] - 1)]
 
