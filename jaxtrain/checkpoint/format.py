@@ -56,6 +56,11 @@ class RunCheckpointer(Protocol):
 
     def save(self, step: int, params, opt_state, rng, trainer_state: dict) -> None: ...
 
+    def keep_best_steps(self, steps) -> None:
+        """--keep_best: these steps are kept out of rotation from the next save on (replacing the
+        last set)."""
+        ...
+
     def wait(self) -> None: ...
 
     def abort_notice(self) -> str:

@@ -9,10 +9,11 @@ from jaxtrain.checkpoint.registry import FORMAT_NAMES
 from jaxtrain.config.fit_checks import check_fit
 from jaxtrain.config.path_checks import path_problems
 from jaxtrain.models import cross_entropy_kernel
+from jaxtrain.models import recompute
 from jaxtrain.models.attention import IMPLEMENTATIONS
-from jaxtrain.train import precision_check
 from jaxtrain.optim.infinitrain_lr_schedule import STYLES
-from jaxtrain.optim.optimizer import OPTIMIZERS, SCHEDULES, schedule_spec
+from jaxtrain.optim.optimizer import OPTIMIZERS, SCHEDULES, schedule_spec, spelled_with_infinitrain_flags
+from jaxtrain.train import precision_check
 
 CHOICES = {
     'model_family': ('gpt2', 'llama3'),
@@ -25,6 +26,7 @@ CHOICES = {
     'deterministic': ('auto', 'true', 'false'),
     'device': ('auto', 'cpu', 'cuda'),
     'checkpoint_format': FORMAT_NAMES,
+    'shuffle': ('none', 'llmc'),
 }
 NON_NEGATIVE = (
     'num_devices',
@@ -33,6 +35,7 @@ NON_NEGATIVE = (
     'save_steps',
     'max_checkpoint_keep',
     'keep_every_steps',
+    'keep_best',
     'save_every_minutes',
     'val_loss_every',
     'warmup_steps',
@@ -67,6 +70,7 @@ def check_config(config):
         problems.append(
             f'process_id: expected a value >= 0, or -1 (from the environment), found {config.process_id}'
         )
+    problems += recompute.check(config)
     if config.zero_stage not in (0, 1, 2, 3):
         problems.append(f'zero_stage: expected 0, 1, 2 or 3, found {config.zero_stage}')
     keep_every, save_steps = config.keep_every_steps, config.save_steps
@@ -75,6 +79,16 @@ def check_config(config):
             f'keep_every_steps: expected a multiple of save_steps {config.save_steps}, found '
             f'{config.keep_every_steps}: only steps that are multiples of both would be kept. '
             f'Pass --keep_every_steps {save_steps * max(1, round(keep_every / save_steps))}'
+        )
+    if config.keep_best and not config.val_loss_every:
+        problems.append(
+            f'keep_best: expected --val_loss_every N > 0 (checkpoints are ranked by the validation loss at '
+            f'their step), found val_loss_every 0; pass --val_loss_every {config.save_steps or 1}'
+        )
+    elif config.keep_best and config.save_steps and config.save_steps % config.val_loss_every:
+        problems.append(
+            f'keep_best: expected save_steps to be a multiple of val_loss_every {config.val_loss_every} (a '
+            f'checkpoint is ranked by the validation loss at its step), found save_steps {config.save_steps}'
         )
     if config.wandb_project and importlib.util.find_spec('wandb') is None:
         problems.append(
@@ -113,9 +127,9 @@ def _range_problems(config) -> list[str]:
         )
     if config.lr_decay_style in STYLES:  # else CHOICES names it
         try:
-            spec = schedule_spec(config)
-            if spec is not None:
-                spec.check()  # InfiniTrain's CreateLRScheduler CHECKs
+            spec = schedule_spec(config)  # refuses both spellings at once
+            if spelled_with_infinitrain_flags(config):
+                spec.check()  # InfiniTrain's CreateLRScheduler CHECKs (ours has its own ranges)
         except ValueError as e:
             problems.append(str(e))
     for key in ('beta1', 'beta2'):

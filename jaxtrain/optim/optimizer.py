@@ -33,6 +33,12 @@ def _spelled(config, keys: dict) -> list[str]:
     ]
 
 
+def spelled_with_infinitrain_flags(config) -> bool:
+    """Whether the run spells its schedule with InfiniTrain's flags (then upstream's checks apply, and an
+    `infinitrain` save writes that generation)."""
+    return bool(_spelled(config, INFINITRAIN_SCHEDULE_KEYS))
+
+
 def schedule_spec(config) -> ScheduleSpec | None:
     """The run's schedule in InfiniTrain's terms, or None where only jaxtrain's spelling says it
     (llm.c's warmup, lr·(s+1)/warmup_steps, is none of upstream's). Both spellings at once is an error."""
@@ -87,6 +93,8 @@ class ReplayedSchedule:
         return self._table
 
     def __call__(self, count):
+        if isinstance(count, (int, np.integer)):  # the host asking for a step's lr: no device array
+            return jnp.float32(self.table[min(max(int(count), 0), self.length - 1)])
         table = jnp.asarray(self.table)
         return table[jnp.clip(count, 0, table.shape[0] - 1)]
 

@@ -69,6 +69,21 @@ def _loss_cell(entry: dict) -> str:
     return 'n/a'
 
 
+def _kept_best(entries) -> set:
+    """The steps --keep_best keeps: the N lowest validation losses, N from the newest step's run."""
+    from jaxtrain.checkpoint.keep_best import best_steps
+
+    committed = [
+        e
+        for e in entries
+        if e.get('committed') and e.get('step') is not None and not e['path'].endswith('checkpoint_final')
+    ]
+    if not committed:
+        return set()
+    count = max(committed, key=lambda e: e['step']).get('keep_best', 0)
+    return best_steps({e['step']: e.get('val_loss') for e in committed}, count)
+
+
 def cmd_ls(args) -> int:
     from jaxtrain.tools import ckpt_inspect
 
@@ -77,13 +92,15 @@ def cmd_ls(args) -> int:
     entries, latest = ckpt_inspect.list_checkpoints(args.dir)
     entries = ckpt_infinitrain.annotate_entries(args.dir, entries)  # kind and loss; InfiniTrain dirs
     latest = ckpt_infinitrain.latest_step(entries, latest)
+    best = _kept_best(entries)
     if args.json:
         _print_json(
             {
                 'root': str(args.dir),
                 'latest': latest,
                 'checkpoints': [
-                    {**e, 'latest': ckpt_infinitrain.is_latest(e, latest)} for e in entries
+                    {**e, 'latest': ckpt_infinitrain.is_latest(e, latest), 'kept_best': e['step'] in best}
+                    for e in entries
                 ],
             }
         )
@@ -98,7 +115,10 @@ def cmd_ls(args) -> int:
             _when(e['written_at']) + ('' if e['written_from'] == 'trainer_state' else ' (mtime)'),
             'yes' if e['has_optimizer_state'] else 'no',
             _loss_cell(e),
-            'latest' if ckpt_infinitrain.is_latest(e, latest) else '',
+            ', '.join(
+                (['latest'] if ckpt_infinitrain.is_latest(e, latest) else [])
+                + ([f"best (val {e['val_loss']:.6f})"] if e['step'] in best else [])
+            ),
         ]
         for e in entries
     ]

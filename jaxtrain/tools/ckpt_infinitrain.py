@@ -119,6 +119,8 @@ def annotate_entries(root, entries) -> list[dict]:
                 row['loss'] = read_trainer_state(e.path).get('loss')
             except CheckpointError:
                 pass
+        if row.get('committed'):
+            row.update(_validation(e.path))
         rows.append(row)
     final = Path(root) / 'checkpoint_final'
     if it.detect_kind(final):
@@ -133,6 +135,20 @@ def annotate_entries(root, entries) -> list[dict]:
             }
         )
     return rows
+
+
+def _validation(path: Path) -> dict:
+    """{'val_loss', 'keep_best'} a step's record holds (either format), for ckpt ls's best marks."""
+    from jaxtrain.checkpoint import registry
+
+    try:
+        record = registry.for_step_dir(path).read_record(path)
+    except (CheckpointError, LLMCFormatError, OSError):
+        return {}
+    return {
+        'val_loss': record.get('val_loss'),
+        'keep_best': int((record.get('training_config') or {}).get('keep_best', 0) or 0),
+    }
 
 
 def _infinitrain_row(path: Path, kind: str) -> dict:
@@ -294,8 +310,8 @@ def topology_from_args(args) -> Topology | None:
         return None
     if args.format != it.HEAD_KIND:
         raise CheckpointError(
-            f'--ddp/--tp/--pp/--vpp/--zero_stage/--sequence_parallel: expected only with --format infinitrain '
-            f'(HEAD rank directories), found --format {args.format}'
+            f'--ddp/--tp/--pp/--vpp/--zero_stage/--sequence_parallel: expected only with --format '
+            f'infinitrain (HEAD rank directories), found --format {args.format}'
         )
     try:
         topology.validate('export')
@@ -406,7 +422,8 @@ def export_line(written: dict) -> str:
     if written.get('topology'):
         return (
             f"wrote {written['output']}: {written['kind']} checkpoint of {written['model_family']} step "
-            f"{written['step']} as {written['ranks']} rank directories ({written['topology']}){no_optimizer}; "
+            f"{written['step']} as {written['ranks']} rank directories ({written['topology']})"
+            f"{no_optimizer}; "
             f"InfiniTrain resumes it with {written['upstream_flags']} --load {written['output']}"
         )
     return (

@@ -188,6 +188,7 @@ def _run(config) -> int:
                 val_loss = validate(parts, state, val_stream, config.val_max_steps)
                 log.info(f'step {step:4d}/{config.num_iteration} | val loss {val_loss:.6f}')
                 log.record({'step': step, 'val_loss': val_loss})
+                saver.note_val_loss(step, val_loss)
             if sampling:  # timed and logged on its own, and kept out of the next step's time
                 last_read += sampler.maybe_sample(log, step, state.params, state.rng)
             if saving:

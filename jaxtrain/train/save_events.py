@@ -18,6 +18,7 @@ class SaveEvents:
         """`report` takes the lines; `record` the rows ({'step', 'save_commit_s'}) for metrics."""
         self.root = root
         self.keep_latest, self.keep_every, self.protected = keep_latest, keep_every, frozenset(protected)
+        self.best = frozenset()  # --keep_best's steps, as the saver last ranked them
         self.report = report or (lambda line: None)
         self.record = record or (lambda row: None)
         self._on_disk = set(committed_steps(root))
@@ -31,7 +32,10 @@ class SaveEvents:
         return {
             s
             for s in steps
-            if s in newest or s in self.protected or (self.keep_every > 0 and s % self.keep_every == 0)
+            if s in newest
+            or s in self.protected
+            or s in self.best
+            or (self.keep_every > 0 and s % self.keep_every == 0)
         }
 
     def started(self, step: int, began: float, blocked_s: float) -> None:
@@ -88,6 +92,9 @@ class SaveEvents:
         reason = f'max_checkpoint_keep {self.keep_latest} keeps the newest: {newest}'
         if self.keep_every > 0:
             reason += f'; {step} is not a multiple of keep_every_steps {self.keep_every}'
+        if self.best:
+            best = ', '.join(map(str, sorted(self.best)))
+            reason += f"; not among keep_best's lowest validation losses (steps {best})"
         return reason
 
 

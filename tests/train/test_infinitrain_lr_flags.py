@@ -219,8 +219,8 @@ def test_our_lr_scheduler_generation_saves_verifies_exports_and_resumes(files, t
     scheduler's state at the step (checked against the replay, whose bytes equal the binary's files);
     `ckpt verify` covers it by sha256; export to HEAD puts its lr in last_lr; a resume from step 3
     prints the uninterrupted run's steps 4-6."""
-    from jaxtrain.tools import ckpt
     from jaxtrain.optim.infinitrain_lr_schedule import ScheduleSpec, state_at
+    from jaxtrain.tools import ckpt
     from llmc_io.infinitrain_lr_scheduler import read_lr_scheduler
     from llmc_io.infinitrain_state import read_trainer_state
 
@@ -310,8 +310,8 @@ def test_infinitrain_lrs_refuses_llmc_warmup_before_training(files, tmp_path):
 def test_export_infinitrain_lrs_from_orbax_and_from_infinitrain(files, tmp_path, capsys):
     """ckpt export --format infinitrain-lrs: from an Orbax step, the scheduler state its recorded flags
     give at the step; from an InfiniTrain step, its own file, byte for byte."""
-    from jaxtrain.tools import ckpt
     from jaxtrain.optim.infinitrain_lr_schedule import ScheduleSpec, state_at
+    from jaxtrain.tools import ckpt
     from llmc_io.infinitrain_lr_scheduler import render_lr_scheduler
     from llmc_io.infinitrain_state import read_trainer_state
 
@@ -343,3 +343,12 @@ def test_export_infinitrain_lrs_from_orbax_and_from_infinitrain(files, tmp_path,
     assert ckpt.main(['export', str(first), '--format', 'infinitrain-lrs', '--output', str(second)]) == 0
     assert (second / 'lr_scheduler.ckpt').read_bytes() == (first / 'lr_scheduler.ckpt').read_bytes()
     assert ckpt.main(['verify', str(second)]) == 0
+
+
+def test_upstreams_checks_apply_only_to_its_spelling():
+    """learning_rate 0 is a valid run of ours (nothing moves); upstream's CHECK refuses it with a style."""
+    from jaxtrain.config.checks import check_config
+
+    check_config(load_config(learning_rate=0.0))
+    with pytest.raises(ValueError, match='learning_rate: expected > 0 with a decay style, found 0.0'):
+        check_config(load_config(learning_rate=0.0, lr_decay_style='cosine'))

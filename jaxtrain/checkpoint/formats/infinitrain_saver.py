@@ -29,6 +29,8 @@ from jaxtrain.checkpoint.layout import (
 )
 from jaxtrain.checkpoint.manager import Snapshot
 from jaxtrain.checkpoint.trainer_state import compare_with_run
+from jaxtrain.checkpoint.write_errors import write_failure
+from jaxtrain.optim.optimizer import spelled_with_infinitrain_flags
 from jaxtrain.parallel import sharding
 from llmc_io.errors import LLMCFormatError
 from llmc_io.infinitrain_state import read_trainer_state as read_infinitrain_state
@@ -55,8 +57,10 @@ class InfiniTrainCheckpointer:
         protected_steps=(),
         config=None,
     ):
-        if fmt == LRS_FORMAT:
-            infinitrain_schedule.run_spec(config)  # refuses, before training, a schedule upstream has not
+        # lr_scheduler.ckpt of each save; refuses, before training, a schedule upstream has not.
+        self.scheduler_files = (
+            infinitrain_schedule.SchedulerFiles(config, parts.schedule) if fmt == LRS_FORMAT else None
+        )
         if jax.process_count() > 1:
             raise CheckpointError(
                 f'checkpoint_format: {fmt} saves from one process only (it gathers every array on the host); '
@@ -65,7 +69,7 @@ class InfiniTrainCheckpointer:
             )
         self.root = Path(checkpoint_dir).absolute()
         self.root.mkdir(parents=True, exist_ok=True)
-        self.fmt, self.parts, self.family, self.config = fmt, parts, family, config
+        self.fmt, self.parts, self.family = fmt, parts, family
         self.keep_latest, self.keep_every = keep_latest, keep_every
         self.blocking_saves = 0
         # A step's name without InfiniTrain files is not ours (saves are atomic renames): moved
@@ -73,6 +77,7 @@ class InfiniTrainCheckpointer:
         self.set_aside = set_aside_uncommitted(self.root, committed=lambda p: it.detect_kind(p) is not None)
         self.linked = linked_steps(self.root)
         self.protected = {s for s in (*protected_steps, *self.linked) if s is not None}
+        self.best = set()  # --keep_best's steps (keep_best_steps)
         it.prune(self.root, 0)  # removes what a killed save left under a temporary name
 
     def step_dir(self, step: int) -> Path:
@@ -100,9 +105,7 @@ class InfiniTrainCheckpointer:
     def save(self, step: int, params, opt_state, rng, trainer_state: dict):
         record = dict(trainer_state, rng=[int(x) for x in np.asarray(jax.device_get(rng)).reshape(-1)])
         parts = self.parts
-        scheduler = None
-        if self.fmt == LRS_FORMAT:
-            scheduler = infinitrain_schedule.scheduler_file_bytes(self.config, parts.schedule, step)
+        scheduler = self.scheduler_files.bytes_at(step) if self.scheduler_files else None
         try:
             save_step_dir(
                 self.root,
@@ -118,12 +121,17 @@ class InfiniTrainCheckpointer:
                 lr_scheduler=scheduler,
             )
         except OSError as e:
+            reason, advice = write_failure(e)
             raise CheckpointError(
                 f'checkpoint_dir: {self.root}: could not save {self.step_dir(step).name}: '
-                f'{e.strerror or e}; earlier steps are intact. Free space, then resume.'
+                f'{reason}; earlier steps are intact. {advice}, then resume.'
             ) from e
         self.blocking_saves += 1
-        it.prune(self.root, self.keep_latest, self.protected, self.keep_every)
+        it.prune(self.root, self.keep_latest, self.protected | self.best, self.keep_every)
+
+    def keep_best_steps(self, steps) -> None:
+        """--keep_best's ranking (checkpoint/keep_best.py): kept out of rotation from the next save on."""
+        self.best = set(steps)
 
     def wait(self):
         pass  # saves are synchronous
@@ -156,7 +164,7 @@ class InfiniTrainFormat:
 
     def open(self, config, parts, protected_steps) -> InfiniTrainCheckpointer:
         # infinitrain with InfiniTrain's schedule flags writes their generation (infinitrain_schedule.py).
-        lrs = self.name == it.HEAD_KIND and infinitrain_schedule.wants_lrs(config)
+        lrs = self.name == it.HEAD_KIND and spelled_with_infinitrain_flags(config)
         fmt = LRS_FORMAT if lrs else self.name
         return InfiniTrainCheckpointer(
             config.checkpoint_dir,
