@@ -122,9 +122,11 @@ class InfiniTrainCheckpointer:
             )
         except OSError as e:
             reason, advice = write_failure(e)
+            steps = [it.step_number(d) for d in it.step_dirs(self.root)]
+            kept = f'{step_dir_name(steps[-1])} and earlier are intact' if steps else 'no step was committed'
             raise CheckpointError(
                 f'checkpoint_dir: {self.root}: could not save {self.step_dir(step).name}: '
-                f'{reason}; earlier steps are intact. {advice}, then resume.'
+                f'{reason}; {kept}. {advice}, then resume with --resume_from latest.'
             ) from e
         self.blocking_saves += 1
         it.prune(self.root, self.keep_latest, self.protected | self.best, self.keep_every)
