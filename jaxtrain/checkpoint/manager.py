@@ -41,7 +41,9 @@ from jaxtrain.checkpoint.layout import (
     set_aside_uncommitted,
     step_dir_name,
 )
+from jaxtrain.checkpoint.orbax_threads import release_waiting_threads
 from jaxtrain.checkpoint.record_digest import with_digest
+from jaxtrain.checkpoint.write_errors import write_failure
 
 
 # --- rotation ---------------------------------------------------------------------
@@ -78,15 +80,6 @@ def _barrier(name: str):
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices(name)
-
-
-_WRITE_ERRORS = (
-    'No space left on device',
-    'Disk quota exceeded',
-    'File too large',
-    'Read-only file system',
-    'Permission denied',
-)
 
 
 def _stacked_sums(tree):
@@ -187,12 +180,15 @@ class Checkpointer:
         self._handoff = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='jaxtrain-save')
         self._pending = None  # the Future of the last hand-off to Orbax
         self.blocking_saves = 0  # saves handed to Orbax on the loop's thread
+        self.synchronous = False  # save() returns before the write is committed
         self._snapshot_bytes = None  # per device, measured at the first save
         self._snapshot_program = _snapshot  # prepare() swaps in one compiled ahead of time
         # The hand-off thread and Orbax's writers run Python beside the training loop; by
         # default a thread waits up to 5 ms for the GIL, which the loop would feel at every
-        # dispatch while a save is in flight. 1 ms bounds that wait.
-        sys.setswitchinterval(min(sys.getswitchinterval(), 0.001))
+        # dispatch while a save is in flight. 1 ms bounds that wait, while this checkpointer is
+        # open: close() gives the process its own interval back.
+        self._switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(self._switch_interval, 0.001))
 
     def refuse_later_steps(self, start_step: int, overwrite: bool) -> list[int]:
         later = later_steps(self.root, committed_steps(self.root), start_step, overwrite)
@@ -317,11 +313,13 @@ class Checkpointer:
         try:
             self.wait()
         except CheckpointError:
+            release_waiting_threads()  # else they wait 20 minutes for a stage that failed
             with contextlib.suppress(Exception):  # it would raise the same failure again
                 self.manager.close()
             raise
         finally:
             self._handoff.shutdown(wait=True)
+            sys.setswitchinterval(self._switch_interval)
         self.manager.close()
 
     def _save_failed(self, error: Exception, step) -> CheckpointError:
@@ -334,11 +332,11 @@ class Checkpointer:
             failed = named.group(0)
         else:
             failed = step_dir_name(step) if step is not None else 'a checkpoint'
-        reason = next((r for r in _WRITE_ERRORS if r in text), None) or (text[:160] or type(error).__name__)
+        reason, advice = write_failure(error)
         steps = committed_steps(self.root)
         kept = f'{step_dir_name(steps[-1])} and earlier are intact' if steps else 'no step was committed'
         return CheckpointError(
-            f'checkpoint_dir: {self.root}: could not save {failed}: {reason}; {kept}. Free space, '
+            f'checkpoint_dir: {self.root}: could not save {failed}: {reason}; {kept}. {advice}, '
             'then resume with --resume_from latest.'
         )
 
