@@ -102,8 +102,9 @@ def check_against_run(path, saved: dict, spec: ScheduleSpec, step: int) -> None:
         )
     if saved.get('last_step') != step:
         raise CheckpointError(
-            f"{path}: last_step: expected global_step {step} (trainer_state.json), found {saved.get('last_step')}; "
-            'the directory mixes the files of two steps: use a step directory as it was saved'
+            f'{path}: last_step: expected global_step {step} (trainer_state.json), found '
+            f"{saved.get('last_step')}; the directory mixes the files of two steps: use a step "
+            'directory as it was saved'
         )
     expected = state_at(spec, step)
     if set(saved) != set(expected):
