@@ -41,6 +41,7 @@ from jaxtrain.checkpoint.layout import (
     set_aside_uncommitted,
     step_dir_name,
 )
+from jaxtrain.checkpoint.orbax_threads import release_waiting_threads
 from jaxtrain.checkpoint.record_digest import with_digest
 from jaxtrain.checkpoint.write_errors import write_failure
 
@@ -179,6 +180,7 @@ class Checkpointer:
         self._handoff = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='jaxtrain-save')
         self._pending = None  # the Future of the last hand-off to Orbax
         self.blocking_saves = 0  # saves handed to Orbax on the loop's thread
+        self.synchronous = False  # save() returns before the write is committed
         self._snapshot_bytes = None  # per device, measured at the first save
         self._snapshot_program = _snapshot  # prepare() swaps in one compiled ahead of time
         # The hand-off thread and Orbax's writers run Python beside the training loop; by
@@ -311,6 +313,7 @@ class Checkpointer:
         try:
             self.wait()
         except CheckpointError:
+            release_waiting_threads()  # else they wait 20 minutes for a stage that failed
             with contextlib.suppress(Exception):  # it would raise the same failure again
                 self.manager.close()
             raise

@@ -9,6 +9,7 @@ from jaxtrain.checkpoint.registry import FORMAT_NAMES
 from jaxtrain.config.fit_checks import check_fit
 from jaxtrain.config.path_checks import path_problems
 from jaxtrain.models import cross_entropy_kernel
+from jaxtrain.models import recompute
 from jaxtrain.models.attention import IMPLEMENTATIONS
 from jaxtrain.optim.infinitrain_lr_schedule import STYLES
 from jaxtrain.optim.optimizer import OPTIMIZERS, SCHEDULES, schedule_spec, spelled_with_infinitrain_flags
@@ -69,6 +70,7 @@ def check_config(config):
         problems.append(
             f'process_id: expected a value >= 0, or -1 (from the environment), found {config.process_id}'
         )
+    problems += recompute.check(config)
     if config.zero_stage not in (0, 1, 2, 3):
         problems.append(f'zero_stage: expected 0, 1, 2 or 3, found {config.zero_stage}')
     keep_every, save_steps = config.keep_every_steps, config.save_steps
@@ -77,6 +79,11 @@ def check_config(config):
             f'keep_every_steps: expected a multiple of save_steps {config.save_steps}, found '
             f'{config.keep_every_steps}: only steps that are multiples of both would be kept. '
             f'Pass --keep_every_steps {save_steps * max(1, round(keep_every / save_steps))}'
+        )
+    if config.init_from and config.llmc_filepath:
+        problems.append(
+            f'init_from: expected one source of initial weights, found both --init_from {config.init_from} '
+            f'and --llmc_filepath {config.llmc_filepath}; pass one'
         )
     if config.keep_best and not config.val_loss_every:
         problems.append(

@@ -16,6 +16,12 @@ KEYS = (
     ('model', 'tiny', 'model variant, e.g. tiny, small, d12 / llama3.2-1b; an llmc file header overrides it'),
     ('llmc_filepath', '', 'llm.c model file to start from (its header sets the model shape)'),
     (
+        'init_from',
+        '',
+        "weights only, for --model: a checkpoint step or root (either format), an HF folder or an llm.c "
+        "file; fresh optimizer, schedule and data ('' = none)",
+    ),
+    (
         'llmc_ffn_dim_multiplier',
         0.0,
         'LLaMA-3: true ffn_dim_multiplier when the file stored it truncated (0 = file)',
@@ -23,6 +29,20 @@ KEYS = (
     ('llmc_norm_eps', 0.0, 'LLaMA-3: true norm_eps when the file stored it truncated (0 = file)'),
     ('dtype', 'float32', 'float32 | bfloat16: compute dtype; params and optimizer state stay fp32'),
     ('scan_layers', True, 'scan over layers (fast compile) or unroll them (false: faster GPU steps)'),
+    ('activation_recompute', False, 'recompute layer activations in the backward pass (less memory, more compute)'),
+    (
+        'recompute_granularity',
+        'full',
+        'with activation_recompute: full (a region keeps only its input) | selective (keeps the weight '
+        "matmuls' outputs, recomputes attention and activations) | none",
+    ),
+    (
+        'recompute_method',
+        'none',
+        'with full recompute: none (each layer a region) | uniform (groups of recompute_num_layers) | '
+        'block (only the first recompute_num_layers layers)',
+    ),
+    ('recompute_num_layers', 0, 'layers per region (uniform) or recomputed layers (block); 1 or more there'),
     ('num_devices', 0, 'devices to train on (0 = all); the mesh_* keys arrange them'),
     ('mesh_data', -1, 'mesh axis data: replicated parameters, batch split (-1 = the devices left)'),
     ('mesh_fsdp', 1, 'mesh axis fsdp: batch split, parameters and optimizer state sharded (-1 = fill)'),

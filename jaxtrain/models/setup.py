@@ -16,6 +16,7 @@ from jaxtrain.parallel import deterministic_flag
 from jaxtrain.models import FAMILIES
 from jaxtrain.models.attention import resolve_attention
 from jaxtrain.models.lora_setup import attach_lora
+from jaxtrain.models.recompute import Recompute
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 
@@ -52,7 +53,7 @@ def _load_llmc(config):
     return loader(config.llmc_filepath)
 
 
-def _shape_mismatches(expected: dict, found: dict, prefix=''):
+def shape_mismatches(expected: dict, found: dict, prefix=''):
     problems = []
     for key in sorted(set(expected) | set(found)):
         name = f'{prefix}{key}'
@@ -61,7 +62,7 @@ def _shape_mismatches(expected: dict, found: dict, prefix=''):
         elif key not in expected:
             problems.append(f'{name}: unexpected')
         elif isinstance(expected[key], dict):
-            problems += _shape_mismatches(expected[key], found[key], name + '/')
+            problems += shape_mismatches(expected[key], found[key], name + '/')
         elif tuple(expected[key].shape) != tuple(np.shape(found[key])):
             problems.append(
                 f'{name}: expected shape {tuple(expected[key].shape)}, found {tuple(np.shape(found[key]))}'
@@ -110,6 +111,7 @@ def setup_model(config) -> ModelSetup:
         dtype=dtype,
         attention=attention,
         scan_layers=config.scan_layers,
+        recompute=Recompute.from_config(config),
         # Only a GPU's scatter-add is nondeterministic. Elsewhere the same op in both modes
         # keeps a run with checkpoints bitwise equal to one without (deterministic is 'auto').
         deterministic=deterministic and jax.default_backend() == 'gpu',
@@ -121,7 +123,7 @@ def setup_model(config) -> ModelSetup:
         abstract = nnx.eval_shape(lambda: model_cls(model_config, **options, rngs=nnx.Rngs(0)))
         graphdef, abstract_params = nnx.split(abstract, nnx.Param)
         expected = nnx.to_pure_dict(abstract_params)
-        problems = _shape_mismatches(expected, file_params)
+        problems = shape_mismatches(expected, file_params)
         if problems:
             raise ValueError(
                 f'{config.llmc_filepath}: tensors do not fit the model built from its header: '

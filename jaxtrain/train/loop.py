@@ -22,7 +22,7 @@ from jaxtrain.data.run_streams import open_run_streams
 from jaxtrain.models.lora_setup import save_lora_weights
 from jaxtrain.parallel import sharding
 from jaxtrain.parallel.distributed import agree_on_step_end
-from jaxtrain.optim.optimizer import learning_rate_at
+from jaxtrain.optim.optimizer import learning_rate_at, spelled_with_infinitrain_flags
 from jaxtrain.train.banner import run_banner, run_record
 from jaxtrain.train.dashboards import Dashboards
 from jaxtrain.train.mfu import MFUMeter
@@ -82,8 +82,11 @@ def _run(config) -> int:
     state, parts.state = resumed.state, None  # no second reference may keep the fresh state alive
     for message in resumed.messages:
         log.info(message)
-    if resumed.record is not None:
-        log.info(ckpt_lines.ckpt_load_done_line(resumed.record))  # InfiniTrain's line, for diffing logs
+    if resumed.record is not None:  # InfiniTrain's line, for diffing logs; PR 151's binary prints no last_lr
+        record = resumed.record
+        if spelled_with_infinitrain_flags(config):
+            record = dict(record, learning_rate=None)
+        log.info(ckpt_lines.ckpt_load_done_line(record))
     step, data_position = int(state.step), int(state.data_position)
     log.dashboards = Dashboards(config, step, log.is_main)  # a resumed run appends from its step
     if resumed.step_dir is not None:
@@ -145,10 +148,11 @@ def _run(config) -> int:
         now = time.perf_counter()
         elapsed, last_read = now - last_read, now
         loss = float(metrics['loss'])
+        stop.last_shown_step = done
         check_finite(done, loss, bool(metrics['params_finite']), saver.last_good())
         saver.note_loss(loss)
-        step_mfu = mfu.of(elapsed)
-        progress.step(done, loss, elapsed, step_mfu)
+        step_mfu, grad_norm = mfu.of(elapsed), float(metrics['grad_norm'])
+        progress.step(done, loss, elapsed, step_mfu, grad_norm)
         log.step(
             done,
             config.num_iteration,
@@ -157,7 +161,7 @@ def _run(config) -> int:
             elapsed,
             geometry.tokens_per_step,
             parts.parallel_sizes,
-            {'grad_norm': float(metrics['grad_norm'])} | ({'mfu': step_mfu} if step_mfu is not None else {}),
+            {'grad_norm': grad_norm} | ({'mfu': step_mfu} if step_mfu is not None else {}),
         )
         if stream.epoch_of(position) != epoch:
             epoch = stream.epoch_of(position)
@@ -213,6 +217,13 @@ def _exit(log, stop, stopping: bool, saver: RunSaver, step: int) -> int:
     """The closing line and the exit code: 0, or 128 + the signal for a stop with nothing saved."""
     if stopping:
         signal_name = stop.signal_name or 'a signal to another process'
+        # The device runs a step ahead of the lines printed (loop above): steps already under way finish.
+        if stop.arrived_after is not None and stop.arrived_after < step:
+            running = 'step' if step - stop.arrived_after == 1 else 'steps'
+            signal_name += (
+                f' (arrived after step {stop.arrived_after} was printed; the {running} already running '
+                'on the device finished first)'
+            )
         if saver.last_saved_step == step:
             log.info(
                 f'{signal_name}: stopped after step {step}; resume with --resume_from '
