@@ -16,10 +16,20 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxtrain.checkpoint.layout import STEP_PREFIX, TRAINER_STATE_FILE, CheckpointError, committed_steps, is_committed, step_dir_name, step_dir_names, step_of
-from jaxtrain.checkpoint.record_digest import DIGEST_FIELD, digest_problem, step_name_problem
-from jaxtrain.checkpoint.trainer_state import read_trainer_state
 from jaxtrain.checkpoint.checksums import checksum_mismatches, path_name, tensor_checksums
+from jaxtrain.checkpoint.layout import (
+    STEP_PREFIX,
+    TRAINER_STATE_FILE,
+    CheckpointError,
+    committed_steps,
+    is_committed,
+    step_dir_name,
+    step_dir_names,
+    step_of,
+)
+from jaxtrain.checkpoint.record_digest import DIGEST_FIELD, digest_problem, step_name_problem
+from jaxtrain.checkpoint.record_fields import field_problems
+from jaxtrain.checkpoint.trainer_state import read_trainer_state
 
 ARRAY_ITEMS = ('params', 'opt_state')
 # Orbax writes a step into `<final name>.orbax-checkpoint-tmp-<n>` and renames it when complete.
@@ -323,6 +333,13 @@ def verify(step_dir) -> Verification:
             checked.append(f'trainer_state fields match their {DIGEST_FIELD}')
         named = step_name_problem(state.get('step'), step_dir)
         problems += [named] if named else []
+        fields = field_problems(state, step_dir / TRAINER_STATE_FILE)
+        problems += fields
+        if not fields:
+            checked.append('trainer_state fields of the types and ranges a save writes')
+        else:  # the checks below read those fields; what they would find is already named
+            state = {key: value for key, value in state.items() if key not in ('checksums', 'lora')}
+            state['model_family'] = None
     recorded = (state or {}).get('checksums', {})
     for item in ARRAY_ITEMS:
         required = item == 'params' or bool((state or {}).get('has_optimizer_state'))
@@ -350,7 +367,7 @@ def verify(step_dir) -> Verification:
             problems += mismatches
             if not mismatches:
                 checked.append(f'{item}: {len(tensors)} tensors, checksums good')
-        if item == 'params':
+        if item == 'params' and state.get('model_family') is not None:
             try:
                 shape_problems = _shape_problems(
                     tensors, state.get('model_family'), state.get('model_config'), state.get('lora')
