@@ -253,6 +253,11 @@ def _bad_input_cases():
         tensors['adam.m.0'] = CkptTensor(tensors['adam.m.0'].dtype, tensors['adam.m.0'].array[:-1])
         write_state_dict(path, tensors)
 
+    def context_parallel(step):
+        for rank in step.glob('rank_*'):
+            path = rank / 'trainer_state.json'
+            path.write_text(path.read_text().replace('"pp_size"', '"cp_size": 2,\n  "pp_size"'))
+
     def slice_too_wide(step):
         from llmc_io.statedict import CkptTensor, write_state_dict
 
@@ -269,6 +274,7 @@ def _bad_input_cases():
         topology_disagrees: r'000001/trainer_state.json: pp_size: expected 2 \(as rank_000000\), found 1',
         piece_too_short: r"rank_000001/optimizer.ckpt: tensor 'adam.m.0' shape: expected \(\d+,\) \(rank 1's",
         slice_too_wide: r"c_fc.weight' shape: expected .*TP rank",
+        context_parallel: r'rank_000000/trainer_state.json: cp_size: expected 1 \(no context parallelism\), found 2',
     }
 
 
