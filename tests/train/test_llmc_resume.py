@@ -81,3 +81,31 @@ def test_our_checkpoint_resumes_llmc_order_bitwise_and_refuses_the_other_order(t
     )
     with pytest.raises(CheckpointError, match=r"shuffle: checkpoint 'llmc', now 'none' \(pass --shuffle llmc\)"):
         train(other)
+
+
+@pytest.mark.slow
+def test_checkpoint_format_llmc_saves_a_run_folder_that_resumes_exactly(tmp_path):
+    """--checkpoint_format llmc: the folder holds what llm.c's own run holds at the same step (its
+    loader state byte for byte), and our resume from one of its steps repeats the losses bit for bit."""
+    from jaxtrain.checkpoint.resume import resolve_resume
+    from llmc_io import llmc_run
+
+    common = dict(num_iteration=12, save_steps=5, checkpoint_format='llmc', dtype='float32')
+    first = llmc_run_config(tmp_path / 'm1', checkpoint_dir=str(tmp_path / 'A'), **common)
+    code, full, out = train(first)
+    assert code == 0, out[-2000:]
+    assert llmc_run.committed_steps(tmp_path / 'A') == [5, 10, 12]
+    assert f"save: step 5 -> {tmp_path / 'A' / 'model_00000005.bin'}" in out
+    loader = 8 + 2 * 4 + 8 + 5 * 4 + 2520
+    ours = (tmp_path / 'A' / 'state_00000010_00000.bin').read_bytes()
+    assert ours[-loader:] == (RUN / 'a' / 'state_00000010_00000.bin').read_bytes()[-loader:]
+    assert resolve_resume('latest', str(tmp_path / 'A'), 'llmc')[0] == tmp_path / 'A' / 'model_00000012.bin'
+    again = llmc_run_config(
+        tmp_path / 'm2', checkpoint_dir=str(tmp_path / 'B'), resume_from=str(tmp_path / 'A' / 'model_00000005.bin'),
+        **common,
+    )
+    code, resumed, out = train(again)
+    assert code == 0, out[-2000:]
+    assert [resumed[s] for s in range(6, 13)] == [full[s] for s in range(6, 13)]
+    for name in ('model_00000012.bin', 'state_00000012_00000.bin'):
+        assert (tmp_path / 'B' / name).read_bytes() == (tmp_path / 'A' / name).read_bytes()

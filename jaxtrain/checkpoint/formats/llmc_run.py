@@ -1,5 +1,6 @@
 """llm.c run folders (llmc_io/llmc_run.py) as a checkpoint format: `--resume_from RUN_DIR` (its newest
-committed step) or `--resume_from RUN_DIR/model_%08d.bin` (that step).
+committed step) or `--resume_from RUN_DIR/model_%08d.bin` (that step); `--checkpoint_format llmc`
+saves a run as one (llmc_run_saver.py).
 
 What maps to what (karpathy/llm.c f1e2ace6 train_gpt2.cu load_state):
   params                  <- the fp32 master weights where the state has them (-w 1, the default),
@@ -140,10 +141,13 @@ class LLMCRunFormat:
         return llmc_run.committed_steps(root)
 
     def open(self, config, parts, protected_steps):
-        raise CheckpointError(
-            'checkpoint_format: llm.c run folders are read, not written, by a run; save as orbax and '
-            'convert a step with python -m jaxtrain.ckpt export STEP --format llmc-run --output DIR'
-        )
+        from jaxtrain.checkpoint.formats.llmc_run_saver import LLMCRunCheckpointer
+
+        return LLMCRunCheckpointer(config, parts, protected_steps)
+
+    def step_path(self, root, step: int) -> Path:
+        """What --resume_from latest resumes: the step's model file in the run folder."""
+        return llmc_run.model_path(Path(root).absolute(), step)
 
     def read_record(self, path) -> dict:
         run_dir, step = locate(path)
