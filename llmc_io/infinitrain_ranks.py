@@ -80,7 +80,7 @@ def _topology_of(path: Path, state: InfiniTrainState, vpp: int, zero_stage: int)
 def _check_agree(ranks: list[Path], states: list[InfiniTrainState]) -> None:
     first = states[0]
     for path, state in zip(ranks[1:], states[1:]):
-        for field in ("global_step", "ddp_size", "tp_size", "sp_size", "pp_size"):
+        for field in ("global_step", "ddp_size", "tp_size", "sp_size", "cp_size", "pp_size"):
             if getattr(state, field) != getattr(first, field):
                 raise LLMCFormatError(
                     path / TRAINER_STATE,
@@ -157,6 +157,13 @@ def read_step(step_dir, ranks: list[Path], vpp: int | None = None) -> MergedStep
     recorded = state.jaxtrain or {}
     if vpp is None and recorded.get("virtual_pipeline_parallel"):
         vpp = int(recorded["virtual_pipeline_parallel"])
+    if state.cp_size not in (None, 1):
+        # PR 181 adds a CP axis to the rank layout and shards ZeRO over DP x CP; neither is modelled here
+        raise LLMCFormatError(
+            ranks[0] / TRAINER_STATE, "cp_size", "1 (no context parallelism)", str(state.cp_size),
+            "rank directories of a context-parallel run are not read; resume it in InfiniTrain with cp 1 "
+            "and save again",
+        )
     shape = _topology_of(ranks[0] / TRAINER_STATE, state, 1, 0)
     if shape.world != len(ranks):
         raise LLMCFormatError(

@@ -82,7 +82,18 @@ def read_step_dir(path, params_like, opt_like, batches_per_step: int, optimizer:
         kind=ckpt.kind,
         generation=state.generation,
         messages=messages,
+        # the saved run's layout, for the [CKPT] Load done line (ckpt_lines.py)
+        infinitrain_sizes={
+            'ddp': state.ddp_size, 'tp': state.tp_size, 'sp': state.sp_size, 'cp': state.cp_size,
+            'pp': state.pp_size,
+        },
     )
+    # upstream CHECKs cp_size against the run's (checkpoint_manager.cc at feat/context_parallel abce8d2)
+    if state.cp_size not in (None, 1):
+        messages.append(
+            f'resume: {path}: saved with context parallel size {state.cp_size}; jaxtrain has no context '
+            'parallelism and continues with 1 (the weights and the data order do not depend on it)'
+        )
     if 'data_position' in extras:
         record['data_position'] = extras['data_position']
     else:
