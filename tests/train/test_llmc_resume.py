@@ -8,6 +8,7 @@ by up to 0.17. LOSS_TOLERANCE is 0.005: three times the measured gap, thirty tim
 """
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -132,3 +133,19 @@ def test_checkpoint_format_llmc_saves_a_run_folder_that_resumes_exactly(tmp_path
     assert [resumed[s] for s in range(6, 13)] == [full[s] for s in range(6, 13)]
     for name in ('model_00000012.bin', 'state_00000012_00000.bin'):
         assert (tmp_path / 'B' / name).read_bytes() == (tmp_path / 'A' / name).read_bytes()
+
+
+@pytest.mark.slow
+def test_rotation_keeps_the_llmc_step_the_run_resumed_from(tmp_path):
+    from llmc_io import llmc_run
+
+    run = tmp_path / 'run'
+    shutil.copytree(RUN / 'a', run, ignore=shutil.ignore_patterns('*00000020*'))
+    config = llmc_run_config(
+        tmp_path, checkpoint_dir=str(run), resume_from=str(run / 'model_00000010.bin'), checkpoint_format='llmc',
+        num_iteration=14, save_steps=2, max_checkpoint_keep=1, dtype='float32',
+    )
+    code, _, out = train(config)
+    assert code == 0, out[-2000:]
+    assert llmc_run.committed_steps(run) == [10, 14]
+    assert not (run / 'model_00000012.bin').exists() and (run / 'state_00000010_00000.bin').is_file()

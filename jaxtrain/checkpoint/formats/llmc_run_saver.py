@@ -54,9 +54,22 @@ class LLMCRunCheckpointer:
             config, parts.geometry, parts.setup.model_config.vocab_size, data_paths(config)[0]
         )
         self.keep_latest, self.keep_every = config.max_checkpoint_keep, config.keep_every_steps
-        self.protected = {s for s in protected_steps if s is not None}
+        self.protected = {s for s in (*protected_steps, self._resumed_step(config)) if s is not None}
         self.set_aside, self.linked = [], []
         self.blocking_saves = 0
+
+    def _resumed_step(self, config) -> int | None:
+        """The step of this folder the run resumed from (kept out of rotation), if any: the caller's
+        protected steps name step directories, and an llm.c step is a model file."""
+        resume_from = config.get('resume_from', '')
+        if not resume_from:
+            return None
+        named = llmc_run.split_model_path(resume_from)
+        run_dir, step = named if named else (Path(resume_from), None)
+        if resume_from == 'latest' or run_dir.absolute() == self.root:
+            steps = llmc_run.committed_steps(self.root)
+            return step if step is not None else (steps[-1] if steps else None)
+        return None
 
     def step_dir(self, step: int) -> Path:
         return llmc_run.model_path(self.root, step)
