@@ -79,7 +79,7 @@ def _topology_of(path: Path, state: InfiniTrainState, vpp: int, zero_stage: int)
 
 def _check_agree(ranks: list[Path], states: list[InfiniTrainState]) -> None:
     first = states[0]
-    for path, state in zip(ranks[1:], states[1:]):
+    for path, state in zip(ranks[1:], states[1:], strict=True):
         for field in ("global_step", "ddp_size", "tp_size", "sp_size", "cp_size", "pp_size"):
             if getattr(state, field) != getattr(first, field):
                 raise LLMCFormatError(
@@ -214,6 +214,26 @@ def read_step(
         notices.append(f"{step_dir}: weights read from data-parallel rank 0 of {shape.ddp} (replicas)")
     notices.append(f"{step_dir}: {len(ranks)} rank directories, {topology.describe()}")
     return MergedStep(model, optimizer, state, topology, notices)
+
+
+def replica_differences(ranks: list[Path], topology: topo.Topology) -> list[str]:
+    """Data-parallel replicas must hold the same weights (DDP averages the gradients every step): one line
+    per tensor of a DDP rank > 0 that differs from DDP rank 0's of the same TP rank and stage."""
+    problems = []
+    for rank, path in enumerate(ranks):
+        dp, tp, stage = topology.coords(rank)
+        if dp == 0:
+            continue
+        lead = read_state_dict(ranks[topology.rank_of(0, tp, stage)] / MODEL_FILE)
+        for name, tensor in read_state_dict(path / MODEL_FILE).items():
+            other = lead.get(name)
+            if other is None or other.array.tobytes() != tensor.array.tobytes():
+                problems.append(
+                    f"{path / MODEL_FILE}: tensor '{name}': expected the bytes of data-parallel rank 0 "
+                    f"({ranks[topology.rank_of(0, tp, stage)].name}), found "
+                    + ("no such tensor there" if other is None else "different values")
+                )
+    return problems
 
 
 def _looks_sharded(optimizer: dict, model: dict) -> bool:

@@ -81,7 +81,7 @@ def _same_checkpoint(got, want):
     if want.moments is None:
         assert got.moments is None
         return
-    for g, w in zip(got.moments[:2], want.moments[:2]):
+    for g, w in zip(got.moments[:2], want.moments[:2], strict=True):
         _same_bits(tree_leaves(g), tree_leaves(w))
     assert got.moments[2] == want.moments[2]
 
@@ -393,3 +393,25 @@ def _synthetic_tree(tmp_path, model, adam):
         ddp=2,
     )  # fmt: skip
     return it.read_checkpoint(step)
+
+
+def test_verify_compares_the_data_parallel_replicas(tmp_path, capsys):
+    from jaxtrain.tools import ckpt
+    from llmc_io.statedict import CkptTensor, write_state_dict
+
+    model, adam = _synthetic()
+    step = write_run(
+        tmp_path / 'checkpoint_step_000007', 'llama3', model, adam, 7, step=7, consumed=7, lr=0.01,
+        ddp=2, pp=2, zero_stage=1,
+    )  # fmt: skip
+    assert ckpt.main(['verify', str(step)]) == 0
+    assert 'weights of the 2 data-parallel replicas bit-identical' in capsys.readouterr().out
+    path = step / 'rank_000003' / 'model.ckpt'  # dp 1 of the second stage
+    tensors = read_state_dict(path)
+    name = 'module.transformer.ln_f.weight'
+    tensors[name] = CkptTensor(tensors[name].dtype, tensors[name].array + 1)
+    write_state_dict(path, tensors)
+    assert ckpt.main(['verify', str(step)]) == 1
+    out = capsys.readouterr().out
+    assert f"rank_000003/model.ckpt: tensor '{name}': expected the bytes of data-parallel rank 0" in out
+    assert '(rank_000002), found different values' in out
