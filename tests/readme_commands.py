@@ -26,7 +26,7 @@ MULTIPROCESS_TEST = 'runs in tests/parallel/test_multiprocess.py (the same launc
 # (pattern, why it does not run in CI). The first match wins.
 NOT_IN_CI = (
     (re.compile(r'\bsbatch\b'), 'needs SLURM'),
-    (re.compile(r'PLATFORM=gpu|\bGPUS=|launch/one_host\.sh|launch/gpu_acceptance\.sh'), 'needs GPUs'),
+    (re.compile(r'PLATFORM=gpu|\bGPUS=|launch/one_host\.sh|bench/figures\.py'), 'needs GPUs'),
     (re.compile(r'^pip install'), 'installs packages (needs the network; .ci/run does it)'),
     (re.compile(r'python -m pytest'), 'is the test suite itself (CI runs it)'),
     (re.compile(r'--device cuda\b'), 'needs GPUs'),

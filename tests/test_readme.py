@@ -1,4 +1,4 @@
-"""Every command in README.md's code blocks runs as written (README point 1 of issue 12).
+"""Every command in README.md's code blocks runs as written.
 
 Each runs under bash in a fresh directory holding the repository's configs/ and launch/
 (so relative paths mean what they mean in a checkout) and the placeholder files a reader

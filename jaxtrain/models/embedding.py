@@ -18,7 +18,7 @@ construction and cheap in either mode:
 No op in it is a scatter, so the result is bitwise the same on every run and every
 backend setting. It still costs more than the atomic scatter (a sort, and a pass over the
 gradient rows; in blocks it took 0.25-0.5 ms off the deterministic GPT-2 124M step on an H200
-that a plain segmented scan had cost, BENCHMARKS.md round five), so runs that need no
+that a plain segmented scan had cost), so runs that need no
 determinism keep the scatter (`sorted_grad=False`).
 """
 

@@ -5,8 +5,8 @@ K chunks.
 
 Written plainly (`logits = h @ W`, then `log_softmax` in fp32), XLA keeps a full fp32 copy
 of the B·T·V logits alive for the backward pass and spends several passes over it: at
-GPT-2 124M, batch 16 x 1024, that is 3.3 GB and about 5.5 ms of a 36 ms step on an H200
-(BENCHMARKS.md). Here, as llm.c's fused classifier does, the forward pass already knows
+GPT-2 124M, batch 16 x 1024, that is 3.3 GB and about 5.5 ms of a 36 ms step on an H200.
+Here, as llm.c's fused classifier does, the forward pass already knows
 the loss is the last op, so it computes the gradient right away, chunk by chunk over T:
 
     logits = h @ W (compute dtype)   ->   loss, and dlogits = (softmax - onehot) / (B·T)

@@ -1,6 +1,6 @@
 """Two real trainer processes in one checkpoint_dir: the second, started while the first
 has a save in flight, is refused in one line naming the first and touches nothing, so
-every save of the first commits (issue 13, points 1 and 2)."""
+every save of the first commits."""
 
 import time
 
