@@ -84,7 +84,7 @@ class Call:
                     stdout=f,
                     stderr=subprocess.STDOUT,
                     timeout=timeout,
-                    env={**os.environ, **(env or {})},
+                    env={**os.environ, 'PYTHONPATH': _python_path(), **(env or {})},
                     check=False,
                 )
             except subprocess.TimeoutExpired:
@@ -129,6 +129,11 @@ class Call:
         if done.returncode or not result.exists():
             raise RuntimeError(f'{name}: exit {done.returncode}; see {self.out / name}.txt')
         return json.loads(result.read_text())
+
+
+def _python_path() -> str:
+    """The repository first, so that children import this checkout's jaxtrain and configs/."""
+    return os.pathsep.join([str(REPO), *filter(None, [os.environ.get('PYTHONPATH')])])
 
 
 def loop_figures(path: Path, skip: int = SKIP, tokens: int = TOKENS_PER_STEP) -> dict:
@@ -324,6 +329,17 @@ def pipeline(call: Call) -> None:
     )
 
 
+def recompute(call: Call) -> None:
+    """Activation recompute's plans (PR 154's flags): XLA's peak memory of the step, and its time."""
+    done = call.run('recompute', [sys.executable, 'bench/recompute_memory.py'])
+    rows = [
+        json.loads(line) for line in (call.out / 'recompute.txt').read_text().splitlines() if line[:1] == '{'
+    ]
+    if done.returncode or not rows:
+        raise RuntimeError(f'exit {done.returncode}; see {call.out / "recompute.txt"}')
+    call.record('recompute', {row['plan']: f"{row['peak_MiB']} MiB, {row['step_s']} s" for row in rows})
+
+
 # name -> (function, what it needs, what it measures)
 FIGURES = {
     'loop': (loop, 'gpu', 'the real training loop, fast mode: step lines and wall clock'),
@@ -340,6 +356,7 @@ FIGURES = {
     'lora': (lora, 'gpu', 'full fine-tuning against LoRA r=8: step time and checkpoint size'),
     'two_gpus': (two_gpus, '2 gpus', 'data parallel on 2 GPUs against 1'),
     'pipeline': (pipeline, 'cpu', 'pipeline stages on fake CPU devices: memory per device and the bubble'),
+    'recompute': (recompute, 'any', 'activation recompute plans: peak memory of the step and its time'),
 }
 
 

@@ -130,3 +130,36 @@ def test_a_reader_that_stops_early_is_no_error(tmp_path):
         process.stdout.close()  # gone before the first line is written
         err = process.stderr.read().decode()
         assert process.wait(timeout=120) == 141 and err == '', (command, err)
+
+
+def _help_texts() -> dict[str, str]:
+    """Every tool's --help (each subcommand's too): argparse's in process, absl's from the command."""
+    import argparse
+
+    from jaxtrain.tools import ckpt, compare_loss, generate
+    from llmc_io import __main__ as llmc
+
+    texts = {}
+    for name, parser in (('ckpt', ckpt.build_parser()), ('compare', compare_loss.build_parser()),
+                         ('generate', generate.build_parser()), ('llmc', llmc._parser())):  # fmt: skip
+        texts[name] = parser.format_help()
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                texts.update({f'{name} {sub}': p.format_help() for sub, p in action.choices.items()})
+    for name in ('train', 'bench'):
+        result = _run([*JAXTRAIN, name, '--help'])
+        assert result.returncode == 0, result.stderr
+        texts[name] = result.stdout
+    return texts
+
+
+def test_help_texts_name_no_file_of_the_package():
+    """A user reads --help without the source: no module file, no path of this checkout. Config
+    files (configs/gpt2.py) and llm.c's own scripts (llm.c's fineweb.py) are theirs to know."""
+    texts = _help_texts()
+    assert {'ckpt ls', 'ckpt diff', 'llmc shard', 'train', 'bench'} <= set(texts)
+    for name, text in texts.items():
+        assert str(REPO) not in text, name
+        files = re.findall(r"(llm\.c(?: \w+)?'s |configs/)?\b([\w/]+\.py)\b", ' '.join(text.split()))
+        internal = [f for owner, f in files if not owner]
+        assert not internal, (name, internal)

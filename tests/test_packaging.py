@@ -52,13 +52,13 @@ def test_a_wheel_install_runs_the_default_config_from_another_directory(tmp_path
                            cwd=elsewhere, env=env, capture_output=True, text=True)  # fmt: skip
     assert where.stdout.startswith(str(site)), where  # the installed copy, not the checkout
     shard = random_shard(tmp_path / 'train.bin')
-    run = subprocess.run(
-        [sys.executable, '-m', 'jaxtrain.main', '--config=configs/gpt2.py:tiny', '--input_bin', shard,
-         '--num_iteration', '1', '--metrics_dir', 'm'],
-        cwd=elsewhere, env=env, capture_output=True, text=True,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr
-    assert 'model: gpt2 GPT2Config(max_seq_len=256' in run.stdout and 'step    1/1' in run.stdout
+    for config in (['--config=configs/gpt2.py:tiny'], ['--config.model=tiny']):  # named, and the default
+        run = subprocess.run(
+            [sys.executable, '-m', 'jaxtrain.main', *config, '--input_bin', shard, '--num_iteration', '1'],
+            cwd=elsewhere, env=env, capture_output=True, text=True,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr
+        assert 'model: gpt2 GPT2Config(max_seq_len=256' in run.stdout and 'step    1/1' in run.stdout
     helped = subprocess.run([sys.executable, '-m', 'jaxtrain.main', '--help'], cwd=elsewhere, env=env,
                             capture_output=True, text=True)  # fmt: skip
     assert "configs/gpt2.py: 'small'" in helped.stdout  # the shipped configs' values, read from the install

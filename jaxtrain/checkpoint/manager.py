@@ -41,6 +41,7 @@ from jaxtrain.checkpoint.layout import (
     set_aside_uncommitted,
     step_dir_name,
 )
+from jaxtrain.checkpoint.orbax_threads import release_waiting_threads
 from jaxtrain.checkpoint.record_digest import with_digest
 from jaxtrain.checkpoint.write_errors import write_failure
 
@@ -311,6 +312,7 @@ class Checkpointer:
         try:
             self.wait()
         except CheckpointError:
+            release_waiting_threads()  # else they wait 20 minutes for a stage that failed
             with contextlib.suppress(Exception):  # it would raise the same failure again
                 self.manager.close()
             raise

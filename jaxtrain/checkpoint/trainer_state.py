@@ -177,6 +177,10 @@ def compare_with_run(saved: dict, model_config: dict, training_config: dict) -> 
             incompatible.append(
                 f'{key}: checkpoint {saved_training.get(key)!r}, now {training_config.get(key)!r}'
             )
+    # The batch order (data/llmc_shuffled_stream.py): the saved position means another batch in the other one.
+    saved_order, order = saved_training.get('shuffle', 'none'), training_config.get('shuffle', 'none')
+    if saved_order != order:
+        incompatible.append(f'shuffle: checkpoint {saved_order!r}, now {order!r} (pass --shuffle {saved_order})')
     for key in _MAY_CHANGE:
         if key in saved_training and saved_training.get(key) != training_config.get(key):
             changes.append(f'{key}: checkpoint {saved_training.get(key)!r}, now {training_config.get(key)!r}')

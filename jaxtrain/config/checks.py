@@ -9,6 +9,7 @@ from jaxtrain.checkpoint.registry import FORMAT_NAMES
 from jaxtrain.config.fit_checks import check_fit
 from jaxtrain.config.path_checks import path_problems
 from jaxtrain.models import cross_entropy_kernel
+from jaxtrain.models import recompute
 from jaxtrain.models.attention import IMPLEMENTATIONS
 from jaxtrain.optim.infinitrain_lr_schedule import STYLES
 from jaxtrain.optim.optimizer import OPTIMIZERS, SCHEDULES, schedule_spec, spelled_with_infinitrain_flags
@@ -25,6 +26,7 @@ CHOICES = {
     'deterministic': ('auto', 'true', 'false'),
     'device': ('auto', 'cpu', 'cuda'),
     'checkpoint_format': FORMAT_NAMES,
+    'shuffle': ('none', 'llmc'),
 }
 NON_NEGATIVE = (
     'num_devices',
@@ -68,6 +70,7 @@ def check_config(config):
         problems.append(
             f'process_id: expected a value >= 0, or -1 (from the environment), found {config.process_id}'
         )
+    problems += recompute.check(config)
     if config.zero_stage not in (0, 1, 2, 3):
         problems.append(f'zero_stage: expected 0, 1, 2 or 3, found {config.zero_stage}')
     keep_every, save_steps = config.keep_every_steps, config.save_steps

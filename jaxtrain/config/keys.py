@@ -23,6 +23,20 @@ KEYS = (
     ('llmc_norm_eps', 0.0, 'LLaMA-3: true norm_eps when the file stored it truncated (0 = file)'),
     ('dtype', 'float32', 'float32 | bfloat16: compute dtype; params and optimizer state stay fp32'),
     ('scan_layers', True, 'scan over layers (fast compile) or unroll them (false: faster GPU steps)'),
+    ('activation_recompute', False, 'recompute layer activations in the backward pass (less memory, more compute)'),
+    (
+        'recompute_granularity',
+        'full',
+        'with activation_recompute: full (a region keeps only its input) | selective (keeps the weight '
+        "matmuls' outputs, recomputes attention and activations) | none",
+    ),
+    (
+        'recompute_method',
+        'none',
+        'with full recompute: none (each layer a region) | uniform (groups of recompute_num_layers) | '
+        'block (only the first recompute_num_layers layers)',
+    ),
+    ('recompute_num_layers', 0, 'layers per region (uniform) or recomputed layers (block); 1 or more there'),
     ('num_devices', 0, 'devices to train on (0 = all); the mesh_* keys arrange them'),
     ('mesh_data', -1, 'mesh axis data: replicated parameters, batch split (-1 = the devices left)'),
     ('mesh_fsdp', 1, 'mesh axis fsdp: batch split, parameters and optimizer state sharded (-1 = fill)'),
@@ -69,6 +83,18 @@ KEYS = (
         'one GPU in bf16; else XLA)',
     ),
     ('input_bin', '', "glob of llm.c token shards ('' = the built-in stdlib corpus, in the family's shards)"),
+    (
+        'shuffle',
+        'none',
+        "none | llmc: train batches in order, or in llm.c's permuted order (train_gpt2cu's default: "
+        'per-epoch shard and sample permutations from its mt19937, seed 42)',
+    ),
+    (
+        'llmc_require_master_weights',
+        False,
+        'resuming an llm.c run folder: refuse a state file without fp32 master weights (-w 0) '
+        'instead of continuing from its bf16 model',
+    ),
     ('input_val_bin', '', "glob of validation shards ('' = none, or the built-in corpus's val shard)"),
     ('val_loss_every', 0, 'validation loss every N steps (0 = never)'),
     ('val_max_steps', 5, 'validation batches per evaluation'),

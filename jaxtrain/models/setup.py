@@ -16,6 +16,7 @@ from jaxtrain.parallel import deterministic_flag
 from jaxtrain.models import FAMILIES
 from jaxtrain.models.attention import resolve_attention
 from jaxtrain.models.lora_setup import attach_lora
+from jaxtrain.models.recompute import Recompute
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 
@@ -110,6 +111,7 @@ def setup_model(config) -> ModelSetup:
         dtype=dtype,
         attention=attention,
         scan_layers=config.scan_layers,
+        recompute=Recompute.from_config(config),
         # Only a GPU's scatter-add is nondeterministic. Elsewhere the same op in both modes
         # keeps a run with checkpoints bitwise equal to one without (deterministic is 'auto').
         deterministic=deterministic and jax.default_backend() == 'gpu',

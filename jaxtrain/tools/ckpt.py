@@ -10,10 +10,10 @@
         [--ddp D] [--tp T] [--pp P] [--vpp V] [--zero_stage Z] [--sequence_parallel]
 
 STEP_DIR is one `checkpoint_step_NNNNNN` directory: ours (Orbax) or InfiniTrain's (HEAD model.ckpt, PR
-model.bin / model.pth, with or without rank_* subdirectories); every command says which kind it read
-(tools/ckpt_infinitrain.py), and diff compares across kinds. A LoRA
-checkpoint (adapters only; checkpoint/lora_record.py) is shown, verified and diffed like any other
-and exported only merged into its base (--merge-lora). Every
+model.bin / model.pth, with or without rank_* subdirectories); every command says which kind it read,
+and diff compares across kinds. A LoRA checkpoint (adapters only: its trainer state names the base
+llm.c file) is shown, verified and diffed like any other and exported only merged into its base
+(--merge-lora). Every
 command takes --json (for machines; a table for people otherwise) and --verbose (a traceback with
 errors). No model is built and no accelerator is needed: JAX runs on the CPU unless JAX_PLATFORMS
 says otherwise, and arrays are read as NumPy whatever number of devices saved them.

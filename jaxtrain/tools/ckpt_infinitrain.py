@@ -310,8 +310,8 @@ def topology_from_args(args) -> Topology | None:
         return None
     if args.format != it.HEAD_KIND:
         raise CheckpointError(
-            f'--ddp/--tp/--pp/--vpp/--zero_stage/--sequence_parallel: expected only with --format infinitrain '
-            f'(HEAD rank directories), found --format {args.format}'
+            f'--ddp/--tp/--pp/--vpp/--zero_stage/--sequence_parallel: expected only with --format '
+            f'infinitrain (HEAD rank directories), found --format {args.format}'
         )
     try:
         topology.validate('export')
@@ -422,7 +422,8 @@ def export_line(written: dict) -> str:
     if written.get('topology'):
         return (
             f"wrote {written['output']}: {written['kind']} checkpoint of {written['model_family']} step "
-            f"{written['step']} as {written['ranks']} rank directories ({written['topology']}){no_optimizer}; "
+            f"{written['step']} as {written['ranks']} rank directories ({written['topology']})"
+            f"{no_optimizer}; "
             f"InfiniTrain resumes it with {written['upstream_flags']} --load {written['output']}"
         )
     return (

@@ -1,4 +1,4 @@
-"""Where two runs first differ: compares two `--precision_check` logs (precision_check.py)
+"""Where two runs first differ: compares the logs two runs wrote with `--precision_check`
 step by step and tensor by tensor, in the order the run wrote them, and names the first step
 and module whose tensor differs.
 

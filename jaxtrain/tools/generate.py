@@ -6,7 +6,7 @@
         --prompt "The meaning of life is" --num_samples 4 --max_new_tokens 64
     python -m jaxtrain.generate --model d12 --dtype bfloat16 --num_samples 16   # timing only
 
-Decoding runs with a KV cache, compiled once (jaxtrain/models/decode.py); the tokens/s printed
+Decoding runs with a KV cache, compiled once; the tokens/s printed
 counts new tokens of all samples over the decoding time, compilation excluded. Text is encoded
 and decoded with --tokenizer (a Hugging Face tokenizer.json or a tiktoken BPE file, by its own
 library), or --tokenizer_bin (an llm.c tokenizer file: decoding, and --prompt by longest match),

@@ -22,7 +22,7 @@ from jaxtrain.data.run_streams import open_run_streams
 from jaxtrain.models.lora_setup import save_lora_weights
 from jaxtrain.parallel import sharding
 from jaxtrain.parallel.distributed import agree_on_step_end
-from jaxtrain.optim.optimizer import learning_rate_at
+from jaxtrain.optim.optimizer import learning_rate_at, spelled_with_infinitrain_flags
 from jaxtrain.train.banner import run_banner, run_record
 from jaxtrain.train.dashboards import Dashboards
 from jaxtrain.train.mfu import MFUMeter
@@ -82,8 +82,11 @@ def _run(config) -> int:
     state, parts.state = resumed.state, None  # no second reference may keep the fresh state alive
     for message in resumed.messages:
         log.info(message)
-    if resumed.record is not None:
-        log.info(ckpt_lines.ckpt_load_done_line(resumed.record))  # InfiniTrain's line, for diffing logs
+    if resumed.record is not None:  # InfiniTrain's line, for diffing logs; PR 151's binary prints no last_lr
+        record = resumed.record
+        if spelled_with_infinitrain_flags(config):
+            record = dict(record, learning_rate=None)
+        log.info(ckpt_lines.ckpt_load_done_line(record))
     step, data_position = int(state.step), int(state.data_position)
     log.dashboards = Dashboards(config, step, log.is_main)  # a resumed run appends from its step
     if resumed.step_dir is not None:

@@ -29,8 +29,12 @@ def _log_losses(path):
 # (folder, InfiniTrain layout written, jaxtrain mesh resumed on); data parallelism is left out of the saved
 # layouts because it changes which batches a step reads (b.log is a one-GPU run).
 CASES = [
-    ('head-gpt2', dict(tp=2, pp=2, sequence_parallel=True), dict(num_devices=4, mesh_tensor=4, mesh_fsdp=1, mesh_data=1)),
-    ('head-llama3', dict(pp=2), dict(num_devices=2, mesh_tensor=2, mesh_fsdp=1, mesh_data=1)),
+    (
+        'head-gpt2',
+        {'tp': 2, 'pp': 2, 'sequence_parallel': True},
+        {'num_devices': 4, 'mesh_tensor': 4, 'mesh_fsdp': 1, 'mesh_data': 1},
+    ),
+    ('head-llama3', {'pp': 2}, {'num_devices': 2, 'mesh_tensor': 2, 'mesh_fsdp': 1, 'mesh_data': 1}),
 ]
 
 

@@ -352,3 +352,15 @@ def test_upstreams_checks_apply_only_to_its_spelling():
     check_config(load_config(learning_rate=0.0))
     with pytest.raises(ValueError, match='learning_rate: expected > 0 with a decay style, found 0.0'):
         check_config(load_config(learning_rate=0.0, lr_decay_style='cosine'))
+
+
+def test_an_orbax_resume_prints_pr_151s_load_done_line(files, tmp_path):
+    """The binary decides the line: with PR 151's flags `Load done` has no last_lr, whatever the source."""
+    common = _train(
+        files, '--lr_decay_style', 'linear', '--checkpoint_dir', tmp_path / 'ck', '--save_steps', 3
+    )
+    assert run_cli(*common, '--num_iteration', 3).code == 0
+    result = run_cli(*common, '--resume_from', tmp_path / 'ck/checkpoint_step_000003')
+    assert result.code == 0, result.err
+    line = next(line for line in result.out.splitlines() if line.startswith('[CKPT] Load done'))
+    assert line == '[CKPT] Load done: global_step=3, consumed_batches =3, topology(ddp,tp,sp,pp)=(1,1,1,1)'

@@ -238,7 +238,8 @@ def _read_ranks(step_dir, ranks, expected_shapes, with_optimizer, vpp) -> Infini
         moments = names.moments_to_trees(ranks[0] / FILES[HEAD_KIND][1], merged.optimizer, shapes)
     notices = list(merged.state.notices) + merged.notices
     return InfiniTrainCheckpoint(
-        ranks[0], HEAD_KIND, names.family_of(merged.model), params, moments, merged.state, len(ranks), notices,
+        ranks[0], HEAD_KIND, names.family_of(merged.model), params, moments, merged.state, len(ranks),
+        notices,
         merged.topology,
     )
 

@@ -57,8 +57,10 @@ class InfiniTrainCheckpointer:
         protected_steps=(),
         config=None,
     ):
-        if fmt == LRS_FORMAT:
-            infinitrain_schedule.run_spec(config)  # refuses, before training, a schedule upstream has not
+        # lr_scheduler.ckpt of each save; refuses, before training, a schedule upstream has not.
+        self.scheduler_files = (
+            infinitrain_schedule.SchedulerFiles(config, parts.schedule) if fmt == LRS_FORMAT else None
+        )
         if jax.process_count() > 1:
             raise CheckpointError(
                 f'checkpoint_format: {fmt} saves from one process only (it gathers every array on the host); '
@@ -67,7 +69,7 @@ class InfiniTrainCheckpointer:
             )
         self.root = Path(checkpoint_dir).absolute()
         self.root.mkdir(parents=True, exist_ok=True)
-        self.fmt, self.parts, self.family, self.config = fmt, parts, family, config
+        self.fmt, self.parts, self.family = fmt, parts, family
         self.keep_latest, self.keep_every = keep_latest, keep_every
         self.blocking_saves = 0
         # A step's name without InfiniTrain files is not ours (saves are atomic renames): moved
@@ -103,9 +105,7 @@ class InfiniTrainCheckpointer:
     def save(self, step: int, params, opt_state, rng, trainer_state: dict):
         record = dict(trainer_state, rng=[int(x) for x in np.asarray(jax.device_get(rng)).reshape(-1)])
         parts = self.parts
-        scheduler = None
-        if self.fmt == LRS_FORMAT:
-            scheduler = infinitrain_schedule.scheduler_file_bytes(self.config, parts.schedule, step)
+        scheduler = self.scheduler_files.bytes_at(step) if self.scheduler_files else None
         try:
             save_step_dir(
                 self.root,
@@ -122,9 +122,11 @@ class InfiniTrainCheckpointer:
             )
         except OSError as e:
             reason, advice = write_failure(e)
+            steps = [it.step_number(d) for d in it.step_dirs(self.root)]
+            kept = f'{step_dir_name(steps[-1])} and earlier are intact' if steps else 'no step was committed'
             raise CheckpointError(
                 f'checkpoint_dir: {self.root}: could not save {self.step_dir(step).name}: '
-                f'{reason}; earlier steps are intact. {advice}, then resume.'
+                f'{reason}; {kept}. {advice}, then resume with --resume_from latest.'
             ) from e
         self.blocking_saves += 1
         it.prune(self.root, self.keep_latest, self.protected | self.best, self.keep_every)

@@ -26,7 +26,7 @@ from jaxtrain.checkpoint.ckpt_lines import ckpt_loading_lr_scheduler_line
 from jaxtrain.checkpoint.formats import infinitrain as it
 from jaxtrain.checkpoint.formats.infinitrain_trainer import LRS_FORMAT
 from jaxtrain.checkpoint.layout import CheckpointError
-from jaxtrain.optim.infinitrain_lr_schedule import ScheduleSpec, state_at
+from jaxtrain.optim.infinitrain_lr_schedule import Replay, ScheduleSpec, state_at
 from jaxtrain.optim.optimizer import ReplayedSchedule, schedule_spec
 from llmc_io.errors import LLMCFormatError
 from llmc_io.infinitrain_lr_scheduler import FILE_NAME, describe, read_lr_scheduler, render_lr_scheduler
@@ -57,13 +57,23 @@ def run_spec(config) -> ScheduleSpec:
     return spec
 
 
-def scheduler_file_bytes(config, schedule, step: int) -> bytes | None:
-    """lr_scheduler.ckpt of a save at `step` (None for style none: upstream writes no file). A run resumed
-    from such a file continues from its state, as the schedule does."""
-    spec = run_spec(config)
-    saved = schedule.saved if isinstance(schedule, ReplayedSchedule) and schedule.saved else (0, None)
-    state = state_at(spec, step, saved_state=saved[1], saved_step=saved[0])
-    return None if state is None else render_lr_scheduler(state)
+class SchedulerFiles:
+    """The lr_scheduler.ckpt of each save of one run (None for style none: upstream writes no file). Its
+    replay is kept between saves, so a save costs the steps since the last one; a run resumed from a
+    scheduler file continues from that file's state, as the schedule does. Refuses (one line, before
+    training) a schedule upstream cannot run."""
+
+    def __init__(self, config, schedule):
+        self.spec, self.schedule = run_spec(config), schedule
+        self._replay, self._saved = None, None
+
+    def bytes_at(self, step: int) -> bytes | None:
+        schedule = self.schedule
+        saved = schedule.saved if isinstance(schedule, ReplayedSchedule) and schedule.saved else (0, None)
+        if self._replay is None or saved is not self._saved:
+            self._replay, self._saved = Replay(self.spec, saved_state=saved[1], saved_step=saved[0]), saved
+        state = self._replay.state_at(step)
+        return None if state is None else render_lr_scheduler(state)
 
 
 def saved_scheduler(step_dir) -> tuple[Path, dict] | None:
