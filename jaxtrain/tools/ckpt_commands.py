@@ -319,7 +319,7 @@ def cmd_diff(args) -> int:
         tensors = ckpt_inspect.compare_tensors('', *common)
         for row in tensors:
             row['name'] = row['name'].lstrip('/')
-    fields = ckpt_inspect.config_differences(state_a, state_b)
+    fields, one_side = ckpt_inspect.recorded_by_one_side(ckpt_inspect.config_differences(state_a, state_b))
     model_equal = not any(f.startswith(('model_config.', 'model_family')) for f, _, _ in fields)
     identical = model_equal and all(t['status'] == 'identical' for t in tensors)
     if args.json:
@@ -330,6 +330,7 @@ def cmd_diff(args) -> int:
                 'kinds': kinds,
                 'identical': identical,
                 'fields': [{'field': f, 'a': a, 'b': b} for f, a, b in fields],
+                'recorded_by_one_side': [{'field': f, 'a': a, 'b': b} for f, a, b in one_side],
                 'tensors': tensors,
             }
         )
@@ -337,8 +338,14 @@ def cmd_diff(args) -> int:
     print(f'A: {step_a} ({kinds[0]})\nB: {step_b} ({kinds[1]})')
     if fields:
         print(_table(['field', 'A', 'B'], [[f, repr(a), repr(b)] for f, a, b in fields]))
+    elif one_side:
+        print('configs: identical where both record them')
     else:
         print('configs: identical (step, data position, model and training config)')
+    for side, index in (('A', 1), ('B', 2)):
+        lacking = [f[0] for f in one_side if f[index] == ckpt_inspect.ABSENT]
+        if lacking:
+            print(f"not recorded by {side}, so not compared (the tensors are): {', '.join(lacking)}")
     changed = [t for t in tensors if t['status'] != 'identical']
     if changed:
         print()

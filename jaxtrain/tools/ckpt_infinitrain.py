@@ -308,10 +308,10 @@ def topology_from_args(args) -> Topology | None:
     )
     if topology == Topology():
         return None
-    if args.format != it.HEAD_KIND:
+    if args.format not in (it.HEAD_KIND, LRS_FORMAT):
         raise CheckpointError(
             f'--ddp/--tp/--pp/--vpp/--zero_stage/--sequence_parallel: expected only with --format '
-            f'infinitrain (HEAD rank directories), found --format {args.format}'
+            f'infinitrain or infinitrain-lrs (HEAD rank directories), found --format {args.format}'
         )
     try:
         topology.validate('export')

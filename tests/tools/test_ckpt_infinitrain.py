@@ -175,3 +175,27 @@ def test_ls_table_of_a_pr_root_shows_its_best_loss(real, capsys, root):
     code, out, _ = run_tool(capsys, 'ls', real / root, '--json')
     listed = json.loads(out)['checkpoints']
     assert all(e['loss'] is None and isinstance(e['best_loss'], float) for e in listed)
+
+
+@needs_samples
+def test_infinitrain_s_own_checkpoint_against_ours_of_the_same_tensors_is_identical(real, tmp_path, capsys):
+    """InfiniTrain's trainer_state.json keeps no model config (HEAD's shape fields are its defaults,
+    not the file's), so the fields only ours records are listed as not compared, not as a difference."""
+    import dataclasses
+
+    import llmc_io
+    from jaxtrain.tools import ckpt_infinitrain
+    from trainer_runs import write_checkpoint
+
+    theirs = real / 'head-gpt2/a/checkpoint_step_000010'
+    header, _ = llmc_io.load_model(str(real / 'head-gpt2/model.bin'))
+    ours = write_checkpoint(tmp_path / 'ours', 10, 'gpt2', header, ckpt_infinitrain._read(theirs).params)
+    code, out, err = run_tool(capsys, 'diff', theirs, ours)
+    assert code == 0 and out.rstrip().endswith('identical'), out + err
+    assert 'model config differs' not in out
+    lacking = next(line for line in out.splitlines() if line.startswith('not recorded by A'))
+    assert all(f'model_config.{field}' in lacking for field in dataclasses.asdict(header))
+    code, out, _ = run_tool(capsys, 'diff', theirs, ours, '--json')
+    result = json.loads(out)
+    assert result['identical'] and result['fields'] == []
+    assert {f['field'] for f in result['recorded_by_one_side']} >= {'model_config.num_layers', 'data_position'}

@@ -364,3 +364,33 @@ def test_an_orbax_resume_prints_pr_151s_load_done_line(files, tmp_path):
     assert result.code == 0, result.err
     line = next(line for line in result.out.splitlines() if line.startswith('[CKPT] Load done'))
     assert line == '[CKPT] Load done: global_step=3, consumed_batches =3, topology(ddp,tp,sp,pp)=(1,1,1,1)'
+
+
+def test_export_infinitrain_lrs_as_rank_directories(files, tmp_path, capsys):
+    """Upstream saves per rank, so every rank_NNNNNN/ of a multi-GPU export carries the same
+    lr_scheduler.ckpt; reading it back takes rank 0's."""
+    from jaxtrain.tools import ckpt
+    from llmc_io.infinitrain_state import read_trainer_state
+
+    result = run_cli(
+        *_train(files, '--lr_decay_style', 'cosine', '--lr_warmup_iters', 2),
+        '--checkpoint_dir',
+        tmp_path / 'ck',
+        '--save_steps',
+        3,
+        '--checkpoint_format',
+        'infinitrain',
+    )
+    assert result.code == 0, result.err
+    source = tmp_path / 'ck/checkpoint_step_000003'
+    out = tmp_path / 'ranks/checkpoint_step_000003'
+    args = ['export', str(source), '--format', 'infinitrain-lrs', '--ddp', '2', '--output', str(out)]
+    assert ckpt.main(args) == 0, capsys.readouterr()
+    ranks = sorted(out.glob('rank_*'))
+    assert [r.name for r in ranks] == ['rank_000000', 'rank_000001']
+    for rank in ranks:
+        assert (rank / 'lr_scheduler.ckpt').read_bytes() == (source / 'lr_scheduler.ckpt').read_bytes()
+        assert read_trainer_state(rank / 'trainer_state.json').generation == 'lrs'
+    capsys.readouterr()
+    assert ckpt.main(['show', str(out), '--json']) == 0
+    assert '"scheduler_1.last_step": "1 (int64)"' in capsys.readouterr().out

@@ -288,7 +288,7 @@ def write_checkpoint(
     model; moments: (mu, nu, t) or None (no optimizer file, as upstream does for SGD). An existing
     final_dir is an error unless `replace` (the caller has checked that it wrote it): a directory
     someone else put there is never deleted. topology: a multi-GPU run's layout to write rank_NNNNNN/
-    directories for (HEAD files only). extra_files: more files of a one-rank directory by name
+    directories for (HEAD files only). extra_files: more files of the directory (of each rank's) by name
     (lr_scheduler.ckpt), written before the sha256s are taken."""
     final_dir = Path(final_dir)
     if topology is not None and topology.world > 1 and kind != HEAD_KIND:
@@ -306,7 +306,7 @@ def write_checkpoint(
     old = None
     try:
         if topology is not None and topology.world > 1:
-            _write_ranks(tmp, family, params, header, moments, state, topology)
+            _write_ranks(tmp, family, params, header, moments, state, topology, extra_files)
         else:
             _write_files(tmp, kind, family, params, header, moments, state, extra_files)
         os.chmod(tmp, 0o755)
@@ -347,7 +347,9 @@ def _write_files(tmp: Path, kind, family, params, header, moments, state, extra_
     write_trainer_state(tmp / TRAINER_STATE, state)
 
 
-def _write_ranks(tmp: Path, family, params, header, moments, state, topology: Topology) -> None:
+def _write_ranks(
+    tmp: Path, family, params, header, moments, state, topology: Topology, extra_files=None
+) -> None:
     # With TP > 1 GPT-2's model vocabulary is the padded one (example/gpt2/checkpoint_loader.cc:81-82).
     vocab = header.padded_vocab_size if family == 'gpt2' and topology.tp > 1 else header.vocab_size
     model = names.tree_to_state_dict(family, params, vocab, header.max_seq_len)
@@ -364,6 +366,9 @@ def _write_ranks(tmp: Path, family, params, header, moments, state, topology: To
         )
     heads = (header.num_heads, getattr(header, 'num_kv_heads', header.num_heads))
     infinitrain_ranks.write_step(tmp, family, model, optimizer, state, topology, heads)
+    for rank_dir in sorted(tmp.glob('rank_*')):  # every rank saves the same scheduler (its own copy)
+        for name, payload in (extra_files or {}).items():
+            (rank_dir / name).write_bytes(payload)
 
 
 def _save_llmc(path: Path, family: str, params: dict, header) -> None:
