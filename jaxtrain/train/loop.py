@@ -148,6 +148,7 @@ def _run(config) -> int:
         now = time.perf_counter()
         elapsed, last_read = now - last_read, now
         loss = float(metrics['loss'])
+        stop.last_shown_step = done
         check_finite(done, loss, bool(metrics['params_finite']), saver.last_good())
         saver.note_loss(loss)
         step_mfu = mfu.of(elapsed)
@@ -216,6 +217,13 @@ def _exit(log, stop, stopping: bool, saver: RunSaver, step: int) -> int:
     """The closing line and the exit code: 0, or 128 + the signal for a stop with nothing saved."""
     if stopping:
         signal_name = stop.signal_name or 'a signal to another process'
+        # The device runs a step ahead of the lines printed (loop above): steps already under way finish.
+        if stop.arrived_after is not None and stop.arrived_after < step:
+            running = 'step' if step - stop.arrived_after == 1 else 'steps'
+            signal_name += (
+                f' (arrived after step {stop.arrived_after} was printed; the {running} already running '
+                'on the device finished first)'
+            )
         if saver.last_saved_step == step:
             log.info(
                 f'{signal_name}: stopped after step {step}; resume with --resume_from '
