@@ -120,7 +120,7 @@ class Call:
             raise RuntimeError(f'{name}: exit {done.returncode}; see {self.out / name}.txt')
         return loop_figures(metrics / 'metrics.jsonl')
 
-    def bench(self, name: str, *flags: str, env=None) -> dict:
+    def bench(self, name: str, *flags: str, env=None, timeout: int = 300) -> dict:
         """jaxtrain.bench's result (its --json) for the given flags."""
         result = self.out / f'{name}.json'
         done = self.run(
@@ -318,6 +318,7 @@ def pipeline(call: Call) -> None:
         '--steps',
         '20',
         env=fake_cpus,
+        timeout=900,  # eight fake devices on a few shared cores compile slowly
     )
     lines = [line.strip() for line in (call.out / 'pipeline.txt').read_text().splitlines()]
     call.record(
