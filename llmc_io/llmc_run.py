@@ -102,7 +102,9 @@ def read_step(run_dir, step: int, need_master: bool = False) -> LLMCRunStep:
         )
     state = read_state(state_file, info.header.num_parameters)
     if state.step != step:
-        raise LLMCFormatError(state_file, 'header[10] step', step, state.step, 'the file was renamed or copied wrongly')
+        raise LLMCFormatError(
+            state_file, 'header[10] step', step, state.step, 'the file was renamed or copied wrongly'
+        )
     if need_master and state.master is None:
         raise LLMCFormatError(
             state_file, 'header[4] use_master_weights', '1 (fp32 master weights, as asked for)', 0,

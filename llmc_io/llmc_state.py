@@ -171,7 +171,9 @@ def _read_shuffle(path: str, offset: int, size: int) -> ShuffleState:
     intra = take('<i4', num_samples, 'intra_shard_indices').copy()
     mt = take(MT_STATE_DTYPE, 1, 'mt19937 state')[0]
     if at != len(rest):
-        raise LLMCFormatError(path, 'size', f'{offset + at} bytes', f'{size} bytes', 'trailing bytes after the loader state')
+        raise LLMCFormatError(
+            path, 'size', f'{offset + at} bytes', f'{size} bytes', 'trailing bytes after the loader state'
+        )
     rng = MTState(
         left=int(mt['left']), next=int(mt['next']), words=np.array(mt['state'], np.uint32),
         matrix_a=tuple(int(x) for x in mt['matrix_a']), seed_bytes=int(mt['seed']),

@@ -93,5 +93,6 @@ def test_readme_command_runs_as_written(command, block_dirs, bin_dir):
     )
     logs = ''.join(p.read_text()[-2000:] for p in cwd.glob('*/*.log'))
     assert result.returncode == 0, (
-        f'README line {command.line}: {command.text}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}\n{logs}'
+        f'README line {command.line}: '
+        f'{command.text}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}\n{logs}'
     )

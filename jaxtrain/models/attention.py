@@ -11,8 +11,8 @@ Three kernels, measured on an H200 at GPT-2 124M, batch 16 x 1024:
   was never stored (openxla/xla PR 46500 explains it). Deterministic unrolled layers
   therefore make their calls distinct (distinct_calls): layer i's call gets the scale
   2^-e_i / sqrt(H) and the queries 2^e_i q, which gives the same bits, since scaling by a
-  power of two is exact in floating point. Measured on jax 0.11.2: identical calls fail, distinct ones run bitwise equal twice, and the deterministic
-  step is 0.98x the fast one.
+  power of two is exact in floating point. Measured on jax 0.11.2: identical calls fail,
+  distinct ones run bitwise equal twice, and the deterministic step is 0.98x the fast one.
 - 'pallas': JAX's Triton flash attention (jax.experimental.pallas.ops.gpu.attention). Its
   backward writes dq, dk and dv block by block without atomics, so it is deterministic
   with no flag at all. It is what deterministic fp16 runs with unrolled layers take (the

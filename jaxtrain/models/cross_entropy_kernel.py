@@ -82,7 +82,11 @@ def _row_kernel(logits_ref, target_ref, loss_ref, *dlogits_ref, vocab_size: int,
         target_lane = target_lane + jnp.where(cols == target, x, 0.0)
         return new_max, sum_lane, target_lane
 
-    start = (jnp.full((BLOCK,), _NEG, jnp.float32), jnp.zeros((BLOCK,), jnp.float32), jnp.zeros((BLOCK,), jnp.float32))
+    start = (
+        jnp.full((BLOCK,), _NEG, jnp.float32),
+        jnp.zeros((BLOCK,), jnp.float32),
+        jnp.zeros((BLOCK,), jnp.float32),
+    )
     max_lane, sum_lane, target_lane = lax.fori_loop(0, blocks, online, start)
     row_max = jnp.max(max_lane)
     lse = row_max + jnp.log(jnp.sum(sum_lane * jnp.exp(max_lane - row_max)))
@@ -99,7 +103,9 @@ def _row_kernel(logits_ref, target_ref, loss_ref, *dlogits_ref, vocab_size: int,
             plgpu.store(dlogits_ref.at[cols], grad.astype(dlogits_ref.dtype), mask=cols < columns)
 
 
-def softmax_cross_entropy(logits_NxV, targets_N, vocab_size: int, scale: float, with_grads: bool, interpret=None):
+def softmax_cross_entropy(
+    logits_NxV, targets_N, vocab_size: int, scale: float, with_grads: bool, interpret=None
+):
     """Per-row losses (fp32) and, with_grads, (softmax - onehot) * scale in the logits' dtype.
 
     interpret (default: off a GPU) runs the kernel through Pallas' interpreter, which is how

@@ -44,7 +44,8 @@ def _notes(result: PairResult) -> list[str]:
     notes = []
     if result.resumed_at is not None:
         notes.append(
-            f"Steps {_step_range_text(result.skipped_steps)}: not in test (resumed at step {result.resumed_at})"
+            f"Steps {_step_range_text(result.skipped_steps)}: not in test (resumed at step "
+            f"{result.resumed_at})"
         )
     for side, log in (("base", result.base), ("test", result.test)):
         if not log.losses:
@@ -229,7 +230,9 @@ def _show_threshold(axes, threshold: float, differences) -> None:
     if threshold > 0:
         axes.set_yscale("symlog", linthresh=threshold)
         limit = max(4 * threshold, 2 * largest)
-        axes.axhspan(-threshold, threshold, color="tab:green", alpha=0.12, label=f"within +/- {threshold:.0e}")
+        axes.axhspan(
+            -threshold, threshold, color="tab:green", alpha=0.12, label=f"within +/- {threshold:.0e}"
+        )
     else:  # an exact comparison: the band is the zero line itself
         limit = 2 * largest or 1.0
     for sign in (1, -1):

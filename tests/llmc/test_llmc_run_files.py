@@ -32,7 +32,9 @@ def _raw_header(path):
     return ints, u64
 
 
-@pytest.mark.parametrize('name, master', [('a/state_00000010_00000.bin', True), ('w0/state_00000010_00000.bin', False)])
+@pytest.mark.parametrize(
+    'name, master', [('a/state_00000010_00000.bin', True), ('w0/state_00000010_00000.bin', False)]
+)
 def test_state_header_and_arrays_as_save_state_lays_them_out(name, master):
     path = RUN / name
     ints, u64 = _raw_header(path)
@@ -56,7 +58,9 @@ def test_state_header_and_arrays_as_save_state_lays_them_out(name, master):
         assert np.all(np.abs(m - w) <= np.abs(w) * 2**-7 + 1e-30)
 
 
-@pytest.mark.parametrize('name', ['a/state_00000010_00000.bin', 'a/state_00000020_00000.bin', 'w0/state_00000010_00000.bin'])
+@pytest.mark.parametrize(
+    'name', ['a/state_00000010_00000.bin', 'a/state_00000020_00000.bin', 'w0/state_00000010_00000.bin']
+)
 def test_state_written_back_is_byte_identical(tmp_path, name):
     source = RUN / name
     state = read_state(source, N)
@@ -98,14 +102,26 @@ def harness(tmp_path_factory):
         pytest.skip('needs a C compiler and llm.c (/work/shared/peers/llm.c)')
     exe = tmp_path_factory.mktemp('harness') / 'harness'
     subprocess.run(
-        [cc, '-O1', '-I', str(LLMC / 'llmc'), '-o', str(exe), str(Path(__file__).parent / 'llmc_loader_harness.c'), '-lm'],
-        check=True, capture_output=True,
+        [
+            cc,
+            '-O1',
+            '-I',
+            str(LLMC / 'llmc'),
+            '-o',
+            str(exe),
+            str(Path(__file__).parent / 'llmc_loader_harness.c'),
+            '-lm',
+        ],
+        check=True,
+        capture_output=True,
     )
     return exe
 
 
 def _run_harness(exe, pattern, B, T, n):
-    out = subprocess.run([str(exe), pattern, str(B), str(T), str(n)], check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [str(exe), pattern, str(B), str(T), str(n)], check=True, capture_output=True, text=True
+    ).stdout
     lines = [line.split() for line in out.splitlines()]
     batches = [np.array(list(map(int, words[1:]))) for words in lines if words[0] == 'batch']
     rest = {words[0]: list(map(int, words[1:])) for words in lines if words[0] != 'batch'}

@@ -33,7 +33,7 @@ def _wait_for_line(run, deadline_s=300) -> float:
     return time.monotonic()
 
 
-def test_signals_during_the_final_save_lose_nothing_silently(tmp_path, trainers):
+def test_signals_during_the_final_save_lose_nothing_silently(tmp_path, trainers):  # noqa: F811  (a fixture)
     shard, model = random_shard(tmp_path / 'train.bin'), tiny_llmc_model(tmp_path / 'model.bin')
 
     def command(number):

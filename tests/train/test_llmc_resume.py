@@ -29,7 +29,11 @@ def llmc_run_config(tmp_path, **overrides):
     rest: cosine to final fraction 1.0 (constant after warmup), AdamW 0.9/0.95/1e-8, no weight decay,
     gradient clip 1.0."""
     settings = dict(
-        shuffle='llmc', dtype='bfloat16', sample_every=0, metrics_dir=str(tmp_path / 'metrics'), num_iteration=20
+        shuffle='llmc',
+        dtype='bfloat16',
+        sample_every=0,
+        metrics_dir=str(tmp_path / 'metrics'),
+        num_iteration=20,
     )
     return load_config(
         'gpt2',
@@ -72,12 +76,20 @@ def test_our_checkpoint_resumes_llmc_order_bitwise_and_refuses_the_other_order(t
     code, full_losses, out = train(full)
     assert code == 0, out[-2000:]
     step6 = str(tmp_path / 'full' / 'checkpoint_step_000006')
-    again = llmc_run_config(tmp_path / 'again', checkpoint_dir=str(tmp_path / 'again'), resume_from=step6, **common)
+    again = llmc_run_config(
+        tmp_path / 'again', checkpoint_dir=str(tmp_path / 'again'), resume_from=step6, **common
+    )
     code, losses, out = train(again)
     assert code == 0, out[-2000:]
     assert [losses[s] for s in range(7, 13)] == [full_losses[s] for s in range(7, 13)]
     other = llmc_run_config(
-        tmp_path / 'other', checkpoint_dir=str(tmp_path / 'other'), resume_from=step6, shuffle='none', **common
+        tmp_path / 'other',
+        checkpoint_dir=str(tmp_path / 'other'),
+        resume_from=step6,
+        shuffle='none',
+        **common,
     )
-    with pytest.raises(CheckpointError, match=r"shuffle: checkpoint 'llmc', now 'none' \(pass --shuffle llmc\)"):
+    with pytest.raises(
+        CheckpointError, match=r"shuffle: checkpoint 'llmc', now 'none' \(pass --shuffle llmc\)"
+    ):
         train(other)

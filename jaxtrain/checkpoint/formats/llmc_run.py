@@ -63,7 +63,10 @@ def check_loader(state_path, state, stream, step: int) -> None:
         )
     if not hasattr(stream, 'loader_state'):
         raise LLMCFormatError(
-            where, 'header[5] should_shuffle', 'the order this run reads (--shuffle none)', "1 (llm.c's permuted order)",
+            where,
+            'header[5] should_shuffle',
+            'the order this run reads (--shuffle none)',
+            "1 (llm.c's permuted order)",
             'pass --shuffle llmc to continue in the order llm.c was reading',
         )
     shard_idx, sample_idx, ours = stream.loader_state(step)
@@ -82,7 +85,10 @@ def check_loader(state_path, state, stream, step: int) -> None:
             )
     for field, same in (
         ('shuffle state: shard_indices', np.array_equal(ours.shard_indices, saved.shard_indices)),
-        ('shuffle state: intra_shard_indices', np.array_equal(ours.intra_shard_indices, saved.intra_shard_indices)),
+        (
+            'shuffle state: intra_shard_indices',
+            np.array_equal(ours.intra_shard_indices, saved.intra_shard_indices),
+        ),
         ('shuffle state: mt19937 state', ours.rng.same_as(saved.rng)),
     ):
         if not same:
@@ -155,17 +161,24 @@ class LLMCRunFormat:
         state = parts.state
         try:
             run_dir, step = locate(path)
-            ckpt = llmc_run.read_step(run_dir, step, need_master=bool(config.get('llmc_require_master_weights')))
+            ckpt = llmc_run.read_step(
+                run_dir, step, need_master=bool(config.get('llmc_require_master_weights'))
+            )
             want = {p: tuple(leaf.shape) for p, leaf in tree_leaves(state.params).items()}
             have = ckpt.header.param_shapes()
             if want != have:
                 different = sorted(p for p in set(want) | set(have) if want.get(p) != have.get(p))
                 p = different[0]
                 raise LLMCFormatError(
-                    ckpt.model_path, f'params[{p}]', f'shape {want.get(p)} (this run\'s model)', f'shape {have.get(p)}',
+                    ckpt.model_path,
+                    f'params[{p}]',
+                    f'shape {want.get(p)} (this run\'s model)',
+                    f'shape {have.get(p)}',
                     f'pass --llmc_filepath {ckpt.model_path} so the run takes the checkpoint\'s shape',
                 )
-            stream = train_stream(config, parts.geometry, parts.setup.model_config.vocab_size, data_paths(config)[0])
+            stream = train_stream(
+                config, parts.geometry, parts.setup.model_config.vocab_size, data_paths(config)[0]
+            )
             check_loader(ckpt.state_path, ckpt.state, stream, step)
         except LLMCFormatError as e:
             raise CheckpointError(f'{e}') from None
