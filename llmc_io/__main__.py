@@ -19,11 +19,11 @@ import signal
 import sys
 
 from llmc_io import header as hdr
+from llmc_io import make_shards, tokenizer_export
 from llmc_io.dtypes import fp32_repr
 from llmc_io.errors import LLMCFormatError
 from llmc_io.gpt2 import GPT2Header, load_gpt2, save_gpt2
-from llmc_io.hf import is_hf_folder, load_hf, save_hf
-from llmc_io import make_shards, tokenizer_export
+from llmc_io.hf import load_hf, save_hf
 from llmc_io.llama3 import LAYOUT_INFINITRAIN, load_llama3, save_llama3
 from llmc_io.model import model_info
 from llmc_io.shards import read_shard, shard_info
@@ -136,7 +136,7 @@ def _hf_info(path) -> None:
 
 
 def _info(args) -> None:
-    if is_hf_folder(args.file):
+    if os.path.isdir(args.file):  # only an HF folder is a directory: load_hf names what one lacks
         _hf_info(args.file)
         return
     if is_tokenizer_file(args.file):
@@ -212,7 +212,7 @@ def _save_llmc(output, header, params, version) -> None:
 
 def _convert_hf(args) -> None:
     """An HF folder in, or --to hf out."""
-    if is_hf_folder(args.input):
+    if os.path.isdir(args.input):
         header, params = load_hf(args.input)
         kind = "gpt2" if isinstance(header, GPT2Header) else "llama3"
     else:
@@ -233,7 +233,7 @@ def _convert_hf(args) -> None:
 
 
 def _convert(args) -> None:
-    if is_hf_folder(args.input) or args.to == "hf":
+    if os.path.isdir(args.input) or args.to == "hf":
         _convert_hf(args)
         return
     magic = int(hdr.read_header(args.input)[0])

@@ -84,11 +84,41 @@ def _kept_best(entries) -> set:
     return best_steps({e['step']: e.get('val_loss') for e in committed}, count)
 
 
+def _is_llmc(path) -> bool:
+    from jaxtrain.tools import ckpt_llmc
+
+    return ckpt_llmc.is_llmc(path)
+
+
+def _llmc_ls(args) -> int:
+    from jaxtrain.tools import ckpt_llmc
+
+    listed = ckpt_llmc.ls(args.dir)
+    if args.json:
+        _print_json(listed)
+    else:
+        print(ckpt_llmc.ls_text(listed, _table, _number))
+    return EXIT_OK
+
+
+def _llmc_show(args) -> int:
+    from jaxtrain.tools import ckpt_llmc
+
+    shown = ckpt_llmc.show(args.step_dir, args.tensors)
+    if args.json:
+        _print_json(shown)
+    else:
+        print(ckpt_llmc.show_text(shown, _table, _number))
+    return EXIT_OK
+
+
 def cmd_ls(args) -> int:
     from jaxtrain.tools import ckpt_inspect
 
     from jaxtrain.tools import ckpt_infinitrain
 
+    if _is_llmc(args.dir):
+        return _llmc_ls(args)
     entries, latest = ckpt_inspect.list_checkpoints(args.dir)
     entries = ckpt_infinitrain.annotate_entries(args.dir, entries)  # kind and loss; InfiniTrain dirs
     latest = ckpt_infinitrain.latest_step(entries, latest)
@@ -222,6 +252,8 @@ def cmd_show(args) -> int:
 
     from jaxtrain.tools import ckpt_infinitrain
 
+    if _is_llmc(args.step_dir):
+        return _llmc_show(args)
     if ckpt_infinitrain.kind_of(args.step_dir) != 'orbax':
         return _show_infinitrain(args)
     step_dir = ckpt_inspect.find_finished_step_dir(args.step_dir)
@@ -369,7 +401,12 @@ def cmd_verify(args) -> int:
     from jaxtrain.tools import ckpt_infinitrain
 
     kind = ckpt_infinitrain.kind_of(args.step_dir)
-    if kind == 'orbax':
+    if _is_llmc(args.step_dir):
+        from jaxtrain.tools import ckpt_llmc
+
+        kind, step_dir = 'llmc', Path(args.step_dir)
+        result = ckpt_llmc.verify(step_dir)
+    elif kind == 'orbax':
         step_dir = ckpt_inspect.find_step_dir(args.step_dir)
         result = ckpt_inspect.verify(step_dir)
     else:
@@ -404,6 +441,15 @@ def cmd_export(args) -> int:
     from jaxtrain.tools import ckpt_infinitrain
 
     topology = ckpt_infinitrain.topology_from_args(args)
+    if args.format == 'llmc-run':
+        from jaxtrain.tools import ckpt_llmc
+
+        written = ckpt_llmc.export(args.step_dir, args.output, args.force)
+        if args.json:
+            _print_json({'path': str(args.step_dir), **written})
+        else:
+            print(ckpt_llmc.export_line(written))
+        return EXIT_OK
     if args.format in ('infinitrain', 'infinitrain-lrs', 'infinitrain-bin'):
         written = ckpt_infinitrain.export(args.step_dir, args.output, args.format, args.force, topology)
         if args.json:

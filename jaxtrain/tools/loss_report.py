@@ -230,9 +230,8 @@ def _show_threshold(axes, threshold: float, differences) -> None:
     if threshold > 0:
         axes.set_yscale("symlog", linthresh=threshold)
         limit = max(4 * threshold, 2 * largest)
-        axes.axhspan(
-            -threshold, threshold, color="tab:green", alpha=0.12, label=f"within +/- {threshold:.0e}"
-        )
+        band = f"within +/- {threshold:.0e}"
+        axes.axhspan(-threshold, threshold, color="tab:green", alpha=0.12, label=band)
     else:  # an exact comparison: the band is the zero line itself
         limit = 2 * largest or 1.0
     for sign in (1, -1):

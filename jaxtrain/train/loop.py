@@ -153,8 +153,8 @@ def _run(config) -> int:
         stop.last_shown_step = done
         check_finite(done, loss, bool(metrics['params_finite']), saver.last_good())
         saver.note_loss(loss)
-        step_mfu = mfu.of(elapsed)
-        progress.step(done, loss, elapsed, step_mfu)
+        step_mfu, grad_norm = mfu.of(elapsed), float(metrics['grad_norm'])
+        progress.step(done, loss, elapsed, step_mfu, grad_norm)
         log.step(
             done,
             config.num_iteration,
@@ -163,7 +163,7 @@ def _run(config) -> int:
             elapsed,
             geometry.tokens_per_step,
             parts.parallel_sizes,
-            {'grad_norm': float(metrics['grad_norm'])} | ({'mfu': step_mfu} if step_mfu is not None else {}),
+            {'grad_norm': grad_norm} | ({'mfu': step_mfu} if step_mfu is not None else {}),
         )
         if stream.epoch_of(position) != epoch:
             epoch = stream.epoch_of(position)
