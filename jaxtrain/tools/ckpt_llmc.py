@@ -57,7 +57,9 @@ def ls(run_dir) -> dict:
         master = None
         state_file = run_dir / f'state_{step:08d}_00000.bin'
         if state_file.is_file():
-            master = bool(np.fromfile(state_file, '<i4', count=5)[4]) if state_file.stat().st_size >= 20 else None
+            master = (
+                bool(np.fromfile(state_file, '<i4', count=5)[4]) if state_file.stat().st_size >= 20 else None
+            )
         rows.append({
             'step': step,
             'files': [f.name for f in present],
@@ -75,12 +77,23 @@ def ls(run_dir) -> dict:
 def ls_text(listed: dict, table, number) -> str:
     rows = []
     for r in listed['steps']:
-        when = datetime.datetime.fromtimestamp(r['written']).strftime('%Y-%m-%d %H:%M') if r['written'] else '-'
+        when = (
+            datetime.datetime.fromtimestamp(r['written']).strftime('%Y-%m-%d %H:%M') if r['written'] else '-'
+        )
         master = {True: 'fp32 master', False: 'no master (-w 0)', None: '-'}[r['master_weights']]
-        rows.append([
-            r['step'], ', '.join(r['files']), r['kind'], r['state'], f"{r['size_bytes']:,} B", when, master,
-            '-' if r['loss'] is None else number(r['loss']), 'latest' if r['step'] == listed['latest'] else '',
-        ])
+        rows.append(
+            [
+                r['step'],
+                ', '.join(r['files']),
+                r['kind'],
+                r['state'],
+                f"{r['size_bytes']:,} B",
+                when,
+                master,
+                '-' if r['loss'] is None else number(r['loss']),
+                'latest' if r['step'] == listed['latest'] else '',
+            ]
+        )
     lines = [table(['step', 'files', 'kind', 'state', 'size', 'written', 'weights', 'loss', ''], rows)]
     if listed['latest'] is not None:
         lines.append(
@@ -136,8 +149,11 @@ def show(path, with_tensors: bool) -> dict:
     if with_tensors:
         import llmc_io
 
-        arrays = [('model params', tree_to_flat(ckpt.model_path, llmc_io.load_gpt2(ckpt.model_path)[1], header)),
-                  ('AdamW m', s.m), ('AdamW v', s.v)]
+        arrays = [
+            ('model params', tree_to_flat(ckpt.model_path, llmc_io.load_gpt2(ckpt.model_path)[1], header)),
+            ('AdamW m', s.m),
+            ('AdamW v', s.v),
+        ]
         if s.master is not None:
             arrays.append(('master weights', s.master))
         shown['arrays'] = [_stats(name, a) for name, a in arrays]
@@ -155,18 +171,27 @@ def show_text(shown: dict, table, number) -> str:
         ('path', shown['path']),
         ('kind', f"{KIND} (llm.c train_gpt2cu run folder)"),
         ('step', shown['step']),
-        ('model', f"{m['file']}: v{m['version']} {m['dtype']}, maxT {m['max_seq_len']}, V {m['vocab_size']}, "
-                  f"Vp {m['padded_vocab_size']}, L {m['num_layers']}, NH {m['num_heads']}, C {m['channels']}, "
-                  f"{m['num_parameters']:,} parameters"),
-        ('state', f"{st['file']}: version {st['version']}, {st['num_processes']} process(es), rank "
-                  f"{st['process_rank']}"),
+        (
+            'model',
+            f"{m['file']}: v{m['version']} {m['dtype']}, maxT {m['max_seq_len']}, V {m['vocab_size']}, "
+            f"Vp {m['padded_vocab_size']}, L {m['num_layers']}, NH {m['num_heads']}, C {m['channels']}, "
+            f"{m['num_parameters']:,} parameters",
+        ),
+        (
+            'state',
+            f"{st['file']}: version {st['version']}, {st['num_processes']} process(es), rank "
+            f"{st['process_rank']}",
+        ),
         ('master weights', 'fp32, present' if st['master_weights'] else 'absent (-w 0)'),
         ('rng state', f"{st['rng_state']} (before the last update: {st['rng_state_last_update']})"),
         ('loader position', f"shard position {ld['current_shard_idx']}, sample {ld['current_sample_idx']}"),
     ]
     if ld['should_shuffle']:
         rows += [
-            ('shuffle', f"on: {ld['num_shards']} shard(s), {ld['shard_num_samples']} samples in the current one"),
+            (
+                'shuffle',
+                f"on: {ld['num_shards']} shard(s), {ld['shard_num_samples']} samples in the current one",
+            ),
             ('shard_indices', _short(ld['shard_indices'])),
             ('intra_shard_indices', _short(ld['intra_shard_indices'])),
             ('mt19937', f"left {ld['mt19937']['left']}, next {ld['mt19937']['next']}"),
@@ -177,10 +202,22 @@ def show_text(shown: dict, table, number) -> str:
     lines = [f'{k.ljust(width)}  {v}' for k, v in rows]
     if 'arrays' in shown:
         lines.append('')
-        lines.append(table(['array', 'values', 'min', 'max', 'mean', 'rms'], [
-            [a['array'], f"{a['values']:,}", number(a['min']), number(a['max']), number(a['mean']), number(a['rms'])]
-            for a in shown['arrays']
-        ]))
+        lines.append(
+            table(
+                ['array', 'values', 'min', 'max', 'mean', 'rms'],
+                [
+                    [
+                        a['array'],
+                        f"{a['values']:,}",
+                        number(a['min']),
+                        number(a['max']),
+                        number(a['mean']),
+                        number(a['rms']),
+                    ]
+                    for a in shown['arrays']
+                ],
+            )
+        )
     return '\n'.join(lines)
 
 
@@ -220,16 +257,23 @@ def verify(path) -> Verification:
         checked.append('model = master weights rounded to bf16')
     if s.shuffle is not None:
         sh = s.shuffle
-        for name, perm in (('shard_indices', sh.shard_indices), ('intra_shard_indices', sh.intra_shard_indices)):
+        for name, perm in (
+            ('shard_indices', sh.shard_indices),
+            ('intra_shard_indices', sh.intra_shard_indices),
+        ):
             if sorted(perm.tolist()) != list(range(len(perm))):
-                problems.append(f'{ckpt.state_path.name}: {name}: expected a permutation of 0..{len(perm) - 1}')
+                problems.append(
+                    f'{ckpt.state_path.name}: {name}: expected a permutation of 0..{len(perm) - 1}'
+                )
         if not 1 <= sh.rng.left <= 624 or tuple(sh.rng.matrix_a) != MATRIX_A:
             problems.append(f'{ckpt.state_path.name}: mt19937 state: expected left in 1..624 and MATRIX_A '
                             f'{MATRIX_A}, found left {sh.rng.left}, MATRIX_A {sh.rng.matrix_a}')
         if s.current_shard_idx >= len(sh.shard_indices) or s.current_sample_idx > len(sh.intra_shard_indices):
-            problems.append(f'{ckpt.state_path.name}: loader position: expected within {len(sh.shard_indices)} '
-                            f'shards / {len(sh.intra_shard_indices)} samples, found shard '
-                            f'{s.current_shard_idx} sample {s.current_sample_idx}')
+            problems.append(
+                f'{ckpt.state_path.name}: loader position: expected within {len(sh.shard_indices)} '
+                f'shards / {len(sh.intra_shard_indices)} samples, found shard '
+                f'{s.current_shard_idx} sample {s.current_sample_idx}'
+            )
         checked.append('loader permutations and mt19937 state well formed')
     return Verification(problems, checked)
 
@@ -244,7 +288,8 @@ def export(step_dir, output, force: bool = False) -> dict:
 
     if kind_of(step_dir) != 'orbax':
         raise CheckpointError(
-            f'{step_dir}: expected one of our (Orbax) checkpoints for --format llmc-run, found a {kind_of(step_dir)} one; '
+            f'{step_dir}: expected one of our (Orbax) checkpoints for --format llmc-run, found a '
+            f'{kind_of(step_dir)} one; '
             'resume it with the trainer and save as orbax first'
         )
     family, params, moments, record, header = _from_orbax(step_dir)
@@ -261,13 +306,16 @@ def export(step_dir, output, force: bool = False) -> dict:
                                  output / f'state_{step:08d}_00000.bin') if p.exists()]
     if existing and not force:
         raise CheckpointError(
-            f'--output: {output}: expected no step-{step} files, found {", ".join(existing)}; they are left as '
+            f'--output: {output}: expected no step-{step} files, found {", ".join(existing)}; they are '
+            'left as '
             'they are (pass --force to replace them)'
         )
     training = record.get('training_config', {})
     mu, nu, t = moments
     if t != step:
-        raise CheckpointError(f'{step_dir}: Adam t: expected the step {step} (llm.c takes t = step + 1 next), found {t}')
+        raise CheckpointError(
+            f'{step_dir}: Adam t: expected the step {step} (llm.c takes t = step + 1 next), found {t}'
+        )
     position = int(record['data_position'])
     shuffle = training.get('shuffle', 'none')
     pattern = training.get('input_bin', '')
@@ -309,6 +357,8 @@ def export(step_dir, output, force: bool = False) -> dict:
 
 def export_line(written: dict) -> str:
     return (
-        f"wrote {written['output']}: llm.c run folder, step {written['step']} ({', '.join(written['files'])}); "
-        f"llm.c resumes it with train_gpt2cu -i '{written['data']}' {written['llmc_flags']} -y 1 -o {written['output']}"
+        f"wrote {written['output']}: llm.c run folder, step {written['step']} "
+        f"({', '.join(written['files'])}); "
+        f"llm.c resumes it with train_gpt2cu -i '{written['data']}' {written['llmc_flags']} -y 1 -o "
+        f"{written['output']}"
     )

@@ -57,7 +57,9 @@ def prepare(out_dir) -> Path:
 LLMC_BIN = os.environ.get('LLMC_BIN', '')
 
 
-@pytest.mark.skipif(not (LLMC_BIN and Path(LLMC_BIN).is_file()), reason='needs LLMC_BIN: a built train_gpt2cu and a GPU')
+@pytest.mark.skipif(
+    not (LLMC_BIN and Path(LLMC_BIN).is_file()), reason='needs LLMC_BIN: a built train_gpt2cu and a GPU'
+)
 def test_llmc_resumes_our_export(tmp_path):
     given = os.environ.get('LLMC_EXPORT_DIR')
     exported = Path(given) if given else prepare(tmp_path / 'export')

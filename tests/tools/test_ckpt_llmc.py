@@ -53,7 +53,13 @@ def test_show_prints_the_state_header(capsys):
     assert code == 0 and shown['kind'] == 'llmc' and shown['step'] == 10
     assert shown['state']['rng_state'] == u64(20) and shown['state']['master_weights'] is True
     assert (shown['loader']['current_shard_idx'], shown['loader']['current_sample_idx']) == (1, 5)
-    assert shown['loader']['shard_indices'] == [1, 0] and shown['loader']['intra_shard_indices'] == [1, 3, 2, 4, 0]
+    assert shown['loader']['shard_indices'] == [1, 0] and shown['loader']['intra_shard_indices'] == [
+        1,
+        3,
+        2,
+        4,
+        0,
+    ]
     assert shown['model']['version'] == 5 and shown['model']['vocab_size'] == 8192
     code, out, _ = run_tool(capsys, 'show', RUN / 'w0')  # the folder: its newest committed step
     assert code == 0 and 'absent (-w 0)' in out and 'step                 10' in out
@@ -99,7 +105,9 @@ def test_export_continues_llmc_state_exactly(tmp_path, capsys):
     code, _, out = train(config)
     assert code == 0, out[-2000:]
     step_dir = tmp_path / 'ck' / 'checkpoint_step_000020'
-    code, out, err = run_tool(capsys, 'export', step_dir, '--format', 'llmc-run', '--output', tmp_path / 'llmc')
+    code, out, err = run_tool(
+        capsys, 'export', step_dir, '--format', 'llmc-run', '--output', tmp_path / 'llmc'
+    )
     assert code == 0, err
     assert 'train_gpt2cu' in out and '-b 4 -t 64 -d 256 -y 1' in out
     ours = tmp_path / 'llmc' / 'state_00000020_00000.bin'
@@ -107,7 +115,10 @@ def test_export_continues_llmc_state_exactly(tmp_path, capsys):
     loader_bytes = 8 + 2 * 4 + 8 + 5 * 4 + 2520
     assert ours.read_bytes()[-loader_bytes:] == theirs.read_bytes()[-loader_bytes:]
     mine, llmc = read_state(ours, N), read_state(theirs, N)
-    assert (mine.current_shard_idx, mine.current_sample_idx) == (llmc.current_shard_idx, llmc.current_sample_idx)
+    assert (mine.current_shard_idx, mine.current_sample_idx) == (
+        llmc.current_shard_idx,
+        llmc.current_sample_idx,
+    )
     # m, v, master weights are ours: the Adam moments and fp32 parameters of the checkpoint.
     from jaxtrain.tools.ckpt_infinitrain import canonical_tensors
 
@@ -123,5 +134,7 @@ def test_export_continues_llmc_state_exactly(tmp_path, capsys):
     assert code == 0, out
     # Again without --force: refused, nothing touched.
     before = ours.read_bytes()
-    code, out, err = run_tool(capsys, 'export', step_dir, '--format', 'llmc-run', '--output', tmp_path / 'llmc')
+    code, out, err = run_tool(
+        capsys, 'export', step_dir, '--format', 'llmc-run', '--output', tmp_path / 'llmc'
+    )
     assert code == 2 and 'pass --force' in err and ours.read_bytes() == before
