@@ -201,7 +201,8 @@ KEYS = (
         'checkpoint_format',
         'orbax',
         'orbax | infinitrain (HEAD: model.ckpt, optimizer.ckpt) | infinitrain-bin (PR: llm.c model.bin, '
-        "optimizer.bin); InfiniTrain's pth/ckpt/bin are aliases",
+        "optimizer.bin) | llmc (an llm.c run folder that train_gpt2cu -y 1 resumes; needs --shuffle llmc); "
+        "InfiniTrain's pth/ckpt/bin are aliases",
     ),
     (
         'resume_from',

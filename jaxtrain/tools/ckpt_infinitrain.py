@@ -201,7 +201,11 @@ def show(step_dir, with_tensors: bool) -> dict:
         'ranks': ckpt.ranks,
         'global_step': s.global_step,
         'data_batch_idx' if s.generation == PR else 'consumed_batches': s.data_batch_idx,
-        'topology': {k: getattr(s, k) for k in ('ddp_size', 'tp_size', 'sp_size', 'pp_size')},
+        'topology': {
+            k: getattr(s, k)
+            for k in ('ddp_size', 'tp_size', 'sp_size', 'cp_size', 'pp_size')
+            if getattr(s, k) is not None  # cp_size: only files of the context-parallel generation
+        },
         'optimizer': 'Adam (m, v, t = %d)' % ckpt.moments[2]
         if ckpt.moments
         else 'no optimizer file (SGD, or not saved)',

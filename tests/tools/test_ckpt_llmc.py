@@ -29,7 +29,9 @@ def test_ls_lists_committed_steps_with_llmc_losses(capsys):
     listed = json.loads(out)
     assert code == 0 and listed['kind'] == 'llmc' and listed['latest'] == 20
     assert [(r['step'], r['state'], r['master_weights']) for r in listed['steps']] == [
-        (10, 'committed', True), (20, 'committed', True)]
+        (10, 'committed', True),
+        (20, 'committed', True),
+    ]
     # main.log's "s:9 trl:8.2171" is step 10's loss, the one stdout prints as "step 10/20 | loss 8.217143".
     assert [r['loss'] for r in listed['steps']] == [8.2171, 6.972]
 
@@ -99,8 +101,12 @@ def test_export_continues_llmc_state_exactly(tmp_path, capsys):
     from test_llmc_resume import llmc_run_config
 
     config = llmc_run_config(
-        tmp_path, resume_from=str(RUN / 'a' / 'model_00000010.bin'), checkpoint_dir=str(tmp_path / 'ck'),
-        save_steps=10, save_optimizer_state=True, dtype='float32',
+        tmp_path,
+        resume_from=str(RUN / 'a' / 'model_00000010.bin'),
+        checkpoint_dir=str(tmp_path / 'ck'),
+        save_steps=10,
+        save_optimizer_state=True,
+        dtype='float32',
     )
     code, _, out = train(config)
     assert code == 0, out[-2000:]

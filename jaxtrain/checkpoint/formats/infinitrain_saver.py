@@ -201,7 +201,12 @@ class InfiniTrainFormat:
         state = parts.state
         try:
             params, opt_state, saved = read_step_dir(
-                step_dir, state.params, state.opt_state, batches_per_step(parts), config.optimizer
+                step_dir,
+                state.params,
+                state.opt_state,
+                batches_per_step(parts),
+                config.optimizer,
+                (config.pipeline_parallel, config.virtual_pipeline_parallel),
             )
         except LLMCFormatError as e:
             raise CheckpointError(f'{e}') from None
