@@ -16,7 +16,16 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxtrain.checkpoint.layout import STEP_PREFIX, TRAINER_STATE_FILE, CheckpointError, committed_steps, is_committed, step_dir_name, step_dir_names, step_of
+from jaxtrain.checkpoint.layout import (
+    STEP_PREFIX,
+    TRAINER_STATE_FILE,
+    CheckpointError,
+    committed_steps,
+    is_committed,
+    step_dir_name,
+    step_dir_names,
+    step_of,
+)
 from jaxtrain.checkpoint.record_digest import DIGEST_FIELD, digest_problem, step_name_problem
 from jaxtrain.checkpoint.trainer_state import read_trainer_state
 from jaxtrain.checkpoint.checksums import checksum_mismatches, path_name, tensor_checksums
@@ -68,7 +77,15 @@ def _step_entry(path: Path, step: int, temporary: bool) -> StepEntry:
     else:
         status = 'committed'
     return StepEntry(
-        step, path, committed, status, _size_on_disk(path), written_at, written_from, has_optimizer_state, loss
+        step,
+        path,
+        committed,
+        status,
+        _size_on_disk(path),
+        written_at,
+        written_from,
+        has_optimizer_state,
+        loss,
     )
 
 
@@ -244,7 +261,8 @@ def model_config_object(family: str, model_config: dict):
     fields = [f.name for f in dataclasses.fields(config_cls)]
     if not isinstance(model_config, dict) or sorted(model_config) != sorted(fields):
         raise CheckpointError(
-            f"trainer_state: model_config: expected the fields of {config_cls.__name__} ({', '.join(fields)}), "
+            f"trainer_state: model_config: expected the fields of {config_cls.__name__} "
+            f"({', '.join(fields)}), "
             f'found {model_config!r}'
         )
     try:
@@ -343,7 +361,8 @@ def verify(step_dir) -> Verification:
             continue
         if item not in recorded:
             problems.append(
-                f'{step_dir / TRAINER_STATE_FILE}: checksums.{item}: expected per-tensor checksums, found none'
+                f'{step_dir / TRAINER_STATE_FILE}: checksums.{item}: expected per-tensor checksums, '
+                'found none'
             )
         else:
             mismatches = checksum_mismatches(tensors, recorded[item], item)

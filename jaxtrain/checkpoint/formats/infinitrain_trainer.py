@@ -161,7 +161,11 @@ def infinitrain_state_for(
     """The trainer_state.json of a step we write in InfiniTrain's layout `fmt`; `extras` becomes
     its "jaxtrain" object (what only we need for an exact resume)."""
     common = dict(
-        global_step=step, data_batch_idx=batch_idx, last_lr=learning_rate, ddp_size=data_parallel, jaxtrain=extras
+        global_step=step,
+        data_batch_idx=batch_idx,
+        last_lr=learning_rate,
+        ddp_size=data_parallel,
+        jaxtrain=extras,
     )
     if fmt in (it.HEAD_KIND, LRS_FORMAT):
         # What HEAD's main.cc writes for a model from --llmc_filepath and CHECKs on --load: config defaults.
