@@ -24,6 +24,7 @@ import binascii
 import json
 import os
 
+from llmc_io.byte_tokens import PRINTABLE_BYTES
 from llmc_io.errors import LLMCFormatError
 
 FAMILIES = ("gpt2", "llama3")
@@ -70,21 +71,16 @@ def _missing_library(path, module: str) -> LLMCFormatError:
         "tokenizer",
         f"the {module} package to read it",
         "it is not installed",
-        f"pip install {module} (or pip install 'jaxtrain[text]')",
+        f"pip install {module} (a dependency of jaxtrain: pip install -e . installs it)",
     )
 
 
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character table (openai/gpt-2 encoder.py), which byte-level BPE
     vocabularies (HF's ByteLevel) spell their tokens in."""
-    printable = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
     chars, extra = {}, 0
     for b in range(256):
-        if b in printable:
+        if b in PRINTABLE_BYTES:
             chars[b] = chr(b)
         else:
             chars[b] = chr(256 + extra)

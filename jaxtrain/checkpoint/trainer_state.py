@@ -163,7 +163,10 @@ def compare_with_run(saved: dict, model_config: dict, training_config: dict) -> 
         )
     for key in shape_changed:
         incompatible.append(f'model_config.{key}: checkpoint {saved_model[key]!r}, now {model_config[key]!r}')
-    only_saved, only_now = sorted(set(saved_model) - set(model_config)), sorted(set(model_config) - set(saved_model))
+    only_saved, only_now = (
+        sorted(set(saved_model) - set(model_config)),
+        sorted(set(model_config) - set(saved_model)),
+    )
     if saved_family == family and (only_saved or only_now):
         incompatible.append(
             'model_config: fields only in the checkpoint: '
@@ -177,7 +180,9 @@ def compare_with_run(saved: dict, model_config: dict, training_config: dict) -> 
     # The batch order (data/llmc_shuffled_stream.py): the saved position means another batch in the other one.
     saved_order, order = saved_training.get('shuffle', 'none'), training_config.get('shuffle', 'none')
     if saved_order != order:
-        incompatible.append(f'shuffle: checkpoint {saved_order!r}, now {order!r} (pass --shuffle {saved_order})')
+        incompatible.append(
+            f'shuffle: checkpoint {saved_order!r}, now {order!r} (pass --shuffle {saved_order})'
+        )
     for key in _MAY_CHANGE:
         if key in saved_training and saved_training.get(key) != training_config.get(key):
             changes.append(f'{key}: checkpoint {saved_training.get(key)!r}, now {training_config.get(key)!r}')

@@ -70,7 +70,8 @@ def _loss_cell(entry: dict) -> str:
 
 
 def _kept_best(entries) -> set:
-    """The steps --keep_best keeps: the N lowest validation losses, N from the newest step's run."""
+    """The step directories --keep_best keeps: the N lowest validation losses, N from the newest
+    step's run (InfiniTrain PR's checkpoint_final, a copy, is never one of them)."""
     from jaxtrain.checkpoint.keep_best import best_steps
 
     committed = [
@@ -81,7 +82,8 @@ def _kept_best(entries) -> set:
     if not committed:
         return set()
     count = max(committed, key=lambda e: e['step']).get('keep_best', 0)
-    return best_steps({e['step']: e.get('val_loss') for e in committed}, count)
+    steps = best_steps({e['step']: e.get('val_loss') for e in committed}, count)
+    return {e['path'] for e in committed if e['step'] in steps}
 
 
 def _is_llmc(path) -> bool:
@@ -129,7 +131,7 @@ def cmd_ls(args) -> int:
                 'root': str(args.dir),
                 'latest': latest,
                 'checkpoints': [
-                    {**e, 'latest': ckpt_infinitrain.is_latest(e, latest), 'kept_best': e['step'] in best}
+                    {**e, 'latest': ckpt_infinitrain.is_latest(e, latest), 'kept_best': e['path'] in best}
                     for e in entries
                 ],
             }
@@ -147,7 +149,7 @@ def cmd_ls(args) -> int:
             _loss_cell(e),
             ', '.join(
                 (['latest'] if ckpt_infinitrain.is_latest(e, latest) else [])
-                + ([f"best (val {e['val_loss']:.6f})"] if e['step'] in best else [])
+                + ([f"best (val {e['val_loss']:.6f})"] if e['path'] in best else [])
             ),
         ]
         for e in entries
@@ -415,7 +417,13 @@ def cmd_verify(args) -> int:
     ok = not result.problems
     if args.json:
         _print_json(
-            {'path': str(step_dir), 'kind': kind, 'ok': ok, 'problems': result.problems, 'checked': result.checked}
+            {
+                'path': str(step_dir),
+                'kind': kind,
+                'ok': ok,
+                'problems': result.problems,
+                'checked': result.checked,
+            }
         )
     elif ok:
         print(f'OK: {step_dir} ({kind}): ' + '; '.join(result.checked))
@@ -453,8 +461,10 @@ def cmd_export(args) -> int:
         return EXIT_OK
     if ckpt_infinitrain.kind_of(args.step_dir) != 'orbax':
         raise ckpt_infinitrain.CheckpointError(
-            f'{args.step_dir}: expected an Orbax checkpoint for --format {args.format}, found an InfiniTrain one; '
-            'its PR generation already holds an llm.c model.bin (export --format infinitrain-bin)')
+            f'{args.step_dir}: expected an Orbax checkpoint for --format {args.format}, found an '
+            'InfiniTrain one; '
+            'its PR generation already holds an llm.c model.bin (export --format infinitrain-bin)'
+        )
     step_dir = ckpt_inspect.find_finished_step_dir(args.step_dir)
     if args.format == 'hf':
         if args.version is not None:

@@ -78,7 +78,15 @@ def _step_entry(path: Path, step: int, temporary: bool) -> StepEntry:
     else:
         status = 'committed'
     return StepEntry(
-        step, path, committed, status, _size_on_disk(path), written_at, written_from, has_optimizer_state, loss
+        step,
+        path,
+        committed,
+        status,
+        _size_on_disk(path),
+        written_at,
+        written_from,
+        has_optimizer_state,
+        loss,
     )
 
 
@@ -254,7 +262,8 @@ def model_config_object(family: str, model_config: dict):
     fields = [f.name for f in dataclasses.fields(config_cls)]
     if not isinstance(model_config, dict) or sorted(model_config) != sorted(fields):
         raise CheckpointError(
-            f"trainer_state: model_config: expected the fields of {config_cls.__name__} ({', '.join(fields)}), "
+            f"trainer_state: model_config: expected the fields of {config_cls.__name__} "
+            f"({', '.join(fields)}), "
             f'found {model_config!r}'
         )
     try:
@@ -337,9 +346,8 @@ def verify(step_dir) -> Verification:
         problems += fields
         if not fields:
             checked.append('trainer_state fields of the types and ranges a save writes')
-        else:  # the checks below read those fields; what they would find is already named
-            state = {key: value for key, value in state.items() if key not in ('checksums', 'lora')}
-            state['model_family'] = None
+    # With fields of the wrong kind the checks below would misread them: the items are only read.
+    compare = state is not None and not fields
     recorded = (state or {}).get('checksums', {})
     for item in ARRAY_ITEMS:
         required = item == 'params' or bool((state or {}).get('has_optimizer_state'))
@@ -353,21 +361,21 @@ def verify(step_dir) -> Verification:
         except CheckpointError as e:
             problems.append(str(e))
             continue
-        if state is None:
-            checked.append(
-                f'{item}: {len(tensors)} tensors readable (checksums not checked: no trainer state)'
-            )
+        if not compare:
+            why = 'no trainer state' if state is None else 'its fields are not as a save writes them'
+            checked.append(f'{item}: {len(tensors)} tensors readable (checksums not checked: {why})')
             continue
         if item not in recorded:
             problems.append(
-                f'{step_dir / TRAINER_STATE_FILE}: checksums.{item}: expected per-tensor checksums, found none'
+                f'{step_dir / TRAINER_STATE_FILE}: checksums.{item}: expected per-tensor checksums, '
+                'found none'
             )
         else:
             mismatches = checksum_mismatches(tensors, recorded[item], item)
             problems += mismatches
             if not mismatches:
                 checked.append(f'{item}: {len(tensors)} tensors, checksums good')
-        if item == 'params' and state.get('model_family') is not None:
+        if item == 'params':
             try:
                 shape_problems = _shape_problems(
                     tensors, state.get('model_family'), state.get('model_config'), state.get('lora')

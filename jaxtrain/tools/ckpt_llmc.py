@@ -46,8 +46,7 @@ def ls(run_dir) -> dict:
     run_dir = Path(run_dir)
     committed = set(llmc_run.committed_steps(run_dir))
     steps = sorted(
-        committed
-        | {int(p.name[6:14]) for p in run_dir.glob('model_*.bin') if llmc_run.split_model_path(p)}
+        committed | {int(p.name[6:14]) for p in run_dir.glob('model_*.bin') if llmc_run.split_model_path(p)}
     )
     losses = _train_losses(run_dir)
     rows = []
@@ -57,17 +56,21 @@ def ls(run_dir) -> dict:
         master = None
         state_file = run_dir / f'state_{step:08d}_00000.bin'
         if state_file.is_file():
-            master = bool(np.fromfile(state_file, '<i4', count=5)[4]) if state_file.stat().st_size >= 20 else None
-        rows.append({
-            'step': step,
-            'files': [f.name for f in present],
-            'kind': KIND,
-            'state': 'committed' if step in committed else 'no DONE marker (incomplete)',
-            'size_bytes': sum(f.stat().st_size for f in present),
-            'written': max((f.stat().st_mtime for f in present), default=None),
-            'master_weights': master,
-            'loss': losses.get(step),
-        })
+            master = (
+                bool(np.fromfile(state_file, '<i4', count=5)[4]) if state_file.stat().st_size >= 20 else None
+            )
+        rows.append(
+            {
+                'step': step,
+                'files': [f.name for f in present],
+                'kind': KIND,
+                'state': 'committed' if step in committed else 'no DONE marker (incomplete)',
+                'size_bytes': sum(f.stat().st_size for f in present),
+                'written': max((f.stat().st_mtime for f in present), default=None),
+                'master_weights': master,
+                'loss': losses.get(step),
+            }
+        )
     latest = max(committed) if committed else None
     return {'root': str(run_dir), 'kind': KIND, 'latest': latest, 'steps': rows}
 
@@ -75,12 +78,23 @@ def ls(run_dir) -> dict:
 def ls_text(listed: dict, table, number) -> str:
     rows = []
     for r in listed['steps']:
-        when = datetime.datetime.fromtimestamp(r['written']).strftime('%Y-%m-%d %H:%M') if r['written'] else '-'
+        when = (
+            datetime.datetime.fromtimestamp(r['written']).strftime('%Y-%m-%d %H:%M') if r['written'] else '-'
+        )
         master = {True: 'fp32 master', False: 'no master (-w 0)', None: '-'}[r['master_weights']]
-        rows.append([
-            r['step'], ', '.join(r['files']), r['kind'], r['state'], f"{r['size_bytes']:,} B", when, master,
-            '-' if r['loss'] is None else number(r['loss']), 'latest' if r['step'] == listed['latest'] else '',
-        ])
+        rows.append(
+            [
+                r['step'],
+                ', '.join(r['files']),
+                r['kind'],
+                r['state'],
+                f"{r['size_bytes']:,} B",
+                when,
+                master,
+                '-' if r['loss'] is None else number(r['loss']),
+                'latest' if r['step'] == listed['latest'] else '',
+            ]
+        )
     lines = [table(['step', 'files', 'kind', 'state', 'size', 'written', 'weights', 'loss', ''], rows)]
     if listed['latest'] is not None:
         lines.append(
@@ -102,8 +116,14 @@ def _read(path, need_master=False):
 
 def _stats(name, array) -> dict:
     a = np.asarray(array, np.float64)
-    return {'array': name, 'values': int(a.size), 'min': float(a.min()), 'max': float(a.max()),
-            'mean': float(a.mean()), 'rms': float(np.sqrt(np.mean(a * a)))}
+    return {
+        'array': name,
+        'values': int(a.size),
+        'min': float(a.min()),
+        'max': float(a.max()),
+        'mean': float(a.mean()),
+        'rms': float(np.sqrt(np.mean(a * a))),
+    }
 
 
 def show(path, with_tensors: bool) -> dict:
@@ -114,21 +134,37 @@ def show(path, with_tensors: bool) -> dict:
         'path': str(ckpt.model_path),
         'kind': KIND,
         'step': ckpt.step,
-        'model': {'file': ckpt.model_path.name, 'version': ckpt.model_version,
-                  'dtype': 'bfloat16' if ckpt.model_version == 5 else 'float32',
-                  'max_seq_len': header.max_seq_len, 'vocab_size': header.vocab_size,
-                  'padded_vocab_size': header.padded_vocab_size, 'num_layers': header.num_layers,
-                  'num_heads': header.num_heads, 'channels': header.channels,
-                  'num_parameters': header.num_parameters},
-        'state': {'file': ckpt.state_path.name, 'version': s.version, 'num_processes': s.num_processes,
-                  'process_rank': s.process_rank, 'master_weights': s.use_master_weights,
-                  'rng_state': s.rng_state, 'rng_state_last_update': s.rng_state_last_update},
-        'loader': {'should_shuffle': s.shuffle is not None, 'current_shard_idx': s.current_shard_idx,
-                   'current_sample_idx': s.current_sample_idx},
+        'model': {
+            'file': ckpt.model_path.name,
+            'version': ckpt.model_version,
+            'dtype': 'bfloat16' if ckpt.model_version == 5 else 'float32',
+            'max_seq_len': header.max_seq_len,
+            'vocab_size': header.vocab_size,
+            'padded_vocab_size': header.padded_vocab_size,
+            'num_layers': header.num_layers,
+            'num_heads': header.num_heads,
+            'channels': header.channels,
+            'num_parameters': header.num_parameters,
+        },
+        'state': {
+            'file': ckpt.state_path.name,
+            'version': s.version,
+            'num_processes': s.num_processes,
+            'process_rank': s.process_rank,
+            'master_weights': s.use_master_weights,
+            'rng_state': s.rng_state,
+            'rng_state_last_update': s.rng_state_last_update,
+        },
+        'loader': {
+            'should_shuffle': s.shuffle is not None,
+            'current_shard_idx': s.current_shard_idx,
+            'current_sample_idx': s.current_sample_idx,
+        },
     }
     if s.shuffle is not None:
         shown['loader'].update(
-            num_shards=len(s.shuffle.shard_indices), shard_indices=s.shuffle.shard_indices.tolist(),
+            num_shards=len(s.shuffle.shard_indices),
+            shard_indices=s.shuffle.shard_indices.tolist(),
             shard_num_samples=len(s.shuffle.intra_shard_indices),
             intra_shard_indices=s.shuffle.intra_shard_indices.tolist(),
             mt19937={'left': s.shuffle.rng.left, 'next': s.shuffle.rng.next},
@@ -136,8 +172,11 @@ def show(path, with_tensors: bool) -> dict:
     if with_tensors:
         import llmc_io
 
-        arrays = [('model params', tree_to_flat(ckpt.model_path, llmc_io.load_gpt2(ckpt.model_path)[1], header)),
-                  ('AdamW m', s.m), ('AdamW v', s.v)]
+        arrays = [
+            ('model params', tree_to_flat(ckpt.model_path, llmc_io.load_gpt2(ckpt.model_path)[1], header)),
+            ('AdamW m', s.m),
+            ('AdamW v', s.v),
+        ]
         if s.master is not None:
             arrays.append(('master weights', s.master))
         shown['arrays'] = [_stats(name, a) for name, a in arrays]
@@ -155,18 +194,31 @@ def show_text(shown: dict, table, number) -> str:
         ('path', shown['path']),
         ('kind', f"{KIND} (llm.c train_gpt2cu run folder)"),
         ('step', shown['step']),
-        ('model', f"{m['file']}: v{m['version']} {m['dtype']}, maxT {m['max_seq_len']}, V {m['vocab_size']}, "
-                  f"Vp {m['padded_vocab_size']}, L {m['num_layers']}, NH {m['num_heads']}, C {m['channels']}, "
-                  f"{m['num_parameters']:,} parameters"),
-        ('state', f"{st['file']}: version {st['version']}, {st['num_processes']} process(es), rank "
-                  f"{st['process_rank']}"),
+        (
+            'model',
+            (
+                f"{m['file']}: v{m['version']} {m['dtype']}, maxT {m['max_seq_len']}, V {m['vocab_size']}, "
+                f"Vp {m['padded_vocab_size']}, L {m['num_layers']}, NH {m['num_heads']}, C {m['channels']}, "
+                f"{m['num_parameters']:,} parameters"
+            ),
+        ),
+        (
+            'state',
+            (
+                f"{st['file']}: version {st['version']}, {st['num_processes']} process(es), rank "
+                f"{st['process_rank']}"
+            ),
+        ),
         ('master weights', 'fp32, present' if st['master_weights'] else 'absent (-w 0)'),
         ('rng state', f"{st['rng_state']} (before the last update: {st['rng_state_last_update']})"),
         ('loader position', f"shard position {ld['current_shard_idx']}, sample {ld['current_sample_idx']}"),
     ]
     if ld['should_shuffle']:
         rows += [
-            ('shuffle', f"on: {ld['num_shards']} shard(s), {ld['shard_num_samples']} samples in the current one"),
+            (
+                'shuffle',
+                f"on: {ld['num_shards']} shard(s), {ld['shard_num_samples']} samples in the current one",
+            ),
             ('shard_indices', _short(ld['shard_indices'])),
             ('intra_shard_indices', _short(ld['intra_shard_indices'])),
             ('mt19937', f"left {ld['mt19937']['left']}, next {ld['mt19937']['next']}"),
@@ -177,10 +229,22 @@ def show_text(shown: dict, table, number) -> str:
     lines = [f'{k.ljust(width)}  {v}' for k, v in rows]
     if 'arrays' in shown:
         lines.append('')
-        lines.append(table(['array', 'values', 'min', 'max', 'mean', 'rms'], [
-            [a['array'], f"{a['values']:,}", number(a['min']), number(a['max']), number(a['mean']), number(a['rms'])]
-            for a in shown['arrays']
-        ]))
+        lines.append(
+            table(
+                ['array', 'values', 'min', 'max', 'mean', 'rms'],
+                [
+                    [
+                        a['array'],
+                        f"{a['values']:,}",
+                        number(a['min']),
+                        number(a['max']),
+                        number(a['mean']),
+                        number(a['rms']),
+                    ]
+                    for a in shown['arrays']
+                ],
+            )
+        )
     return '\n'.join(lines)
 
 
@@ -197,8 +261,11 @@ def verify(path) -> Verification:
 
     ckpt = _read(path)
     s, problems = ckpt.state, []
-    checked = [f'step {ckpt.step} committed (DONE marker)', f'model v{ckpt.model_version} header and size',
-               'state header and size']
+    checked = [
+        f'step {ckpt.step} committed (DONE marker)',
+        f'model v{ckpt.model_version} header and size',
+        'state header and size',
+    ]
     arrays = {'m': s.m, 'v': s.v} | ({'master weights': s.master} if s.master is not None else {})
     for name, array in arrays.items():
         bad = int(np.count_nonzero(~np.isfinite(array)))
@@ -220,16 +287,25 @@ def verify(path) -> Verification:
         checked.append('model = master weights rounded to bf16')
     if s.shuffle is not None:
         sh = s.shuffle
-        for name, perm in (('shard_indices', sh.shard_indices), ('intra_shard_indices', sh.intra_shard_indices)):
+        for name, perm in (
+            ('shard_indices', sh.shard_indices),
+            ('intra_shard_indices', sh.intra_shard_indices),
+        ):
             if sorted(perm.tolist()) != list(range(len(perm))):
-                problems.append(f'{ckpt.state_path.name}: {name}: expected a permutation of 0..{len(perm) - 1}')
+                problems.append(
+                    f'{ckpt.state_path.name}: {name}: expected a permutation of 0..{len(perm) - 1}'
+                )
         if not 1 <= sh.rng.left <= 624 or tuple(sh.rng.matrix_a) != MATRIX_A:
-            problems.append(f'{ckpt.state_path.name}: mt19937 state: expected left in 1..624 and MATRIX_A '
-                            f'{MATRIX_A}, found left {sh.rng.left}, MATRIX_A {sh.rng.matrix_a}')
+            problems.append(
+                f'{ckpt.state_path.name}: mt19937 state: expected left in 1..624 and MATRIX_A '
+                f'{MATRIX_A}, found left {sh.rng.left}, MATRIX_A {sh.rng.matrix_a}'
+            )
         if s.current_shard_idx >= len(sh.shard_indices) or s.current_sample_idx > len(sh.intra_shard_indices):
-            problems.append(f'{ckpt.state_path.name}: loader position: expected within {len(sh.shard_indices)} '
-                            f'shards / {len(sh.intra_shard_indices)} samples, found shard '
-                            f'{s.current_shard_idx} sample {s.current_sample_idx}')
+            problems.append(
+                f'{ckpt.state_path.name}: loader position: expected within {len(sh.shard_indices)} '
+                f'shards / {len(sh.intra_shard_indices)} samples, found shard '
+                f'{s.current_shard_idx} sample {s.current_sample_idx}'
+            )
         checked.append('loader permutations and mt19937 state well formed')
     return Verification(problems, checked)
 
@@ -244,7 +320,8 @@ def export(step_dir, output, force: bool = False) -> dict:
 
     if kind_of(step_dir) != 'orbax':
         raise CheckpointError(
-            f'{step_dir}: expected one of our (Orbax) checkpoints for --format llmc-run, found a {kind_of(step_dir)} one; '
+            f'{step_dir}: expected one of our (Orbax) checkpoints for --format llmc-run, found a '
+            f'{kind_of(step_dir)} one; '
             'resume it with the trainer and save as orbax first'
         )
     family, params, moments, record, header = _from_orbax(step_dir)
@@ -257,17 +334,27 @@ def export(step_dir, output, force: bool = False) -> dict:
         )
     step = int(record['step'])
     output = Path(output)
-    existing = [p.name for p in (llmc_run.model_path(output, step), llmc_run.done_path(output, step),
-                                 output / f'state_{step:08d}_00000.bin') if p.exists()]
+    existing = [
+        p.name
+        for p in (
+            llmc_run.model_path(output, step),
+            llmc_run.done_path(output, step),
+            output / f'state_{step:08d}_00000.bin',
+        )
+        if p.exists()
+    ]
     if existing and not force:
         raise CheckpointError(
-            f'--output: {output}: expected no step-{step} files, found {", ".join(existing)}; they are left as '
+            f'--output: {output}: expected no step-{step} files, found {", ".join(existing)}; they are '
+            'left as '
             'they are (pass --force to replace them)'
         )
     training = record.get('training_config', {})
     mu, nu, t = moments
     if t != step:
-        raise CheckpointError(f'{step_dir}: Adam t: expected the step {step} (llm.c takes t = step + 1 next), found {t}')
+        raise CheckpointError(
+            f'{step_dir}: Adam t: expected the step {step} (llm.c takes t = step + 1 next), found {t}'
+        )
     position = int(record['data_position'])
     shuffle = training.get('shuffle', 'none')
     pattern = training.get('input_bin', '')
@@ -281,8 +368,9 @@ def export(step_dir, output, force: bool = False) -> dict:
     mesh = record.get('topology', {}).get('mesh', {})
     data_parallel = mesh.get('data', 1) * mesh.get('fsdp', 1)
     accumulation = tokens // (micro * data_parallel)
-    stream = LLMCShuffledStream(pattern, tokens, training['sequence_length'], header.vocab_size,
-                                accumulation=accumulation)
+    stream = LLMCShuffledStream(
+        pattern, tokens, training['sequence_length'], header.vocab_size, accumulation=accumulation
+    )
     shard_idx, sample_idx, shuffle_state = stream.loader_state(position)
     state = LLMCState(
         step=step,
@@ -300,15 +388,21 @@ def export(step_dir, output, force: bool = False) -> dict:
     except (OSError, LLMCFormatError) as e:
         raise CheckpointError(f'--output: {output}: could not write step {step}: {e}') from None
     return {
-        'output': str(output), 'kind': KIND, 'step': step, 'model_family': family,
+        'output': str(output),
+        'kind': KIND,
+        'step': step,
+        'model_family': family,
         'files': [f'model_{step:08d}.bin', f'state_{step:08d}_00000.bin', f'DONE_{step:08d}'],
-        'data': pattern, 'llmc_flags': f"-b {micro * data_parallel // training['sequence_length']} "
+        'data': pattern,
+        'llmc_flags': f"-b {micro * data_parallel // training['sequence_length']} "
         f"-t {training['sequence_length']} -d {tokens}",
     }
 
 
 def export_line(written: dict) -> str:
     return (
-        f"wrote {written['output']}: llm.c run folder, step {written['step']} ({', '.join(written['files'])}); "
-        f"llm.c resumes it with train_gpt2cu -i '{written['data']}' {written['llmc_flags']} -y 1 -o {written['output']}"
+        f"wrote {written['output']}: llm.c run folder, step {written['step']} "
+        f"({', '.join(written['files'])}); "
+        f"llm.c resumes it with train_gpt2cu -i '{written['data']}' {written['llmc_flags']} -y 1 -o "
+        f"{written['output']}"
     )

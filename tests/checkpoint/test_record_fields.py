@@ -33,7 +33,7 @@ CASES = {
     'topology a number': ('topology', 3, 'topology: expected an object, found 3'),
     'data a number': ('data', 5, "data: expected an object (the training data's identity) or null"),
     'a billion-rank LoRA': ('lora', {'rank': 10**9, 'alpha': 16.0}, 'lora.rank: expected an integer in [1, '),
-    'a string for a dimension': ('model_config.num_layers', '2', 'num_layers: expected a number'),
+    'a string for a dimension': ('model_config.num_layers', '2', 'model_config.num_layers: expected a'),
 }
 
 

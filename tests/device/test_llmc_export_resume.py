@@ -43,8 +43,12 @@ def prepare(out_dir) -> Path:
     out_dir = Path(out_dir)
     work = out_dir.parent / (out_dir.name + '.work')
     config = llmc_run_config(
-        work, resume_from=str(RUN / 'a' / 'model_00000010.bin'), checkpoint_dir=str(work / 'ck'),
-        save_steps=5, save_optimizer_state=True, dtype='float32',
+        work,
+        resume_from=str(RUN / 'a' / 'model_00000010.bin'),
+        checkpoint_dir=str(work / 'ck'),
+        save_steps=5,
+        save_optimizer_state=True,
+        dtype='float32',
     )
     code, losses, out = train(config)
     assert code == 0, out[-2000:]
@@ -57,7 +61,9 @@ def prepare(out_dir) -> Path:
 LLMC_BIN = os.environ.get('LLMC_BIN', '')
 
 
-@pytest.mark.skipif(not (LLMC_BIN and Path(LLMC_BIN).is_file()), reason='needs LLMC_BIN: a built train_gpt2cu and a GPU')
+@pytest.mark.skipif(
+    not (LLMC_BIN and Path(LLMC_BIN).is_file()), reason='needs LLMC_BIN: a built train_gpt2cu and a GPU'
+)
 def test_llmc_resumes_our_export(tmp_path):
     given = os.environ.get('LLMC_EXPORT_DIR')
     exported = Path(given) if given else prepare(tmp_path / 'export')
@@ -65,11 +71,37 @@ def test_llmc_resumes_our_export(tmp_path):
     shutil.copytree(exported, run, ignore=shutil.ignore_patterns('ours.json'))
     ours = {int(k): v for k, v in json.loads((exported / 'ours.json').read_text()).items()}
     command = [
-        LLMC_BIN, '-i', str(RUN / 'data' / 'tiny_train_*.bin'), '-j', str(RUN / 'data' / 'tiny_val_*.bin'),
-        '-e', str(RUN / 'model_init_bf16.bin'), '-b', '4', '-t', '64', '-l', '1e-3', '-u', '5', '-v', '10',
-        '-m', '2', '-s', '1000', '-n', '5', '-x', '20', '-o', str(run), '-y', '1',
+        LLMC_BIN,
+        '-i',
+        str(RUN / 'data' / 'tiny_train_*.bin'),
+        '-j',
+        str(RUN / 'data' / 'tiny_val_*.bin'),
+        '-e',
+        str(RUN / 'model_init_bf16.bin'),
+        '-b',
+        '4',
+        '-t',
+        '64',
+        '-l',
+        '1e-3',
+        '-u',
+        '5',
+        '-v',
+        '10',
+        '-m',
+        '2',
+        '-s',
+        '1000',
+        '-n',
+        '5',
+        '-x',
+        '20',
+        '-o',
+        str(run),
+        '-y',
+        '1',
     ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     log = done.stdout + done.stderr
     figures_dir = os.environ.get('LLMC_ROUNDTRIP_OUT')
     if figures_dir:
@@ -80,9 +112,17 @@ def test_llmc_resumes_our_export(tmp_path):
     reference = step_losses((RUN / 'a.log').read_text())
     gaps = {s: (round(theirs[s] - reference[s], 6), round(theirs[s] - ours[s], 6)) for s in theirs}
     if figures_dir:
-        (Path(figures_dir) / 'llmc_resume_figures.json').write_text(json.dumps(
-            {'llmc_after_our_export': theirs, 'llmc_uninterrupted': {s: reference[s] for s in theirs},
-             'ours': {s: ours[s] for s in theirs}, 'gaps_vs_llmc_and_vs_ours': gaps}, indent=1))
+        (Path(figures_dir) / 'llmc_resume_figures.json').write_text(
+            json.dumps(
+                {
+                    'llmc_after_our_export': theirs,
+                    'llmc_uninterrupted': {s: reference[s] for s in theirs},
+                    'ours': {s: ours[s] for s in theirs},
+                    'gaps_vs_llmc_and_vs_ours': gaps,
+                },
+                indent=1,
+            )
+        )
     print('step: llm.c from our export, minus llm.c uninterrupted, minus ours:', gaps)
     assert all(abs(a) < LOSS_TOLERANCE and abs(b) < LOSS_TOLERANCE for a, b in gaps.values()), gaps
     written = (run / 'state_00000020_00000.bin').read_bytes()

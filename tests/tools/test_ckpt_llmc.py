@@ -29,7 +29,9 @@ def test_ls_lists_committed_steps_with_llmc_losses(capsys):
     listed = json.loads(out)
     assert code == 0 and listed['kind'] == 'llmc' and listed['latest'] == 20
     assert [(r['step'], r['state'], r['master_weights']) for r in listed['steps']] == [
-        (10, 'committed', True), (20, 'committed', True)]
+        (10, 'committed', True),
+        (20, 'committed', True),
+    ]
     # main.log's "s:9 trl:8.2171" is step 10's loss, the one stdout prints as "step 10/20 | loss 8.217143".
     assert [r['loss'] for r in listed['steps']] == [8.2171, 6.972]
 
@@ -53,7 +55,13 @@ def test_show_prints_the_state_header(capsys):
     assert code == 0 and shown['kind'] == 'llmc' and shown['step'] == 10
     assert shown['state']['rng_state'] == u64(20) and shown['state']['master_weights'] is True
     assert (shown['loader']['current_shard_idx'], shown['loader']['current_sample_idx']) == (1, 5)
-    assert shown['loader']['shard_indices'] == [1, 0] and shown['loader']['intra_shard_indices'] == [1, 3, 2, 4, 0]
+    assert shown['loader']['shard_indices'] == [1, 0] and shown['loader']['intra_shard_indices'] == [
+        1,
+        3,
+        2,
+        4,
+        0,
+    ]
     assert shown['model']['version'] == 5 and shown['model']['vocab_size'] == 8192
     code, out, _ = run_tool(capsys, 'show', RUN / 'w0')  # the folder: its newest committed step
     assert code == 0 and 'absent (-w 0)' in out and 'step                 10' in out
@@ -93,13 +101,19 @@ def test_export_continues_llmc_state_exactly(tmp_path, capsys):
     from test_llmc_resume import llmc_run_config
 
     config = llmc_run_config(
-        tmp_path, resume_from=str(RUN / 'a' / 'model_00000010.bin'), checkpoint_dir=str(tmp_path / 'ck'),
-        save_steps=10, save_optimizer_state=True, dtype='float32',
+        tmp_path,
+        resume_from=str(RUN / 'a' / 'model_00000010.bin'),
+        checkpoint_dir=str(tmp_path / 'ck'),
+        save_steps=10,
+        save_optimizer_state=True,
+        dtype='float32',
     )
     code, _, out = train(config)
     assert code == 0, out[-2000:]
     step_dir = tmp_path / 'ck' / 'checkpoint_step_000020'
-    code, out, err = run_tool(capsys, 'export', step_dir, '--format', 'llmc-run', '--output', tmp_path / 'llmc')
+    code, out, err = run_tool(
+        capsys, 'export', step_dir, '--format', 'llmc-run', '--output', tmp_path / 'llmc'
+    )
     assert code == 0, err
     assert 'train_gpt2cu' in out and '-b 4 -t 64 -d 256 -y 1' in out
     ours = tmp_path / 'llmc' / 'state_00000020_00000.bin'
@@ -107,7 +121,10 @@ def test_export_continues_llmc_state_exactly(tmp_path, capsys):
     loader_bytes = 8 + 2 * 4 + 8 + 5 * 4 + 2520
     assert ours.read_bytes()[-loader_bytes:] == theirs.read_bytes()[-loader_bytes:]
     mine, llmc = read_state(ours, N), read_state(theirs, N)
-    assert (mine.current_shard_idx, mine.current_sample_idx) == (llmc.current_shard_idx, llmc.current_sample_idx)
+    assert (mine.current_shard_idx, mine.current_sample_idx) == (
+        llmc.current_shard_idx,
+        llmc.current_sample_idx,
+    )
     # m, v, master weights are ours: the Adam moments and fp32 parameters of the checkpoint.
     from jaxtrain.tools.ckpt_infinitrain import canonical_tensors
 
@@ -123,5 +140,7 @@ def test_export_continues_llmc_state_exactly(tmp_path, capsys):
     assert code == 0, out
     # Again without --force: refused, nothing touched.
     before = ours.read_bytes()
-    code, out, err = run_tool(capsys, 'export', step_dir, '--format', 'llmc-run', '--output', tmp_path / 'llmc')
+    code, out, err = run_tool(
+        capsys, 'export', step_dir, '--format', 'llmc-run', '--output', tmp_path / 'llmc'
+    )
     assert code == 2 and 'pass --force' in err and ours.read_bytes() == before

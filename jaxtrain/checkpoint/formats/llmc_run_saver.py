@@ -50,11 +50,26 @@ class LLMCRunCheckpointer:
         self.root = Path(config.checkpoint_dir).absolute()
         self.root.mkdir(parents=True, exist_ok=True)
         self.parts, self.header = parts, model_header('gpt2', parts.setup.model_config)
-        self.stream = train_stream(config, parts.geometry, parts.setup.model_config.vocab_size, data_paths(config)[0])
+        self.stream = train_stream(
+            config, parts.geometry, parts.setup.model_config.vocab_size, data_paths(config)[0]
+        )
         self.keep_latest, self.keep_every = config.max_checkpoint_keep, config.keep_every_steps
-        self.protected = {s for s in protected_steps if s is not None}
+        self.protected = {s for s in (*protected_steps, self._resumed_step(config)) if s is not None}
         self.set_aside, self.linked = [], []
         self.blocking_saves = 0
+
+    def _resumed_step(self, config) -> int | None:
+        """The step of this folder the run resumed from (kept out of rotation), if any: the caller's
+        protected steps name step directories, and an llm.c step is a model file."""
+        resume_from = config.get('resume_from', '')
+        if not resume_from:
+            return None
+        named = llmc_run.split_model_path(resume_from)
+        run_dir, step = named if named else (Path(resume_from), None)
+        if resume_from == 'latest' or run_dir.absolute() == self.root:
+            steps = llmc_run.committed_steps(self.root)
+            return step if step is not None else (steps[-1] if steps else None)
+        return None
 
     def step_dir(self, step: int) -> Path:
         return llmc_run.model_path(self.root, step)
@@ -87,7 +102,10 @@ class LLMCRunCheckpointer:
         shard, sample, shuffle = self.stream.loader_state(int(trainer_state['data_position']))
         where = state_path(self.root, step)
         state = LLMCState(
-            step=step, current_shard_idx=shard, current_sample_idx=sample, shuffle=shuffle,
+            step=step,
+            current_shard_idx=shard,
+            current_sample_idx=sample,
+            shuffle=shuffle,
             m=tree_to_flat(where, jax.tree.map(np.asarray, adam.mu), self.header),
             v=tree_to_flat(where, jax.tree.map(np.asarray, adam.nu), self.header),
             master=tree_to_flat(where, numpy_params, self.header),
@@ -111,7 +129,11 @@ class LLMCRunCheckpointer:
             self._delete(step)
 
     def _delete(self, step: int):
-        for path in (llmc_run.done_path(self.root, step), llmc_run.model_path(self.root, step), state_path(self.root, step)):
+        for path in (
+            llmc_run.done_path(self.root, step),
+            llmc_run.model_path(self.root, step),
+            state_path(self.root, step),
+        ):
             path.unlink(missing_ok=True)
 
     def wait(self):
@@ -119,7 +141,9 @@ class LLMCRunCheckpointer:
 
     def abort_notice(self) -> str:
         steps = llmc_run.committed_steps(self.root)
-        newest = f'the newest committed step is {steps[-1]} in {self.root}' if steps else f'no step in {self.root}'
+        newest = (
+            f'the newest committed step is {steps[-1]} in {self.root}' if steps else f'no step in {self.root}'
+        )
         return f'every save started was committed; {newest}; steps trained after it are lost'
 
     def close(self):
