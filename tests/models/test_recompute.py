@@ -143,7 +143,7 @@ def test_recompute_gives_the_same_loss_and_gradients(family, scan, plan):
     else:
         assert _count_regions(jaxpr) == len(regions)
     np.testing.assert_allclose(got_loss, want_loss, rtol=1e-6)
-    for got, want in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads)):
+    for got, want in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads), strict=True):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-6)
 
 
