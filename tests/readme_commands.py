@@ -26,11 +26,14 @@ MULTIPROCESS_TEST = 'runs in tests/parallel/test_multiprocess.py (the same launc
 # (pattern, why it does not run in CI). The first match wins.
 NOT_IN_CI = (
     (re.compile(r'\bsbatch\b'), 'needs SLURM'),
-    (re.compile(r'PLATFORM=gpu|\bGPUS=|launch/one_host\.sh|launch/gpu_acceptance\.sh'), 'needs GPUs'),
+    (re.compile(r'PLATFORM=gpu|\bGPUS=|launch/one_host\.sh|bench/figures\.py'), 'needs GPUs'),
     (re.compile(r'^pip install'), 'installs packages (needs the network; .ci/run does it)'),
     (re.compile(r'python -m pytest'), 'is the test suite itself (CI runs it)'),
     (re.compile(r'--device cuda\b'), 'needs GPUs'),
-    (re.compile(r'--pipeline_parallel [2-9]'), 'needs one device per pipeline stage (GPUs; CI has one CPU device)'),
+    (
+        re.compile(r'--pipeline_parallel [2-9]'),
+        'needs one device per pipeline stage (GPUs; CI has one CPU device)',
+    ),
     (re.compile(r'gpt2_124M'), "needs the downloaded GPT-2 124M weights (llm.c's gpt2_124M.bin)"),
     (re.compile(r'\bit_run\b'), "needs a checkpoint directory written by InfiniTrain's binary"),
     (re.compile(r'^launch/local_multiprocess\.sh '), MULTIPROCESS_TEST),

@@ -1,12 +1,15 @@
-"""The package layout README describes: nothing imports jaxtrain/tools/ (the tools may
-import the trainer), and llmc_io imports nothing of jaxtrain. Read from the source with
-`ast`, so an import inside a function counts too."""
+"""The package layout README and CONTRIBUTING.md describe: nothing imports jaxtrain/tools/
+(the tools may import the trainer), llmc_io imports nothing of jaxtrain, no module or package
+imports one that imports it back, launch/ holds only launchers, and no source file cites an
+issue or a round. Read from the source with `ast`, so an import inside a function counts too."""
 
 import ast
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-# `python -m jaxtrain.ckpt|compare_loss|compare_precision|bench|generate` and `jaxtrain`: the tools' entry modules.
+# The tools' entry modules: `python -m jaxtrain.ckpt|compare_loss|compare_precision|bench|generate`
+# and `jaxtrain`.
 ENTRY_MODULES = {'ckpt.py', 'compare_loss.py', 'compare_precision.py', 'bench.py', 'generate.py', 'cli.py'}
 
 
@@ -35,11 +38,12 @@ def test_nothing_outside_tools_imports_tools():
 
 
 def test_llmc_io_stands_alone():
-    offenders = [
-        f'{path.name}: {sorted(m for m in imported_modules(path) if m.split(".")[0] in ("jaxtrain", "jax", "flax"))}'
-        for path in sorted((REPO / 'llmc_io').rglob('*.py'))
-        if any(m.split('.')[0] in ('jaxtrain', 'jax', 'flax') for m in imported_modules(path))
-    ]
+    forbidden = ('jaxtrain', 'jax', 'flax')
+    offenders = []
+    for path in sorted((REPO / 'llmc_io').rglob('*.py')):
+        hits = sorted(m for m in imported_modules(path) if m.split('.')[0] in forbidden)
+        if hits:
+            offenders.append(f'{path.name}: {hits}')
     assert offenders == []
 
 
@@ -137,3 +141,34 @@ def test_the_cycle_finder_finds_a_cycle():
     """The two tests above pass on an empty answer; this one shows the finder can say otherwise."""
     assert _cycles({'a': {'b'}, 'b': {'c'}, 'c': {'a'}, 'd': {'a'}}) == [['a', 'b', 'c']]
     assert _cycles({'a': {'b'}, 'b': set()}) == []
+
+
+# --- the product apart from the lab notebook ---------------------------------------------
+
+
+def test_launch_holds_only_launchers():
+    """Measurements live in bench/ (one entry point); probes stay in git's history."""
+    assert sorted(p.name for p in (REPO / 'launch').iterdir()) == [
+        'local_multiprocess.sh',
+        'one_host.sh',
+        'seed_experiment.sh',
+        'slurm.sbatch',
+    ]
+
+
+CITATION = re.compile(
+    r'\bissue \d+|\bround (one|two|three|four|five|six|seven|\d+)\b|BENCHMARKS\.md,? round', re.IGNORECASE
+)
+
+
+def test_no_source_file_cites_an_issue_or_a_round():
+    """A comment says why in terms of the code; history goes to commit bodies."""
+    offenders = []
+    for folder in ('jaxtrain', 'llmc_io', 'configs', 'launch', 'bench', 'tests'):
+        for path in sorted((REPO / folder).rglob('*')):
+            if path.suffix not in ('.py', '.sh', '.sbatch'):
+                continue
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if CITATION.search(line):
+                    offenders.append(f'{path.relative_to(REPO)}:{number}: {line.strip()}')
+    assert offenders == []

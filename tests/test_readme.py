@@ -1,4 +1,4 @@
-"""Every command in README.md's code blocks runs as written (README point 1 of issue 12).
+"""Every command in README.md's code blocks runs as written.
 
 Each runs under bash in a fresh directory holding the repository's configs/ and launch/
 (so relative paths mean what they mean in a checkout) and the placeholder files a reader
@@ -93,7 +93,8 @@ def test_readme_command_runs_as_written(command, block_dirs, bin_dir):
     )
     logs = ''.join(p.read_text()[-2000:] for p in cwd.glob('*/*.log'))
     assert result.returncode == 0, (
-        f'README line {command.line}: {command.text}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}\n{logs}'
+        f'README line {command.line}: '
+        f'{command.text}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}\n{logs}'
     )
 
 

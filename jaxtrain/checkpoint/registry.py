@@ -27,7 +27,11 @@ WRITERS: dict[str, CheckpointFormat] = {
     LLMC_RUN.name: LLMC_RUN,
 }
 FORMAT_NAMES = tuple(WRITERS)
-_FAMILIES = (ORBAX, _INFINITRAIN[it.HEAD_KIND], LLMC_RUN)  # one of each kind of root, for the mixed-root check
+_FAMILIES = (
+    ORBAX,
+    _INFINITRAIN[it.HEAD_KIND],
+    LLMC_RUN,
+)  # one of each kind of root, for the mixed-root check
 
 
 def for_flag(name: str) -> CheckpointFormat:

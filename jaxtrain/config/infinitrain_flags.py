@@ -52,7 +52,7 @@ def _same(name, kind, default, handling='key', target='', help='', llama3=None):
     return UpstreamFlag(name, kind, default, default if llama3 is None else llama3, handling, target, help)
 
 
-_TEXT = 'text generation (issue 18)'
+_TEXT = 'text generation'
 UPSTREAM = (
     # I/O
     _same('input_bin', 'string', ''),
@@ -87,13 +87,13 @@ UPSTREAM = (
     ),
     _same('tensor_parallel', 'int', 1, 'renamed', 'mesh_tensor', 'tensor-parallel size (mesh tensor axis)'),
     _same('sequence_parallel', 'bool', False),
-    _same('pipeline_parallel', 'int', 1, 'later', 'pipeline parallelism (issue 19)', 'pipeline stages'),
+    _same('pipeline_parallel', 'int', 1, 'later', 'pipeline parallelism', 'pipeline stages'),
     _same(
         'virtual_pipeline_parallel',
         'int',
         1,
         'later',
-        'pipeline parallelism (issue 19)',
+        'pipeline parallelism',
         'model chunks per pipeline stage',
     ),
     # precision, checkpoints (HEAD names)
@@ -105,19 +105,19 @@ UPSTREAM = (
     _same('save_optimizer_state', 'bool', True),
     _same('precision_check', 'string', ''),
     # LoRA
-    _same('lora_rank', 'int', 0, 'later', 'LoRA (issue 17)', 'LoRA rank (0 = off)'),
-    _same('lora_alpha', 'float', 16.0, 'later', 'LoRA (issue 17)', 'LoRA alpha'),
+    _same('lora_rank', 'int', 0, 'later', 'LoRA', 'LoRA rank (0 = off)'),
+    _same('lora_alpha', 'float', 16.0, 'later', 'LoRA', 'LoRA alpha'),
     _same(
         'lora_target_modules',
         'string',
         'c_attn,c_proj',
         'later',
-        'LoRA (issue 17)',
+        'LoRA',
         'modules LoRA wraps',
         llama3='c_attn,c_proj,c_fc,c_fc2',
     ),
-    _same('lora_save_path', 'string', '', 'later', 'LoRA (issue 17)', 'where to save the LoRA weights'),
-    _same('lora_load_path', 'string', '', 'later', 'LoRA (issue 17)', 'LoRA weights to start from'),
+    _same('lora_save_path', 'string', '', 'later', 'LoRA', 'where to save the LoRA weights'),
+    _same('lora_load_path', 'string', '', 'later', 'LoRA', 'LoRA weights to start from'),
     # the checkpoint generation before HEAD
     _same('checkpoint_dir', 'string', './checkpoints'),
     _same('save_steps', 'int', 0),

@@ -29,7 +29,11 @@ KEYS = (
     ('llmc_norm_eps', 0.0, 'LLaMA-3: true norm_eps when the file stored it truncated (0 = file)'),
     ('dtype', 'float32', 'float32 | bfloat16: compute dtype; params and optimizer state stay fp32'),
     ('scan_layers', True, 'scan over layers (fast compile) or unroll them (false: faster GPU steps)'),
-    ('activation_recompute', False, 'recompute layer activations in the backward pass (less memory, more compute)'),
+    (
+        'activation_recompute',
+        False,
+        'recompute layer activations in the backward pass (less memory, more compute)',
+    ),
     (
         'recompute_granularity',
         'full',

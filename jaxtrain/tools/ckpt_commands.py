@@ -417,7 +417,13 @@ def cmd_verify(args) -> int:
     ok = not result.problems
     if args.json:
         _print_json(
-            {'path': str(step_dir), 'kind': kind, 'ok': ok, 'problems': result.problems, 'checked': result.checked}
+            {
+                'path': str(step_dir),
+                'kind': kind,
+                'ok': ok,
+                'problems': result.problems,
+                'checked': result.checked,
+            }
         )
     elif ok:
         print(f'OK: {step_dir} ({kind}): ' + '; '.join(result.checked))
@@ -455,8 +461,10 @@ def cmd_export(args) -> int:
         return EXIT_OK
     if ckpt_infinitrain.kind_of(args.step_dir) != 'orbax':
         raise ckpt_infinitrain.CheckpointError(
-            f'{args.step_dir}: expected an Orbax checkpoint for --format {args.format}, found an InfiniTrain one; '
-            'its PR generation already holds an llm.c model.bin (export --format infinitrain-bin)')
+            f'{args.step_dir}: expected an Orbax checkpoint for --format {args.format}, found an '
+            'InfiniTrain one; '
+            'its PR generation already holds an llm.c model.bin (export --format infinitrain-bin)'
+        )
     step_dir = ckpt_inspect.find_finished_step_dir(args.step_dir)
     if args.format == 'hf':
         if args.version is not None:

@@ -320,7 +320,8 @@ def export(step_dir, output, force: bool = False) -> dict:
 
     if kind_of(step_dir) != 'orbax':
         raise CheckpointError(
-            f'{step_dir}: expected one of our (Orbax) checkpoints for --format llmc-run, found a {kind_of(step_dir)} one; '
+            f'{step_dir}: expected one of our (Orbax) checkpoints for --format llmc-run, found a '
+            f'{kind_of(step_dir)} one; '
             'resume it with the trainer and save as orbax first'
         )
     family, params, moments, record, header = _from_orbax(step_dir)
@@ -344,7 +345,8 @@ def export(step_dir, output, force: bool = False) -> dict:
     ]
     if existing and not force:
         raise CheckpointError(
-            f'--output: {output}: expected no step-{step} files, found {", ".join(existing)}; they are left as '
+            f'--output: {output}: expected no step-{step} files, found {", ".join(existing)}; they are '
+            'left as '
             'they are (pass --force to replace them)'
         )
     training = record.get('training_config', {})
@@ -399,6 +401,8 @@ def export(step_dir, output, force: bool = False) -> dict:
 
 def export_line(written: dict) -> str:
     return (
-        f"wrote {written['output']}: llm.c run folder, step {written['step']} ({', '.join(written['files'])}); "
-        f"llm.c resumes it with train_gpt2cu -i '{written['data']}' {written['llmc_flags']} -y 1 -o {written['output']}"
+        f"wrote {written['output']}: llm.c run folder, step {written['step']} "
+        f"({', '.join(written['files'])}); "
+        f"llm.c resumes it with train_gpt2cu -i '{written['data']}' {written['llmc_flags']} -y 1 -o "
+        f"{written['output']}"
     )

@@ -16,7 +16,11 @@ def run_banner(config, parts, stream, weights: str) -> list[str]:
     checkpoint a resume restored)."""
     model_config, geometry, devices = parts.setup.model_config, parts.geometry, parts.devices
     setup = parts.setup
-    lora = [] if setup.lora is None else [describe_lora(setup.lora, setup.lora_params, model_config.num_parameters)]
+    lora = (
+        []
+        if setup.lora is None
+        else [describe_lora(setup.lora, setup.lora_params, model_config.num_parameters)]
+    )
     return [
         f'model: {config.model_family} {model_config} | {model_config.num_parameters:,} parameters | '
         f'weights: {weights}',

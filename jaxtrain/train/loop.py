@@ -44,7 +44,8 @@ def check_finite(step: int, loss: float, params_finite: bool, last_good) -> None
     if np.isfinite(loss) and params_finite:
         return
     last = (
-        f'the last good checkpoint is {last_good}; resume from it with a lower --learning_rate or a --grad_clip'
+        f'the last good checkpoint is {last_good}; resume from it with a lower --learning_rate or a '
+        '--grad_clip'
         if last_good is not None
         else 'there is no checkpoint of this run'
     )
@@ -109,7 +110,8 @@ def _run(config) -> int:
         log.info(f'checkpoint_dir: symbolic links, kept out of rotation (never deleted): {links}')
     if saver.deleted_later_steps:
         log.info(
-            f'overwrite_later_checkpoints: deleted steps {saver.deleted_later_steps} of {saver.checkpointer.root}'
+            f'overwrite_later_checkpoints: deleted steps {saver.deleted_later_steps} of '
+            f'{saver.checkpointer.root}'
         )
 
     weights = parts.setup.source if resumed.step_dir is None else f'checkpoint {resumed.step_dir}'

@@ -81,7 +81,7 @@ def _same_checkpoint(got, want):
     if want.moments is None:
         assert got.moments is None
         return
-    for g, w in zip(got.moments[:2], want.moments[:2]):
+    for g, w in zip(got.moments[:2], want.moments[:2], strict=True):
         _same_bits(tree_leaves(g), tree_leaves(w))
     assert got.moments[2] == want.moments[2]
 
@@ -365,3 +365,53 @@ def test_zero_pieces_of_models_with_several_buckets():
             for name, start, stop in ours:
                 covered[name][start:stop] += 1
         assert all((c == 1).all() for c in covered.values()), ddp
+
+
+def test_virtual_stages_the_files_cannot_tell_apart(tmp_path):
+    """4 layers on 2 stages hold 2 + 2 layers with --virtual_pipeline_parallel 1 (layers 0,1 | 2,3) and
+    with 2 (0,2 | 1,3): trainer_state.json does not say which. Without a hint 1 is taken and said; the
+    resuming run's own --pipeline_parallel 2 --virtual_pipeline_parallel 2 (what an InfiniTrain user
+    passes again) or vpp= picks 2; a hint from another pp is not used."""
+    model, adam = _synthetic()
+    step = write_run(
+        tmp_path / 'checkpoint_step_000007', 'llama3', model, adam, 7, step=7, consumed=7, lr=0.01,
+        pp=2, vpp=2,
+    )  # fmt: skip
+    want = _synthetic_tree(tmp_path, model, adam)
+    guessed = it.read_checkpoint(step)
+    assert any("its stages fit [1, 2], so 1 (upstream's default) is assumed" in n for n in guessed.notices)
+    assert not np.array_equal(guessed.params['h']['ln_1']['scale'], want.params['h']['ln_1']['scale'])
+    for hinted in (it.read_checkpoint(step, run_pipeline=(2, 2)), it.read_checkpoint(step, vpp=2)):
+        _same_checkpoint(hinted, want)
+    assert it.read_checkpoint(step, run_pipeline=(4, 2)).topology.vpp == 1
+
+
+def _synthetic_tree(tmp_path, model, adam):
+    """The synthetic model read back from one rank (the single-GPU layout of the same tensors)."""
+    step = write_run(
+        tmp_path / 'two' / 'checkpoint_step_000007', 'llama3', model, adam, 7, step=7, consumed=7, lr=0.01,
+        ddp=2,
+    )  # fmt: skip
+    return it.read_checkpoint(step)
+
+
+def test_verify_compares_the_data_parallel_replicas(tmp_path, capsys):
+    from jaxtrain.tools import ckpt
+    from llmc_io.statedict import CkptTensor, write_state_dict
+
+    model, adam = _synthetic()
+    step = write_run(
+        tmp_path / 'checkpoint_step_000007', 'llama3', model, adam, 7, step=7, consumed=7, lr=0.01,
+        ddp=2, pp=2, zero_stage=1,
+    )  # fmt: skip
+    assert ckpt.main(['verify', str(step)]) == 0
+    assert 'weights of the 2 data-parallel replicas bit-identical' in capsys.readouterr().out
+    path = step / 'rank_000003' / 'model.ckpt'  # dp 1 of the second stage
+    tensors = read_state_dict(path)
+    name = 'module.transformer.ln_f.weight'
+    tensors[name] = CkptTensor(tensors[name].dtype, tensors[name].array + 1)
+    write_state_dict(path, tensors)
+    assert ckpt.main(['verify', str(step)]) == 1
+    out = capsys.readouterr().out
+    assert f"rank_000003/model.ckpt: tensor '{name}': expected the bytes of data-parallel rank 0" in out
+    assert '(rank_000002), found different values' in out

@@ -42,7 +42,12 @@ def test_config_docstrings_name_real_flags_and_variants(family, variants):
     keys = {key for key, _, _ in KEYS} | {'config'}
     trainer_text = re.sub(r'`python -m llmc_io[^`]*`', '', doc)  # another tool's flags
     assert set(re.findall(r'--(\w+)', trainer_text)) <= keys
-    listed = re.search(rf'configs/{family}\.py:([\w.|-]+)', doc.split('Variants:')[1]).group(1).rstrip('.').split('|')
+    listed = (
+        re.search(rf'configs/{family}\.py:([\w.|-]+)', doc.split('Variants:')[1])
+        .group(1)
+        .rstrip('.')
+        .split('|')
+    )
     assert set(listed) == set(variants)
     assert 'is not\npromised' not in doc and 'is not promised' not in doc
 

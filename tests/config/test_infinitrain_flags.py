@@ -206,7 +206,9 @@ def test_checkpoint_format_spellings_write_infinitrain_files(files, tmp_path):
     }
     for name, (args, model_file) in cases.items():
         root = tmp_path / name
-        result = run_cli(*_gpt2(files, *args, '--checkpoint_dir', root, '--save_steps', 1, '--num_iteration', 1))
+        result = run_cli(
+            *_gpt2(files, *args, '--checkpoint_dir', root, '--save_steps', 1, '--num_iteration', 1)
+        )
         assert result.code == 0, result.err
         written = sorted(p.name for p in (root / 'checkpoint_step_000001').iterdir())
         assert model_file in written and 'trainer_state.json' in written, (name, written)

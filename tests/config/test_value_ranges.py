@@ -1,5 +1,5 @@
-"""Values of the right type that make no sense are refused before anything runs (issue 13,
-point 14), each in one line naming the key, what was expected and what was found."""
+"""Values of the right type that make no sense are refused before anything runs, each in one
+line naming the key, what was expected and what was found."""
 
 import importlib.util
 

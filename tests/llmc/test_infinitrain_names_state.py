@@ -208,7 +208,8 @@ def test_pr_inf_best_loss_is_read(tmp_path):
 
 def test_accelerator_parameter_order():
     # Module::To(cuda) rebuilds each module's maps: LLaMA-3's one-parameter modules keep their order, so a
-    # GPU-written HEAD optimizer.ckpt maps like the CPU samples; GPT-2's weight/bias maps flip, and its tie breaks.
+    # GPU-written HEAD optimizer.ckpt maps like the CPU samples; GPT-2's weight/bias maps flip,
+    # and its tie breaks.
     for layers in (1, 2, 16):
         assert layout.parameter_order('llama3', layers, 'cuda') == layout.parameter_order('llama3', layers)
     cuda = layout.parameter_order('gpt2', 2, 'cuda')

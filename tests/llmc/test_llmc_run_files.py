@@ -262,7 +262,9 @@ def test_shuffle_state_for_other_shards_is_refused(tmp_path, shards, seq_len, fi
 
     for name in shards:
         shutil.copy(RUN / 'data' / name, tmp_path / name)
-    stream = LLMCShuffledStream(str(tmp_path / 'tiny_train_*.bin'), 4 * seq_len, seq_len, 8192, accumulation=1)
+    stream = LLMCShuffledStream(
+        str(tmp_path / 'tiny_train_*.bin'), 4 * seq_len, seq_len, 8192, accumulation=1
+    )
     step = llmc_run.read_step(RUN / 'a', 10)
     with pytest.raises(LLMCFormatError) as e:
         check_loader(step.state_path, step.state, stream, 10)

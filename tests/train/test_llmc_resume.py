@@ -142,8 +142,14 @@ def test_rotation_keeps_the_llmc_step_the_run_resumed_from(tmp_path):
     run = tmp_path / 'run'
     shutil.copytree(RUN / 'a', run, ignore=shutil.ignore_patterns('*00000020*'))
     config = llmc_run_config(
-        tmp_path, checkpoint_dir=str(run), resume_from=str(run / 'model_00000010.bin'), checkpoint_format='llmc',
-        num_iteration=14, save_steps=2, max_checkpoint_keep=1, dtype='float32',
+        tmp_path,
+        checkpoint_dir=str(run),
+        resume_from=str(run / 'model_00000010.bin'),
+        checkpoint_format='llmc',
+        num_iteration=14,
+        save_steps=2,
+        max_checkpoint_keep=1,
+        dtype='float32',
     )
     code, _, out = train(config)
     assert code == 0, out[-2000:]

@@ -227,7 +227,8 @@ class LLMCRunFormat:
         }
         messages = [
             (
-                f'resume: restored step {step} from llm.c run {run_dir} (params from {source}, AdamW m and v, '
+                f'resume: restored step {step} from llm.c run {run_dir} (params from {source}, AdamW m '
+                'and v, '
                 f'loader at shard position {s.current_shard_idx} sample {s.current_sample_idx}, the same as '
                 "our replay of llm.c's order); llm.c's stochastic-rounding rng is not used, the run keeps "
                 f'seed {config.seed}\'s'

@@ -1,6 +1,7 @@
-"""Peak memory and step time of one training step with and without activation recompute.
+"""Peak memory and step time of one training step with and without activation recompute: the
+`recompute` figure of bench/figures.py, which runs it in a child process.
 
-    python launch/recompute_probe.py [--model d12] [--batch_size 2] [--sequence_length 256] [--steps 3] \
+    python bench/recompute_memory.py [--model d12] [--batch_size 2] [--sequence_length 256] [--steps 3] \
         [--scan_layers true|false] [--plans off,full,...]
 
 Memory is XLA's account of the compiled step (arguments + outputs - donated aliases + temporaries,
