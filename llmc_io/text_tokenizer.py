@@ -135,6 +135,10 @@ class TextTokenizer:
         return self.special_id(DOCUMENT_START[self.family], "document start")
 
     @property
+    def eot_name(self) -> str:
+        return END_OF_TEXT[self.family]
+
+    @property
     def eot_token(self) -> int:
         return self.special_id(END_OF_TEXT[self.family], "end of text")
 

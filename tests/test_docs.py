@@ -60,7 +60,7 @@ def test_docs_text_commands_run_as_written(tmp_path):
             f'docs/text.md line {command.line}: {command.text}\n{result.stderr[-3000:]}'
         )
         if 'jaxtrain.main' in command.text:
-            assert '| sample (16 tokens from EOT' in result.stdout + result.stderr
+            assert '| sample (16 tokens from ' in result.stdout + result.stderr
 
     hf = tokenizers.Tokenizer.from_file(str(tmp_path / 'tokenizer.json'))
     hf.encode_special_tokens = True
