@@ -182,6 +182,11 @@ class HFTokenizer(TextTokenizer):
         self._ids = set(self._vocab.values())
         self._added = {t.content for t in self._tokenizer.get_added_tokens_decoder().values()}
 
+    @property
+    def special_tokens(self) -> dict[str, int]:
+        """The added (special) tokens: name -> id."""
+        return {token: self._vocab[token] for token in self._added if token in self._vocab}
+
     def encode_batch(self, texts) -> list[list[int]]:
         encoded = self._tokenizer.encode_batch(list(texts), add_special_tokens=False)
         return [e.ids for e in encoded]
@@ -302,6 +307,20 @@ class TiktokenTokenizer(TextTokenizer):
 def is_hf_tokenizer_json(path: str) -> bool:
     with open(path, "rb") as f:
         return f.read(64).lstrip()[:1] == b"{"
+
+
+def is_bpe_tokenizer_file(path) -> bool:
+    """A tokenizer.json, or a file whose first line is a tiktoken 'BASE64 RANK' line."""
+    if not os.path.isfile(path):
+        return False
+    if is_hf_tokenizer_json(path):
+        return True
+    with open(path, "rb") as f:
+        parts = f.readline(512).split()
+    try:
+        return len(parts) == 2 and bool(base64.b64decode(parts[0], validate=True)) and int(parts[1]) >= 0
+    except (ValueError, binascii.Error):
+        return False
 
 
 def load_text_tokenizer(path: str | os.PathLike, family: str) -> TextTokenizer:

@@ -328,3 +328,19 @@ def test_a_tiktoken_file_as_hf_files_encodes_the_same(tmp_path, family):
     assert converted.encode(text).ids == encoding.encode_ordinary(text)
     first_special = {'gpt2': '<|endoftext|>', 'llama3': '<|begin_of_text|>'}[family]
     assert converted.token_to_id(first_special) == len(ranks)
+
+
+def test_info_describes_bpe_tokenizer_files(tmp_path, capsys):
+    tokenizer_json = train_bpe(tmp_path / 'tokenizer.json', 'llama3')
+    tiktoken_file_from(tokenizer_json, tmp_path / 'tokenizer.model')
+    assert main(['info', str(tokenizer_json)]) == 0
+    out = capsys.readouterr().out
+    assert 'Hugging Face tokenizer.json' in out and '600 (max id + 1)' in out
+    assert 'special tokens  2: <|begin_of_text|> = 0, <|end_of_text|> = 1' in out
+    assert main(['info', str(tmp_path / 'tokenizer.model')]) == 0
+    out = capsys.readouterr().out
+    assert 'tiktoken BPE file' in out and 'ranks            598 (ids 0..597)' in out
+    assert (
+        '<|endoftext|> = 598; 599 tokens' in out
+        and '256 specials from 598 (<|begin_of_text|>); 854 tokens' in out
+    )
