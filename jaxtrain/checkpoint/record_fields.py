@@ -25,12 +25,15 @@ def _found(record: dict, key: str) -> str:
     return 'none' if key not in record else repr(record[key])[:120]
 
 
-def field_problems(record: dict, record_file) -> list[str]:
+def field_problems(record: dict, record_file, only_present: bool = False) -> list[str]:
     """One line per field that no jaxtrain save writes (each: the file, the field, expected,
-    found). Fields a record may lack are only checked when present."""
+    found). Fields a record may lack are only checked when present; with only_present, every
+    field is (an InfiniTrain step's "jaxtrain" object holds fewer when exported from upstream's)."""
     problems = []
 
     def problem(key: str, expected: str, found=None):
+        if only_present and key.split('.')[0] not in record:
+            return
         problems.append(f'{record_file}: {key}: expected {expected}, found {found or _found(record, key)}')
 
     for key in ('step', 'data_position'):

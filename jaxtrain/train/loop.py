@@ -104,7 +104,7 @@ def _run(config) -> int:
     saver = RunSaver(config, parts, stream, resumed.step_dir, step, report=log.info, record=log.record)
     if saver.checkpointer is not None and saver.checkpointer.set_aside:
         aside = saver.checkpointer.set_aside
-        log.info(f'checkpoint_dir: not committed (no trainer state), set aside: {aside}')
+        log.info(f'checkpoint_dir: not committed steps (no trainer state / model file), set aside: {aside}')
     if saver.checkpointer is not None and saver.checkpointer.linked:
         links = step_dir_names(saver.checkpointer.linked)
         log.info(f'checkpoint_dir: symbolic links, kept out of rotation (never deleted): {links}')
