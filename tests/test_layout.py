@@ -1,4 +1,4 @@
-"""The package layout README and CONTRIBUTING.md describe: nothing imports jaxtrain/tools/
+"""The package layout docs/layout.md and CONTRIBUTING.md describe: nothing imports jaxtrain/tools/
 (the tools may import the trainer), llmc_io imports nothing of jaxtrain, no module or package
 imports one that imports it back, launch/ holds only launchers, and no source file cites an
 issue or a round. Read from the source with `ast`, so an import inside a function counts too."""
