@@ -46,8 +46,8 @@ def field_problems(record: dict, record_file, only_present: bool = False) -> lis
     rng = record.get('rng')
     if not (isinstance(rng, list) and rng and all(_is_int(x) and 0 <= x < 2**32 for x in rng)):
         problem('rng', 'a list of uint32 key words')
-    for key in ('model_config', 'training_config'):
-        if not isinstance(record.get(key), dict):
+    for key in ('model_config', 'training_config', 'topology', 'versions', 'checksums'):
+        if key in record and not isinstance(record[key], dict):
             problem(key, 'an object')
     model_config = record.get('model_config')
     for name, value in (model_config if isinstance(model_config, dict) else {}).items():
@@ -55,9 +55,6 @@ def field_problems(record: dict, record_file, only_present: bool = False) -> lis
             problem(f'model_config.{name}', 'a model dimension in [0, 2**31)', repr(value))
         elif not isinstance(value, (int, float, bool)):  # the model config dataclasses hold no other kind
             problem(f'model_config.{name}', 'a number or true/false', repr(value)[:120])
-    for key in ('topology', 'versions', 'checksums'):
-        if key in record and not isinstance(record[key], dict):
-            problem(key, 'an object')
     checksums = record.get('checksums')
     if isinstance(checksums, dict):
         for item, sums in checksums.items():
