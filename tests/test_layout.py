@@ -157,16 +157,44 @@ def test_launch_holds_only_launchers():
 
 
 CITATION = re.compile(
-    r'\bissue \d+|\bround (one|two|three|four|five|six|seven|\d+)\b|BENCHMARKS\.md,? round', re.IGNORECASE
+    r'\bissues?[ #-]*\d+|\bround (one|two|three|four|five|six|seven|\d+)\b|BENCHMARKS\.md,? round',
+    re.IGNORECASE,
 )
+# Every top-level folder holding source (.ci's one script has no suffix), and the suffixes read.
+SOURCE_FOLDERS = ('jaxtrain', 'llmc_io', 'configs', 'launch', 'bench', 'build_support', 'tests', '.ci')
+SOURCE_SUFFIXES = ('.py', '.sh', '.sbatch', '.c', '.toml', '')
+# Top-level folders of a checkout that hold no source: prose, and what runs and tools leave.
+NOT_SOURCE = {
+    *('docs', '.git', '.venv', 'build', 'ck', 'runs'),
+    *('.cache', '.pytest_cache', '.ruff_cache', '.peers'),
+}
+
+
+def test_every_folder_of_source_is_read_for_citations():
+    """A new top-level folder is either read by the check below or named above as no source."""
+    folders = {
+        path.name
+        for path in REPO.iterdir()
+        if path.is_dir() and path.name not in NOT_SOURCE and not path.name.endswith('.egg-info')
+    }
+    assert folders - set(SOURCE_FOLDERS) == set()
+
+
+def test_the_citation_pattern_tells_history_from_prose():
+    for history in ('# see issue 26', '# Issue #31: why', '# issues 26-32', '# as in round two'):
+        assert CITATION.search(history), history
+    for prose in ('# a save/load round trip', '# values round to +-inf', '# InfiniTrain PR 151'):
+        assert not CITATION.search(prose), prose
 
 
 def test_no_source_file_cites_an_issue_or_a_round():
     """A comment says why in terms of the code; history goes to commit bodies."""
     offenders = []
-    for folder in ('jaxtrain', 'llmc_io', 'configs', 'launch', 'bench', 'tests'):
+    for folder in SOURCE_FOLDERS:
         for path in sorted((REPO / folder).rglob('*')):
-            if path.suffix not in ('.py', '.sh', '.sbatch'):
+            if not path.is_file() or path.suffix not in SOURCE_SUFFIXES or 'fixtures' in path.parts:
+                continue
+            if path == Path(__file__):  # its own examples of what the check finds
                 continue
             for number, line in enumerate(path.read_text().splitlines(), 1):
                 if CITATION.search(line):
