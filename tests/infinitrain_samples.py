@@ -59,3 +59,23 @@ def listed_md5s(folder: str) -> dict[str, str]:
 def step_dirs(root: Path) -> list[Path]:
     """Every checkpoint directory InfiniTrain wrote under root (checkpoint_step_* and checkpoint_final)."""
     return sorted(p for p in root.rglob('checkpoint_*') if p.is_dir())
+
+
+def sample_commands(folder: str) -> dict[str, list[str]]:
+    """A sample folder's commands.txt: each run by its log name, as arguments after the program name."""
+    runs = {}
+    for line in (SAMPLES / folder / 'commands.txt').read_text().splitlines():
+        words = line.split()
+        if '2>' in words:
+            runs[words[words.index('2>') + 1]] = words[2 : words.index('2>')]
+    return runs
+
+
+def copy_run_inputs(source: Path, dest: Path) -> None:
+    """A sample run's train.bin and model.bin (gunzipped when stored as model.bin.gz) into dest."""
+    shutil.copy(source / 'train.bin', dest / 'train.bin')
+    if (source / 'model.bin').is_file():
+        shutil.copy(source / 'model.bin', dest / 'model.bin')
+    else:
+        with gzip.open(source / 'model.bin.gz') as packed, open(dest / 'model.bin', 'wb') as out:
+            shutil.copyfileobj(packed, out)
