@@ -106,7 +106,8 @@ def test_the_runs_tokenizer_is_written_beside_config_json(tmp_path, capsys, kind
 
 
 def test_a_tokenizer_the_run_named_but_gone_is_one_line(tmp_path, capsys):
-    step = write_checkpoint(tmp_path / 'run', 2, 'gpt2', GPT2, random_params(GPT2, 1, std=0.3, everywhere=True), training_config={'tokenizer': '/gone/t.json'})
+    params = random_params(GPT2, 1, std=0.3, everywhere=True)
+    step = write_checkpoint(tmp_path / 'run', 2, 'gpt2', GPT2, params, training_config={'tokenizer': '/gone/t.json'})
     assert ckpt.main(['export', str(step), '--format', 'hf', '--output', str(tmp_path / 'hf')]) == 2
     err = capsys.readouterr().err
     assert err.count('\n') == 1
