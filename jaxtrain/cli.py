@@ -5,6 +5,7 @@
     jaxtrain compare BASE TEST                                   (= python -m jaxtrain.compare_loss)
     jaxtrain bench --config=... [--smoke]                        (= python -m jaxtrain.bench)
     jaxtrain generate --checkpoint DIR [--prompt TEXT]           (= python -m jaxtrain.generate)
+    jaxtrain llmc info|convert|shard|tokenizer ...               (= python -m llmc_io)
 
 Only the chosen command's module is imported: the trainer's and the benchmark's absl flags
 are module-level and would clash (and every --help would list the other's flags) if both
@@ -34,6 +35,7 @@ COMMANDS = {
     'compare': Command('jaxtrain.tools.compare_loss', 'main', "compare two runs' losses (jaxtrain.compare_loss)"),
     'bench': Command('jaxtrain.tools.bench', None, 'time the train step (jaxtrain.bench)'),
     'generate': Command('jaxtrain.tools.generate', 'main', 'sample text from a checkpoint (jaxtrain.generate)'),
+    'llmc': Command('llmc_io.__main__', 'main', 'llm.c files: info, convert, shard, tokenizer (llmc_io)'),
 }
 
 
@@ -69,10 +71,14 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    if command.function is not None:
-        return getattr(importlib.import_module(command.module), command.function)(rest)
+    # The tools name themselves after argv[0] in usage and error lines (tools/command_line.py);
     # absl and ml_collections' --config.KEY overrides read sys.argv (runpy sets argv[0]).
-    sys.argv = [f'jaxtrain {name}', *rest]
+    caller_argv, sys.argv = sys.argv, [f'jaxtrain {name}', *rest]
+    if command.function is not None:
+        try:
+            return getattr(importlib.import_module(command.module), command.function)(rest)
+        finally:
+            sys.argv = caller_argv
     runpy.run_module(command.module, run_name='__main__', alter_sys=True)  # app.run exits
     return 0
 

@@ -1,13 +1,15 @@
 """Train GPT-2 or LLaMA-3 on llm.c files.
 
   python -m jaxtrain.main --config=configs/gpt2.py[:variant] [--config.KEY=VALUE] [--KEY VALUE]
+  (or: jaxtrain train ...)
 
-Flags -> config -> XLA flags -> distributed init (distributed.py; a no-op for one process)
--> train.run(config). On many hosts launch/ starts one of these per process.
-
-Every key is listed with its meaning and default by --help (the KEYS table of
-jaxtrain/config/keys.py).
+Every key of the config is a flag below, with its meaning and default; a config file's own
+value is named where it sets another. Booleans take --KEY, --noKEY and --KEY=true|false. On
+many hosts, run one of these per process (the repository's launch/ has the launchers).
 """
+
+# Flags -> config -> XLA flags -> distributed init (parallel/distributed.py; a no-op for one
+# process) -> check_config -> train/loop.run(config). The keys and their help: config/keys.py.
 
 import logging as std_logging
 import os
@@ -17,14 +19,21 @@ from pathlib import Path
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from jaxtrain.train import deterministic_flag
+from jaxtrain.parallel import deterministic_flag
 from jaxtrain.config import flags as key_flags
 from jaxtrain.config import infinitrain_flags
+from jaxtrain.config.config_path import shipped_config
 
-_DEFAULT_CONFIG = str(Path(__file__).resolve().parents[1] / 'configs' / 'gpt2.py')
+# configs/ of the checkout, or jaxtrain/configs/ of a non-editable install
+_DEFAULT_CONFIG = str(shipped_config('gpt2.py') or 'configs/gpt2.py')
+# absl heads --help's flag list with the defining module's name, which for __main__ is argv[0]
+# (runpy makes it this file's path, also under `jaxtrain train`): the command's name instead.
+if __name__ == '__main__':
+    sys.argv[0] = 'python -m jaxtrain.main'
 config_flags.DEFINE_config_file(
     'config', _DEFAULT_CONFIG, 'config file, e.g. configs/gpt2.py:tiny', lock_config=True
 )
+flags.FLAGS['config'].default_as_str = "'configs/gpt2.py'"  # --help: not this checkout's path
 _VERBOSE = flags.DEFINE_boolean('verbose', False, 'print a traceback with errors')
 _KEY_FLAGS = key_flags.define_key_flags()
 _INFINITRAIN_FLAGS = infinitrain_flags.define_flags()  # --save, --device, ... (InfiniTrain's names)
@@ -72,7 +81,7 @@ def main(argv):
         import jax
 
         from jaxtrain.parallel import distributed, platform
-        from jaxtrain.config.checks import deterministic_wanted
+        from jaxtrain.config.checks import check_config, deterministic_wanted
 
         config = flags.FLAGS.config
         key_flags.apply_key_flags(config, _KEY_FLAGS, warn=print)
@@ -84,6 +93,7 @@ def main(argv):
         platform.check(config.device)
         if joined and jax.process_index() == 0:
             print(joined, flush=True)
+        check_config(config)  # the one validation: before metrics_dir or checkpoint_dir is created
         from jaxtrain.train import loop as train
 
         return train.run(config)

@@ -14,6 +14,8 @@ Errors print one line on stderr and exit with status 2 (a traceback only with --
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 
 from llmc_io import header as hdr
@@ -50,7 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     group.add_argument("--max-gen-batch-size", type=int, help="default 4 for the llama3-branch layout")
 
     parser = argparse.ArgumentParser(
-        prog="python -m llmc_io",
+        # `jaxtrain llmc` runs this too (jaxtrain/cli.py puts that name in sys.argv[0])
+        prog=sys.argv[0] if sys.argv and sys.argv[0].startswith("jaxtrain ") else "python -m llmc_io",
         parents=[common],
         description="Inspect and convert llm.c / InfiniTrain model files and token shards.",
     )
@@ -271,8 +274,8 @@ def _convert(args) -> None:
 
 
 def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
     try:
+        args = _parser().parse_args(argv)  # inside: --help's text goes to a pipe too
         commands = {
             "info": _info,
             "convert": _convert,
@@ -280,6 +283,9 @@ def main(argv=None) -> int:
             "tokenizer": tokenizer_export.run,
         }
         commands[args.command](args)
+    except BrokenPipeError:  # `| head` has read what it wanted: no error, nothing on stderr
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush would raise again
+        return 128 + signal.SIGPIPE
     except (LLMCFormatError, OSError) as error:
         if getattr(args, "verbose", False):
             raise

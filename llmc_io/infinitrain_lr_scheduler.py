@@ -26,9 +26,9 @@ import struct
 
 import numpy as np
 
+from llmc_io.atomic_file import write_bytes_atomically
 from llmc_io.errors import LLMCFormatError
 from llmc_io.libcxx_order import LibcxxStringMap
-from llmc_io.statedict import atomic_write_bytes
 
 FILE_NAME = 'lr_scheduler.ckpt'
 MAGIC = 0x53524C53
@@ -195,7 +195,7 @@ def render_lr_scheduler(state: dict) -> bytes:
 
 
 def write_lr_scheduler(path: str | os.PathLike, state: dict) -> None:
-    atomic_write_bytes(path, render_lr_scheduler(state))
+    write_bytes_atomically(path, render_lr_scheduler(state))
 
 
 def describe(value) -> str:

@@ -17,7 +17,6 @@ int64, 0-d.
 
 from __future__ import annotations
 
-import os
 import re
 
 import numpy as np
@@ -280,8 +279,3 @@ def trees_to_moments(family: str, mu: dict, nu: dict, count: int, vocab_size: in
     values["adam.t"] = CkptTensor(KINT64, np.array(count, dtype=np.int64))
     order = layout.adam_key_order(family, num_layers, head_keys)
     return {key: values[key] for key in order}
-
-
-def check_path_exists(path) -> None:
-    if not os.path.exists(path):
-        _fail(path, "file", "present", "missing")

@@ -240,8 +240,8 @@ def _merge_model(ranks, models, topology, num_layers, notices) -> dict:
         wte, head = model["transformer.wte.weight"].array, model["lm_head.weight"].array
         if wte.shape != head.shape or not np.array_equal(wte.view(np.uint32), head.view(np.uint32)):
             notices.append(
-                f"{ranks[0].parent}: lm_head.weight differs from transformer.wte.weight (a multi-GPU GPT-2 run "
-                "does not tie them: Module::To(cuda), or PP > 1); jaxtrain ties them and keeps wte"
+                f"{ranks[0].parent}: lm_head.weight differs from transformer.wte.weight (a multi-GPU GPT-2 "
+                "run does not tie them: Module::To(cuda), or PP > 1); jaxtrain ties them and keeps wte"
             )
             model["lm_head.weight"] = model["transformer.wte.weight"]
     return model

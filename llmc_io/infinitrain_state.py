@@ -6,6 +6,8 @@ with NO comma after vocab_size, so the file is not JSON; upstream reads it back 
 (first `"key"`, then the text after ':' up to ',' / newline / '}'). The shape fields are GPT2Config() /
 LLaMA3Config() defaults when the model came from --llmc_filepath (main.cc never updates model_config), and
 its resume CHECKs them against the same defaults.
+The LR-scheduler generation (PR 151, a7949ac0; upstream master since its merge) writes HEAD's keys
+without last_lr, as valid JSON: the learning rate lives in lr_scheduler.ckpt (infinitrain_lr_scheduler.py).
 PR generation (f9cb65b5, infini_train/src/checkpoint.cc) writes valid JSON:
     global_step, data_batch_idx, data_batch_stride, best_loss, last_lr, optimizer_type, checkpoint_format,
     ddp/tp/sp/pp_size
@@ -29,6 +31,7 @@ from llmc_io.errors import LLMCFormatError
 
 HEAD = "head"
 PR = "pr"
+LR_SCHEDULER = "lrs"  # HEAD's layout less last_lr (PR 151)
 
 HEAD_KEYS = (
     "n_layer",
@@ -68,10 +71,10 @@ CONFIG_DEFAULTS = {
 
 @dataclasses.dataclass
 class InfiniTrainState:
-    generation: str  # HEAD or PR
+    generation: str  # HEAD, LR_SCHEDULER or PR
     global_step: int
     data_batch_idx: int  # HEAD consumed_batches / PR data_batch_idx: the next DataLoader batch index
-    last_lr: float
+    last_lr: float | None  # None in the LR_SCHEDULER generation, which has no such field
     data_batch_stride: int = 1  # PR; HEAD's stride is ddp_size
     best_loss: float | None = None  # PR only
     optimizer_type: str | None = None  # PR only ("SGD", "Adam")
@@ -163,7 +166,7 @@ def read_trainer_state(path: str | os.PathLike) -> InfiniTrainState:
     if not isinstance(data, dict):
         raise LLMCFormatError(path, "top level", "a JSON object", type(data).__name__)
     if "consumed_batches" in data:
-        generation, batch_key = HEAD, "consumed_batches"
+        generation, batch_key = (HEAD if "last_lr" in data else LR_SCHEDULER), "consumed_batches"
     elif "data_batch_idx" in data:
         generation, batch_key = PR, "data_batch_idx"
     else:
@@ -178,14 +181,14 @@ def read_trainer_state(path: str | os.PathLike) -> InfiniTrainState:
         generation=generation,
         global_step=_number(path, data, "global_step", int),
         data_batch_idx=_number(path, data, batch_key, int),
-        last_lr=_number(path, data, "last_lr", float),
+        last_lr=None if generation == LR_SCHEDULER else _number(path, data, "last_lr", float),
         ddp_size=_number(path, data, "ddp_size", int, 1),
         tp_size=_number(path, data, "tp_size", int, 1),
         sp_size=_number(path, data, "sp_size", int, 1),
         pp_size=_number(path, data, "pp_size", int, 1),
         notices=notices,
     )
-    if generation == HEAD:
+    if generation in (HEAD, LR_SCHEDULER):
         state.data_batch_stride = state.ddp_size
         state.shape = {k: _number(path, data, k, int) for k in HEAD_KEYS[:5] if k in data}
     else:
@@ -221,15 +224,17 @@ def _cpp_number(value) -> str:
 
 def render_trainer_state(state: InfiniTrainState) -> str:
     """The file text: upstream's keys in upstream's order and number format, all commas, then "jaxtrain"."""
-    if state.generation == HEAD:
+    if state.generation in (HEAD, LR_SCHEDULER):
         fields = dict(state.shape)
         missing = [k for k in HEAD_KEYS[:5] if k not in fields]
         if missing:
             raise ValueError(f"HEAD trainer_state needs the shape fields {missing}")
-        fields.update(
-            global_step=state.global_step, consumed_batches=state.data_batch_idx, last_lr=float(state.last_lr)
-        )
+        fields.update(global_step=state.global_step, consumed_batches=state.data_batch_idx)
         keys = HEAD_KEYS
+        if state.generation == HEAD:
+            fields.update(last_lr=float(state.last_lr))
+        else:
+            keys = tuple(k for k in HEAD_KEYS if k != "last_lr")
     else:
         fields = dict(
             global_step=state.global_step,

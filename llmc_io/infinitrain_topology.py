@@ -20,12 +20,13 @@ that view and the per-rank views.
 * Tensor parallel (nn/parallel/tensor_parallel.cc:270-291 ColumnParallelLinear (out/T, in),
   :324-347 RowParallelLinear (out, in/T) with a whole bias, :391-396 VocabParallelEmbedding (V/T, C) rows
   [r*V/T, (r+1)*V/T)); which layer is which: causal_self_attention.cc:25-43 (c_attn column, c_proj row),
-  mlp.cc:40-74 (c_fc, c_fc2 column; c_proj row), transformer.cc:179-186 (lm_head column). c_attn's rows of rank r
-  are [q_r | k_r | v_r], not a contiguous block of [Q | K | V]: example/gpt2/checkpoint_loader.cc:196-279 and
-  example/llama3/checkpoint_loader.cc:198-231 read them that way, and the forward splits the local output so
+  mlp.cc:40-74 (c_fc, c_fc2 column; c_proj row), transformer.cc:179-186 (lm_head column). c_attn's rows of
+  rank r are [q_r | k_r | v_r], not a contiguous block of [Q | K | V]:
+  example/gpt2/checkpoint_loader.cc:196-279 and example/llama3/checkpoint_loader.cc:198-231 read them that
+  way, and the forward splits the local output so
   (causal_self_attention.cc:94-110, 204-212).
-* Sequence parallel only changes activations (trainer_state.json's sp_size is T or 1: example/gpt2/main.cc:152);
-  the parameters are laid out as without it.
+* Sequence parallel only changes activations (trainer_state.json's sp_size is T or 1:
+  example/gpt2/main.cc:152); the parameters are laid out as without it.
 """
 
 from __future__ import annotations
@@ -147,7 +148,8 @@ def stage_layers(num_layers: int, pp: int, stage: int, vpp: int) -> list[int]:
 
 def check_pipeline(path, num_layers: int, pp: int, vpp: int) -> None:
     """Every stage must own vpp chunks: PipelineParallel's constructor asks the model for each
-    `__pp_chunk_{c}`, c < vpp (pipeline_parallel.cc:89-98), which only exists if GetStageInfo gave it layers."""
+    `__pp_chunk_{c}`, c < vpp (pipeline_parallel.cc:89-98), which only exists if GetStageInfo gave it
+    layers."""
     for stage in range(pp):
         if len(chunk_ranges(num_layers, pp, stage, vpp)) != vpp:
             raise LLMCFormatError(

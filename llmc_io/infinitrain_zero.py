@@ -4,7 +4,8 @@ From InfiniTensor/InfiniTrain b24d92f, infini_train/src/nn/parallel/ddp/:
 * param_and_grad_buffer.cc:429-503 (ParamAndGradBuffer): the parameters of one DDP-wrapped chunk, in reverse
   Module::Parameters() order ("backprop order"), are packed into buckets; with ZeRO each parameter starts at
   a multiple of 64 elements (:21, :433); a bucket closes once it holds at least
-  bucket_size_in_elements (1,000,000, distributed_data_parallel_config.h:62; :478-497), and its end is padded to
+  bucket_size_in_elements (1,000,000, distributed_data_parallel_config.h:62; :478-497), and its end is
+  padded to
   lcm(ddp, 128) (:22, :438-451, :490; pad_buckets_for_high_nccl_busbw is false by default).
 * param_and_grad_buffer.cc:63-68 (ParamAndGradBucket): within a bucket a parameter's range is counted
   WITHOUT that padding (offsets are the running sum of numels), and distributed_optimizer.cc:37-87 cuts

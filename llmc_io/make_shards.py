@@ -12,8 +12,8 @@
   document-start id (GPT-2 <|endoftext|>, LLaMA-3 <|begin_of_text|>), as llm.c's dev/data
   scripts delimit documents. With --tokenizer (a Hugging Face tokenizer.json or a tiktoken
   BPE file such as LLaMA-3's tokenizer.model) the text is encoded by that BPE; without one,
-  byte-level (byte_tokens.py: one id per byte, in the order both families' tokenizers give
-  their first 256 ids).
+  byte-level (one id per byte, in the order both families' tokenizers give their first 256
+  ids).
 --from ids: .npy arrays of integer ids, taken as they are.
 --from shard: llm.c shards of either family, their ids taken as they are: uint16 -> uint32
   (gpt2 -> llama3 magic) or back, which refuses ids above 65535 rather than wrap them.

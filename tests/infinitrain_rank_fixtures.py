@@ -130,7 +130,8 @@ def _zero_pieces(
     """R8, transcribed: ParamAndGradBuffer's first pass, then DistributedOptimizer::BuildShardParams."""
     pieces = []
     for params in chunk_params:
-        # ParamAndGradBuffer (zero_stage >= 1): PadParamStartIfNeeded / PadBucketEndIfNeeded / UpdateBucketMetadata
+        # ParamAndGradBuffer (zero_stage >= 1): PadParamStartIfNeeded, PadBucketEndIfNeeded,
+        # UpdateBucketMetadata
         lcm_val = math.lcm(ddp, 128)
         param_start_index = bucket_start_index = param_end_index = 0
         bucket_params, buckets = [], []

@@ -1,5 +1,6 @@
-"""`jaxtrain COMMAND`: the console script is registered, dispatches to the tools, and
-`jaxtrain train` is the same run as `python -m jaxtrain.main`."""
+"""`jaxtrain COMMAND`: the console script is registered, dispatches to the tools (llm.c's files
+too, as `jaxtrain llmc`), and `jaxtrain train` is the same run as `python -m jaxtrain.main`; each
+tool names itself as it was started, and stops quietly when its reader goes (`| head`)."""
 
 import os
 import re
@@ -9,6 +10,7 @@ import tomllib
 
 import pytest
 
+from infinitrain_samples import SAMPLES, needs_samples
 from trainer_runs import REPO, metrics_losses
 
 from jaxtrain import cli
@@ -78,3 +80,86 @@ def test_an_unknown_command_is_one_line_naming_the_commands(capsys):
     assert cli.main(['trian']) == 2
     err = capsys.readouterr().err.strip()
     assert err.count('\n') == 0 and 'train, ckpt, compare, bench' in err and "'trian'" in err
+
+
+def test_errors_name_the_command_as_it_was_typed(tmp_path):
+    missing = str(tmp_path / 'no such dir')
+    for typed, command, label in (
+        ([*JAXTRAIN, 'ckpt'], ['ls', missing], 'jaxtrain ckpt ls: error: '),
+        ([sys.executable, '-m', 'jaxtrain.ckpt'], ['ls', missing], 'python -m jaxtrain.ckpt ls: error: '),
+        ([*JAXTRAIN, 'compare'], [missing, missing], 'jaxtrain compare: error: '),
+        ([*JAXTRAIN, 'generate'], ['--llmc_filepath', missing], 'jaxtrain generate: error: '),
+        ([*JAXTRAIN, 'llmc'], ['info', '--bogus'], 'usage: jaxtrain llmc '),
+    ):
+        result = _run([*typed, *command])
+        assert result.returncode == 2 and result.stderr.startswith(label), (typed, result.stderr)
+    assert sys.argv[0] != 'jaxtrain ckpt'  # an in-process call leaves the caller's argv alone
+    cli.main(['ckpt', 'ls', missing])
+    assert not sys.argv[0].startswith('jaxtrain ')
+
+
+def test_jaxtrain_llmc_is_python_m_llmc_io(tmp_path):
+    from trainer_runs import random_shard
+
+    shard = random_shard(tmp_path / 'train.bin')
+    ours = _run([*JAXTRAIN, 'llmc', 'info', shard])
+    theirs = _run([sys.executable, '-m', 'llmc_io', 'info', shard])
+    assert ours.returncode == 0 and ours.stdout == theirs.stdout and 'tokens' in ours.stdout, ours.stderr
+
+
+@needs_samples
+def test_a_reader_that_stops_early_is_no_error(tmp_path):
+    """`... | head -1`: the tool's stdout closes before it writes; it exits 141 (128 + SIGPIPE) and
+    prints no traceback."""
+    from trainer_runs import random_shard
+
+    shard = random_shard(tmp_path / 'train.bin')
+    for run in ('base', 'test'):  # one InfiniTrain step line each
+        (tmp_path / run).mkdir()
+        (tmp_path / run / 'gpt2.log').write_text(
+            'step    1/1 | train loss 10.000000 | lr 1.00e-04 | (1.00 ms | 1 tok/s | peak used:     0 MB | '
+            'peak reserved:     0 MB, DP=1, TP=1, SP=1, PP=1)\n'
+        )
+    env = {**os.environ, 'PYTHONPATH': str(REPO), 'JAX_PLATFORMS': 'cpu'}
+    for command in (
+        [sys.executable, '-m', 'jaxtrain.ckpt', 'ls', str(SAMPLES / 'head-gpt2' / 'a')],
+        [*JAXTRAIN, 'llmc', 'info', shard],
+        [sys.executable, '-m', 'jaxtrain.compare_loss', str(tmp_path / 'base'), str(tmp_path / 'test')],
+    ):
+        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        process.stdout.close()  # gone before the first line is written
+        err = process.stderr.read().decode()
+        assert process.wait(timeout=120) == 141 and err == '', (command, err)
+
+
+def _help_texts() -> dict[str, str]:
+    """Every tool's --help (each subcommand's too): argparse's in process, absl's from the command."""
+    import argparse
+
+    from jaxtrain.tools import ckpt, compare_loss, generate
+    from llmc_io import __main__ as llmc
+
+    texts = {}
+    for name, parser in (('ckpt', ckpt.build_parser()), ('compare', compare_loss.build_parser()),
+                         ('generate', generate.build_parser()), ('llmc', llmc._parser())):  # fmt: skip
+        texts[name] = parser.format_help()
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                texts.update({f'{name} {sub}': p.format_help() for sub, p in action.choices.items()})
+    for name in ('train', 'bench'):
+        result = _run([*JAXTRAIN, name, '--help'])
+        assert result.returncode == 0, result.stderr
+        texts[name] = result.stdout
+    return texts
+
+
+def test_help_texts_name_no_file_of_the_package():
+    """A user reads --help without the source: no module file, no path of this checkout. Config
+    files (configs/gpt2.py) and llm.c's own scripts (llm.c's fineweb.py) are theirs to know."""
+    texts = _help_texts()
+    assert {'ckpt ls', 'ckpt diff', 'llmc shard', 'train', 'bench'} <= set(texts)
+    for name, text in texts.items():
+        assert str(REPO) not in text, name
+        files = re.findall(r"(llm\.c(?: \w+)?'s |configs/)?\b([\w/]+\.py)\b", ' '.join(text.split()))
+        internal = [f for owner, f in files if not owner]
+        assert not internal, (name, internal)

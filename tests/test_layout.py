@@ -41,3 +41,99 @@ def test_llmc_io_stands_alone():
         if any(m.split('.')[0] in ('jaxtrain', 'jax', 'flax') for m in imported_modules(path))
     ]
     assert offenders == []
+
+
+# --- import cycles --------------------------------------------------------------------
+# A module's dependencies: what its imports execute. `from P import name` runs P.name when
+# that is a module, else P (its __init__); the implicit import of a module's parent
+# packages is left out, or every re-exporting __init__ would be a cycle with its members.
+PACKAGES = ('jaxtrain', 'llmc_io')
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for top in PACKAGES:
+        for path in sorted((REPO / top).rglob('*.py')):
+            parts = path.relative_to(REPO).with_suffix('').parts
+            found['.'.join(parts[:-1] if parts[-1] == '__init__' else parts)] = path
+    return found
+
+
+def _dependencies(name: str, path: Path, modules: dict) -> set[str]:
+    package = name if path.name == '__init__.py' else name.rpartition('.')[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ''
+            if node.level:  # relative: from the package, up level - 1
+                anchor = package.split('.')[: len(package.split('.')) - (node.level - 1)]
+                base = '.'.join(anchor + ([base] if base else []))
+            members = [f'{base}.{alias.name}' for alias in node.names]
+            found.update(m for m in members if m in modules)
+            if any(m not in modules for m in members):
+                found.add(base)
+    return {d for d in found if d in modules and d != name}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan), each sorted."""
+    index, low, stack, on_stack, components = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(components)
+
+
+def _module_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _dependencies(name, path, modules) for name, path in modules.items()}
+
+
+def _package_of(module: str) -> str:
+    """jaxtrain.checkpoint.formats.orbax -> jaxtrain.checkpoint; jaxtrain.main -> jaxtrain."""
+    parts = module.split('.')
+    if parts[0] != 'jaxtrain' or len(parts) < 2 or not (REPO / 'jaxtrain' / parts[1]).is_dir():
+        return parts[0]
+    return '.'.join(parts[:2])
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    assert _cycles(_module_graph()) == []
+
+
+def test_no_package_imports_one_that_imports_it_back():
+    packages = {}
+    for module, dependencies in _module_graph().items():
+        edges = packages.setdefault(_package_of(module), set())
+        edges.update(_package_of(d) for d in dependencies if _package_of(d) != _package_of(module))
+    assert _cycles(packages) == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    """The two tests above pass on an empty answer; this one shows the finder can say otherwise."""
+    assert _cycles({'a': {'b'}, 'b': {'c'}, 'c': {'a'}, 'd': {'a'}}) == [['a', 'b', 'c']]
+    assert _cycles({'a': {'b'}, 'b': set()}) == []

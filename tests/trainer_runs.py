@@ -49,10 +49,12 @@ def metrics_losses(metrics_dir) -> dict[int, float]:
 
 def train(config) -> tuple[int, dict[int, float], str]:
     """Runs the trainer; returns (exit code, {step: loss} from metrics.jsonl, stdout)."""
+    from jaxtrain.config.checks import check_config
     from jaxtrain.train import loop as train_lib
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
+        check_config(config)  # as main.py does before it starts the run
         code = train_lib.run(config)
     return code, metrics_losses(config.metrics_dir), out.getvalue()
 

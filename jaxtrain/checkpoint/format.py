@@ -39,6 +39,7 @@ class RunCheckpointer(Protocol):
 
     root: Path
     set_aside: list  # uncommitted step directories moved out of the way when the root was opened
+    linked: list  # steps whose directory is a symbolic link: kept out of rotation, never deleted
     blocking_saves: int  # saves that held up the loop until written or handed off
 
     def step_dir(self, step: int) -> Path: ...
@@ -54,6 +55,11 @@ class RunCheckpointer(Protocol):
     def save_snapshot(self, step: int, snapshot, trainer_state: dict) -> None: ...
 
     def save(self, step: int, params, opt_state, rng, trainer_state: dict) -> None: ...
+
+    def keep_best_steps(self, steps) -> None:
+        """--keep_best: these steps are kept out of rotation from the next save on (replacing the
+        last set)."""
+        ...
 
     def wait(self) -> None: ...
 

@@ -87,17 +87,39 @@ def later_steps(root, steps, start_step: int, overwrite: bool) -> list[int]:
 SET_ASIDE = '.uncommitted'  # appended to a step directory's name that is not committed
 
 
-def set_aside_uncommitted(root) -> list[str]:
-    """Renames every directory with a step's final name that is not committed (no trainer
-    state: emptied, or copied in part) to NAME.uncommitted[-N], which neither jaxtrain nor
-    Orbax reads as a step, so that it can neither be resumed nor block a save of its
-    step. Nothing is deleted. Returns the new names."""
+def linked_steps(root) -> list[int]:
+    """Steps whose directory in root is a symbolic link. A link is someone's own arrangement
+    (a step kept on another disk): jaxtrain reads through it, but never deletes it or what it
+    points to, so rotation keeps these steps."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(step_of(p) for p in root.iterdir() if step_of(p) is not None and p.is_symlink())
+
+
+def refuse_deleting_links(root, steps, why: str) -> None:
+    """Before `why` deletes these steps: a CheckpointError when one is a symbolic link."""
+    links = [s for s in steps if (Path(root) / step_dir_name(s)).is_symlink()]
+    if links:
+        path = Path(root) / step_dir_name(links[0])
+        raise CheckpointError(
+            f'checkpoint_dir: {path}: expected a directory jaxtrain wrote for {why} to delete, found a '
+            f'symbolic link to {path.resolve()}; jaxtrain deletes no links: remove it yourself, or choose '
+            'another --checkpoint_dir'
+        )
+
+
+def set_aside_uncommitted(root, committed=is_committed) -> list[str]:
+    """Renames every directory with a step's final name that is not committed (`committed`;
+    by default Orbax's: no trainer state, i.e. emptied, or copied in part) to
+    NAME.uncommitted[-N], which neither jaxtrain nor Orbax reads as a step, so that it can
+    neither be resumed nor block a save of its step. Nothing is deleted. Returns the new names."""
     root = Path(root)
     if not root.is_dir():
         return []
     moved = []
     for path in sorted(root.iterdir()):
-        if step_of(path) is None or not path.is_dir() or is_committed(path):
+        if step_of(path) is None or not path.is_dir() or committed(path):
             continue
         target, n = path.with_name(path.name + SET_ASIDE), 1
         while target.exists():

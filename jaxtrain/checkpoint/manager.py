@@ -36,10 +36,14 @@ from jaxtrain.checkpoint.layout import (
     CheckpointError,
     committed_steps,
     later_steps,
+    linked_steps,
+    refuse_deleting_links,
     set_aside_uncommitted,
     step_dir_name,
 )
+from jaxtrain.checkpoint.orbax_threads import release_waiting_threads
 from jaxtrain.checkpoint.record_digest import with_digest
+from jaxtrain.checkpoint.write_errors import write_failure
 
 
 # --- rotation ---------------------------------------------------------------------
@@ -53,12 +57,16 @@ class _KeepPolicy:
     keep_latest: int
     keep_every: int
     protected: frozenset
+    best: frozenset = frozenset()  # --keep_best's steps, replaced as the ranking changes
 
     def should_preserve(self, checkpoints, *, context):
         steps = [c.step for c in checkpoints]
         newest = set(sorted(steps)[-self.keep_latest :]) if self.keep_latest else set(steps)
         return [
-            s in newest or s in self.protected or (self.keep_every > 0 and s % self.keep_every == 0)
+            s in newest
+            or s in self.protected
+            or s in self.best
+            or (self.keep_every > 0 and s % self.keep_every == 0)
             for s in steps
         ]
 
@@ -72,15 +80,6 @@ def _barrier(name: str):
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices(name)
-
-
-_WRITE_ERRORS = (
-    'No space left on device',
-    'Disk quota exceeded',
-    'File too large',
-    'Read-only file system',
-    'Permission denied',
-)
 
 
 def _stacked_sums(tree):
@@ -152,13 +151,16 @@ class Checkpointer:
         _barrier('jaxtrain: before uncommitted steps are set aside')
         self.set_aside = set_aside_uncommitted(self.root) if jax.process_index() == 0 else []
         _barrier('jaxtrain: uncommitted steps set aside')
+        self.linked = linked_steps(self.root)  # never deleted: Orbax's rmtree refuses links anyway
+        protected_steps = (*protected_steps, *self.linked)
+        self._keep_policy = _KeepPolicy(keep_latest, keep_every, frozenset(protected_steps))
         options = ocp.CheckpointManagerOptions(
             step_prefix=STEP_PREFIX,
             step_format_fixed_length=STEP_DIGITS,
             create=True,
             cleanup_tmp_directories=True,
             enable_async_checkpointing=True,
-            preservation_policy=_KeepPolicy(keep_latest, keep_every, frozenset(protected_steps)),
+            preservation_policy=self._keep_policy,
         )
         # Uncompressed tensors: Orbax's default zstd halves the write's speed for ~7% less
         # disk on float weights, and on a CPU run the write competes with the training
@@ -182,11 +184,14 @@ class Checkpointer:
         self._snapshot_program = _snapshot  # prepare() swaps in one compiled ahead of time
         # The hand-off thread and Orbax's writers run Python beside the training loop; by
         # default a thread waits up to 5 ms for the GIL, which the loop would feel at every
-        # dispatch while a save is in flight. 1 ms bounds that wait.
-        sys.setswitchinterval(min(sys.getswitchinterval(), 0.001))
+        # dispatch while a save is in flight. 1 ms bounds that wait, while this checkpointer is
+        # open: close() gives the process its own interval back.
+        self._switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(self._switch_interval, 0.001))
 
     def refuse_later_steps(self, start_step: int, overwrite: bool) -> list[int]:
         later = later_steps(self.root, committed_steps(self.root), start_step, overwrite)
+        refuse_deleting_links(self.root, later, 'overwrite_later_checkpoints')
         # Every process has listed the steps before process 0 deletes any, and sees them gone after.
         _barrier('jaxtrain: later checkpoints listed')
         if jax.process_index() == 0:
@@ -290,6 +295,11 @@ class Checkpointer:
         if pending is not None:
             pending.result()  # re-raises the hand-off's CheckpointError
 
+    def keep_best_steps(self, steps) -> None:
+        """--keep_best's ranking (checkpoint/keep_best.py): these steps are kept out of rotation
+        from the next save on, in place of the ones given before."""
+        self._keep_policy.best = frozenset(steps)
+
     def wait(self):
         """Until every started save is committed on disk."""
         self._finish_handoff()
@@ -302,11 +312,13 @@ class Checkpointer:
         try:
             self.wait()
         except CheckpointError:
+            release_waiting_threads()  # else they wait 20 minutes for a stage that failed
             with contextlib.suppress(Exception):  # it would raise the same failure again
                 self.manager.close()
             raise
         finally:
             self._handoff.shutdown(wait=True)
+            sys.setswitchinterval(self._switch_interval)
         self.manager.close()
 
     def _save_failed(self, error: Exception, step) -> CheckpointError:
@@ -319,11 +331,11 @@ class Checkpointer:
             failed = named.group(0)
         else:
             failed = step_dir_name(step) if step is not None else 'a checkpoint'
-        reason = next((r for r in _WRITE_ERRORS if r in text), None) or (text[:160] or type(error).__name__)
+        reason, advice = write_failure(error)
         steps = committed_steps(self.root)
         kept = f'{step_dir_name(steps[-1])} and earlier are intact' if steps else 'no step was committed'
         return CheckpointError(
-            f'checkpoint_dir: {self.root}: could not save {failed}: {reason}; {kept}. Free space, '
+            f'checkpoint_dir: {self.root}: could not save {failed}: {reason}; {kept}. {advice}, '
             'then resume with --resume_from latest.'
         )
 

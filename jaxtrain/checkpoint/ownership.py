@@ -180,12 +180,16 @@ class RootLock:
             return
         self.held = False
         _HELD.discard(self)
-        holder = self._read()
-        if holder and holder.get('token') == self.record['token']:
-            try:
+        try:
+            holder = self._read()
+            if holder and holder.get('token') == self.record['token']:
                 os.unlink(self.path)
-            except FileNotFoundError:
-                pass
+        except FileNotFoundError:
+            pass
+        except OSError:
+            # E.g. the filesystem turned read-only: the lock stays, and is seen as stale once this
+            # process is gone; the run's own error, not this one, is what to report.
+            pass
 
 
 def release_held():

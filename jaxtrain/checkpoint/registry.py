@@ -10,15 +10,19 @@ from pathlib import Path
 from jaxtrain.checkpoint.format import CheckpointFormat, RunCheckpointer
 from jaxtrain.checkpoint.formats import infinitrain as it
 from jaxtrain.checkpoint.formats.infinitrain_saver import InfiniTrainFormat
+from jaxtrain.checkpoint.formats.infinitrain_trainer import LRS_FORMAT
+from jaxtrain.checkpoint.formats.llmc_run import LLMCRunFormat
 from jaxtrain.checkpoint.formats.orbax import OrbaxFormat
 from jaxtrain.checkpoint.layout import CheckpointError, step_dir_name
 
 ORBAX = OrbaxFormat()
+LLMC_RUN = LLMCRunFormat()  # read only: a run resumes from it, ckpt export writes it
 _INFINITRAIN = {kind: InfiniTrainFormat(kind) for kind in it.KINDS}  # every kind reads; pth does not write
 # --checkpoint_format values, in the order --help lists them.
 WRITERS: dict[str, CheckpointFormat] = {
     ORBAX.name: ORBAX,
     it.HEAD_KIND: _INFINITRAIN[it.HEAD_KIND],
+    LRS_FORMAT: InfiniTrainFormat(LRS_FORMAT),  # HEAD's files, PR 151's generation
     it.PR_BIN_KIND: _INFINITRAIN[it.PR_BIN_KIND],
 }
 FORMAT_NAMES = tuple(WRITERS)
@@ -31,6 +35,8 @@ def for_flag(name: str) -> CheckpointFormat:
 
 
 def for_step_dir(step_dir) -> CheckpointFormat:
+    if LLMC_RUN.owns(step_dir):
+        return LLMC_RUN
     kind = it.detect_kind(step_dir)
     return _INFINITRAIN[kind] if kind else ORBAX
 

@@ -167,4 +167,5 @@ def owned_checkpoint_dir(config, info=print):
     finally:
         if lock is not None:
             lock.release()
-        remove_if_empty(created)
+        with contextlib.suppress(OSError):  # a root turned read-only keeps the run's own error
+            remove_if_empty(created)

@@ -110,6 +110,11 @@ _MAY_CHANGE = (
     'lr_schedule',
     'warmup_steps',
     'min_lr_ratio',
+    'lr_decay_style',
+    'lr_warmup_iters',
+    'lr_warmup_init',
+    'min_lr',
+    'lr_decay_iters',
     'num_iteration',
     'beta1',
     'beta2',
@@ -172,6 +177,10 @@ def compare_with_run(saved: dict, model_config: dict, training_config: dict) -> 
             incompatible.append(
                 f'{key}: checkpoint {saved_training.get(key)!r}, now {training_config.get(key)!r}'
             )
+    # The batch order (data/llmc_shuffled_stream.py): the saved position means another batch in the other one.
+    saved_order, order = saved_training.get('shuffle', 'none'), training_config.get('shuffle', 'none')
+    if saved_order != order:
+        incompatible.append(f'shuffle: checkpoint {saved_order!r}, now {order!r} (pass --shuffle {saved_order})')
     for key in _MAY_CHANGE:
         if key in saved_training and saved_training.get(key) != training_config.get(key):
             changes.append(f'{key}: checkpoint {saved_training.get(key)!r}, now {training_config.get(key)!r}')
@@ -182,7 +191,7 @@ def describe_topology(topology: dict) -> str:
     """'8 cpu devices in 1 process, mesh data 2 × fsdp 4 × tensor 1' (fields may be missing
     in older checkpoints: '?')."""
     mesh = ' × '.join(f'{axis} {size}' for axis, size in topology.get('mesh', {}).items()) or '?'
-    if topology.get('vpp_size', 1) > 1:  # interleaved pipeline (parallel/pipeline.py)
+    if topology.get('vpp_size', 1) > 1:  # interleaved pipeline (train/pipeline.py)
         mesh += f", {topology['vpp_size']} chunks per stage"
     return (
         f"{topology.get('device_count', '?')} {topology.get('platform', '?')} device(s) in "

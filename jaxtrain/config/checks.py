@@ -1,25 +1,32 @@
 """Refuses a bad config before anything is built: one line naming the key, what was
-expected and what was found."""
+expected and what was found. The one place a run's config is validated: the entry points
+(main.py, the benchmark) call check_config once; train/ builds without checking again."""
 
+import importlib.util
 from pathlib import Path
 
 from jaxtrain.checkpoint.registry import FORMAT_NAMES
+from jaxtrain.config.fit_checks import check_fit
 from jaxtrain.config.path_checks import path_problems
 from jaxtrain.models import cross_entropy_kernel
+from jaxtrain.models import recompute
 from jaxtrain.models.attention import IMPLEMENTATIONS
+from jaxtrain.optim.infinitrain_lr_schedule import STYLES
+from jaxtrain.optim.optimizer import OPTIMIZERS, SCHEDULES, schedule_spec, spelled_with_infinitrain_flags
 from jaxtrain.train import precision_check
-from jaxtrain.train.optim import OPTIMIZERS, SCHEDULES
 
 CHOICES = {
     'model_family': ('gpt2', 'llama3'),
     'dtype': ('float32', 'bfloat16'),
     'optimizer': OPTIMIZERS,
     'lr_schedule': SCHEDULES,
+    'lr_decay_style': STYLES,
     'attention': IMPLEMENTATIONS,
     'cross_entropy': cross_entropy_kernel.IMPLEMENTATIONS,
     'deterministic': ('auto', 'true', 'false'),
     'device': ('auto', 'cpu', 'cuda'),
     'checkpoint_format': FORMAT_NAMES,
+    'shuffle': ('none', 'llmc'),
 }
 NON_NEGATIVE = (
     'num_devices',
@@ -28,6 +35,7 @@ NON_NEGATIVE = (
     'save_steps',
     'max_checkpoint_keep',
     'keep_every_steps',
+    'keep_best',
     'save_every_minutes',
     'val_loss_every',
     'warmup_steps',
@@ -37,6 +45,7 @@ NON_NEGATIVE = (
     'llmc_ffn_dim_multiplier',
     'llmc_norm_eps',
     'total_batch_size',  # 0: one micro-step per rank (batch_geometry.py)
+    'peak_tflops',
 )
 POSITIVE = ('batch_size', 'sequence_length')
 MESH_AXES = ('mesh_data', 'mesh_fsdp', 'mesh_tensor')  # a size, or -1 to fill (mesh.py)
@@ -61,6 +70,7 @@ def check_config(config):
         problems.append(
             f'process_id: expected a value >= 0, or -1 (from the environment), found {config.process_id}'
         )
+    problems += recompute.check(config)
     if config.zero_stage not in (0, 1, 2, 3):
         problems.append(f'zero_stage: expected 0, 1, 2 or 3, found {config.zero_stage}')
     keep_every, save_steps = config.keep_every_steps, config.save_steps
@@ -69,6 +79,26 @@ def check_config(config):
             f'keep_every_steps: expected a multiple of save_steps {config.save_steps}, found '
             f'{config.keep_every_steps}: only steps that are multiples of both would be kept. '
             f'Pass --keep_every_steps {save_steps * max(1, round(keep_every / save_steps))}'
+        )
+    if config.keep_best and not config.val_loss_every:
+        problems.append(
+            f'keep_best: expected --val_loss_every N > 0 (checkpoints are ranked by the validation loss at '
+            f'their step), found val_loss_every 0; pass --val_loss_every {config.save_steps or 1}'
+        )
+    elif config.keep_best and config.save_steps and config.save_steps % config.val_loss_every:
+        problems.append(
+            f'keep_best: expected save_steps to be a multiple of val_loss_every {config.val_loss_every} (a '
+            f'checkpoint is ranked by the validation loss at its step), found save_steps {config.save_steps}'
+        )
+    if config.wandb_project and importlib.util.find_spec('wandb') is None:
+        problems.append(
+            f"wandb_project: expected the wandb package to log to {config.wandb_project!r}, found it not "
+            "installed; pip install wandb (or pip install 'jaxtrain[wandb]'), or drop --wandb_project"
+        )
+    if config.tokenizer and config.tokenizer_bin:
+        problems.append(
+            f'tokenizer: expected one of --tokenizer and --tokenizer_bin, found both ({config.tokenizer} and '
+            f'{config.tokenizer_bin}); pass one'
         )
     if config.precision_check:
         try:
@@ -84,6 +114,7 @@ def check_config(config):
     problems += path_problems(config)
     if problems:
         raise ValueError('; '.join(problems))
+    check_fit(config)  # the devices, the model file's header: only once the keys themselves are sound
 
 
 def _range_problems(config) -> list[str]:
@@ -94,6 +125,13 @@ def _range_problems(config) -> list[str]:
         problems.append(
             f'min_lr_ratio: expected 0..1 (a fraction of learning_rate), found {config.min_lr_ratio}'
         )
+    if config.lr_decay_style in STYLES:  # else CHOICES names it
+        try:
+            spec = schedule_spec(config)  # refuses both spellings at once
+            if spelled_with_infinitrain_flags(config):
+                spec.check()  # InfiniTrain's CreateLRScheduler CHECKs (ours has its own ranges)
+        except ValueError as e:
+            problems.append(str(e))
     for key in ('beta1', 'beta2'):
         if not 0 <= config[key] < 1:
             problems.append(f'{key}: expected 0 <= {key} < 1, found {config[key]}')

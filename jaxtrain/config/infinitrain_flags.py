@@ -5,7 +5,9 @@ InfiniTensor/InfiniTrain b24d92f280dd5f46d6c0eee97230d9fcffc70785 (HEAD), and th
 generation before it used five more names: `--checkpoint_dir --save_steps --resume_from
 --checkpoint_format` (f9cb65b5408a90db2d88658609cabf58a2ca7539, an ancestor of HEAD) and
 `--use_llmc_checkpoint_io` (b8e9dd2f7a9cf692deb1b700b1796a99144bc3c0, the checkpoint PR branch).
-UPSTREAM below is that list of 39, each with its upstream type and defaults and how jaxtrain
+PR 151 (a7949ac0f46fb3de64520a18bc13ebc70b6bc158, LR schedulers, merged upstream later) adds five:
+`--min_lr --lr_decay_style --lr_warmup_iters --lr_warmup_init --lr_decay_iters`.
+UPSTREAM below is that list of 44, each with its upstream type and defaults and how jaxtrain
 takes it:
 
   key       a config key of the same name (keys.py); flags.py defines its flag
@@ -26,6 +28,7 @@ from jaxtrain.config.keys import KEYS
 HEAD_COMMIT = 'b24d92f280dd5f46d6c0eee97230d9fcffc70785'
 PR_COMMIT = 'f9cb65b5408a90db2d88658609cabf58a2ca7539'  # --checkpoint_dir/--save_steps/...
 LLMC_IO_COMMIT = 'b8e9dd2f7a9cf692deb1b700b1796a99144bc3c0'  # --use_llmc_checkpoint_io
+LR_SCHEDULER_COMMIT = 'a7949ac0f46fb3de64520a18bc13ebc70b6bc158'  # --lr_decay_style and four more
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +128,12 @@ UPSTREAM = (
         'checkpoint_format',
         'GPT-2: write the llm.c model.bin format (= --checkpoint_format infinitrain-bin)',
     ),
+    # PR 151's LR schedulers (example/{gpt2,llama3}/main.cc at a7949ac0)
+    _same('min_lr', 'float', 0.0),
+    _same('lr_decay_style', 'string', 'constant'),
+    _same('lr_warmup_iters', 'int', 0),
+    _same('lr_warmup_init', 'float', 0.0),
+    _same('lr_decay_iters', 'int', 0),
 )
 BY_NAME = {flag.name: flag for flag in UPSTREAM}
 

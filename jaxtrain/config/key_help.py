@@ -1,6 +1,6 @@
 """The --help line of a config key: its meaning, its default, and the shipped configs'
 own value where they set another (configs/gpt2.py makes the model `small`, LLaMA-3's its
-learning rate 1e-5 ...), so `--help` / `--helpfull` show what a run would use.
+learning rate 1e-2 ...), so `--help` / `--helpfull` show what a run would use.
 
 The flags themselves default to None (flags.py: "not given" must stay distinguishable
 from "given the default"), which is why absl would show no default of its own.
@@ -8,9 +8,8 @@ from "given the default"), which is why absl would show no default of its own.
 
 import importlib.util
 from functools import lru_cache
-from pathlib import Path
+from jaxtrain.config.config_path import shipped_config
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / 'configs'
 SHIPPED = ('gpt2', 'llama3')
 
 
@@ -25,8 +24,8 @@ def shipped_configs() -> dict:
     """{family: its config dict} of configs/*.py (empty where configs/ is not installed)."""
     configs = {}
     for family in SHIPPED:
-        path = CONFIG_DIR / f'{family}.py'
-        if not path.is_file():
+        path = shipped_config(f'{family}.py')
+        if path is None:
             continue
         spec = importlib.util.spec_from_file_location(f'_jaxtrain_help_config_{family}', path)
         module = importlib.util.module_from_spec(spec)

@@ -8,6 +8,8 @@ optimizer, which is AdamW.
 
 import ml_collections
 
+from jaxtrain.data.batch_geometry import DEFAULT_TOTAL
+
 # (key, default, help). Grouped as model / data / optimization / logging / checkpoints.
 KEYS = (
     ('model_family', 'gpt2', 'gpt2 | llama3 (set by the config file)'),
@@ -21,6 +23,20 @@ KEYS = (
     ('llmc_norm_eps', 0.0, 'LLaMA-3: true norm_eps when the file stored it truncated (0 = file)'),
     ('dtype', 'float32', 'float32 | bfloat16: compute dtype; params and optimizer state stay fp32'),
     ('scan_layers', True, 'scan over layers (fast compile) or unroll them (false: faster GPU steps)'),
+    ('activation_recompute', False, 'recompute layer activations in the backward pass (less memory, more compute)'),
+    (
+        'recompute_granularity',
+        'full',
+        'with activation_recompute: full (a region keeps only its input) | selective (keeps the weight '
+        "matmuls' outputs, recomputes attention and activations) | none",
+    ),
+    (
+        'recompute_method',
+        'none',
+        'with full recompute: none (each layer a region) | uniform (groups of recompute_num_layers) | '
+        'block (only the first recompute_num_layers layers)',
+    ),
+    ('recompute_num_layers', 0, 'layers per region (uniform) or recomputed layers (block); 1 or more there'),
     ('num_devices', 0, 'devices to train on (0 = all); the mesh_* keys arrange them'),
     ('mesh_data', -1, 'mesh axis data: replicated parameters, batch split (-1 = the devices left)'),
     ('mesh_fsdp', 1, 'mesh axis fsdp: batch split, parameters and optimizer state sharded (-1 = fill)'),
@@ -67,6 +83,18 @@ KEYS = (
         'one GPU in bf16; else XLA)',
     ),
     ('input_bin', '', "glob of llm.c token shards ('' = the built-in stdlib corpus, in the family's shards)"),
+    (
+        'shuffle',
+        'none',
+        "none | llmc: train batches in order, or in llm.c's permuted order (train_gpt2cu's default: "
+        'per-epoch shard and sample permutations from its mt19937, seed 42)',
+    ),
+    (
+        'llmc_require_master_weights',
+        False,
+        'resuming an llm.c run folder: refuse a state file without fp32 master weights (-w 0) '
+        'instead of continuing from its bf16 model',
+    ),
     ('input_val_bin', '', "glob of validation shards ('' = none, or the built-in corpus's val shard)"),
     ('val_loss_every', 0, 'validation loss every N steps (0 = never)'),
     ('val_max_steps', 5, 'validation batches per evaluation'),
@@ -96,13 +124,33 @@ KEYS = (
     ('overfit_single_batch', False, "train every step on the stream's first batch (a smoke test)"),
     ('batch_size', 4, 'sequences per data-parallel rank per micro-step'),
     ('sequence_length', 64, 'tokens per sequence (T)'),
-    ('total_batch_size', 256, 'tokens per optimizer step; sets gradient accumulation (0 = one micro-step)'),
+    (
+        'total_batch_size',
+        DEFAULT_TOTAL,
+        'tokens per optimizer step; sets gradient accumulation (0 = one micro-step)',
+    ),
     ('num_iteration', 10, 'optimizer steps in total (global step, counted across resumes)'),
     ('optimizer', 'adamw', 'adamw | adam | sgd'),
     ('learning_rate', 1e-4, 'peak learning rate'),
     ('lr_schedule', 'constant', 'constant | cosine (linear warmup, then cosine to min_lr_ratio)'),
     ('warmup_steps', 0, 'linear warmup as llm.c: step s (from 0) takes learning_rate*(s+1)/warmup_steps'),
     ('min_lr_ratio', 0.0, 'cosine: final learning rate as a fraction of learning_rate'),
+    # InfiniTrain's spelling of the schedule (PR 151): its own float32 arithmetic, step for step.
+    # A run spells its schedule one way: these, or lr_schedule / warmup_steps / min_lr_ratio.
+    (
+        'lr_decay_style',
+        'constant',
+        "InfiniTrain's schedule: none | constant | linear | cosine | inverse-square-root, after "
+        'lr_warmup_iters; none: no scheduler and no lr_scheduler.ckpt',
+    ),
+    ('lr_warmup_iters', 0, 'InfiniTrain: warmup steps, linear from lr_warmup_init (step 1) to learning_rate'),
+    ('lr_warmup_init', 0.0, 'InfiniTrain: the learning rate of step 1 when lr_warmup_iters > 0'),
+    ('min_lr', 0.0, "InfiniTrain: where the decay ends, an absolute learning rate (ours: min_lr_ratio)"),
+    (
+        'lr_decay_iters',
+        0,
+        'InfiniTrain: the step where the decay reaches min_lr, warmup included (0 = num_iteration)',
+    ),
     ('beta1', 0.9, 'Adam beta1'),
     ('beta2', 0.95, "Adam beta2 (llm.c's CUDA trainer; the LLaMA-3 config uses InfiniTrain's 0.999)"),
     ('eps', 1e-8, 'Adam epsilon'),
@@ -116,10 +164,27 @@ KEYS = (
         "md5_tolerance=X' ('' = off)",
     ),
     ('metrics_dir', '', "directory for metrics.jsonl ('' = no file)"),
+    (
+        'tensorboard_dir',
+        '',
+        "directory for TensorBoard event files: loss, val loss, lr, grad norm, tokens/s, MFU, times "
+        "('' = none)",
+    ),
+    ('wandb_project', '', "Weights & Biases project to log the same to (needs pip install wandb; '' = none)"),
+    (
+        'peak_tflops',
+        0.0,
+        "peak dense TFLOP/s of one device for MFU (0 = the device's data-sheet value for the dtype)",
+    ),
     ('checkpoint_dir', '', 'root of this run\'s checkpoints (checkpoint_step_NNNNNN/ inside)'),
     ('save_steps', 0, 'save every N steps (0 = never); the last step is saved whenever saving is on'),
-    ('max_checkpoint_keep', 0, 'keep the newest K checkpoints (0 = keep all)'),
+    ('max_checkpoint_keep', 3, "keep the newest K checkpoints (InfiniTrain's 3; 0 = keep all)"),
     ('keep_every_steps', 0, 'also keep, forever, checkpoints whose step is a multiple of N (0 = off)'),
+    (
+        'keep_best',
+        0,
+        'also keep the N checkpoints with the lowest validation loss measured at their step (0 = off)',
+    ),
     ('save_every_minutes', 0.0, 'also save when this many minutes passed since the last save (0 = off)'),
     ('save_optimizer_state', True, 'save the optimizer state too (needed for an exact resume)'),
     (
@@ -160,9 +225,6 @@ KEYS = (
         'auto | true | false: deterministic GPU kernels (auto: on when saving or resuming)',
     ),
 )
-
-HELP = {key: text for key, _, text in KEYS}
-
 
 def base_config(model_family: str) -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict({key: default for key, default, _ in KEYS})

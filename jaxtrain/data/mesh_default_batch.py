@@ -10,16 +10,22 @@ changed (batch_geometry.py refuses it when it does not divide).
 
 import jax
 
-from jaxtrain.config.keys import KEYS
-
-DEFAULT_TOTAL = dict((key, default) for key, default, _ in KEYS)['total_batch_size']
+from jaxtrain.data.batch_geometry import DEFAULT_TOTAL
 
 
-def fit_default_total_to_mesh(config, data_parallel: int) -> None:
+def total_on_mesh(config, data_parallel: int) -> int:
+    """The total_batch_size the run uses on `data_parallel` ranks."""
     micro_step = config.batch_size * config.sequence_length * data_parallel
     # Only a default smaller than one micro-step: a batch_size that does not divide it is
     # still refused (the user chose that batch_size).
     if config.total_batch_size != DEFAULT_TOTAL or micro_step <= config.total_batch_size:
+        return config.total_batch_size
+    return micro_step
+
+
+def fit_default_total_to_mesh(config, data_parallel: int) -> None:
+    micro_step = total_on_mesh(config, data_parallel)
+    if micro_step == config.total_batch_size:
         return
     config.total_batch_size = micro_step
     if jax.process_index() == 0:

@@ -1,5 +1,6 @@
 """The train and validation streams of one run: which shards, at the run's batch geometry."""
 
+from jaxtrain.data.llmc_shuffled_stream import LLMCShuffledStream
 from jaxtrain.data.stream import TokenStream
 
 
@@ -21,17 +22,21 @@ def data_paths(config) -> tuple[str, str]:
     return train_path, config.input_val_bin or val_path
 
 
+def train_stream(config, geometry, vocab_size: int, pattern: str) -> TokenStream:
+    """The train stream, in order or (--shuffle llmc) in llm.c's permuted order."""
+    common = dict(name='train', model_family=config.model_family)
+    if config.get('shuffle', 'none') == 'llmc':
+        return LLMCShuffledStream(
+            pattern, geometry.tokens_per_step, config.sequence_length, vocab_size,
+            accumulation=geometry.accumulation, **common,
+        )
+    return TokenStream(pattern, geometry.tokens_per_step, config.sequence_length, vocab_size, **common)
+
+
 def open_run_streams(config, geometry, vocab_size: int):
     """(train stream, val stream or None): a step reads one window of tokens_per_step."""
     train_pattern, val_pattern = data_paths(config)
-    stream = TokenStream(
-        train_pattern,
-        geometry.tokens_per_step,
-        config.sequence_length,
-        vocab_size,
-        name='train',
-        model_family=config.model_family,
-    )
+    stream = train_stream(config, geometry, vocab_size, train_pattern)
     val_stream = None
     if config.val_loss_every > 0 and val_pattern:
         val_stream = TokenStream(

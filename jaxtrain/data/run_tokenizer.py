@@ -2,7 +2,8 @@
 
 One of: llm.c's tokenizer file (`tokenizer_bin`, decode only: it holds no merges), a BPE
 tokenizer (`tokenizer`: a Hugging Face tokenizer.json or a tiktoken BPE file, llmc_io/text_tokenizer.py),
-or, for GPT-2's vocabulary without either, the built-in byte-level tokenizer of the default corpus.
+or, for GPT-2's or LLaMA-3's vocabulary without either, the built-in byte-level tokenizer of the
+default corpus.
 """
 
 from __future__ import annotations
@@ -32,10 +33,9 @@ def load_run_tokenizer(tokenizer_bin: str, tokenizer: str, family: str, vocab_si
                 f"model's vocab_size), found {found.vocab_size}"
             )
         return found
-    from jaxtrain.data.default_tokenizer import default_corpus_tokenizer
+    from jaxtrain.data.default_tokenizer import builtin_tokenizer_for
 
-    builtin = default_corpus_tokenizer()
-    return builtin if vocab_size == builtin.vocab_size else None
+    return builtin_tokenizer_for(vocab_size)
 
 
 def encode_prompt(tokenizer, text: str) -> list[int]:

@@ -36,7 +36,6 @@ from jaxtrain.parallel.sharding import put_global
 # genT = 64 positions starting from EOT.
 DEFAULT_TEMPERATURE = 1.0
 DEFAULT_TOP_K = 40
-DEFAULT_LENGTH = 64
 
 
 def sample_next(logits_BxV, key, temperature, top_k: int):

@@ -23,6 +23,7 @@ from jaxtrain.models.attention import causal_attention
 from jaxtrain.models.embedding import embedding_lookup
 from jaxtrain.models.gelu import gelu_tanh
 from jaxtrain.models.layer_stack import apply_blocks, stack_blocks
+from jaxtrain.models.recompute import OFF, Recompute
 from jaxtrain.models.lora import linear
 from jaxtrain.models.precision_tap import tap  # no-op unless --precision_check
 from jaxtrain.models.qkv_split import split_qkv
@@ -54,10 +55,6 @@ class GPT2Config:
     def flops_per_token(self, seq_len: int) -> int:
         """llm.c's count: 6N for the matmuls with the weights plus 6·L·C·T for attention."""
         return 6 * self.num_parameters + 6 * self.num_layers * self.channels * seq_len
-
-
-def _padded(vocab_size: int) -> int:
-    return 128 * math.ceil(vocab_size / 128)
 
 
 VARIANTS = {
@@ -144,6 +141,7 @@ class GPT2(nnx.Module):
         attention: str = 'xla',
         scan_layers: bool = True,
         deterministic: bool = True,
+        recompute: Recompute = OFF,
         lora=None,  # a lora.LoRASpec: adapters on the projections it targets
         rngs: nnx.Rngs,
     ):
@@ -158,6 +156,7 @@ class GPT2(nnx.Module):
         self.ln_f = nnx.LayerNorm(C, epsilon=1e-5, dtype=jnp.float32, rngs=rngs)
         self.dtype = dtype
         self.scan_layers = scan_layers
+        self.recompute = recompute  # which layers' activations are recomputed in the backward pass
         # Bitwise-reproducible gradients where a kernel choice decides it (the embedding's).
         self.deterministic = deterministic
 
@@ -170,7 +169,13 @@ class GPT2(nnx.Module):
         # are a slice, whose gradient is a plain sum over the batch.
         x_BxTxC = embedding_lookup(self.wte.embedding[...], tokens_BxT, self.deterministic).astype(self.dtype)
         x_BxTxC = x_BxTxC + self.wpe.embedding[:T].astype(self.dtype)[None]
-        x_BxTxC = apply_blocks(self.h, x_BxTxC, scan=self.scan_layers, distinct_attention=self.deterministic)
+        x_BxTxC = apply_blocks(
+            self.h,
+            x_BxTxC,
+            scan=self.scan_layers,
+            distinct_attention=self.deterministic,
+            recompute=self.recompute,
+        )
         return self.ln_f(x_BxTxC).astype(self.dtype)
 
     def head_weight(self):

@@ -20,6 +20,7 @@ from flax import nnx
 from jaxtrain.models.attention import causal_attention
 from jaxtrain.models.embedding import embedding_lookup
 from jaxtrain.models.layer_stack import apply_blocks, stack_blocks
+from jaxtrain.models.recompute import OFF, Recompute
 from jaxtrain.models.lora import linear
 from jaxtrain.models.precision_tap import tap  # no-op unless --precision_check
 from jaxtrain.parallel.sequence_parallel import split_over_time  # no-op unless --sequence_parallel
@@ -209,6 +210,7 @@ class LLaMA3(nnx.Module):
         attention: str = 'xla',
         scan_layers: bool = True,
         deterministic: bool = True,
+        recompute: Recompute = OFF,
         lora=None,  # a lora.LoRASpec: adapters on the projections it targets
         rngs: nnx.Rngs,
     ):
@@ -221,6 +223,7 @@ class LLaMA3(nnx.Module):
         self.lm_head = _linear(C, V, dtype, rngs)
         self.dtype = dtype
         self.scan_layers = scan_layers
+        self.recompute = recompute  # which layers' activations are recomputed in the backward pass
         # Bitwise-reproducible gradients where a kernel choice decides it (the embedding's).
         self.deterministic = deterministic
 
@@ -238,7 +241,13 @@ class LLaMA3(nnx.Module):
         # Not nnx.Embed's gather: see embedding.py for the deterministic gradient.
         x_BxTxC = embedding_lookup(self.wte.embedding[...], tokens_BxT, self.deterministic).astype(self.dtype)
         x_BxTxC = apply_blocks(
-            self.h, x_BxTxC, cos_TxH2, sin_TxH2, scan=self.scan_layers, distinct_attention=self.deterministic
+            self.h,
+            x_BxTxC,
+            cos_TxH2,
+            sin_TxH2,
+            scan=self.scan_layers,
+            distinct_attention=self.deterministic,
+            recompute=self.recompute,
         )
         return self.ln_f(x_BxTxC).astype(self.dtype)
 

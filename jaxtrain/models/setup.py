@@ -12,10 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxtrain.train import deterministic_flag
+from jaxtrain.parallel import deterministic_flag
 from jaxtrain.models import FAMILIES
 from jaxtrain.models.attention import resolve_attention
 from jaxtrain.models.lora_setup import attach_lora
+from jaxtrain.models.recompute import Recompute
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 
@@ -69,6 +70,31 @@ def _shape_mismatches(expected: dict, found: dict, prefix=''):
     return problems
 
 
+def model_config_for(config):
+    """The model's shape: the llm.c file's header (its tensors unread), else the named
+    variant of the family."""
+    _, config_cls, variants = FAMILIES[config.model_family]
+    if config.llmc_filepath:  # the family's own reader, as _load_llmc: its errors name the family
+        from llmc_io.gpt2 import gpt2_info
+        from llmc_io.llama3 import llama3_info
+
+        if config.model_family == 'gpt2':
+            info = gpt2_info(config.llmc_filepath)
+        else:
+            info = llama3_info(
+                config.llmc_filepath,
+                ffn_dim_multiplier=config.llmc_ffn_dim_multiplier or None,
+                norm_eps=config.llmc_norm_eps or None,
+            )
+        return _config_from_header(config_cls, info.header)
+    if config.model not in variants:
+        raise ValueError(
+            f"model: expected one of {', '.join(sorted(variants))} for {config.model_family}; "
+            f'found {config.model!r}'
+        )
+    return variants[config.model]
+
+
 def setup_model(config) -> ModelSetup:
     model_cls, config_cls, variants = FAMILIES[config.model_family]
     dtype = DTYPES[config.dtype]
@@ -85,6 +111,7 @@ def setup_model(config) -> ModelSetup:
         dtype=dtype,
         attention=attention,
         scan_layers=config.scan_layers,
+        recompute=Recompute.from_config(config),
         # Only a GPU's scatter-add is nondeterministic. Elsewhere the same op in both modes
         # keeps a run with checkpoints bitwise equal to one without (deterministic is 'auto').
         deterministic=deterministic and jax.default_backend() == 'gpu',
@@ -114,12 +141,7 @@ def setup_model(config) -> ModelSetup:
         )
         return attach_lora(config, setup, model_cls, options)
 
-    if config.model not in variants:
-        raise ValueError(
-            f"model: expected one of {', '.join(sorted(variants))} for {config.model_family}; "
-            f'found {config.model!r}'
-        )
-    model_config = variants[config.model]
+    model_config = model_config_for(config)
     init = jax.jit(
         lambda: nnx.split(model_cls(model_config, **options, rngs=nnx.Rngs(config.seed)), nnx.Param)[1]
     )

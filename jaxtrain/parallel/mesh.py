@@ -91,17 +91,24 @@ def pipeline_stages(stages: int, device_count: int) -> int:
     return stages
 
 
-def build_mesh(config) -> Mesh:
-    devices = select_devices(config.num_devices)
-    stages = pipeline_stages(config.get('pipeline_parallel', 1), len(devices))
+def mesh_sizes(config, device_count: int) -> dict[str, int]:
+    """{axis: size} of the run's mesh on `device_count` devices, `pipeline` included (1
+    without stages); refuses sizes that do not fit, in one line naming the key."""
+    stages = pipeline_stages(config.get('pipeline_parallel', 1), device_count)
     try:
-        sizes = mesh_shape(len(devices) // stages, config.mesh_data, config.mesh_fsdp, config.mesh_tensor)
+        sizes = mesh_shape(device_count // stages, config.mesh_data, config.mesh_fsdp, config.mesh_tensor)
     except ValueError as error:
         if stages == 1:
             raise
         raise ValueError(f'{error} (the devices of one of the {stages} pipeline stages)') from None
-    axes = AXES if stages == 1 else (PIPELINE,) + AXES
     sizes[PIPELINE] = stages
+    return sizes
+
+
+def build_mesh(config) -> Mesh:
+    devices = select_devices(config.num_devices)
+    sizes = mesh_sizes(config, len(devices))
+    axes = AXES if sizes[PIPELINE] == 1 else (PIPELINE,) + AXES
     return jax.make_mesh(
         tuple(sizes[a] for a in axes), axes, axis_types=(AxisType.Auto,) * len(axes), devices=devices
     )

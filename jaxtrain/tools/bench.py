@@ -16,7 +16,7 @@ shared machine moves both numbers together. The peak is the burst rate (about 79
 the sustained rate (lower on an H200: power-limited) is printed beside it.
 
 --profile_steps N traces N more steps with jax.profiler after the timed phases and prints
-the device time per kernel and per kind (matmul, attention, fusion, copy): kernel_profile.py.
+the device time per kernel and per kind (matmul, attention, fusion, copy).
 
 --save_every N adds a second timed phase of --steps steps that starts an asynchronous
 save every N steps (the trainer's Checkpointer: device snapshot, checksums, Orbax, the
@@ -46,16 +46,23 @@ from pathlib import Path
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from jaxtrain.train import deterministic_flag
-from jaxtrain.tools import pipeline_bench
 from jaxtrain.config import flags as key_flags
-from jaxtrain.config.checks import deterministic_wanted
+from jaxtrain.config.checks import check_config, deterministic_wanted
+from jaxtrain.config.config_path import shipped_config
+from jaxtrain.parallel import deterministic_flag
+from jaxtrain.tools import pipeline_bench
 from jaxtrain.tools.bench_measure import BenchError, Settings, command_line, run_benchmark
+from llmc_io.atomic_file import write_text_atomically
 
-_DEFAULT_CONFIG = str(Path(__file__).resolve().parents[2] / 'configs' / 'gpt2.py')
+_DEFAULT_CONFIG = str(shipped_config('gpt2.py') or 'configs/gpt2.py')  # the checkout's or the install's
+# absl heads --help's flag list with the defining module's name, which for __main__ is argv[0]
+# (runpy makes it this file's path): the command's name instead.
+if __name__ == '__main__':
+    sys.argv[0] = 'python -m jaxtrain.bench'
 config_flags.DEFINE_config_file(
     'config', _DEFAULT_CONFIG, 'config file, e.g. configs/gpt2.py:d12', lock_config=True
 )
+flags.FLAGS['config'].default_as_str = "'configs/gpt2.py'"  # --help: not this checkout's path
 _WARMUP = flags.DEFINE_integer('warmup', 3, 'untimed steps after compilation')
 _STEPS = flags.DEFINE_integer('steps', 10, 'timed steps per phase (the saving phase runs as many)')
 _SAVE_EVERY = flags.DEFINE_integer(
@@ -299,11 +306,12 @@ def main(argv):
                     f'decide: this run is {"deterministic" if deterministic else "fast"}',
                     file=sys.stderr,
                 )
+            check_config(config)
             result = run_benchmark(config, settings, deterministic)
             text = summary(result) + pipeline_bench.report(config, settings.warmup, settings.steps)
         print(text, flush=True)
         if _JSON.value:
-            Path(_JSON.value).write_text(json.dumps(result, indent=2) + '\n')
+            write_text_atomically(_JSON.value, json.dumps(result, indent=2) + '\n')
         return 0
     except KeyboardInterrupt:
         print('interrupted', file=sys.stderr)

@@ -22,7 +22,7 @@ from jaxtrain.tools import kernel_profile
 from jaxtrain.parallel import sharding
 from jaxtrain.models.setup import DTYPES
 from jaxtrain.models.attention import resolve_attention
-from jaxtrain.train.optim import learning_rate_at
+from jaxtrain.optim.optimizer import learning_rate_at
 from jaxtrain.train.step import TrainState
 from jaxtrain.train.setup import TrainerSetup, build_trainer
 

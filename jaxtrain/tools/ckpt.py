@@ -10,10 +10,10 @@
         [--ddp D] [--tp T] [--pp P] [--vpp V] [--zero_stage Z] [--sequence_parallel]
 
 STEP_DIR is one `checkpoint_step_NNNNNN` directory: ours (Orbax) or InfiniTrain's (HEAD model.ckpt, PR
-model.bin / model.pth, with or without rank_* subdirectories); every command says which kind it read
-(tools/ckpt_infinitrain.py), and diff compares across kinds. A LoRA
-checkpoint (adapters only; checkpoint/lora_record.py) is shown, verified and diffed like any other
-and exported only merged into its base (--merge-lora). Every
+model.bin / model.pth, with or without rank_* subdirectories); every command says which kind it read,
+and diff compares across kinds. A LoRA checkpoint (adapters only: its trainer state names the base
+llm.c file) is shown, verified and diffed like any other and exported only merged into its base
+(--merge-lora). Every
 command takes --json (for machines; a table for people otherwise) and --verbose (a traceback with
 errors). No model is built and no accelerator is needed: JAX runs on the CPU unless JAX_PLATFORMS
 says otherwise, and arrays are read as NumPy whatever number of devices saved them.
@@ -28,6 +28,7 @@ import os
 import sys
 import traceback
 
+from jaxtrain.tools.command_line import program_name, reader_gone
 from jaxtrain.tools.ckpt_commands import EXIT_ERROR, PROG, cmd_diff, cmd_export, cmd_ls, cmd_show, cmd_verify
 from jaxtrain.tools.quiet_absl import quiet_absl
 
@@ -41,7 +42,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(
+        prog=program_name(PROG), description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument('--verbose', action='store_true', help='print a traceback with errors')
     # Also accepted after the command; SUPPRESS keeps the top-level value when it is not given there.
     common = argparse.ArgumentParser(add_help=False)
@@ -122,11 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.add_argument(
         '--format',
-        choices=('llmc', 'hf', 'infinitrain', 'infinitrain-bin'),
+        choices=('llmc', 'hf', 'infinitrain', 'infinitrain-lrs', 'infinitrain-bin'),
         default='llmc',
         help='llmc (default): an llm.c model file; hf: a Hugging Face folder, config.json + '
         'model.safetensors (fp32), for GPT2LMHeadModel / LlamaForCausalLM (GPT-2 head tied); '
-        'infinitrain / infinitrain-bin: an InfiniTrain step directory',
+        'infinitrain / infinitrain-bin: an InfiniTrain step directory (HEAD / PR); infinitrain-lrs: '
+        'HEAD\'s files with lr_scheduler.ckpt, for an InfiniTrain with PR 151\'s LR schedulers',
     )
     export.add_argument(
         '--version', type=int, choices=(3, 5), default=None, help='3: fp32 (default); 5: bf16, GPT-2 only'
@@ -181,7 +185,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)  # inside: --help's text goes to a pipe too
+    except BrokenPipeError:
+        return reader_gone()
     # Reading a checkpoint needs no accelerator: do not claim (or wait for) a GPU unless asked to.
     # JAX reads this when imported, which the commands do (through ckpt_inspect) after this line.
     os.environ.setdefault('JAX_PLATFORMS', 'cpu')
@@ -191,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print('interrupted', file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `| head` has read what it wanted
+        return reader_gone()
     except Exception as e:  # noqa: BLE001  one line for people, whatever failed; the traceback on request
         if args.verbose:
             traceback.print_exc()
@@ -199,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         from jaxtrain.checkpoint.layout import CheckpointError
 
         kind = '' if isinstance(e, CheckpointError) else f' ({type(e).__name__})'
-        print(f'{PROG} {args.command}: error: {message}{kind}', file=sys.stderr)
+        print(f'{program_name(PROG)} {args.command}: error: {message}{kind}', file=sys.stderr)
         return EXIT_ERROR
 
 

@@ -69,6 +69,21 @@ def _loss_cell(entry: dict) -> str:
     return 'n/a'
 
 
+def _kept_best(entries) -> set:
+    """The steps --keep_best keeps: the N lowest validation losses, N from the newest step's run."""
+    from jaxtrain.checkpoint.keep_best import best_steps
+
+    committed = [
+        e
+        for e in entries
+        if e.get('committed') and e.get('step') is not None and not e['path'].endswith('checkpoint_final')
+    ]
+    if not committed:
+        return set()
+    count = max(committed, key=lambda e: e['step']).get('keep_best', 0)
+    return best_steps({e['step']: e.get('val_loss') for e in committed}, count)
+
+
 def cmd_ls(args) -> int:
     from jaxtrain.tools import ckpt_inspect
 
@@ -77,13 +92,15 @@ def cmd_ls(args) -> int:
     entries, latest = ckpt_inspect.list_checkpoints(args.dir)
     entries = ckpt_infinitrain.annotate_entries(args.dir, entries)  # kind and loss; InfiniTrain dirs
     latest = ckpt_infinitrain.latest_step(entries, latest)
+    best = _kept_best(entries)
     if args.json:
         _print_json(
             {
                 'root': str(args.dir),
                 'latest': latest,
                 'checkpoints': [
-                    {**e, 'latest': ckpt_infinitrain.is_latest(e, latest)} for e in entries
+                    {**e, 'latest': ckpt_infinitrain.is_latest(e, latest), 'kept_best': e['step'] in best}
+                    for e in entries
                 ],
             }
         )
@@ -98,7 +115,10 @@ def cmd_ls(args) -> int:
             _when(e['written_at']) + ('' if e['written_from'] == 'trainer_state' else ' (mtime)'),
             'yes' if e['has_optimizer_state'] else 'no',
             _loss_cell(e),
-            'latest' if ckpt_infinitrain.is_latest(e, latest) else '',
+            ', '.join(
+                (['latest'] if ckpt_infinitrain.is_latest(e, latest) else [])
+                + ([f"best (val {e['val_loss']:.6f})"] if e['step'] in best else [])
+            ),
         ]
         for e in entries
     ]
@@ -299,7 +319,7 @@ def cmd_diff(args) -> int:
         tensors = ckpt_inspect.compare_tensors('', *common)
         for row in tensors:
             row['name'] = row['name'].lstrip('/')
-    fields = ckpt_inspect.config_differences(state_a, state_b)
+    fields, one_side = ckpt_inspect.recorded_by_one_side(ckpt_inspect.config_differences(state_a, state_b))
     model_equal = not any(f.startswith(('model_config.', 'model_family')) for f, _, _ in fields)
     identical = model_equal and all(t['status'] == 'identical' for t in tensors)
     if args.json:
@@ -310,6 +330,7 @@ def cmd_diff(args) -> int:
                 'kinds': kinds,
                 'identical': identical,
                 'fields': [{'field': f, 'a': a, 'b': b} for f, a, b in fields],
+                'recorded_by_one_side': [{'field': f, 'a': a, 'b': b} for f, a, b in one_side],
                 'tensors': tensors,
             }
         )
@@ -317,8 +338,14 @@ def cmd_diff(args) -> int:
     print(f'A: {step_a} ({kinds[0]})\nB: {step_b} ({kinds[1]})')
     if fields:
         print(_table(['field', 'A', 'B'], [[f, repr(a), repr(b)] for f, a, b in fields]))
+    elif one_side:
+        print('configs: identical where both record them')
     else:
         print('configs: identical (step, data position, model and training config)')
+    for side, index in (('A', 1), ('B', 2)):
+        lacking = [f[0] for f in one_side if f[index] == ckpt_inspect.ABSENT]
+        if lacking:
+            print(f"not recorded by {side}, so not compared (the tensors are): {', '.join(lacking)}")
     changed = [t for t in tensors if t['status'] != 'identical']
     if changed:
         print()
@@ -371,7 +398,7 @@ def cmd_export(args) -> int:
     from jaxtrain.tools import ckpt_infinitrain
 
     topology = ckpt_infinitrain.topology_from_args(args)
-    if args.format in ('infinitrain', 'infinitrain-bin'):
+    if args.format in ('infinitrain', 'infinitrain-lrs', 'infinitrain-bin'):
         written = ckpt_infinitrain.export(args.step_dir, args.output, args.format, args.force, topology)
         if args.json:
             _print_json({'path': str(args.step_dir), **written})

@@ -12,7 +12,6 @@ InfiniTrain counterpart: it is the step, which the configs compare.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 import re
 from pathlib import Path
@@ -20,10 +19,12 @@ from pathlib import Path
 import numpy as np
 
 from jaxtrain.checkpoint.formats import infinitrain as it
-from jaxtrain.checkpoint.formats.infinitrain_trainer import infinitrain_state_for, model_header
+from jaxtrain.checkpoint.formats.infinitrain_record import recorded_problems
+from jaxtrain.checkpoint.formats.infinitrain_trainer import LRS_FORMAT, infinitrain_state_for, model_header
 from jaxtrain.checkpoint.layout import CheckpointError, step_of
 from llmc_io.errors import LLMCFormatError
-from llmc_io.infinitrain_state import HEAD, PR
+from llmc_io.infinitrain_lr_scheduler import FILE_NAME
+from llmc_io.infinitrain_state import HEAD, LR_SCHEDULER, PR
 from llmc_io.infinitrain_topology import Topology
 from llmc_io.tensors import tree_leaves
 
@@ -118,6 +119,8 @@ def annotate_entries(root, entries) -> list[dict]:
                 row['loss'] = read_trainer_state(e.path).get('loss')
             except CheckpointError:
                 pass
+        if row.get('committed'):
+            row.update(_validation(e.path))
         rows.append(row)
     final = Path(root) / 'checkpoint_final'
     if it.detect_kind(final):
@@ -132,6 +135,20 @@ def annotate_entries(root, entries) -> list[dict]:
             }
         )
     return rows
+
+
+def _validation(path: Path) -> dict:
+    """{'val_loss', 'keep_best'} a step's record holds (either format), for ckpt ls's best marks."""
+    from jaxtrain.checkpoint import registry
+
+    try:
+        record = registry.for_step_dir(path).read_record(path)
+    except (CheckpointError, LLMCFormatError, OSError):
+        return {}
+    return {
+        'val_loss': record.get('val_loss'),
+        'keep_best': int((record.get('training_config') or {}).get('keep_best', 0) or 0),
+    }
 
 
 def _infinitrain_row(path: Path, kind: str) -> dict:
@@ -184,7 +201,6 @@ def show(step_dir, with_tensors: bool) -> dict:
         'ranks': ckpt.ranks,
         'global_step': s.global_step,
         'data_batch_idx' if s.generation == PR else 'consumed_batches': s.data_batch_idx,
-        'last_lr': s.last_lr,
         'topology': {k: getattr(s, k) for k in ('ddp_size', 'tp_size', 'sp_size', 'pp_size')},
         'optimizer': 'Adam (m, v, t = %d)' % ckpt.moments[2]
         if ckpt.moments
@@ -197,7 +213,13 @@ def show(step_dir, with_tensors: bool) -> dict:
             'vocab_rows': header['wte/embedding'][0],
         },
     }
-    if s.generation == HEAD:
+    if s.generation == LR_SCHEDULER:  # no last_lr: the scheduler file holds the learning rate
+        from jaxtrain.checkpoint.formats.infinitrain_schedule import show_fields
+
+        shown.update(show_fields(step_dir))
+    else:
+        shown['last_lr'] = s.last_lr
+    if s.generation in (HEAD, LR_SCHEDULER):
         shown['shape_fields'] = (
             s.shape
         )  # GPT2Config()/LLaMA3Config() defaults when trained from an llm.c file
@@ -260,22 +282,17 @@ def verify(step_dir):
         checked.append(f'optimizer: Adam m and v for every parameter, t = {t}')
         if t != ckpt.state.global_step:
             problems.append(f'{ckpt.path}: adam.t: expected global_step {ckpt.state.global_step}, found {t}')
+    from jaxtrain.checkpoint.formats.infinitrain_schedule import verify_scheduler
+
+    scheduler_problems, scheduler_checked = verify_scheduler(step_dir, ckpt.state.global_step)
+    problems += scheduler_problems
+    checked += scheduler_checked
     for rank in it.rank_dirs(step_dir)[1:]:
         if it.detect_kind(rank) != ckpt.kind:
             problems.append(f'{rank}: expected the same {ckpt.kind} files as rank_000000, found others')
-    recorded = (ckpt.state.jaxtrain or {}).get('sha256', {})
-    for name, digest in recorded.items():
-        found = (
-            hashlib.sha256((ckpt.path / name).read_bytes()).hexdigest()
-            if (ckpt.path / name).is_file()
-            else 'no file'
-        )
-        if found != digest:
-            problems.append(
-                f'{ckpt.path / name}: sha256: expected {digest} (recorded by jaxtrain), found {found}'
-            )
-    if recorded and not any(p.startswith(str(ckpt.path)) and 'sha256' in p for p in problems):
-        checked.append(f'sha256 of {len(recorded)} files as recorded')
+    found, passed = recorded_problems(step_dir, ckpt.path, ckpt.state)  # digest, step, files' sha256
+    problems += found
+    checked += passed
     checked += ckpt.notices
     return Verification(problems, checked)
 
@@ -291,10 +308,10 @@ def topology_from_args(args) -> Topology | None:
     )
     if topology == Topology():
         return None
-    if args.format != it.HEAD_KIND:
+    if args.format not in (it.HEAD_KIND, LRS_FORMAT):
         raise CheckpointError(
-            f'--ddp/--tp/--pp/--vpp/--zero_stage/--sequence_parallel: expected only with --format infinitrain '
-            f'(HEAD rank directories), found --format {args.format}'
+            f'--ddp/--tp/--pp/--vpp/--zero_stage/--sequence_parallel: expected only with --format '
+            f'infinitrain or infinitrain-lrs (HEAD rank directories), found --format {args.format}'
         )
     try:
         topology.validate('export')
@@ -324,7 +341,7 @@ def export(step_dir, output, fmt: str, force: bool = False, topology: Topology |
         ckpt = _read(step_dir)
         family, params, moments = ckpt.family, ckpt.params, ckpt.moments
         record = dict(
-            ckpt.state.jaxtrain or {}, step=ckpt.state.global_step, learning_rate=ckpt.state.last_lr
+            ckpt.state.jaxtrain or {}, step=ckpt.state.global_step, learning_rate=_next_lr(step_dir, ckpt)
         )
         record.setdefault('best_loss', ckpt.state.best_loss)
         shape = record.get('model_shape')
@@ -355,9 +372,24 @@ def export(step_dir, output, fmt: str, force: bool = False, topology: Topology |
         optimizer_type='Adam' if moments else 'SGD',
         extras=extras,
     )
+    kind, extra = fmt, {}
+    if fmt == LRS_FORMAT:  # HEAD's files, and the scheduler's state (formats/infinitrain_schedule.py)
+        from jaxtrain.checkpoint.formats.infinitrain_schedule import exported_scheduler
+
+        kind, scheduler = it.HEAD_KIND, exported_scheduler(step_dir, record, step)
+        extra = {} if scheduler is None else {FILE_NAME: scheduler}
     try:
         it.write_checkpoint(
-            output, fmt, family, params, header, moments, state, replace=replacing, topology=topology
+            output,
+            kind,
+            family,
+            params,
+            header,
+            moments,
+            state,
+            replace=replacing,
+            topology=topology,
+            extra_files=extra,
         )
     except LLMCFormatError as e:
         raise CheckpointError(str(e)) from None
@@ -373,12 +405,25 @@ def export(step_dir, output, fmt: str, force: bool = False, topology: Topology |
     }
 
 
+def _next_lr(step_dir, ckpt) -> float:
+    """last_lr, or where the LR-scheduler generation keeps it: lr_scheduler.ckpt's recover_lr (0 without)."""
+    if ckpt.state.last_lr is not None:
+        return ckpt.state.last_lr
+    from jaxtrain.checkpoint.formats.infinitrain_schedule import saved_scheduler
+
+    found = saved_scheduler(step_dir)
+    if found:
+        return float(found[1].get('recover_lr', 0.0))
+    return float((ckpt.state.jaxtrain or {}).get('learning_rate', 0.0))
+
+
 def export_line(written: dict) -> str:
     no_optimizer = '' if written['optimizer_file'] else ' (no optimizer file: no Adam state)'
     if written.get('topology'):
         return (
             f"wrote {written['output']}: {written['kind']} checkpoint of {written['model_family']} step "
-            f"{written['step']} as {written['ranks']} rank directories ({written['topology']}){no_optimizer}; "
+            f"{written['step']} as {written['ranks']} rank directories ({written['topology']})"
+            f"{no_optimizer}; "
             f"InfiniTrain resumes it with {written['upstream_flags']} --load {written['output']}"
         )
     return (

@@ -17,7 +17,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from jaxtrain.checkpoint.layout import STEP_PREFIX, TRAINER_STATE_FILE, CheckpointError, committed_steps, is_committed, step_dir_name, step_dir_names, step_of
-from jaxtrain.checkpoint.record_digest import DIGEST_FIELD, digest_problem
+from jaxtrain.checkpoint.record_digest import DIGEST_FIELD, digest_problem, step_name_problem
 from jaxtrain.checkpoint.trainer_state import read_trainer_state
 from jaxtrain.checkpoint.checksums import checksum_mismatches, path_name, tensor_checksums
 
@@ -319,8 +319,10 @@ def verify(step_dir) -> Verification:
     if state is not None:
         digest = digest_problem(state, step_dir)
         problems += [digest] if digest else []
-        if not digest and DIGEST_FIELD in state:
+        if not digest:
             checked.append(f'trainer_state fields match their {DIGEST_FIELD}')
+        named = step_name_problem(state.get('step'), step_dir)
+        problems += [named] if named else []
     recorded = (state or {}).get('checksums', {})
     for item in ARRAY_ITEMS:
         required = item == 'params' or bool((state or {}).get('has_optimizer_state'))
@@ -363,21 +365,29 @@ def verify(step_dir) -> Verification:
 
 # --- diff ------------------------------------------------------------------------------
 
-_ABSENT = '(absent)'
+ABSENT = '(absent)'  # a field one trainer state does not hold
 
 
 def config_differences(a: dict, b: dict) -> list[tuple[str, object, object]]:
     """(field, A's value, B's value) for every differing field of the two trainer states."""
     differences = []
     for key in ('model_family', 'step', 'data_position', 'epoch'):
-        if a.get(key, _ABSENT) != b.get(key, _ABSENT):
-            differences.append((key, a.get(key, _ABSENT), b.get(key, _ABSENT)))
+        if a.get(key, ABSENT) != b.get(key, ABSENT):
+            differences.append((key, a.get(key, ABSENT), b.get(key, ABSENT)))
     for section in ('model_config', 'training_config'):
         first, second = a.get(section) or {}, b.get(section) or {}
         for key in sorted(set(first) | set(second)):
-            if first.get(key, _ABSENT) != second.get(key, _ABSENT):
-                differences.append((f'{section}.{key}', first.get(key, _ABSENT), second.get(key, _ABSENT)))
+            if first.get(key, ABSENT) != second.get(key, ABSENT):
+                differences.append((f'{section}.{key}', first.get(key, ABSENT), second.get(key, ABSENT)))
     return differences
+
+
+def recorded_by_one_side(fields: list[tuple]) -> tuple[list[tuple], list[tuple]]:
+    """config_differences split into (fields both sides record, fields only one records). A file
+    that keeps no config (InfiniTrain's own trainer_state.json holds no model config, data position
+    or optimizer) is no evidence of another config: there the tensors' names and shapes decide."""
+    one_side = [f for f in fields if ABSENT in (f[1], f[2])]
+    return [f for f in fields if f not in one_side], one_side
 
 
 def _bit_equal(a: np.ndarray, b: np.ndarray) -> bool:

@@ -47,11 +47,12 @@ from jaxtrain.tools.loss_logs import (
     pair_log_files,
     parse_log,
 )
+from jaxtrain.tools.command_line import program_name, reader_gone
 from jaxtrain.tools.loss_report import format_report, to_json, write_plot
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m jaxtrain.compare_loss",
+        prog=program_name("python -m jaxtrain.compare_loss"),
         description="Compare per-step training loss of two runs (log files or directories of *.log "
         "files paired by basename), using InfiniTrain's thresholds.",
         epilog="Exit status: 0 all compared steps match, 1 mismatch / missing step / unpaired file, "
@@ -153,6 +154,13 @@ def run_comparison(args: argparse.Namespace) -> tuple[list[PairResult], list[str
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _compare(argv)
+    except BrokenPipeError:  # `| head` has read what it wanted
+        return reader_gone()
+
+
+def _compare(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     thresholds = {"fp32": args.threshold_fp32, "bf16": args.threshold_bf16}
     try:
@@ -166,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             except OSError as error:
                 raise UsageError(f"cannot write plot {str(args.plot)!r}: {error.strerror or error}") from None
     except UsageError as error:
-        print(f"compare_loss: error: {error}", file=sys.stderr)
+        print(f"{program_name('python -m jaxtrain.compare_loss')}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
 
     if args.json:

@@ -1,4 +1,4 @@
-"""Where two runs first differ: compares two `--precision_check` logs (precision_check.py)
+"""Where two runs first differ: compares the logs two runs wrote with `--precision_check`
 step by step and tensor by tensor, in the order the run wrote them, and names the first step
 and module whose tensor differs.
 
@@ -14,6 +14,8 @@ import argparse
 import re
 import sys
 from pathlib import Path
+
+from jaxtrain.tools.command_line import program_name, reader_gone
 
 TENSOR_LINE = re.compile(r'^(\[GAS-\d+\] \[L-\d+\]) (\S+) tensor\[\d+\]: (.*)$')
 NUMBER = re.compile(r'[-+]?(?:\d+\.?\d*(?:e[-+]?\d+)?|nan|inf)', re.IGNORECASE)
@@ -60,8 +62,15 @@ def fields_differ(a: str, b: str, rtol: float, atol: float) -> bool:
 
 
 def main(argv=None) -> int:
+    try:
+        return _compare(argv)
+    except BrokenPipeError:  # `| head` has read what it wanted
+        return reader_gone()
+
+
+def _compare(argv) -> int:
     parser = argparse.ArgumentParser(
-        prog='python -m jaxtrain.compare_precision', description=__doc__.split('\n\n')[0]
+        prog=program_name('python -m jaxtrain.compare_precision'), description=__doc__.split('\n\n')[0]
     )
     parser.add_argument('run_a', type=Path, help='a precision_check log, its folder, or the path= folder')
     parser.add_argument('run_b', type=Path, help='the same for the other run')

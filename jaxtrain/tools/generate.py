@@ -6,12 +6,12 @@
         --prompt "The meaning of life is" --num_samples 4 --max_new_tokens 64
     python -m jaxtrain.generate --model d12 --dtype bfloat16 --num_samples 16   # timing only
 
-Decoding runs with a KV cache, compiled once (jaxtrain/models/decode.py); the tokens/s printed
+Decoding runs with a KV cache, compiled once; the tokens/s printed
 counts new tokens of all samples over the decoding time, compilation excluded. Text is encoded
 and decoded with --tokenizer (a Hugging Face tokenizer.json or a tiktoken BPE file, by its own
 library), or --tokenizer_bin (an llm.c tokenizer file: decoding, and --prompt by longest match),
-or, for a GPT-2 vocabulary without either, the built-in byte-level tokenizer of the default
-corpus. Errors are one line, exit status 2.
+or, for a GPT-2 or LLaMA-3 vocabulary without either, the built-in byte-level tokenizer of the
+default corpus. Errors are one line, exit status 2.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from jaxtrain.tools.command_line import program_name, reader_gone
 from jaxtrain.tools.quiet_absl import quiet_absl
 
 EXIT_ERROR = 2
@@ -28,7 +29,7 @@ PROG = 'python -m jaxtrain.generate'
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=program_name(PROG), description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument(
@@ -57,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         default='',
         metavar='FILE',
         help="llm.c tokenizer file to decode (and encode --prompt) with ('' = the built-in byte-level "
-        'tokenizer for a GPT-2 vocabulary; token ids only for LLaMA-3)',
+        'tokenizer of a GPT-2 or LLaMA-3 vocabulary; token ids for any other)',
     )
     parser.add_argument(
         '--tokenizer',
@@ -236,15 +237,18 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)  # inside: --help's text goes to a pipe too
         return run(args)
     except KeyboardInterrupt:
         print('interrupted', file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `| head` has read what it wanted
+        return reader_gone()
     except Exception as e:  # noqa: BLE001  one line for people; the traceback on request
         if args.verbose:
             raise
         text = str(e).strip()
-        print(f'{PROG}: error: {text.splitlines()[0] if text else type(e).__name__}', file=sys.stderr)
+        message = text.splitlines()[0] if text else type(e).__name__
+        print(f'{program_name(PROG)}: error: {message}', file=sys.stderr)
         return EXIT_ERROR

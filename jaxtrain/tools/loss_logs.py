@@ -148,12 +148,36 @@ def compare_logs(
     )
 
 
+# Logs of a run that are not training logs, as InfiniTrain's scripts/compare_utils.py collect_log_files skips
+# them (b24d92f: build*, ctest_*, *_profile.log; PR 173, d81f568: the run's run_metadata.log).
+_NOT_TRAINING_LOGS = ("run_metadata.log",)
+
+
+def collect_log_files(directory: Path) -> dict[str, Path]:
+    """The training logs under `directory` (any depth, as upstream's rglob; PR 173 writes them under
+    <date>/<branch>_<commit>/logs) by basename; two with one basename cannot be paired safely."""
+    files: dict[str, Path] = {}
+    for path in sorted(directory.rglob("*.log")):
+        name = path.name
+        skipped = name.startswith(("build", "ctest_")) or name.endswith("_profile.log")
+        if name in _NOT_TRAINING_LOGS or skipped:
+            continue
+        if name in files:
+            raise UsageError(
+                f"{str(directory)!r} holds two logs named {name!r} ({files[name].relative_to(directory)}, "
+                f"{path.relative_to(directory)}); they cannot be paired by basename: "
+                "compare their directories"
+            )
+        files[name] = path
+    return files
+
+
 def pair_log_files(
     base_dir: Path, test_dir: Path
 ) -> tuple[list[tuple[str, Path, Path]], list[str], list[str]]:
     """Pairs `*.log` files by basename; returns (pairs, names only in BASE, names only in TEST)."""
-    base_files = {path.name: path for path in base_dir.glob("*.log")}
-    test_files = {path.name: path for path in test_dir.glob("*.log")}
+    base_files = collect_log_files(base_dir)
+    test_files = collect_log_files(test_dir)
     common = sorted(base_files.keys() & test_files.keys())
     pairs = [(name, base_files[name], test_files[name]) for name in common]
     return pairs, sorted(base_files.keys() - test_files.keys()), sorted(test_files.keys() - base_files.keys())

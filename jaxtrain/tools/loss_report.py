@@ -7,6 +7,8 @@ import math
 from pathlib import Path
 
 from jaxtrain.tools.loss_logs import Mismatch, PairResult
+from llmc_io.atomic_file import atomic_output
+
 
 def _loss_text(loss: float | None) -> str:
     return "missing" if loss is None else f"{loss:.6f}"
@@ -274,7 +276,8 @@ def write_plot(results: list[PairResult], plot_path: Path) -> None:
                 )
         loss_axes.legend(fontsize="small")
         diff_axes.legend(fontsize="small")
-    figure.savefig(plot_path, format="png", dpi=100)
+    with atomic_output(plot_path) as f:  # a kill mid-plot leaves the earlier plot, not half a PNG
+        figure.savefig(f, format="png", dpi=100)
 
 
 # ---------------------------------------------------------------------------------------------

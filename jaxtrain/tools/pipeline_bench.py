@@ -8,7 +8,7 @@ Memory per device is XLA's own account of the compiled, partitioned step (argume
 outputs - donated aliases + temporaries), so it is measured on any backend, CPU included.
 
 The bubble: the schedule runs M·V + P - 1 ticks of equal work per stage, M·V of them
-useful (parallel/pipeline.py). Timing the same step with M and with 2M microbatches (the
+useful (train/pipeline.py). Timing the same step with M and with 2M microbatches (the
 same rows each, twice the total batch) gives the time of M microbatches' work as
 t(2M) - t(M); what t(M) spends beyond that is the bubble plus the fixed part of the step
 (the optimizer update and the gradient sums), so the measured share, 2 - t(2M)/t(M), is an
@@ -22,7 +22,7 @@ import time
 
 import jax
 
-from jaxtrain.parallel.pipeline import bubble_fraction
+from jaxtrain.train.pipeline import bubble_fraction
 
 
 def compiled_memory(compiled) -> dict:

@@ -14,16 +14,18 @@ import time
 import jax
 import numpy as np
 
+from jaxtrain.checkpoint import ckpt_lines
+from jaxtrain.checkpoint.layout import step_dir_names
 from jaxtrain.checkpoint.resume import resume_into
 from jaxtrain.checkpoint.root_access import owned_checkpoint_dir
-from jaxtrain.config.checks import check_config
 from jaxtrain.data.run_streams import open_run_streams
 from jaxtrain.models.lora_setup import save_lora_weights
 from jaxtrain.parallel import sharding
 from jaxtrain.parallel.distributed import agree_on_step_end
-from jaxtrain.train import run_log
-from jaxtrain.train.banner import run_banner
-from jaxtrain.train.optim import learning_rate_at
+from jaxtrain.optim.optimizer import learning_rate_at, spelled_with_infinitrain_flags
+from jaxtrain.train.banner import run_banner, run_record
+from jaxtrain.train.dashboards import Dashboards
+from jaxtrain.train.mfu import MFUMeter
 from jaxtrain.train.progress import Progress
 from jaxtrain.train.run_log import RunLog
 from jaxtrain.train.samples import make_sampler
@@ -60,7 +62,8 @@ def validate(parts, state, val_stream, max_steps: int) -> float:
 
 
 def run(config) -> int:
-    check_config(config)  # before metrics_dir or checkpoint_dir is created
+    """Trains a config that config/checks.py's check_config has accepted (the entry points
+    check it before they start anything)."""
     # Before anything is built: a refused run changes nothing (root_access.py).
     with owned_checkpoint_dir(config):
         return _run(config)
@@ -73,17 +76,37 @@ def _run(config) -> int:
     stream, val_stream = open_run_streams(config, geometry, parts.setup.model_config.vocab_size)
     sampler = make_sampler(config, parts)  # None unless samples are asked for (train/samples.py)
 
+    restore_began = time.perf_counter()
     resumed = resume_into(config, parts)
+    restore_s = time.perf_counter() - restore_began
     state, parts.state = resumed.state, None  # no second reference may keep the fresh state alive
     for message in resumed.messages:
         log.info(message)
-    if resumed.record is not None:
-        log.info(run_log.ckpt_load_done_line(resumed.record))  # InfiniTrain's line, for diffing logs
+    if resumed.record is not None:  # InfiniTrain's line, for diffing logs; PR 151's binary prints no last_lr
+        record = resumed.record
+        if spelled_with_infinitrain_flags(config):
+            record = dict(record, learning_rate=None)
+        log.info(ckpt_lines.ckpt_load_done_line(record))
     step, data_position = int(state.step), int(state.data_position)
-    saver = RunSaver(config, parts, stream, resumed.step_dir, step, report=log.info)
+    log.dashboards = Dashboards(config, step, log.is_main)  # a resumed run appends from its step
+    if resumed.step_dir is not None:
+        log.record({'step': step, 'restore_s': restore_s})
+    mfu = MFUMeter(
+        config.model_family,
+        parts.setup.model_config,
+        geometry.sequence_length,
+        geometry.tokens_per_step,
+        parts.devices,
+        config.dtype,
+        config.peak_tflops,
+    )
+    saver = RunSaver(config, parts, stream, resumed.step_dir, step, report=log.info, record=log.record)
     if saver.checkpointer is not None and saver.checkpointer.set_aside:
         aside = saver.checkpointer.set_aside
         log.info(f'checkpoint_dir: not committed (no trainer state), set aside: {aside}')
+    if saver.checkpointer is not None and saver.checkpointer.linked:
+        links = step_dir_names(saver.checkpointer.linked)
+        log.info(f'checkpoint_dir: symbolic links, kept out of rotation (never deleted): {links}')
     if saver.deleted_later_steps:
         log.info(
             f'overwrite_later_checkpoints: deleted steps {saver.deleted_later_steps} of {saver.checkpointer.root}'
@@ -92,6 +115,7 @@ def _run(config) -> int:
     weights = parts.setup.source if resumed.step_dir is None else f'checkpoint {resumed.step_dir}'
     for line in run_banner(config, parts, stream, weights):
         log.info(line)
+    log.write_config(run_record(config, parts, weights))
     if step >= config.num_iteration:
         log.info(f'nothing to do: the run is at step {step} and num_iteration is {config.num_iteration}')
 
@@ -126,7 +150,8 @@ def _run(config) -> int:
         loss = float(metrics['loss'])
         check_finite(done, loss, bool(metrics['params_finite']), saver.last_good())
         saver.note_loss(loss)
-        progress.step(done, loss, elapsed)
+        step_mfu = mfu.of(elapsed)
+        progress.step(done, loss, elapsed, step_mfu)
         log.step(
             done,
             config.num_iteration,
@@ -135,7 +160,7 @@ def _run(config) -> int:
             elapsed,
             geometry.tokens_per_step,
             parts.parallel_sizes,
-            {'grad_norm': float(metrics['grad_norm'])},
+            {'grad_norm': float(metrics['grad_norm'])} | ({'mfu': step_mfu} if step_mfu is not None else {}),
         )
         if stream.epoch_of(position) != epoch:
             epoch = stream.epoch_of(position)
@@ -166,6 +191,7 @@ def _run(config) -> int:
                 val_loss = validate(parts, state, val_stream, config.val_max_steps)
                 log.info(f'step {step:4d}/{config.num_iteration} | val loss {val_loss:.6f}')
                 log.record({'step': step, 'val_loss': val_loss})
+                saver.note_val_loss(step, val_loss)
             if sampling:  # timed and logged on its own, and kept out of the next step's time
                 last_read += sampler.maybe_sample(log, step, state.params, state.rng)
             if saving:

@@ -2,11 +2,13 @@
 is, so that its compare_loss.py reads our logs):
 
   compiling the train step (step 1's time includes it)...
-  progress: step 120/300 (40%) | elapsed 0:01:02 | 2.05 steps/s | ETA 0:01:28
-  summary: 300 steps (1-300) | 76,800 tokens | wall 0:02:31 | 540 tokens/s mean | loss final 2.51 ...
+  progress: step 120/300 (40%) | elapsed 0:01:02 | 2.05 steps/s | ETA 0:01:28 | MFU 41.2%
+  summary: 300 steps (1-300) | 76,800 tokens | wall 0:02:31 | 540 tokens/s mean | MFU 40.8% | loss final ...
 
 The progress line comes every PROGRESS_EVERY_S seconds of a run (a short run prints
-none). Rates leave out this run's first step, which includes the compilation.
+none). Rates leave out this run's first step, which includes the compilation. MFU
+(train/mfu.py) is the last step's in the progress line and the whole run's in the summary
+(FLOPs of the timed steps over their time); it is left out where the device's peak is unknown.
 """
 
 import time
@@ -33,6 +35,7 @@ class Progress:
         self.began = self._last_line = clock()
         self.steps_done = 0
         self.step_seconds = []  # each step's own time (as the step line shows it)
+        self.step_mfu = []  # each step's MFU, None where the peak is unknown
         self.final = None  # (step, loss)
         self.best = None  # (loss, step)
         if first_step < num_steps:
@@ -44,8 +47,9 @@ class Progress:
             return None
         return (self.steps_done - 1) / max(self.clock() - self._after_first, 1e-9)
 
-    def step(self, step: int, loss: float, seconds: float) -> None:
+    def step(self, step: int, loss: float, seconds: float, mfu: float | None = None) -> None:
         self.steps_done += 1
+        self.step_mfu.append(mfu)
         if self.steps_done == 1:
             self._after_first = self.clock()
         self.step_seconds.append(seconds)
@@ -59,7 +63,7 @@ class Progress:
         self.report(
             f'progress: step {step}/{self.num_steps} ({100 * step / self.num_steps:.0f}%) | '
             f'elapsed {clock_text(now - self.began)} | {rate:.2f} steps/s | '
-            f'ETA {clock_text((self.num_steps - step) / rate)}'
+            f'ETA {clock_text((self.num_steps - step) / rate)}' + (f' | MFU {100 * mfu:.1f}%' if mfu else '')
         )
 
     def summary(self, checkpoints_written: list[int]) -> None:
@@ -72,6 +76,10 @@ class Progress:
             if timed
             else 'tokens/s n/a (one step, which compiled)'
         )
+        timed_mfu = self.step_mfu[1:]
+        if timed_mfu and all(timed_mfu):
+            # Every step does the same FLOPs, so the run's MFU is the harmonic mean of the steps'.
+            rate += f' | MFU {100 * len(timed_mfu) / sum(1 / m for m in timed_mfu):.1f}%'
         saved = (
             f"{len(checkpoints_written)} ({_steps(len(checkpoints_written))} "
             f"{', '.join(map(str, checkpoints_written))})"

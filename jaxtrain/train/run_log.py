@@ -1,6 +1,6 @@
-"""What a run prints: InfiniTrain's step and [CKPT] lines (so its compare_loss.py and
-compare_tps.py read our logs, and the logs of the two programs diff cleanly), a start-up
-summary, and optionally a JSONL metrics file. Only process 0 writes.
+"""What a run prints: InfiniTrain's step lines (its [CKPT] lines are checkpoint/ckpt_lines.py's),
+so its compare_loss.py and compare_tps.py read our logs and the logs of the two programs diff
+cleanly; a start-up summary, and optionally a JSONL metrics file. Only process 0 writes.
 
 The step line is byte for byte the format of example/{gpt2,llama3}/main.cc at
 InfiniTensor/InfiniTrain b24d92f:
@@ -18,6 +18,7 @@ writer (the loop goes on), and the closing `saved:` line when the last write is 
 """
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -59,52 +60,28 @@ def step_line(step, num_steps, loss, lr, seconds, tokens, sizes: dict, memory_mb
     )
 
 
-# --- InfiniTrain's [CKPT] lines (infini_train/src/checkpoint/checkpoint.cc at b24d92f) ---
-
-
-def _cpp_path(path) -> str:
-    """A path as C++'s `operator<<(std::filesystem::path)` prints it (std::quoted)."""
-    text = str(path).replace('\\', '\\\\').replace('"', '\\"')
-    return f'"{text}"'
-
-
-def _cpp_float(value: float) -> str:
-    """A double as a default-formatted C++ ostream prints it (%g, 6 significant digits)."""
-    return f'{value:g}'
-
-
-def ckpt_save_begin_line(step_dir, step: int) -> str:
-    return f'[CKPT] Save begin: dir={_cpp_path(step_dir)}, global_step={step}'
-
-
-def ckpt_save_done_line(step_dir) -> str:
-    return f'[CKPT] Save done: dir={_cpp_path(step_dir)}'
-
-
-def ckpt_load_done_line(trainer_state: dict, sequence_parallel: bool = False) -> str:
-    """From our trainer state: consumed_batches counts InfiniTrain's loader batches (rows of
-    batch_size sequences) that the saved steps read, across all data-parallel ranks."""
-    config = trainer_state.get('training_config', {})
-    rows = config.get('batch_size', 1) * config.get('sequence_length', 1)
-    consumed = trainer_state.get('data_position', 0) * trainer_state.get('tokens_per_step', rows) // rows
-    mesh = trainer_state.get('topology', {}).get('mesh', {})
-    dp = mesh.get('data', 1) * mesh.get('fsdp', 1)
-    tp = mesh.get('tensor', 1)
-    sp = tp if sequence_parallel else 1
-    return (
-        f"[CKPT] Load done: global_step={trainer_state.get('step', 0)}, consumed_batches ={consumed}, "
-        f"last_lr={_cpp_float(trainer_state.get('learning_rate', 0.0))}, "
-        f'topology(ddp,tp,sp,pp)=({dp},{tp},{sp},1)'
-    )
-
-
 class RunLog:
     def __init__(self, log_dir: str = ''):
         self.is_main = jax.process_index() == 0
         self.metrics_file = None
+        self.log_dir = log_dir
+        self.dashboards = None  # train/dashboards.py, attached once the run knows its first step
         if log_dir and self.is_main:
             Path(log_dir).mkdir(parents=True, exist_ok=True)
             self.metrics_file = open(Path(log_dir) / 'metrics.jsonl', 'a')
+
+    def write_config(self, record: dict):
+        """config.json beside metrics.jsonl: the run's resolved config (banner.run_record), this
+        run's (a resume into the same directory replaces it). Written to a temporary name and
+        renamed, so a reader never sees half a file. The dashboards get it as their config."""
+        if self.dashboards is not None:
+            self.dashboards.write_config(record)
+        if not self.metrics_file:
+            return
+        path = Path(self.log_dir) / 'config.json'
+        temporary = path.with_name(f'.config.json.tmp-{os.getpid()}')
+        temporary.write_text(json.dumps({'written_at': time.time(), **record}, indent=2, default=str) + '\n')
+        os.replace(temporary, path)
 
     def info(self, message: str):
         if self.is_main:
@@ -147,7 +124,11 @@ class RunLog:
         if self.metrics_file:
             self.metrics_file.write(json.dumps({'time': time.time(), **row}) + '\n')
             self.metrics_file.flush()
+        if self.dashboards is not None:
+            self.dashboards.record(row)
 
     def close(self):
         if self.metrics_file:
             self.metrics_file.close()
+        if self.dashboards is not None:
+            self.dashboards.close()

@@ -15,9 +15,10 @@ same samples as the uninterrupted run at the same steps, and sampling never adva
 consumes the training rng. Its time is reported on its own line (`sample_s`), never inside
 the step time.
 
-Text is decoded with the tokenizer (data/run_tokenizer.py), or, for a GPT-2 vocabulary without
-one, with the built-in byte-level tokenizer of the default corpus; with neither (LLaMA-3 and no
-file) the sample prints as token ids.
+Text is decoded with the tokenizer (data/run_tokenizer.py), or, for a GPT-2 or LLaMA-3
+vocabulary without one, with the built-in byte-level tokenizer of the default corpus (a LLaMA-3
+sample then starts from <|begin_of_text|>, as the corpus's files do); with neither the sample
+prints as token ids.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from jaxtrain.models.decode import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, Decoder
 SAMPLE_STREAM = 0x5A3D1E
 # What a LLaMA-3 run without a tokenizer starts from: InfiniTrain's LLaMA-3 EOT (<|end_of_text|>).
 LLAMA3_EOT = 128001
+# How the sample line names its start token.
+START_NAMES = {50256: 'EOT', LLAMA3_EOT: 'EOT', 128000: '<|begin_of_text|>'}
 
 
 def sample_interval(config) -> tuple[int, bool]:
@@ -40,15 +43,15 @@ def sample_interval(config) -> tuple[int, bool]:
 
     sample_every N > 0: llm.c's, every N steps and after the last. Otherwise InfiniTrain's
     freq_generate_txt when a tokenizer_bin is given. Otherwise, with sample_every -1 (the
-    default), a run on the built-in corpus (no input_bin: GPT-2, which the built-in tokenizer
-    decodes) prints one sample after its last step, so the default job shows what it writes;
+    default), a run on the built-in corpus (no input_bin, either family: the built-in tokenizer
+    decodes it) prints one sample after its last step, so the default job shows what it writes;
     sample_every 0 turns that off.
     """
     if config.sample_every > 0:
         return config.sample_every, True
     if (config.tokenizer_bin or config.tokenizer) and config.freq_generate_txt > 0:
         return config.freq_generate_txt, False
-    if config.sample_every < 0 and not config.input_bin and config.model_family == 'gpt2':
+    if config.sample_every < 0 and not config.input_bin:
         return 0, True
     return 0, False
 
@@ -80,6 +83,7 @@ class TrainingSampler:
             self.start_token = self.tokenizer.eot_token
         else:
             self.start_token = 50256 if config.model_family == 'gpt2' else LLAMA3_EOT
+        self.start_name = START_NAMES.get(self.start_token, f'token {self.start_token}')
         if self.start_token >= model_config.vocab_size:
             raise ValueError(
                 f'sample_every: samples start from EOT {self.start_token}, which a vocab_size of '
@@ -122,7 +126,8 @@ class TrainingSampler:
         seconds = result['sample_s'] + result['compile_s']
         compiled = f', compile {result["compile_s"]:.2f} s' if result['compile_s'] else ''
         log.info(
-            f'step {step:4d}/{self.num_iteration} | sample ({len(result["tokens"])} tokens from EOT, '
+            f'step {step:4d}/{self.num_iteration} | sample ({len(result["tokens"])} tokens '
+            f'from {self.start_name}, '
             f'{result["sample_s"] * 1e3:.0f} ms{compiled}; not in the step time):'
         )
         log.info('---\n' + result['text'] + '\n---')

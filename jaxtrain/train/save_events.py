@@ -14,10 +14,13 @@ from jaxtrain.checkpoint.layout import committed_steps, step_dir_name
 
 
 class SaveEvents:
-    def __init__(self, root, *, keep_latest: int, keep_every: int, protected=(), report=None):
+    def __init__(self, root, *, keep_latest: int, keep_every: int, protected=(), report=None, record=None):
+        """`report` takes the lines; `record` the rows ({'step', 'save_commit_s'}) for metrics."""
         self.root = root
         self.keep_latest, self.keep_every, self.protected = keep_latest, keep_every, frozenset(protected)
+        self.best = frozenset()  # --keep_best's steps, as the saver last ranked them
         self.report = report or (lambda line: None)
+        self.record = record or (lambda row: None)
         self._on_disk = set(committed_steps(root))
         self._started = {}  # step -> perf_counter when its save began, until it is seen committed
         self.committed = []  # steps this run wrote and saw committed, in order
@@ -29,7 +32,10 @@ class SaveEvents:
         return {
             s
             for s in steps
-            if s in newest or s in self.protected or (self.keep_every > 0 and s % self.keep_every == 0)
+            if s in newest
+            or s in self.protected
+            or s in self.best
+            or (self.keep_every > 0 and s % self.keep_every == 0)
         }
 
     def started(self, step: int, began: float, blocked_s: float) -> None:
@@ -56,11 +62,28 @@ class SaveEvents:
             if step in self._started:
                 seconds = time.perf_counter() - self._started.pop(step)
                 self.committed.append(step)
-                self.report(f'save: step {step} committed ({seconds:.2f} s after the save began)')
+                line = f'save: step {step} committed ({seconds:.2f} s after the save began)'
+                if len(self.committed) == 1:
+                    line += self._size_note(step)
+                self.report(line)
+                self.record({'step': step, 'save_commit_s': seconds})
         for step in sorted((self._on_disk | set(self.committed)) - now - self._reported_deleted):
             self._reported_deleted.add(step)
             self.report(f'rotation: deleted {step_dir_name(step)} ({self._why_deleted(step, now)})')
         self._on_disk = now
+
+    def _size_note(self, step: int) -> str:
+        """What one checkpoint costs on disk and how many the keep rule holds, said once, at the
+        first commit: a run that saves often can fill a disk long before it ends."""
+        step_dir = self.root / step_dir_name(step)
+        size = sum(p.stat().st_size for p in step_dir.rglob('*') if p.is_file()) if step_dir.is_dir() else 0
+        if not size:  # already rotated away
+            return ''
+        if self.keep_latest:
+            kept = f'max_checkpoint_keep {self.keep_latest} keeps the newest {self.keep_latest}'
+        else:
+            kept = 'max_checkpoint_keep 0 keeps every one'
+        return f'; a checkpoint takes {_size_text(size)} on disk ({kept})'
 
     def _why_deleted(self, step: int, now: set) -> str:
         if not self.keep_latest:
@@ -69,4 +92,14 @@ class SaveEvents:
         reason = f'max_checkpoint_keep {self.keep_latest} keeps the newest: {newest}'
         if self.keep_every > 0:
             reason += f'; {step} is not a multiple of keep_every_steps {self.keep_every}'
+        if self.best:
+            best = ', '.join(map(str, sorted(self.best)))
+            reason += f"; not among keep_best's lowest validation losses (steps {best})"
         return reason
+
+
+def _size_text(num_bytes: int) -> str:
+    for unit, scale, digits in (('GiB', 2**30, 2), ('MiB', 2**20, 1)):
+        if num_bytes >= scale:
+            return f'{num_bytes / scale:.{digits}f} {unit}'
+    return f'{num_bytes / 2**10:.0f} KiB'

@@ -10,14 +10,14 @@ import time
 import jax
 import numpy as np
 
-from jaxtrain.checkpoint import layout, registry
+from jaxtrain.checkpoint import ckpt_lines, layout, registry
+from jaxtrain.checkpoint.keep_best import best_steps, recorded_val_losses
 from jaxtrain.checkpoint.lora_record import lora_record
 from jaxtrain.checkpoint.resume_checks import cached_sha256
 from jaxtrain.checkpoint.trainer_state import library_versions, trainer_state_record
 from jaxtrain.data.identity import data_identity
 from jaxtrain.models.lora import count_parameters
-from jaxtrain.train import run_log
-from jaxtrain.train.optim import learning_rate_at
+from jaxtrain.optim.optimizer import learning_rate_at
 from jaxtrain.train.save_events import SaveEvents
 from llmc_io.errors import LLMCFormatError
 
@@ -37,8 +37,9 @@ class RunSaver:
     """Owns the run's Checkpointer (None without a checkpoint_dir) and remembers the last
     save, which is also the last good state should a later step go non-finite."""
 
-    def __init__(self, config, parts, stream, resume_dir, start_step: int, report=None):
-        """`report`: where the per-save and per-rotation lines go (save_events.py)."""
+    def __init__(self, config, parts, stream, resume_dir, start_step: int, report=None, record=None):
+        """`report`: where the per-save and per-rotation lines go (save_events.py); `record`: their
+        metrics rows."""
         self.config, self.parts, self.stream = config, parts, stream
         self.resume_dir = resume_dir
         self.saving = bool(config.checkpoint_dir) and (config.save_steps > 0 or config.save_every_minutes > 0)
@@ -66,6 +67,7 @@ class RunSaver:
                     keep_every=config.keep_every_steps,
                     protected=protected,
                     report=report,
+                    record=record,
                 )
         setup = parts.setup
         self._llmc_sha256 = cached_sha256(setup.llmc_file) if setup.llmc_file else ''
@@ -76,10 +78,30 @@ class RunSaver:
         self._last_save_time = time.monotonic()
         # Into the trainer state: ckpt ls, and InfiniTrain's best_loss (a running minimum across resumes).
         self.last_loss, self.best_loss = None, saved_best_loss(resume_dir)
+        self.last_val = None  # (step, validation loss): recorded by the save at that step
+        # --keep_best: the validation losses of the steps on disk, this run's saves added as they come.
+        self.val_losses = {}
+        if config.keep_best and self.checkpointer is not None:
+            on_disk = recorded_val_losses(self.checkpointer.root)
+            self.val_losses = {s: v for s, v in on_disk.items() if s <= start_step}
 
     def note_loss(self, loss: float) -> None:
         self.last_loss = loss
         self.best_loss = loss if self.best_loss is None else min(self.best_loss, loss)
+
+    def note_val_loss(self, step: int, loss: float) -> None:
+        self.last_val = (step, loss)
+
+    def _rank_best(self, step: int) -> None:
+        """Records this save's validation loss and keeps the keep_best lowest out of rotation."""
+        if self.last_val is not None and self.last_val[0] == step:
+            self.val_losses[step] = self.last_val[1]
+        if not self.config.keep_best:
+            return
+        best = best_steps(self.val_losses, self.config.keep_best)
+        self.checkpointer.keep_best_steps(best)
+        if self.events is not None:
+            self.events.best = frozenset(best)
 
     def clock_due(self) -> bool:
         minutes = self.config.save_every_minutes
@@ -139,11 +161,14 @@ class RunSaver:
         record['data'] = self._data
         if self.best_loss is not None:
             record['best_loss'] = self.best_loss
+        if self.last_val is not None and self.last_val[0] == step:
+            record['val_loss'] = self.last_val[1]
+        self._rank_best(step)
         as_given = layout.Path(config.checkpoint_dir) / layout.step_dir_name(step)  # as InfiniTrain prints it
-        self._report(run_log.ckpt_save_begin_line(as_given, step))
+        self._report(ckpt_lines.ckpt_save_begin_line(as_given, step))
         self.checkpointer.save_snapshot(step, snapshot, record)
         # InfiniTrain's "done" line: the save is handed off here; save_events.py says when it is committed.
-        self._report(run_log.ckpt_save_done_line(as_given))
+        self._report(ckpt_lines.ckpt_save_done_line(as_given))
         self.last_saved_step, self._last_save_time = step, time.monotonic()
         blocked = time.perf_counter() - began
         if self.events is not None:

@@ -15,14 +15,13 @@ from jax.sharding import PartitionSpec as P
 
 from jaxtrain.parallel import mesh as mesh_lib
 from jaxtrain.parallel import sequence_parallel, sharding
-from jaxtrain.parallel.pipeline import check_pipeline, make_pipeline_loss_and_grads
+from jaxtrain.train.pipeline import make_pipeline_loss_and_grads
 from jaxtrain.data.batch_geometry import BatchGeometry, batch_geometry
-from jaxtrain.config.checks import check_config
 from jaxtrain.data.mesh_default_batch import fit_default_total_to_mesh
 from jaxtrain.models.cross_entropy_kernel import resolve_cross_entropy
 from jaxtrain.models.setup import DTYPES, ModelSetup, setup_model
 from jaxtrain.train import precision_check
-from jaxtrain.train.optim import build_optimizer
+from jaxtrain.optim.optimizer import build_optimizer
 from jaxtrain.train.step import TrainState, WithFrozen, make_eval_step, make_train_step
 
 
@@ -50,8 +49,7 @@ class TrainerSetup:
 
 
 def build_trainer(config) -> TrainerSetup:
-    check_config(config)
-
+    """Builds; config/checks.py's check_config has validated config (the entry points run it)."""
     # --- mesh and batch geometry ---
     mesh = mesh_lib.build_mesh(config)
     devices = list(mesh.devices.flat)
@@ -83,36 +81,6 @@ def build_trainer(config) -> TrainerSetup:
     # --- model ---
     setup = setup_model(config)
     model_config = setup.model_config
-    if config.sequence_parallel and config.sequence_length % mesh.shape['tensor']:
-        raise ValueError(
-            f"sequence_length: expected a multiple of the tensor size {mesh.shape['tensor']} with "
-            f'sequence_parallel, found {config.sequence_length}'
-        )
-    if config.sequence_length > model_config.max_seq_len:
-        raise ValueError(
-            f'sequence_length: expected at most the model max_seq_len {model_config.max_seq_len}, '
-            f'found {config.sequence_length}'
-        )
-    if topology['pp_size'] > 1:  # the pipeline's schedule (parallel/pipeline.py) has none of these yet
-        combined = [
-            flag
-            for flag, on in (
-                ('--lora_rank', config.lora_rank > 0),
-                ('--zero_stage', config.zero_stage > 0),
-                ('--sequence_parallel', config.sequence_parallel),
-                ('--precision_check', bool(config.precision_check)),
-            )
-            if on
-        ]
-        if combined:
-            raise ValueError(
-                f"pipeline_parallel {topology['pp_size']} with {', '.join(combined)}: not supported yet "
-                '(the pipeline schedule, parallel/pipeline.py, does not combine with them); drop one'
-            )
-    check_pipeline(
-        model_config.num_layers, topology['pp_size'], topology['vpp_size'], geometry.accumulation
-    )
-
     # --- optimizer and state ---
     tx, schedule = build_optimizer(config)
     # A LoRA run trains (and the optimizer and checkpoints hold) the adapters only.

@@ -60,7 +60,7 @@ def make_train_step(
     to a split layout, so they are reduce-scattered instead of all-reduced.
     `loss_and_grads(params, inputs_AxBxT, targets_AxBxT) -> (loss, grads)`, when given,
     replaces the micro-step scan below with another schedule of the same sums (the
-    pipeline's, parallel/pipeline.py).
+    pipeline's, train/pipeline.py).
     """
     value_and_grad = jax.value_and_grad(make_loss_fn(graphdef, vocab_size, time_split, cross_entropy))
 

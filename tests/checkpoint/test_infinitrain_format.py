@@ -74,7 +74,9 @@ def test_rank_directories(real, tmp_path):
     for r in range(2):
         state = step / f'rank_{r:06d}' / 'trainer_state.json'
         state.write_text(state.read_text().replace('"ddp_size": 1', '"ddp_size": 2'))
-    with pytest.raises(LLMCFormatError, match=r"rank_000000/model.ckpt: tensor '[^']+': expected a name .*module"):
+    with pytest.raises(
+        LLMCFormatError, match=r"rank_000000/model.ckpt: tensor '[^']+': expected a name .*module"
+    ):
         it.read_checkpoint(step)
     shutil.rmtree(step / 'rank_000000')
     with pytest.raises(

@@ -263,11 +263,11 @@ def _bad_input_cases():
         write_state_dict(path, tensors)
 
     return {
-        drop_rank: r'checkpoint_step_000007: rank directories: expected ddp x tp x pp = 2 x 1 x 2 = 4 .*found 3',
-        duplicate_rank: r'checkpoint_step_000007: rank 1: expected one directory, found 2 \(rank_0000001, rank_000001\)',
-        step_disagrees: r'rank_000002/trainer_state.json: global_step: expected 7 \(as rank_000000\), found 6',
-        topology_disagrees: r'rank_000001/trainer_state.json: pp_size: expected 2 \(as rank_000000\), found 1',
-        piece_too_short: r"rank_000001/optimizer.ckpt: tensor 'adam.m.0' shape: expected \(\d+,\) \(rank 1's piece",
+        drop_rank: r'step_000007: rank directories: expected ddp x tp x pp = 2 x 1 x 2 = 4 .*found 3',
+        duplicate_rank: r'step_000007: rank 1: expected one directory, found 2 \(rank_0000001, rank_000001\)',
+        step_disagrees: r'000002/trainer_state.json: global_step: expected 7 \(as rank_000000\), found 6',
+        topology_disagrees: r'000001/trainer_state.json: pp_size: expected 2 \(as rank_000000\), found 1',
+        piece_too_short: r"rank_000001/optimizer.ckpt: tensor 'adam.m.0' shape: expected \(\d+,\) \(rank 1's",
         slice_too_wide: r"c_fc.weight' shape: expected .*TP rank",
     }
 

@@ -7,12 +7,12 @@ import json
 import shutil
 
 import pytest
-
 from cli_runs import run_cli
+from trainer_runs import random_shard, tiny_llmc_model
+
 from jaxtrain.checkpoint import layout
 from jaxtrain.data import identity
 from jaxtrain.tools import ckpt as ckpt_tool
-from trainer_runs import random_shard, tiny_llmc_model
 
 
 @pytest.fixture(scope='module')
@@ -57,6 +57,36 @@ def test_an_edited_trainer_state_is_refused_by_verify_and_resume(saved, tmp_path
     result = _resume(common, step_dir)
     assert result.code == 1 and len(result.error_lines) == 1, result.err
     assert f'{path}: record_sha256' in result.error_lines[0] and 'edited' in result.error_lines[0]
+
+
+@pytest.mark.parametrize('field,value', [('step', 3), ('data_position', 100)])
+def test_a_record_without_its_digest_is_refused(saved, tmp_path, field, value, capsys):
+    """Removing the digest along with an edit used to pass both verify and resume."""
+    common, step_dir = _saved_run(saved, tmp_path)
+    path = step_dir / layout.TRAINER_STATE_FILE
+    record = json.loads(path.read_text())
+    del record['record_sha256']
+    record[field] = value
+    path.write_text(json.dumps(record, indent=2))
+    capsys.readouterr()
+    assert ckpt_tool.main(['verify', str(step_dir)]) == 1
+    assert f'{path}: record_sha256: expected the digest jaxtrain writes' in capsys.readouterr().out
+    result = _resume(common, step_dir)
+    assert result.code == 1 and len(result.error_lines) == 1, result.err
+    line = result.error_lines[0]
+    assert f'{path}: record_sha256: expected' in line and 'found none' in line
+
+
+def test_a_step_directory_under_another_steps_name_is_refused(saved, tmp_path, capsys):
+    common, step_dir = _saved_run(saved, tmp_path)
+    renamed = step_dir.with_name(layout.step_dir_name(7))
+    step_dir.rename(renamed)
+    capsys.readouterr()
+    assert ckpt_tool.main(['verify', str(renamed)]) == 1
+    assert 'step: expected 7, the step its directory is named after, found 2' in capsys.readouterr().out
+    result = _resume(common, renamed, '--num_iteration', 9)
+    assert result.code == 1 and len(result.error_lines) == 1, result.err
+    assert f'{renamed / layout.TRAINER_STATE_FILE}: step: expected 7' in result.error_lines[0]
 
 
 def _other_tokens(path):

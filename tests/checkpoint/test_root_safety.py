@@ -55,7 +55,7 @@ def test_a_step_directory_this_run_did_not_write_is_never_replaced(tmp_path):
 
 def test_uncommitted_later_step_directories_do_not_block_resume(tiny, tmp_path):
     root = tmp_path / 'ck'
-    saving = ['--checkpoint_dir', root, '--save_steps', 2]
+    saving = ['--checkpoint_dir', root, '--save_steps', 2, '--max_checkpoint_keep', 0]  # no rotation
     _train(tiny, *saving, '--num_iteration', 4)
     (root / layout.step_dir_name(6)).mkdir()  # emptied
     partial = root / layout.step_dir_name(8)  # copied without its trainer state

@@ -44,3 +44,15 @@ def test_config_docstrings_name_real_flags_and_variants(family, variants):
     listed = re.search(rf'configs/{family}\.py:([\w.|-]+)', doc.split('Variants:')[1]).group(1).rstrip('.').split('|')
     assert set(listed) == set(variants)
     assert 'is not\npromised' not in doc and 'is not promised' not in doc
+
+
+def test_plain_llama3_config_is_a_small_model_and_the_1b_shape_stays_named():
+    """A first run of configs/llama3.py must fit a laptop, as configs/gpt2.py's `small` does (16M)."""
+    from trainer_runs import load_config
+
+    plain = load_config('llama3', '')
+    assert plain.model == 'tiny' and llama3.VARIANTS['tiny'].num_parameters < 20e6
+    assert plain.learning_rate == 1e-2  # learns visibly in the 10 default steps
+    named = load_config('llama3', 'llama3.2-1b')
+    assert named.learning_rate == 1e-5 and llama3.VARIANTS['llama3.2-1b'].num_parameters > 1.2e9
+    assert load_config('llama3', 'infinitrain').learning_rate == 1e-5

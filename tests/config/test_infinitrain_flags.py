@@ -56,7 +56,22 @@ PR_FLAGS = {
     'checkpoint_format': ('string', 'pth', 'pth'),
     'use_llmc_checkpoint_io': ('bool', False, False),
 }
-KIND = {'string': 'string', 'uint32': 'int', 'int32': 'int', 'double': 'float', 'bool': 'bool'}
+# PR 151, LR schedulers: a7949ac0f46fb3de64520a18bc13ebc70b6bc158 example/gpt2/main.cc (llama3 the same).
+LR_SCHEDULER_FLAGS = {
+    'min_lr': ('double', 0.0, 0.0),
+    'lr_decay_style': ('string', 'constant', 'constant'),
+    'lr_warmup_iters': ('int64', 0, 0),
+    'lr_warmup_init': ('double', 0.0, 0.0),
+    'lr_decay_iters': ('int64', 0, 0),
+}
+KIND = {
+    'string': 'string',
+    'uint32': 'int',
+    'int32': 'int',
+    'int64': 'int',
+    'double': 'float',
+    'bool': 'bool',
+}
 
 
 def _table():
@@ -65,10 +80,10 @@ def _table():
     return infinitrain_flags
 
 
-def test_the_table_is_upstreams_list_of_39_flags():
+def test_the_table_is_upstreams_list_of_44_flags():
     table = _table()
-    upstream = {**HEAD_FLAGS, **PR_FLAGS}
-    assert len(upstream) == 39
+    upstream = {**HEAD_FLAGS, **PR_FLAGS, **LR_SCHEDULER_FLAGS}
+    assert len(upstream) == 44
     assert [f.name for f in table.UPSTREAM] == list(upstream)
     for flag in table.UPSTREAM:
         kind, gpt2_default, llama3_default = upstream[flag.name]
@@ -86,7 +101,7 @@ def test_every_upstream_flag_is_a_flag_of_the_trainer():
 
     keys = {key for key, _, _ in KEYS}
     table = _table()
-    for name in {**HEAD_FLAGS, **PR_FLAGS}:
+    for name in {**HEAD_FLAGS, **PR_FLAGS, **LR_SCHEDULER_FLAGS}:
         assert name in flags.FLAGS, name
         handling = table.BY_NAME[name].handling
         # 'key': a config key of that name; 'renamed': sets another key; 'later': refused when set.

@@ -55,5 +55,5 @@ def test_llama3_tiny_trains_with_no_files(tmp_path, small_corpus, monkeypatch):
     code, losses, out = train(config)
     assert code == 0, out
     assert 'llama3_train.bin' in out and 'uint32' in out
-    # random init over a 128256-id vocabulary: about ln(128256)
-    assert sorted(losses) == [1, 2] and all(abs(v - math.log(128256)) < 0.5 for v in losses.values())
+    # random init over a 128256-id vocabulary: about ln(128256); tiny's 1e-2 then learns at once
+    assert sorted(losses) == [1, 2] and abs(losses[1] - math.log(128256)) < 0.5 and losses[2] < losses[1]

@@ -20,7 +20,14 @@ from llmc_io.infinitrain_state import CONFIG_DEFAULTS, read_trainer_state, rende
 from llmc_io.statedict import read_state_dict, state_dict_bytes
 
 pytestmark = needs_samples
-FAMILY = {'head-gpt2': 'gpt2', 'pr-gpt2': 'gpt2', 'head-llama3': 'llama3', 'pr-llama3': 'llama3'}
+FAMILY = {
+    'head-gpt2': 'gpt2',
+    'pr-gpt2': 'gpt2',
+    'lrs-gpt2': 'gpt2',
+    'head-llama3': 'llama3',
+    'pr-llama3': 'llama3',
+    'lrs-llama3': 'llama3',
+}
 BEST_LOSS = {
     ('pr-gpt2', 10): 6.23609,
     ('pr-gpt2', 20): 6.21786,
@@ -43,19 +50,25 @@ def test_md5_of_every_listed_file(real, folder):
 
 
 def _ckpt_files(real):
-    return sorted(p for p in real.rglob('*') if p.suffix in ('.ckpt', '.pth') or p.name == 'optimizer.bin')
+    """Every CKPT state dict (lr_scheduler.ckpt is another format: test_infinitrain_lr_scheduler_file.py)."""
+    return sorted(
+        p
+        for p in real.rglob('*')
+        if (p.suffix in ('.ckpt', '.pth') or p.name == 'optimizer.bin') and p.name != 'lr_scheduler.ckpt'
+    )
 
 
 def test_every_ckpt_file_reads_and_rewrites_byte_identically(real):
     files = _ckpt_files(real)
-    assert len(files) == 15  # head-gpt2 3, head-llama3 4+4, pr-gpt2 1 pth, pr-llama3 3 optimizer.bin
+    # head-gpt2 3, head-llama3 4+4, pr-gpt2 1 pth, pr-llama3 3 optimizer.bin; lrs-gpt2 5, lrs-llama3 3+3
+    assert len(files) == 26
     for path in files:
         folder = path.relative_to(real).parts[0]
         family = FAMILY[folder]
         tensors = read_state_dict(path)
         assert state_dict_bytes(tensors) == path.read_bytes(), path
         if path.stem == 'optimizer':
-            head = folder.startswith('head')
+            head = not folder.startswith('pr')  # PR 151's branch predates the name-keyed moments
             assert list(tensors) == list(layout.adam_key_order(family, 2, head_keys=head)), path
             assert tensors['adam.t'].dtype == 8 and tensors['adam.t'].shape == ()
             step = int(re.search(r'checkpoint_step_(\d+)', str(path)).group(1))
@@ -116,7 +129,7 @@ def test_pr_llmc_model_bin_maps_to_heads_model_ckpt(real, folder, step):
 
 
 def test_every_trainer_state(real):
-    dirs = step_dirs(real)
+    dirs = [d for d in step_dirs(real) if d.relative_to(real).parts[0] in FOLDERS]
     assert len(dirs) == 15
     for d in dirs:
         folder = d.relative_to(real).parts[0]
@@ -135,3 +148,18 @@ def test_every_trainer_state(real):
             assert state.optimizer_type == ('SGD' if 'gpt2' in folder else 'Adam')
             assert state.checkpoint_format == ('pth' if d.parent.name == 'p' else 'bin')
             assert not state.notices and text == path.read_text()
+
+
+def test_every_lr_scheduler_generation_trainer_state(real):
+    """PR 151 (lrs-*): HEAD's keys less last_lr, valid JSON, the config-default shape; rewritten exactly."""
+    dirs = [d for d in step_dirs(real) if d.relative_to(real).parts[0].startswith('lrs-')]
+    assert len(dirs) == 8  # lrs-gpt2 a 10 20, b 20, l 20, n 10; lrs-llama3 a 10 20, b 20
+    for d in dirs:
+        folder = d.relative_to(real).parts[0]
+        path = d / 'trainer_state.json'
+        state = read_trainer_state(path)
+        step = int(d.name.rsplit('_', 1)[1])
+        found = (state.generation, state.global_step, state.data_batch_idx, state.last_lr)
+        assert found == ('lrs', step, step, None)
+        assert state.shape == CONFIG_DEFAULTS[FAMILY[folder]] and not state.notices
+        assert render_trainer_state(state) == path.read_text()

@@ -14,7 +14,7 @@ from infinitrain_samples import SAMPLES, needs_samples, step_dirs, unpack
 from jaxtrain.tools import ckpt
 from trainer_runs import load_config, random_shard, tiny_llmc_model, train
 
-KIND = {'head': 'infinitrain', 'pr': 'infinitrain-bin'}
+KIND = {'head': 'infinitrain', 'pr': 'infinitrain-bin', 'lrs': 'infinitrain'}
 
 
 def run_tool(capsys, *argv):
@@ -33,7 +33,7 @@ def real(tmp_path_factory):
 @needs_samples
 def test_every_sample_is_listed_shown_and_verified(real, capsys):
     roots = sorted({d.parent for d in step_dirs(real)})
-    assert len(roots) == 10  # a/ b/ of every folder, head-llama3 c/, pr-gpt2 p/
+    assert len(roots) == 16  # a/ b/ of every folder, head-llama3 c/, pr-gpt2 p/, lrs-gpt2 l/ n/
     for root in roots:
         code, out, err = run_tool(capsys, 'ls', root, '--json')
         assert code == 0, err
@@ -51,6 +51,34 @@ def test_every_sample_is_listed_shown_and_verified(real, capsys):
         assert ('adam.t' in names) == ('llama3' in str(d))
         code, out, err = run_tool(capsys, 'verify', d)
         assert code == 0 and out.startswith('OK: '), out + err
+
+
+@needs_samples
+def test_lr_scheduler_generation_shows_its_scheduler_file(real, capsys):
+    """PR 151's directories: no last_lr in trainer_state.json; show prints lr_scheduler.ckpt's entries and the
+    next step's lr (b.log's step-11 lr, 7.52e-02), verify checks the file against the step."""
+    d = real / 'lrs-gpt2/a/checkpoint_step_000010'
+    code, out, err = run_tool(capsys, 'show', d, '--json')
+    assert code == 0, err
+    shown = json.loads(out)
+    assert shown['generation'] == 'lrs' and 'last_lr' not in shown
+    assert len(shown['lr_scheduler']) == 9 and shown['lr_scheduler']['last_step'] == '10 (int64)'
+    assert f"{shown['next_lr']:.2e}" == '7.52e-02'
+    code, out, _ = run_tool(capsys, 'show', real / 'lrs-gpt2/n/checkpoint_step_000010')
+    assert code == 0 and 'no lr_scheduler.ckpt (style none' in out
+    code, out, _ = run_tool(capsys, 'verify', d)
+    assert code == 0 and 'lr_scheduler.ckpt: 9 entries, last_step 10' in out
+    import shutil
+
+    moved = real.parent / 'lrs_wrong_step' / 'checkpoint_step_000020'
+    shutil.copytree(d, moved)
+    shutil.copy(real / 'lrs-gpt2/a/checkpoint_step_000020/lr_scheduler.ckpt', moved / 'lr_scheduler.ckpt')
+    code, out, err = run_tool(capsys, 'verify', moved)
+    expected = 'lr_scheduler.ckpt: last_step: expected global_step 10 (trainer_state.json), found 20'
+    assert code != 0 and expected in out + err
+    (moved / 'lr_scheduler.ckpt').write_bytes(b'CKPT' + bytes(8))
+    code, out, err = run_tool(capsys, 'verify', moved)
+    assert code != 0 and 'magic: expected 0x53524C53' in out + err
 
 
 @needs_samples
@@ -147,3 +175,27 @@ def test_ls_table_of_a_pr_root_shows_its_best_loss(real, capsys, root):
     code, out, _ = run_tool(capsys, 'ls', real / root, '--json')
     listed = json.loads(out)['checkpoints']
     assert all(e['loss'] is None and isinstance(e['best_loss'], float) for e in listed)
+
+
+@needs_samples
+def test_infinitrain_s_own_checkpoint_against_ours_of_the_same_tensors_is_identical(real, tmp_path, capsys):
+    """InfiniTrain's trainer_state.json keeps no model config (HEAD's shape fields are its defaults,
+    not the file's), so the fields only ours records are listed as not compared, not as a difference."""
+    import dataclasses
+
+    import llmc_io
+    from jaxtrain.tools import ckpt_infinitrain
+    from trainer_runs import write_checkpoint
+
+    theirs = real / 'head-gpt2/a/checkpoint_step_000010'
+    header, _ = llmc_io.load_model(str(real / 'head-gpt2/model.bin'))
+    ours = write_checkpoint(tmp_path / 'ours', 10, 'gpt2', header, ckpt_infinitrain._read(theirs).params)
+    code, out, err = run_tool(capsys, 'diff', theirs, ours)
+    assert code == 0 and out.rstrip().endswith('identical'), out + err
+    assert 'model config differs' not in out
+    lacking = next(line for line in out.splitlines() if line.startswith('not recorded by A'))
+    assert all(f'model_config.{field}' in lacking for field in dataclasses.asdict(header))
+    code, out, _ = run_tool(capsys, 'diff', theirs, ours, '--json')
+    result = json.loads(out)
+    assert result['identical'] and result['fields'] == []
+    assert {f['field'] for f in result['recorded_by_one_side']} >= {'model_config.num_layers', 'data_position'}

@@ -312,3 +312,24 @@ def test_cli_help():
     assert result.returncode == 0
     for flag in ("--threshold-fp32", "--threshold-bf16", "--dtype", "--json", "--plot"):
         assert flag in result.stdout
+
+
+def test_run_metadata_and_build_logs_are_skipped_and_logs_found_at_any_depth(tmp_path, capsys):
+    # InfiniTrain's scripts/compare_utils.py: PR 173 (d81f568) writes run_metadata.log beside the logs, under
+    # <date>/<branch>_<commit>/logs; it and build / ctest / profile logs are not training logs.
+    base_dir, test_dir = tmp_path / "base", tmp_path / "test"
+    write_log(base_dir / "2026-06-24" / "master_d81f568" / "logs" / "gpt2_1.log", range(1, 6), 5)
+    (base_dir / "2026-06-24" / "master_d81f568" / "logs" / "run_metadata.log").write_text(
+        "start_time: 2026-06-24 03:44:52\ngit_branch: master\ngit_commit: d81f568\n"
+    )
+    (base_dir / "build_gpt2.log").write_text("[100%] Built target gpt2\n")
+    (base_dir / "gpt2_1_profile.log").write_text("profile\n")
+    write_log(test_dir / "gpt2_1.log", range(1, 6), 5)
+    assert compare_loss.main([str(base_dir), str(test_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "run_metadata.log" not in out and "without a partner" not in out
+
+    write_log(base_dir / "again" / "gpt2_1.log", range(1, 6), 5)
+    assert compare_loss.main([str(base_dir), str(test_dir)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "two logs named 'gpt2_1.log'" in err

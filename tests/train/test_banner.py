@@ -1,5 +1,8 @@
 """The banner names where the weights come from: the random init (with its seed) or the
-llm.c file on a fresh start, the checkpoint after a resume (issue 12 point 4)."""
+llm.c file on a fresh start, the checkpoint after a resume; it names the optimizer, its betas,
+weight decay and schedule; config.json beside metrics.jsonl records the whole resolved run."""
+
+import json
 
 from jaxtrain.checkpoint import layout
 from trainer_runs import load_config, random_shard, tiny_llmc_model, train
@@ -33,3 +36,39 @@ def test_banner_names_the_seed_of_a_random_init(tmp_path):
     code, _, out = train(config)
     assert code == 0, out
     assert _model_line(out).endswith('weights: random init (seed 7)')
+
+
+def test_banner_names_the_optimizer_and_config_json_records_the_run(tmp_path):
+    metrics = tmp_path / 'm'
+    config = load_config(
+        'gpt2', num_iteration=1, input_bin=random_shard(tmp_path / 'train.bin'), metrics_dir=str(metrics),
+        beta2=0.99, weight_decay=0.1, grad_clip=1.0, lr_schedule='cosine', warmup_steps=2, min_lr_ratio=0.1,
+        learning_rate=3e-4,
+    )  # fmt: skip
+    code, _, out = train(config)
+    assert code == 0, out
+    [line] = [line for line in out.splitlines() if line.startswith('optimizer: ')]
+    assert line == (
+        "optimizer: adamw | lr 3.00e-04, cosine, after llm.c's linear warmup of 2 steps to 0.1 x lr at step 1"
+        ' | β1 0.9, β2 0.99, eps 1e-08 | weight decay 0.1 (tensors of 2+ dimensions) | grad clip 1'
+    )
+    assert sorted(p.name for p in metrics.iterdir()) == ['config.json', 'metrics.jsonl']  # no temporary left
+    record = json.loads((metrics / 'config.json').read_text())
+    assert record['config'] == json.loads(json.dumps(config.to_dict()))  # every key, as resolved
+    assert record['model_config']['channels'] == 64 and record['model_family'] == 'gpt2'
+    assert record['batch']['tokens_per_step'] == 256
+    assert record['optimizer'] == line.removeprefix('optimizer: ')
+
+
+def test_banner_of_sgd_and_of_infinitrain_s_schedule_spelling(tmp_path):
+    from jaxtrain.train.banner import optimizer_line
+
+    sgd = load_config('gpt2', 'infinitrain')
+    assert optimizer_line(sgd) == 'optimizer: sgd | lr 1.00e-04, constant | no weight decay | no grad clip'
+    theirs = load_config(
+        'llama3', 'infinitrain', lr_decay_style='cosine', lr_warmup_iters=3, lr_warmup_init=1e-6, min_lr=1e-6
+    )
+    assert optimizer_line(theirs) == (
+        "optimizer: adam | lr 1.00e-05, InfiniTrain's cosine, warmup 3 steps from 1.00e-06 "
+        'to min_lr 1.00e-06 at step 10 | β1 0.9, β2 0.999, eps 1e-08 | no weight decay | no grad clip'
+    )

@@ -77,7 +77,7 @@ def test_resumed_run_prints_the_same_samples(tmp_path):
     assert timed[2]['sample_compile_s'] > 0 and timed[4]['sample_compile_s'] == 0  # compiled once
 
 
-def _config(**overrides):
+def _config(family='gpt2', **overrides):
     base = dict(
         sample_every=0,
         freq_generate_txt=10,
@@ -88,7 +88,7 @@ def _config(**overrides):
         input_bin='x',
     )
     base.update(overrides)
-    base['model_family'] = 'gpt2'
+    base['model_family'] = family
     return ml_collections.ConfigDict(base)
 
 
@@ -102,6 +102,9 @@ def test_when_samples_are_due():
     assert sample_interval(_config(sample_every=-1, input_bin='')) == (0, True)
     assert sample_interval(_config(sample_every=-1)) == (0, False)
     assert sample_interval(_config(sample_every=0, input_bin='')) == (0, False)
+    # LLaMA-3's built-in corpus is byte-level too: its default job prints a sample as GPT-2's does.
+    assert sample_interval(_config('llama3', sample_every=-1, input_bin='')) == (0, True)
+    assert sample_interval(_config('llama3', sample_every=-1)) == (0, False)
 
 
 def test_bad_tokenizer_files_are_one_line(tmp_path):
@@ -150,3 +153,22 @@ def test_samples_decode_with_a_bpe_tokenizer(tmp_path, family):
     assert result['tokens'][0] == hf.token_to_id(start) and len(result['tokens']) == 12
     assert result['text'] == hf.decode(result['tokens'][1:], skip_special_tokens=False)
     assert isinstance(result['text'], str) and result['text']
+
+
+@pytest.mark.slow  # the plain LLaMA-3 job (16.5M parameters, 10 steps): about 20 s on 2 cores
+def test_plain_llama3_job_learns_and_its_samples_decode_to_text(tmp_path, capsys):
+    """configs/llama3.py with no flags: the loss falls far below ln(128256) ≈ 11.76 in its 10 steps, it
+    prints a sample decoded as text, and `generate` on its checkpoint decodes byte-level text too."""
+    from jaxtrain.tools import generate
+
+    ck, metrics = str(tmp_path / 'ck'), str(tmp_path / 'm')
+    config = load_config('llama3', '', checkpoint_dir=ck, save_steps=10, metrics_dir=metrics)
+    code, losses, out = train(config)
+    assert code == 0, out
+    assert sorted(losses) == list(range(1, 11))
+    assert abs(losses[1] - np.log(128256)) < 0.2 and losses[10] < 7.0, losses
+    text = re.search(r'sample \(64 tokens from <\|begin_of_text\|>.*?\n---\n(.*?)\n---', out, re.S).group(1)
+    assert 'token ids' not in text and text.count('\ufffd') < len(text) / 4, text
+    assert generate.main(['--checkpoint', ck, '--max_new_tokens', '48']) == 0
+    shown = capsys.readouterr().out.split('--- sample 1/1\n')[1]
+    assert shown.startswith('<|begin_of_text|>') and shown.count('\ufffd') < 12, shown

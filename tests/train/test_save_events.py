@@ -49,3 +49,28 @@ def test_each_save_commit_and_rotation_is_a_line_and_the_loss_is_kept(tmp_path, 
     assert listing[0].split()[-1] == 'loss'
     for step, line in zip(on_disk, listing[1:3]):
         assert line.split()[0] == str(step) and f'{losses[step]:.6f}' in line.split()
+
+
+def test_by_default_three_are_kept_and_the_first_commit_says_what_one_costs(tmp_path):
+    """InfiniTrain's default bound (--max_checkpoint_keep 3), and the size of a checkpoint, measured
+    here on the directories left, printed once, at the first commit."""
+    root = tmp_path / 'ck'
+    config = load_config(
+        'gpt2',
+        input_bin=random_shard(tmp_path / 'train.bin'),
+        llmc_filepath=tiny_llmc_model(tmp_path / 'model.bin'),
+        checkpoint_dir=str(root),
+        num_iteration=5,
+        save_steps=1,
+    )
+    assert config.max_checkpoint_keep == 3
+    code, _, out = train(config)
+    assert code == 0, out
+    assert layout.committed_steps(root) == [3, 4, 5]
+    note = r'^save: step (\d+) committed .*; a checkpoint takes ([\d.]+) KiB on disk \((.*)\)$'
+    notes = re.findall(note, out, re.M)
+    assert len(notes) == 1 and notes[0][0] == '1'
+    assert notes[0][2] == 'max_checkpoint_keep 3 keeps the newest 3'
+    for step in (3, 4, 5):  # the same tensors, so about the same bytes as step 1's
+        size = sum(p.stat().st_size for p in (root / layout.step_dir_name(step)).rglob('*') if p.is_file())
+        assert abs(float(notes[0][1]) - size / 1024) <= 0.02 * size / 1024 + 1, (notes, size)

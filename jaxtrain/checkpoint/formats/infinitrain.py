@@ -28,6 +28,7 @@ import numpy as np
 
 import llmc_io
 from jaxtrain.checkpoint.layout import step_of
+from jaxtrain.checkpoint.record_digest import with_digest
 from llmc_io import infinitrain_names as names
 from llmc_io import infinitrain_ranks
 from llmc_io.errors import LLMCFormatError
@@ -237,7 +238,8 @@ def _read_ranks(step_dir, ranks, expected_shapes, with_optimizer, vpp) -> Infini
         moments = names.moments_to_trees(ranks[0] / FILES[HEAD_KIND][1], merged.optimizer, shapes)
     notices = list(merged.state.notices) + merged.notices
     return InfiniTrainCheckpoint(
-        ranks[0], HEAD_KIND, names.family_of(merged.model), params, moments, merged.state, len(ranks), notices,
+        ranks[0], HEAD_KIND, names.family_of(merged.model), params, moments, merged.state, len(ranks),
+        notices,
         merged.topology,
     )
 
@@ -280,12 +282,14 @@ def write_checkpoint(
     state: InfiniTrainState,
     replace: bool = False,
     topology: Topology | None = None,
+    extra_files: dict[str, bytes] | None = None,
 ) -> Path:
     """Write one step directory atomically. params: NumPy tree; header: llmc_io GPT2Header / LLaMA3Header of
     model; moments: (mu, nu, t) or None (no optimizer file, as upstream does for SGD). An existing
     final_dir is an error unless `replace` (the caller has checked that it wrote it): a directory
     someone else put there is never deleted. topology: a multi-GPU run's layout to write rank_NNNNNN/
-    directories for (HEAD files only)."""
+    directories for (HEAD files only). extra_files: more files of the directory (of each rank's) by name
+    (lr_scheduler.ckpt), written before the sha256s are taken."""
     final_dir = Path(final_dir)
     if topology is not None and topology.world > 1 and kind != HEAD_KIND:
         raise LLMCFormatError(
@@ -302,9 +306,9 @@ def write_checkpoint(
     old = None
     try:
         if topology is not None and topology.world > 1:
-            _write_ranks(tmp, family, params, header, moments, state, topology)
+            _write_ranks(tmp, family, params, header, moments, state, topology, extra_files)
         else:
-            _write_files(tmp, kind, family, params, header, moments, state)
+            _write_files(tmp, kind, family, params, header, moments, state, extra_files)
         os.chmod(tmp, 0o755)
         if final_dir.exists():  # replace: the old one goes under a temporary name until the new is in place
             old = Path(tempfile.mkdtemp(prefix=final_dir.name + _TMP_MARK, dir=final_dir.parent))
@@ -320,7 +324,7 @@ def write_checkpoint(
     return final_dir
 
 
-def _write_files(tmp: Path, kind, family, params, header, moments, state) -> None:
+def _write_files(tmp: Path, kind, family, params, header, moments, state, extra_files=None) -> None:
     model_name, opt_name = FILES[kind]
     vocab = header.vocab_size
     if kind == PR_BIN_KIND:
@@ -334,20 +338,18 @@ def _write_files(tmp: Path, kind, family, params, header, moments, state) -> Non
         write_state_dict(
             tmp / opt_name, names.trees_to_moments(family, mu, nu, t, vocab, kind == HEAD_KIND)
         )
-    if state.jaxtrain is not None:  # lets `ckpt verify` prove the files are the ones jaxtrain wrote
-        state = dataclasses.replace(
-            state,
-            jaxtrain=dict(
-                state.jaxtrain,
-                sha256={
-                    p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(tmp.iterdir())
-                },
-            ),
-        )
+    for name, payload in (extra_files or {}).items():
+        (tmp / name).write_bytes(payload)
+    if state.jaxtrain is not None:  # lets resume and `ckpt verify` prove these are the files we wrote
+        files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(tmp.iterdir())}
+        # The digest covers the whole object (step, data position, rng, configs, the files' sha256).
+        state = dataclasses.replace(state, jaxtrain=with_digest(dict(state.jaxtrain, sha256=files)))
     write_trainer_state(tmp / TRAINER_STATE, state)
 
 
-def _write_ranks(tmp: Path, family, params, header, moments, state, topology: Topology) -> None:
+def _write_ranks(
+    tmp: Path, family, params, header, moments, state, topology: Topology, extra_files=None
+) -> None:
     # With TP > 1 GPT-2's model vocabulary is the padded one (example/gpt2/checkpoint_loader.cc:81-82).
     vocab = header.padded_vocab_size if family == 'gpt2' and topology.tp > 1 else header.vocab_size
     model = names.tree_to_state_dict(family, params, vocab, header.max_seq_len)
@@ -358,12 +360,15 @@ def _write_ranks(tmp: Path, family, params, header, moments, state, topology: To
     if state.jaxtrain is not None:  # what trainer_state.json cannot say, for reading these files back
         state = dataclasses.replace(
             state,
-            jaxtrain=dict(
-                state.jaxtrain, virtual_pipeline_parallel=topology.vpp, zero_stage=topology.zero_stage
+            jaxtrain=with_digest(
+                dict(state.jaxtrain, virtual_pipeline_parallel=topology.vpp, zero_stage=topology.zero_stage)
             ),
         )
     heads = (header.num_heads, getattr(header, 'num_kv_heads', header.num_heads))
     infinitrain_ranks.write_step(tmp, family, model, optimizer, state, topology, heads)
+    for rank_dir in sorted(tmp.glob('rank_*')):  # every rank saves the same scheduler (its own copy)
+        for name, payload in (extra_files or {}).items():
+            (rank_dir / name).write_bytes(payload)
 
 
 def _save_llmc(path: Path, family: str, params: dict, header) -> None:
@@ -401,8 +406,8 @@ def prune(root, keep: int, protected_steps=(), keep_every: int = 0) -> list[Path
         return removed
     for p in step_dirs(root)[:-keep]:
         step = step_number(p)
-        if step in protected_steps or (keep_every > 0 and step % keep_every == 0):
-            continue
+        if step in protected_steps or (keep_every > 0 and step % keep_every == 0) or p.is_symlink():
+            continue  # a symbolic link is someone's own: never deleted (layout.linked_steps)
         shutil.rmtree(p)
         removed.append(p)
     return removed

@@ -17,10 +17,20 @@ import numpy as np
 
 from jaxtrain.checkpoint.format import Resumed, fresh_optimizer_state
 from jaxtrain.checkpoint.formats import infinitrain as it
-from jaxtrain.checkpoint.formats.infinitrain_trainer import read_step_dir, save_step_dir
-from jaxtrain.checkpoint.layout import CheckpointError, later_steps, step_dir_name
+from jaxtrain.checkpoint.formats import infinitrain_schedule
+from jaxtrain.checkpoint.formats.infinitrain_trainer import LRS_FORMAT, read_step_dir, save_step_dir
+from jaxtrain.checkpoint.layout import (
+    CheckpointError,
+    later_steps,
+    linked_steps,
+    refuse_deleting_links,
+    set_aside_uncommitted,
+    step_dir_name,
+)
 from jaxtrain.checkpoint.manager import Snapshot
 from jaxtrain.checkpoint.trainer_state import compare_with_run
+from jaxtrain.checkpoint.write_errors import write_failure
+from jaxtrain.optim.optimizer import spelled_with_infinitrain_flags
 from jaxtrain.parallel import sharding
 from llmc_io.errors import LLMCFormatError
 from llmc_io.infinitrain_state import read_trainer_state as read_infinitrain_state
@@ -45,7 +55,12 @@ class InfiniTrainCheckpointer:
         keep_latest: int,
         keep_every: int,
         protected_steps=(),
+        config=None,
     ):
+        # lr_scheduler.ckpt of each save; refuses, before training, a schedule upstream has not.
+        self.scheduler_files = (
+            infinitrain_schedule.SchedulerFiles(config, parts.schedule) if fmt == LRS_FORMAT else None
+        )
         if jax.process_count() > 1:
             raise CheckpointError(
                 f'checkpoint_format: {fmt} saves from one process only (it gathers every array on the host); '
@@ -56,9 +71,13 @@ class InfiniTrainCheckpointer:
         self.root.mkdir(parents=True, exist_ok=True)
         self.fmt, self.parts, self.family = fmt, parts, family
         self.keep_latest, self.keep_every = keep_latest, keep_every
-        self.protected = {s for s in protected_steps if s is not None}
         self.blocking_saves = 0
-        self.set_aside = []  # uncommitted step directories moved out of the way: none (saves are atomic renames)
+        # A step's name without InfiniTrain files is not ours (saves are atomic renames): moved
+        # aside, never deleted, as the Orbax root does.
+        self.set_aside = set_aside_uncommitted(self.root, committed=lambda p: it.detect_kind(p) is not None)
+        self.linked = linked_steps(self.root)
+        self.protected = {s for s in (*protected_steps, *self.linked) if s is not None}
+        self.best = set()  # --keep_best's steps (keep_best_steps)
         it.prune(self.root, 0)  # removes what a killed save left under a temporary name
 
     def step_dir(self, step: int) -> Path:
@@ -67,6 +86,7 @@ class InfiniTrainCheckpointer:
     def refuse_later_steps(self, start_step: int, overwrite: bool) -> list[int]:
         steps = [it.step_number(d) for d in it.step_dirs(self.root)]
         later = later_steps(self.root, steps, start_step, overwrite)
+        refuse_deleting_links(self.root, later, 'overwrite_later_checkpoints')
         for step in later:
             shutil.rmtree(self.step_dir(step))
         return later
@@ -85,6 +105,7 @@ class InfiniTrainCheckpointer:
     def save(self, step: int, params, opt_state, rng, trainer_state: dict):
         record = dict(trainer_state, rng=[int(x) for x in np.asarray(jax.device_get(rng)).reshape(-1)])
         parts = self.parts
+        scheduler = self.scheduler_files.bytes_at(step) if self.scheduler_files else None
         try:
             save_step_dir(
                 self.root,
@@ -97,14 +118,22 @@ class InfiniTrainCheckpointer:
                 model_config=parts.setup.model_config,
                 batches_per_step=batches_per_step(parts),
                 data_parallel=parts.geometry.data_parallel,
+                lr_scheduler=scheduler,
             )
         except OSError as e:
+            reason, advice = write_failure(e)
+            steps = [it.step_number(d) for d in it.step_dirs(self.root)]
+            kept = f'{step_dir_name(steps[-1])} and earlier are intact' if steps else 'no step was committed'
             raise CheckpointError(
                 f'checkpoint_dir: {self.root}: could not save {self.step_dir(step).name}: '
-                f'{e.strerror or e}; earlier steps are intact. Free space, then resume.'
+                f'{reason}; {kept}. {advice}, then resume with --resume_from latest.'
             ) from e
         self.blocking_saves += 1
-        it.prune(self.root, self.keep_latest, self.protected, self.keep_every)
+        it.prune(self.root, self.keep_latest, self.protected | self.best, self.keep_every)
+
+    def keep_best_steps(self, steps) -> None:
+        """--keep_best's ranking (checkpoint/keep_best.py): kept out of rotation from the next save on."""
+        self.best = set(steps)
 
     def wait(self):
         pass  # saves are synchronous
@@ -136,14 +165,18 @@ class InfiniTrainFormat:
         return [it.step_number(d) for d in it.step_dirs(root)]
 
     def open(self, config, parts, protected_steps) -> InfiniTrainCheckpointer:
+        # infinitrain with InfiniTrain's schedule flags writes their generation (infinitrain_schedule.py).
+        lrs = self.name == it.HEAD_KIND and spelled_with_infinitrain_flags(config)
+        fmt = LRS_FORMAT if lrs else self.name
         return InfiniTrainCheckpointer(
             config.checkpoint_dir,
-            self.name,
+            fmt,
             parts,
             family=config.model_family,
             keep_latest=config.max_checkpoint_keep,
             keep_every=config.keep_every_steps,
             protected_steps=protected_steps,
+            config=config,
         )
 
     def read_record(self, step_dir) -> dict:
@@ -166,6 +199,10 @@ class InfiniTrainFormat:
         except LLMCFormatError as e:
             raise CheckpointError(f'{e}') from None
         messages = list(saved.pop('messages'))
+        generation = saved.pop('generation')
+        messages += infinitrain_schedule.resume_schedule(
+            config, parts.schedule, step_dir, saved['step'], generation
+        )
         if 'model_config' in saved:  # written by jaxtrain: the compatibility check of our own checkpoints
             incompatible, changes = compare_with_run(
                 saved, dataclasses.asdict(parts.setup.model_config), config.to_dict()

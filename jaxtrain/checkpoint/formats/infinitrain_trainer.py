@@ -28,10 +28,13 @@ import optax
 
 import llmc_io
 from jaxtrain.checkpoint.formats import infinitrain as it
-from jaxtrain.checkpoint.layout import step_dir_name
-from llmc_io.infinitrain_state import CONFIG_DEFAULTS, HEAD, PR, InfiniTrainState
+from jaxtrain.checkpoint.formats.infinitrain_record import recorded_problems
+from jaxtrain.checkpoint.layout import CheckpointError, step_dir_name
+from llmc_io.infinitrain_state import CONFIG_DEFAULTS, HEAD, LR_SCHEDULER, PR, InfiniTrainState
 from llmc_io.tensors import tree_leaves
 
+LRS_FORMAT = 'infinitrain-lrs'  # HEAD's files, LR-scheduler generation (formats/infinitrain_schedule.py)
+SAVE_FORMATS = (it.HEAD_KIND, LRS_FORMAT, it.PR_BIN_KIND)  # what save_step_dir writes
 _OPTIMIZER_TYPE = {'sgd': 'SGD', 'adam': 'Adam', 'adamw': 'AdamW'}
 
 
@@ -66,10 +69,20 @@ def read_step_dir(path, params_like, opt_like, batches_per_step: int, optimizer:
     unless jaxtrain wrote the checkpoint), learning_rate, kind and `messages` (lines for the log)."""
     ckpt = it.read_checkpoint(path, expected_shapes(params_like))
     state = ckpt.state
+    problems, _ = recorded_problems(path, ckpt.path, state)  # before anything is put on the devices
+    if problems:
+        more = f'; {len(problems) - 1} more: python -m jaxtrain.ckpt verify {path}' if problems[1:] else ''
+        raise CheckpointError(problems[0] + more)
     messages = list(ckpt.notices)
     extras = state.jaxtrain or {}
     record = dict(extras)
-    record.update(step=state.global_step, learning_rate=state.last_lr, kind=ckpt.kind, messages=messages)
+    record.update(
+        step=state.global_step,
+        learning_rate=state.last_lr,
+        kind=ckpt.kind,
+        generation=state.generation,
+        messages=messages,
+    )
     if 'data_position' in extras:
         record['data_position'] = extras['data_position']
     else:
@@ -135,9 +148,10 @@ def infinitrain_state_for(
     common = dict(
         global_step=step, data_batch_idx=batch_idx, last_lr=learning_rate, ddp_size=data_parallel, jaxtrain=extras
     )
-    if fmt == it.HEAD_KIND:
+    if fmt in (it.HEAD_KIND, LRS_FORMAT):
         # What HEAD's main.cc writes for a model from --llmc_filepath and CHECKs on --load: config defaults.
-        return InfiniTrainState(HEAD, shape=dict(CONFIG_DEFAULTS[family]), **common)
+        generation = HEAD if fmt == it.HEAD_KIND else LR_SCHEDULER
+        return InfiniTrainState(generation, shape=dict(CONFIG_DEFAULTS[family]), **common)
     return InfiniTrainState(
         PR,
         data_batch_stride=data_parallel,
@@ -160,13 +174,15 @@ def save_step_dir(
     model_config,
     batches_per_step: int,
     data_parallel: int = 1,
+    lr_scheduler: bytes | None = None,
 ) -> Path:
-    """Write step_dir_name(step) under root in InfiniTrain's HEAD (`infinitrain`) or PR
-    (`infinitrain-bin`) layout, atomically. record: our trainer-state record (trainer_state_record plus
-    rng, and loss / best_loss when known); it becomes the "jaxtrain" object. opt_state None, or one
-    without Adam moments (SGD), writes no optimizer file, as upstream."""
-    if fmt not in (it.HEAD_KIND, it.PR_BIN_KIND):
-        raise ValueError(f'checkpoint_format: expected {it.HEAD_KIND} or {it.PR_BIN_KIND}, found {fmt!r}')
+    """Write step_dir_name(step) under root in InfiniTrain's HEAD (`infinitrain`), LR-scheduler
+    (`infinitrain-lrs`) or PR (`infinitrain-bin`) layout, atomically. record: our trainer-state record
+    (trainer_state_record plus rng, and loss / best_loss when known); it becomes the "jaxtrain" object.
+    opt_state None, or one without Adam moments (SGD), writes no optimizer file, as upstream.
+    lr_scheduler: the lr_scheduler.ckpt bytes of an `infinitrain-lrs` save (None: no file)."""
+    if fmt not in SAVE_FORMATS:
+        raise ValueError(f"checkpoint_format: expected one of {', '.join(SAVE_FORMATS)}, found {fmt!r}")
     header = model_header(family, model_config)
     numpy_params = jax.tree.map(np.asarray, jax.device_get(params))
     moments = None
@@ -192,4 +208,6 @@ def save_step_dir(
         data_parallel=data_parallel,
     )
     final = Path(root) / step_dir_name(step)
-    return it.write_checkpoint(final, fmt, family, numpy_params, header, moments, state)
+    kind = it.HEAD_KIND if fmt == LRS_FORMAT else fmt
+    extra = {} if lr_scheduler is None else {'lr_scheduler.ckpt': lr_scheduler}
+    return it.write_checkpoint(final, kind, family, numpy_params, header, moments, state, extra_files=extra)

@@ -1,4 +1,4 @@
-"""Pipeline parallelism (jaxtrain/parallel/pipeline.py) on the 8 fake CPU devices of
+"""Pipeline parallelism (jaxtrain/train/pipeline.py) on the 8 fake CPU devices of
 conftest.py, held to the 1-device trainer, whose step is the plain micro-step scan:
 
 - GPT-2 on pipeline 2 × fsdp 2 × tensor 2 gives the 1-device run's losses within fp32
@@ -13,8 +13,8 @@ conftest.py, held to the 1-device trainer, whose step is the plain micro-step sc
 import pytest
 
 from jaxtrain.checkpoint import trainer_state as ckpt_record
-from jaxtrain.parallel import pipeline
-from jaxtrain.train.setup import build_trainer
+from jaxtrain.train import pipeline
+from jaxtrain.config.checks import check_config
 from trainer_runs import load_config, random_shard, tiny_llmc_model, train, train_named
 
 # 8 rows of 32 tokens a step: 8 microbatches on 1 device, 4 on fsdp 2.
@@ -165,5 +165,5 @@ def test_bubble_matches_the_gpipe_table():
 def test_pipeline_errors_are_one_line(files, keys, message):
     config = load_config('gpt2', **files, **{**COMMON, 'save_steps': 0, **keys})
     with pytest.raises(ValueError, match=message) as error:
-        build_trainer(config)
+        check_config(config)
     assert '\n' not in str(error.value)

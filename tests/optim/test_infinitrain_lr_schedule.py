@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from infinitrain_samples import SAMPLES, needs_samples
 
-from jaxtrain.train.infinitrain_lr_schedule import ScheduleError, ScheduleSpec, learning_rates, state_at
+from jaxtrain.optim.infinitrain_lr_schedule import ScheduleError, ScheduleSpec, learning_rates, state_at
 from llmc_io.infinitrain_lr_scheduler import read_lr_scheduler, render_lr_scheduler
 
 STEP_LR = re.compile(r'step +(\d+)/\d+ \| train loss [\d.]+ \| lr (\S+) ')
@@ -146,3 +146,20 @@ def test_upstreams_checks_refuse_on_one_line(spec, message):
 def test_style_none_is_the_constant_learning_rate_even_when_upstream_would_refuse_the_rest():
     # CreateLRScheduler returns nullptr for 'none' before any CHECK.
     assert learning_rates(ScheduleSpec('none', 0.25, min_lr=5.0), 3).tolist() == [0.25] * 3
+
+
+def test_a_kept_replay_gives_what_a_fresh_one_gives_in_any_order():
+    """The save path keeps one Replay per run; asked for steps out of order (a resume, a re-save) it
+    must still give each step's own state, with or without a loaded file."""
+    from jaxtrain.optim.infinitrain_lr_schedule import Replay
+
+    spec = ScheduleSpec('linear', 1e-3, min_lr=1e-4, warmup_iters=3, warmup_init=1e-4, decay_iters=12)
+    saved = state_at(spec, 5)
+    saved = dict(saved, recover_lr=np.float32(saved['recover_lr'] * np.float32(1.5)))  # a file to continue
+    for loaded in (None, saved):
+        replay = Replay(spec, saved_state=loaded, saved_step=5)
+        for step in (0, 4, 5, 9, 2, 12, 12, 7):
+            fresh = state_at(spec, step, saved_state=loaded, saved_step=5)
+            assert replay.state_at(step) == fresh, (loaded is None, step)
+    table = learning_rates(spec, 12, saved_state=saved, saved_step=5)
+    assert table[5] == saved['recover_lr'] and table[4] == learning_rates(spec, 5)[4]

@@ -46,34 +46,9 @@ from jax.sharding import PartitionSpec as P
 
 from jaxtrain.models.lm_head_loss import lm_head_cross_entropy
 from jaxtrain.parallel.mesh import PIPELINE, pipeline_size
-from jaxtrain.parallel.pipeline_stages import embed, finish, run_chunk
+from jaxtrain.train.pipeline_stages import embed, finish, run_chunk
 
 STACKED = 'h'  # the parameter subtree whose tensors carry the layer axis first (layer_stack.py)
-
-
-def check_pipeline(num_layers: int, stages: int, virtual: int, microbatches: int) -> None:
-    """Refuses a pipeline the schedule cannot run, in one line naming the flag."""
-    if virtual < 1:
-        raise ValueError(f'virtual_pipeline_parallel: expected a positive number of chunks, found {virtual}')
-    if stages == 1 and virtual > 1:
-        raise ValueError(
-            f'virtual_pipeline_parallel: expected 1 without pipeline stages (pipeline_parallel 1), found '
-            f'{virtual}; set --pipeline_parallel too'
-        )
-    if stages == 1:
-        return
-    if num_layers % (stages * virtual):
-        raise ValueError(
-            f'pipeline_parallel × virtual_pipeline_parallel: expected a divisor of the model\'s {num_layers} '
-            f'layers, found {stages} × {virtual} = {stages * virtual}; change either so each chunk gets '
-            'the same number of layers'
-        )
-    if microbatches < stages:
-        raise ValueError(
-            f'total_batch_size: expected at least pipeline_parallel = {stages} microbatches (gradient '
-            f'accumulation steps = total_batch_size / (batch_size × sequence_length × data parallel)), found '
-            f'{microbatches}; raise --total_batch_size or lower --batch_size'
-        )
 
 
 def stage_layers(num_layers: int, stages: int, virtual: int) -> list[list[range]]:

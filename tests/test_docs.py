@@ -1,8 +1,11 @@
-"""Every command of docs/text.md runs as written, in a directory holding what a reader supplies:
-book.txt and a GPT-2-style tokenizer.json, LLaMA-3-style tokenizer.model and fineweb/*.parquet
-(made here: a BPE trained on stdlib text, tests/text_tokenizers.py). Then what they wrote is
-checked: the shards hold the tokenizer's encode, the sample printed text, the HF folder holds
-the tokenizer beside config.json."""
+"""Every command of docs/text.md and docs/dashboards.md runs as written.
+
+docs/text.md's run in a directory holding what a reader supplies: book.txt and a GPT-2-style
+tokenizer.json, LLaMA-3-style tokenizer.model and fineweb/*.parquet (made here: a BPE trained on
+stdlib text, tests/text_tokenizers.py). Then what they wrote is checked: the shards hold the
+tokenizer's encode, the sample printed text, the HF folder holds the tokenizer beside
+config.json. docs/dashboards.md's two runs (the second resumed) leave each step once in
+TensorBoard's reading of the event files."""
 
 import importlib.util
 import os
@@ -16,6 +19,7 @@ from text_tokenizers import corpus_text, tiktoken_file_from, train_bpe
 from trainer_runs import REPO
 
 COMMANDS = readme_commands(REPO / 'docs' / 'text.md')
+DASHBOARD_COMMANDS = readme_commands(REPO / 'docs' / 'dashboards.md')
 
 
 def _run(command: str, cwd) -> subprocess.CompletedProcess:
@@ -79,3 +83,21 @@ def test_docs_text_commands_run_as_written(tmp_path):
     assert (tmp_path / 'hf_model' / 'tokenizer.json').read_bytes() == (
         tmp_path / 'tokenizer.json'
     ).read_bytes()
+
+
+@pytest.mark.slow
+def test_docs_dashboards_commands_run_as_written(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    assert len(DASHBOARD_COMMANDS) == 2
+    (tmp_path / 'configs').symlink_to(REPO / 'configs')
+    for command in DASHBOARD_COMMANDS:
+        result = _run(command.text, tmp_path)
+        assert result.returncode == 0, (
+            f'docs/dashboards.md line {command.line}: {command.text}\n{result.stderr[-3000:]}'
+        )
+    events = EventAccumulator(str(tmp_path / 'tb'))
+    events.Reload()
+    assert [e.step for e in events.Scalars('train/loss')] == list(range(1, 10))
+    assert [e.step for e in events.Scalars('val/loss')] == [3, 6, 9]
+    assert [e.step for e in events.Scalars('checkpoint/restore_s')] == [6]

@@ -7,7 +7,7 @@ optimizer used). Every value there is a C++ `float`, and LinearLR is *chained*: 
 previous lr by a factor, so its rounding errors accumulate. optax's schedules compute in another order
 (and jnp's cos is not glibc's cosf), so only the constant style maps onto optax exactly; the others are
 replayed here with NumPy float32 scalars, one IEEE operation per C++ operation, and handed to optax as
-a table (optim.py). The binary links glibc's cosf; this module calls the same function through ctypes
+a table (optimizer.py). The binary links glibc's cosf; this module calls the same function through ctypes
 where the C library has it.
 
 The replay is also the state upstream saves: `state()` is LRScheduler::State() / SequentialLR::State()
@@ -260,30 +260,53 @@ def create(spec: ScheduleSpec):
     return sequential
 
 
+class Replay:
+    """One scheduler stepped forward on demand, for a run's saves: a save every N steps replays N steps,
+    not the whole run (a step costs some 20 us of NumPy scalars). saved_state: an lr_scheduler.ckpt's
+    entries at step saved_step, loaded when the replay gets there, as upstream's LoadState on resume."""
+
+    def __init__(self, spec: ScheduleSpec, saved_state: dict | None = None, saved_step: int = 0):
+        self.spec, self.saved_state, self.saved_step = spec, saved_state, saved_step
+        self._restart()
+
+    def _restart(self) -> None:
+        self.scheduler, self.step = create(self.spec), 0
+        self._load_if_due()
+
+    def _load_if_due(self) -> None:
+        if self.scheduler is not None and self.saved_state is not None and self.step == self.saved_step:
+            self.scheduler.load_state(self.saved_state)
+
+    def advance_to(self, step: int) -> None:
+        if step < self.step:
+            self._restart()
+        while self.step < step:
+            if self.scheduler is not None:
+                self.scheduler.step()
+            self.step += 1
+            self._load_if_due()
+
+    def lr_at(self, step: int) -> np.float32:
+        """The lr of optimizer update step + 1 (the step line's `step step+1`)."""
+        self.advance_to(step)
+        return f32(self.spec.lr) if self.scheduler is None else self.scheduler.optimizer.lr
+
+    def state_at(self, step: int) -> dict | None:
+        """State() after `step` updates (what a save at that step writes); None for style 'none'."""
+        self.advance_to(step)
+        return None if self.scheduler is None else self.scheduler.state()
+
+
 def learning_rates(spec: ScheduleSpec, steps: int, saved_state: dict | None = None, saved_step: int = 0):
     """float32 array: element k is the lr of optimizer update k + 1 (the step line's `step k+1`), for
-    k < steps. saved_state: an lr_scheduler.ckpt's entries at step saved_step; from there on the values
-    continue from it, as upstream's LoadState + Step() do."""
-    scheduler = create(spec)
-    if scheduler is None:
-        return np.full(steps, f32(spec.lr), np.float32)
-    out = np.empty(steps, np.float32)
-    for k in range(steps):
-        if saved_state is not None and k == saved_step:
-            scheduler.load_state(saved_state)
-        out[k] = scheduler.optimizer.lr
-        scheduler.step()
-    if saved_state is not None and saved_step >= steps:
-        scheduler.load_state(saved_state)
-    return out
+    k < steps, continuing from saved_state at saved_step if given (see Replay)."""
+    replay = Replay(spec, saved_state, saved_step)
+    return np.array([replay.lr_at(k) for k in range(steps)], np.float32)
 
 
-def state_at(spec: ScheduleSpec, step: int) -> dict | None:
+def state_at(
+    spec: ScheduleSpec, step: int, saved_state: dict | None = None, saved_step: int = 0
+) -> dict | None:
     """The scheduler's State() after `step` optimizer updates (what a save at that step writes), or None
-    for style 'none' (no scheduler, no file)."""
-    scheduler = create(spec)
-    if scheduler is None:
-        return None
-    for _ in range(step):
-        scheduler.step()
-    return scheduler.state()
+    for style 'none' (no scheduler, no file). saved_state / saved_step: as for Replay."""
+    return Replay(spec, saved_state, saved_step).state_at(step)

@@ -1,0 +1,44 @@
+"""The [CKPT] lines InfiniTrain prints around saves and loads (infini_train/src/checkpoint/checkpoint.cc
+at b24d92f), written alike by every format so that a run's log diffs against upstream's."""
+
+
+def _cpp_path(path) -> str:
+    """A path as C++'s `operator<<(std::filesystem::path)` prints it (std::quoted)."""
+    text = str(path).replace('\\', '\\\\').replace('"', '\\"')
+    return f'"{text}"'
+
+
+def _cpp_float(value: float) -> str:
+    """A double as a default-formatted C++ ostream prints it (%g, 6 significant digits)."""
+    return f'{value:g}'
+
+
+def ckpt_save_begin_line(step_dir, step: int) -> str:
+    return f'[CKPT] Save begin: dir={_cpp_path(step_dir)}, global_step={step}'
+
+
+def ckpt_loading_lr_scheduler_line(path) -> str:
+    return f'[CKPT] Loading LR scheduler: {_cpp_path(path)}'
+
+
+def ckpt_save_done_line(step_dir) -> str:
+    return f'[CKPT] Save done: dir={_cpp_path(step_dir)}'
+
+
+def ckpt_load_done_line(trainer_state: dict, sequence_parallel: bool = False) -> str:
+    """From our trainer state: consumed_batches counts InfiniTrain's loader batches (rows of
+    batch_size sequences) that the saved steps read, across all data-parallel ranks."""
+    config = trainer_state.get('training_config', {})
+    rows = config.get('batch_size', 1) * config.get('sequence_length', 1)
+    consumed = trainer_state.get('data_position', 0) * trainer_state.get('tokens_per_step', rows) // rows
+    mesh = trainer_state.get('topology', {}).get('mesh', {})
+    dp = mesh.get('data', 1) * mesh.get('fsdp', 1)
+    tp = mesh.get('tensor', 1)
+    sp = tp if sequence_parallel else 1
+    # The LR-scheduler generation (InfiniTrain PR 151) keeps no last_lr and prints none.
+    learning_rate = trainer_state.get('learning_rate', 0.0)
+    last_lr = '' if learning_rate is None else f'last_lr={_cpp_float(learning_rate)}, '
+    return (
+        f"[CKPT] Load done: global_step={trainer_state.get('step', 0)}, consumed_batches ={consumed}, "
+        f'{last_lr}topology(ddp,tp,sp,pp)=({dp},{tp},{sp},1)'
+    )

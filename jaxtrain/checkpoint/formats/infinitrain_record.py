@@ -1,0 +1,65 @@
+"""What a jaxtrain-written InfiniTrain step directory records about itself, checked.
+
+jaxtrain adds a "jaxtrain" object to trainer_state.json (infinitrain.write_checkpoint): its
+own record (step, data position, rng, configs), the sha256 of every file beside it, and the
+record's digest (record_digest.py) over all of that. Resume and `ckpt verify` both check it
+here, as they check an Orbax step's record and checksums: a weight edited in model.ckpt, an
+edited global_step or data position, or a renamed directory is refused, not trained from.
+A directory InfiniTrain itself wrote has no such object; only its name is checked against
+its global_step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from jaxtrain.checkpoint.formats import infinitrain as it
+from jaxtrain.checkpoint.layout import DAMAGED
+from jaxtrain.checkpoint.record_digest import DIGEST_FIELD, digest_problem, step_name_problem
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, 'rb') as f:
+        for block in iter(lambda: f.read(1 << 24), b''):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def recorded_problems(step_dir, files_dir, state) -> tuple[list[str], list[str]]:
+    """(problems, what was checked) of one step directory. files_dir: where the model file and
+    trainer_state.json are (rank_000000 for a multi-rank step); state: its InfiniTrainState."""
+    files_dir = Path(files_dir)
+    record_file = files_dir / it.TRAINER_STATE
+    problems, checked = [], []
+    named = step_name_problem(state.global_step, step_dir, record_file)
+    problems += [named.replace('step: expected', 'global_step: expected')] if named else []
+    record = state.jaxtrain
+    if record is None:
+        return problems, checked
+    digest = digest_problem(record, step_dir, record_file)
+    if digest:
+        problems.append(digest.replace(f': {DIGEST_FIELD}:', f': jaxtrain.{DIGEST_FIELD}:', 1))
+    else:
+        checked.append(f'the jaxtrain record matches its {DIGEST_FIELD}')
+    for key, upstream in (('step', state.global_step),):
+        if key in record and record[key] != upstream:
+            problems.append(
+                f'{record_file}: global_step: expected {record[key]} (the jaxtrain record\'s {key}), found '
+                f'{upstream}: the file was edited; {DAMAGED}'
+            )
+    recorded = record.get('sha256')  # rank directories record none; the digest shows none was removed
+    if not isinstance(recorded, dict):
+        return problems, checked
+    for name, expected in recorded.items():
+        path = files_dir / str(name)
+        found = _file_sha256(path) if path.is_file() else 'no file'
+        if found != expected:
+            problems.append(
+                f'{path}: sha256: expected {expected} (recorded by jaxtrain), found {found}: the file was '
+                f'changed after it was saved; {DAMAGED}'
+            )
+    if not any('sha256: expected' in p for p in problems):
+        checked.append(f'sha256 of {len(recorded)} files as recorded')
+    return problems, checked

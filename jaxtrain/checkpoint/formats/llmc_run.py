@@ -1,0 +1,205 @@
+"""llm.c run folders (llmc_io/llmc_run.py) as a checkpoint format: `--resume_from RUN_DIR` (its newest
+committed step) or `--resume_from RUN_DIR/model_%08d.bin` (that step).
+
+What maps to what (karpathy/llm.c f1e2ace6 train_gpt2.cu load_state):
+  params                  <- the fp32 master weights where the state has them (-w 1, the default),
+                             else the model file's bf16 values
+  optax ScaleByAdamState  <- m, v; count = step (llm.c's AdamW takes t = step + 1 for the next update)
+  ScaleByScheduleState    <- step: the schedule continues where llm.c stopped
+  data_position           <- step; the loader state llm.c saved (shard and sample, permutations,
+                             mt19937) must equal our replay of its order at that step (--shuffle llmc)
+llm.c's rng_state is its stochastic-rounding seed, which our fp32 parameters do not use: it is kept
+in the record (an export writes it back) and the run keeps its own rng.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import numpy as np
+import optax
+
+from jaxtrain.checkpoint.format import Resumed
+from jaxtrain.checkpoint.layout import CheckpointError
+from jaxtrain.parallel import sharding
+from llmc_io import llmc_run
+from llmc_io.errors import LLMCFormatError
+from llmc_io.llmc_state import flat_to_tree
+from llmc_io.tensors import tree_leaves
+
+KIND = 'llmc'
+
+
+def locate(path) -> tuple[Path, int]:
+    """(run folder, step) for RUN_DIR/model_%08d.bin or RUN_DIR (its newest committed step)."""
+    path = Path(path).absolute()
+    named = llmc_run.split_model_path(path)
+    if named is not None:
+        return named
+    steps = llmc_run.committed_steps(path)
+    if not steps:
+        raise LLMCFormatError(
+            path, 'DONE_%08d markers', 'at least one committed step', 'none',
+            'llm.c writes DONE_%08d last; this run folder holds no completed checkpoint',
+        )
+    return path, steps[-1]
+
+
+def _replayed(stream, step: int) -> str:
+    return (
+        f'llm.c\'s after {step * stream.accumulation} batches of {stream.pattern} '
+        f'at {stream.sample_tokens} tokens per batch'
+    )
+
+
+def check_loader(state_path, state, stream, step: int) -> None:
+    """The saved loader position and shuffle state against our replay of llm.c's order at `step`."""
+    where = str(state_path)
+    if state.shuffle is None:
+        raise LLMCFormatError(
+            where, 'header[5] should_shuffle', "1 (llm.c's permuted loader)", 0,
+            'the run used an unshuffled loader (overfit_single_batch); resuming it is not supported',
+        )
+    if not hasattr(stream, 'loader_state'):
+        raise LLMCFormatError(
+            where, 'header[5] should_shuffle', 'the order this run reads (--shuffle none)', "1 (llm.c's permuted order)",
+            'pass --shuffle llmc to continue in the order llm.c was reading',
+        )
+    shard_idx, sample_idx, ours = stream.loader_state(step)
+    saved = state.shuffle
+    checks = (
+        ('shuffle state: num_shards', len(ours.shard_indices), len(saved.shard_indices)),
+        ('shuffle state: shard_num_samples', len(ours.intra_shard_indices), len(saved.intra_shard_indices)),
+        ('header[30] current_shard_idx', shard_idx, state.current_shard_idx),
+        ('header[32] current_sample_idx', sample_idx, state.current_sample_idx),
+    )
+    for field, expected, found in checks:
+        if expected != found:
+            raise LLMCFormatError(
+                where, field, f'{expected} ({_replayed(stream, step)})',
+                found, 'the run used other shards, batch size or sequence length; pass the ones it used',
+            )
+    for field, same in (
+        ('shuffle state: shard_indices', np.array_equal(ours.shard_indices, saved.shard_indices)),
+        ('shuffle state: intra_shard_indices', np.array_equal(ours.intra_shard_indices, saved.intra_shard_indices)),
+        ('shuffle state: mt19937 state', ours.rng.same_as(saved.rng)),
+    ):
+        if not same:
+            raise LLMCFormatError(
+                where, field, f'the permutation llm.c draws at step {step} for these shards',
+                'another one', 'the run used other shards (or another order of them); pass the ones it used',
+            )
+
+
+def _put(like, value):
+    return jax.device_put(np.asarray(value, dtype=like.dtype), like.sharding)
+
+
+def _put_tree(like_tree, numpy_tree):
+    return jax.tree.map(_put, like_tree, numpy_tree)
+
+
+def optimizer_state(opt_like, m_tree, v_tree, step: int):
+    """The run's optax state with llm.c's AdamW moments and the schedule at `step`."""
+    adam = lambda n: isinstance(n, optax.ScaleByAdamState)
+    schedule = lambda n: isinstance(n, optax.ScaleByScheduleState)
+    found = [n for n in jax.tree.leaves(opt_like, is_leaf=adam) if adam(n)]
+    if len(found) != 1:
+        raise CheckpointError(
+            f'optimizer: expected adamw to continue an llm.c run (its state is AdamW m and v), '
+            f'found an optimizer with {len(found)} Adam states; pass --optimizer adamw'
+        )
+
+    def restore(node):
+        if adam(node):
+            return optax.ScaleByAdamState(
+                count=_put(node.count, step), mu=_put_tree(node.mu, m_tree), nu=_put_tree(node.nu, v_tree)
+            )
+        if schedule(node):
+            return optax.ScaleByScheduleState(count=_put(node.count, step))
+        return node
+
+    return jax.tree.map(restore, opt_like, is_leaf=lambda n: adam(n) or schedule(n))
+
+
+class LLMCRunFormat:
+    """Reads llm.c run folders (and the model file of one of their steps) for a resume."""
+
+    name = KIND
+    title = 'llm.c'
+
+    def owns(self, path) -> bool:
+        path = Path(path)
+        named = llmc_run.split_model_path(path)
+        if named is not None:
+            return llmc_run.is_run_dir(named[0])
+        return llmc_run.is_run_dir(path)
+
+    def committed_steps(self, root) -> list[int]:
+        return llmc_run.committed_steps(root)
+
+    def open(self, config, parts, protected_steps):
+        raise CheckpointError(
+            'checkpoint_format: llm.c run folders are read, not written, by a run; save as orbax and '
+            'convert a step with python -m jaxtrain.ckpt export STEP --format llmc-run --output DIR'
+        )
+
+    def read_record(self, path) -> dict:
+        run_dir, step = locate(path)
+        return {'step': step, 'kind': KIND}
+
+    def restore_into(self, config, parts, path: Path) -> Resumed:
+        from jaxtrain.data.run_streams import data_paths, train_stream  # the data the run will read
+
+        state = parts.state
+        try:
+            run_dir, step = locate(path)
+            ckpt = llmc_run.read_step(run_dir, step, need_master=bool(config.get('llmc_require_master_weights')))
+            want = {p: tuple(leaf.shape) for p, leaf in tree_leaves(state.params).items()}
+            have = ckpt.header.param_shapes()
+            if want != have:
+                different = sorted(p for p in set(want) | set(have) if want.get(p) != have.get(p))
+                p = different[0]
+                raise LLMCFormatError(
+                    ckpt.model_path, f'params[{p}]', f'shape {want.get(p)} (this run\'s model)', f'shape {have.get(p)}',
+                    f'pass --llmc_filepath {ckpt.model_path} so the run takes the checkpoint\'s shape',
+                )
+            stream = train_stream(config, parts.geometry, parts.setup.model_config.vocab_size, data_paths(config)[0])
+            check_loader(ckpt.state_path, ckpt.state, stream, step)
+        except LLMCFormatError as e:
+            raise CheckpointError(f'{e}') from None
+        s = ckpt.state
+        source = 'fp32 master weights' if s.master is not None else f'the bf16 model (v{ckpt.model_version})'
+        if s.master is not None:
+            weights = flat_to_tree(s.master, ckpt.header)
+        else:
+            import llmc_io
+
+            weights = llmc_io.load_gpt2(ckpt.model_path)[1]
+        params = _put_tree(state.params, weights)
+        opt_state = optimizer_state(
+            state.opt_state, flat_to_tree(s.m, ckpt.header), flat_to_tree(s.v, ckpt.header), step
+        )
+        replicated = parts.replicated
+        state = state.replace(
+            step=sharding.put_global(np.int32(step), replicated),
+            data_position=sharding.put_global(np.int32(step), replicated),
+            params=params,
+            opt_state=opt_state,
+        )
+        record = {
+            'step': step,
+            'data_position': step,
+            'rng': None,
+            'kind': KIND,
+            'llmc_rng_state': s.rng_state,
+            'llmc_rng_state_last_update': s.rng_state_last_update,
+        }
+        messages = [
+            f'resume: restored step {step} from llm.c run {run_dir} (params from {source}, AdamW m and v, '
+            f'loader at shard position {s.current_shard_idx} sample {s.current_sample_idx}, the same as '
+            "our replay of llm.c's order); llm.c's stochastic-rounding rng is not used, the run keeps "
+            f'seed {config.seed}\'s'
+        ]
+        return Resumed(state, ckpt.model_path, record, messages)

@@ -1,0 +1,78 @@
+"""Whether a config fits the devices and the model it names: the mesh, the batch geometry,
+the model's shape and the pipeline schedule. check_config runs this after the keys'
+own checks, before anything is created or built, so a run that does not fit changes
+nothing. It reads the device count and the llm.c file's header only."""
+
+from jaxtrain.data.batch_geometry import batch_geometry
+from jaxtrain.data.mesh_default_batch import total_on_mesh
+from jaxtrain.models.setup import model_config_for
+from jaxtrain.parallel import mesh as mesh_lib
+
+
+def check_fit(config) -> None:
+    """Raises ValueError, one line naming the key, for the first thing that does not fit."""
+    devices = mesh_lib.select_devices(config.num_devices)
+    sizes = mesh_lib.mesh_sizes(config, len(devices))
+    data_parallel = sizes['data'] * sizes['fsdp']
+    geometry = batch_geometry(
+        config.batch_size,
+        config.sequence_length,
+        total_on_mesh(config, data_parallel),
+        data_parallel=data_parallel,
+    )
+    model_config = model_config_for(config)
+    if config.sequence_parallel and config.sequence_length % sizes['tensor']:
+        raise ValueError(
+            f"sequence_length: expected a multiple of the tensor size {sizes['tensor']} with "
+            f'sequence_parallel, found {config.sequence_length}'
+        )
+    if config.sequence_length > model_config.max_seq_len:
+        raise ValueError(
+            f'sequence_length: expected at most the model max_seq_len {model_config.max_seq_len}, '
+            f'found {config.sequence_length}'
+        )
+    stages = sizes[mesh_lib.PIPELINE]
+    if stages > 1:  # the pipeline's schedule (train/pipeline.py) has none of these yet
+        combined = [
+            flag
+            for flag, on in (
+                ('--lora_rank', config.lora_rank > 0),
+                ('--zero_stage', config.zero_stage > 0),
+                ('--sequence_parallel', config.sequence_parallel),
+                ('--precision_check', bool(config.precision_check)),
+            )
+            if on
+        ]
+        if combined:
+            raise ValueError(
+                f"pipeline_parallel {stages} with {', '.join(combined)}: not supported yet "
+                '(the pipeline schedule, train/pipeline.py, does not combine with them); drop one'
+            )
+    check_pipeline(
+        model_config.num_layers, stages, config.get('virtual_pipeline_parallel', 1), geometry.accumulation
+    )
+
+
+def check_pipeline(num_layers: int, stages: int, virtual: int, microbatches: int) -> None:
+    """Refuses a pipeline the schedule (train/pipeline.py) cannot run, in one line naming the flag."""
+    if virtual < 1:
+        raise ValueError(f'virtual_pipeline_parallel: expected a positive number of chunks, found {virtual}')
+    if stages == 1 and virtual > 1:
+        raise ValueError(
+            f'virtual_pipeline_parallel: expected 1 without pipeline stages (pipeline_parallel 1), found '
+            f'{virtual}; set --pipeline_parallel too'
+        )
+    if stages == 1:
+        return
+    if num_layers % (stages * virtual):
+        raise ValueError(
+            f"pipeline_parallel × virtual_pipeline_parallel: expected a divisor of the model's {num_layers} "
+            f'layers, found {stages} × {virtual} = {stages * virtual}; change either so each chunk gets '
+            'the same number of layers'
+        )
+    if microbatches < stages:
+        raise ValueError(
+            f'total_batch_size: expected at least pipeline_parallel = {stages} microbatches (gradient '
+            f'accumulation steps = total_batch_size / (batch_size × sequence_length × data parallel)), found '
+            f'{microbatches}; raise --total_batch_size or lower --batch_size'
+        )

@@ -1,0 +1,115 @@
+"""Resuming an InfiniTrain-format step directory that jaxtrain wrote checks what it recorded, as an
+Orbax resume does: the sha256 of every file, the digest of the "jaxtrain" record, the record's step
+against global_step and against the directory's name. An edited weight, global_step or data position
+is refused in one line naming the file and field; `ckpt verify` reports the same problems. Before,
+a weight set to 1000.0 resumed silently with other losses, and an edited global_step ended the run a
+step early."""
+
+import dataclasses
+import json
+import shutil
+
+import numpy as np
+import pytest
+from cli_runs import run_cli
+from trainer_runs import random_shard, tiny_llmc_model
+
+from jaxtrain.checkpoint.formats import infinitrain as it
+from jaxtrain.tools import ckpt
+from llmc_io.statedict import read_state_dict, write_state_dict
+
+pytestmark = pytest.mark.slow  # the trainer, in this process
+
+
+@pytest.fixture(scope='module')
+def saved(tmp_path_factory):
+    """A run's step 2 (InfiniTrain HEAD files), and the command line that resumes it."""
+    root = tmp_path_factory.mktemp('run')
+    files = ['--input_bin', random_shard(root / 'train.bin')]
+    files += ['--llmc_filepath', tiny_llmc_model(root / 'm.bin')]
+    common = [*files, '--sample_every', 0, '--checkpoint_format', 'infinitrain', '--save_steps', 2]
+    first = run_cli(*common, '--num_iteration', 2, '--checkpoint_dir', root / 'ck')
+    assert first.code == 0, first.err
+    return root / 'ck' / 'checkpoint_step_000002', common
+
+
+def copy(saved, tmp_path):
+    step_dir = tmp_path / 'ck' / 'checkpoint_step_000002'
+    shutil.copytree(saved[0], step_dir)
+    return step_dir
+
+
+def edit_state(step_dir, edit):
+    path = step_dir / it.TRAINER_STATE
+    text = path.read_text()
+    path.write_text(edit(text))
+
+
+def resume(saved, step_dir, num_iteration):
+    args = ['--num_iteration', num_iteration, '--checkpoint_dir', step_dir.parent, '--resume_from', 'latest']
+    return run_cli(*saved[1], *args)
+
+
+def resume_refused(saved, step_dir) -> str:
+    result = resume(saved, step_dir, 4)
+    assert result.code == 1, result.out + result.err
+    assert len(result.error_lines) == 1 and not [x for x in result.out.splitlines() if x.startswith('step ')]
+    return result.error_lines[0]
+
+
+def verify_problems(step_dir, capsys) -> str:
+    capsys.readouterr()
+    assert ckpt.main(['verify', str(step_dir)]) == 1
+    return capsys.readouterr().out
+
+
+def test_a_weight_edited_in_model_ckpt_is_refused(saved, tmp_path, capsys):
+    step_dir = copy(saved, tmp_path)
+    tensors = read_state_dict(step_dir / 'model.ckpt')
+    name = 'transformer.h.0.ln_1.weight'
+    weight = np.array(tensors[name].array)
+    weight.reshape(-1)[0] = 1000.0
+    tensors[name] = dataclasses.replace(tensors[name], array=weight)
+    write_state_dict(step_dir / 'model.ckpt', tensors)
+    line = resume_refused(saved, step_dir)
+    assert f'{step_dir / "model.ckpt"}: sha256: expected ' in line and 'recorded by jaxtrain' in line
+    assert 'model.ckpt: sha256' in verify_problems(step_dir, capsys)
+
+
+def test_an_edited_global_step_is_refused(saved, tmp_path, capsys):
+    step_dir = copy(saved, tmp_path)
+    edit_state(step_dir, lambda text: text.replace('"global_step": 2', '"global_step": 3', 1))
+    line = resume_refused(saved, step_dir)
+    assert f'{step_dir / it.TRAINER_STATE}: global_step: expected 2' in line
+    assert 'global_step: expected 2' in verify_problems(step_dir, capsys)
+
+
+def test_an_edited_data_position_is_refused(saved, tmp_path, capsys):
+    step_dir = copy(saved, tmp_path)
+    before = json.loads((step_dir / it.TRAINER_STATE).read_text())['jaxtrain']['data_position']
+    edited = f'"data_position": {before + 5}'
+    edit_state(step_dir, lambda text: text.replace(f'"data_position": {before}', edited))
+    line = resume_refused(saved, step_dir)
+    assert f'{step_dir / it.TRAINER_STATE}: jaxtrain.record_sha256: expected the digest' in line
+    assert 'record_sha256' in verify_problems(step_dir, capsys)
+
+
+def test_a_removed_digest_is_refused(saved, tmp_path, capsys):
+    step_dir = copy(saved, tmp_path)
+    state = json.loads((step_dir / it.TRAINER_STATE).read_text())
+    del state['jaxtrain']['record_sha256']
+    state['jaxtrain']['data_position'] += 5
+    (step_dir / it.TRAINER_STATE).write_text(json.dumps(state))
+    line = resume_refused(saved, step_dir)
+    assert 'jaxtrain.record_sha256: expected the digest jaxtrain writes into every record, found none' in line
+    assert 'found none' in verify_problems(step_dir, capsys)
+
+
+def test_the_unedited_copy_resumes_and_verifies(saved, tmp_path, capsys):
+    step_dir = copy(saved, tmp_path)
+    assert ckpt.main(['verify', str(step_dir)]) == 0
+    out = capsys.readouterr().out
+    assert 'the jaxtrain record matches its record_sha256' in out
+    assert 'sha256 of 2 files as recorded' in out  # model.ckpt, optimizer.ckpt
+    result = resume(saved, step_dir, 3)
+    assert result.code == 0 and 'restored step 2' in result.out, result.err

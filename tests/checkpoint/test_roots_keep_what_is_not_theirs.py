@@ -1,0 +1,73 @@
+"""A run deletes only step directories it wrote: in either format a directory with a step's name
+that holds no checkpoint of that format is set aside (renamed, its files kept), and a step
+directory that is a symbolic link is never deleted by rotation, which used to stop the run at
+its last save with the advice to free space."""
+
+import os
+import shutil
+
+import pytest
+from trainer_runs import load_config, random_shard, tiny_llmc_model, train
+
+from jaxtrain.checkpoint import layout
+from jaxtrain.checkpoint.formats import infinitrain as it
+
+pytestmark = pytest.mark.slow  # real runs of the trainer, in this process
+
+
+@pytest.fixture(scope='module')
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp('files')
+    return {
+        'input_bin': random_shard(root / 'train.bin'),
+        'llmc_filepath': tiny_llmc_model(root / 'model.bin', num_layers=1),
+    }
+
+
+def run(files, root, fmt, **overrides):
+    config = load_config('gpt2', **files, checkpoint_dir=str(root), checkpoint_format=fmt, sample_every=0)
+    config.update(overrides)
+    code, _, out = train(config)
+    assert code == 0, out
+    return out
+
+
+def test_an_infinitrain_run_sets_aside_a_step_directory_it_did_not_write(files, tmp_path):
+    mine = tmp_path / 'ck' / 'checkpoint_step_000002'
+    mine.mkdir(parents=True)
+    (mine / 'notes.txt').write_text('the user keeps this')
+    out = run(files, tmp_path / 'ck', 'infinitrain', num_iteration=2, save_steps=1)
+    assert "set aside: ['checkpoint_step_000002.uncommitted']" in out
+    aside = tmp_path / 'ck' / 'checkpoint_step_000002.uncommitted'
+    assert (aside / 'notes.txt').read_text() == 'the user keeps this'
+    assert it.detect_kind(mine) == it.HEAD_KIND  # the run's own step 2 was written
+
+
+@pytest.mark.parametrize('fmt', ['orbax', 'infinitrain'])
+def test_rotation_keeps_a_symlinked_step_and_writes_the_last_one(files, tmp_path, fmt):
+    elsewhere, root = tmp_path / 'elsewhere', tmp_path / 'ck'
+    run(files, elsewhere, fmt, num_iteration=4, save_steps=2)
+    root.mkdir()
+    os.symlink(elsewhere / 'checkpoint_step_000002', root / 'checkpoint_step_000002')
+    shutil.copytree(elsewhere / 'checkpoint_step_000004', root / 'checkpoint_step_000004')
+    out = run(files, root, fmt, num_iteration=6, save_steps=2, max_checkpoint_keep=1, resume_from='latest')
+    assert 'symbolic links, kept out of rotation (never deleted): checkpoint_step_000002' in out
+    assert (root / 'checkpoint_step_000002').is_symlink()
+    assert sorted(p.name for p in (elsewhere / 'checkpoint_step_000002').iterdir())  # its files untouched
+    names = sorted(p.name for p in root.iterdir() if layout.step_of(p) is not None)
+    assert names == ['checkpoint_step_000002', 'checkpoint_step_000004', 'checkpoint_step_000006']
+    assert f'saved: {root / "checkpoint_step_000006"}' in out
+
+
+def test_overwrite_later_checkpoints_deletes_no_link(files, tmp_path):
+    elsewhere, root = tmp_path / 'elsewhere', tmp_path / 'ck'
+    run(files, elsewhere, 'orbax', num_iteration=2, save_steps=2)
+    root.mkdir()
+    os.symlink(elsewhere / 'checkpoint_step_000002', root / 'checkpoint_step_000002')
+    config = load_config('gpt2', **files, checkpoint_dir=str(root), num_iteration=1, sample_every=0)
+    config.overwrite_later_checkpoints = True
+    from jaxtrain.checkpoint.layout import CheckpointError
+
+    with pytest.raises(CheckpointError, match='found a symbolic link to .*jaxtrain deletes no links'):
+        train(config)
+    assert (root / 'checkpoint_step_000002').is_symlink() and (elsewhere / 'checkpoint_step_000002').is_dir()

@@ -1,0 +1,191 @@
+"""TensorBoard / W&B curves and MFU (train/dashboards.py, train/mfu.py).
+
+The event files are read back with TensorBoard's own reader (EventAccumulator), and every scalar
+is compared with what the run printed (InfiniTrain's step lines, the val lines) or recorded
+(metrics.jsonl); MFU is recomputed here from the model's shape by the PaLM count, written out
+from FORMATS.md's GPT-2 parameter count. W&B is a fake module that records its calls.
+"""
+
+import importlib.machinery
+import importlib.util
+import json
+import re
+import sys
+import types
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from jaxtrain.train.mfu import peak_flops_per_device, training_flops_per_token
+from jaxtrain.train.progress import Progress
+from trainer_runs import load_config, random_shard, train
+
+STEP_LINE = re.compile(
+    r'step\s+(\d+)/\d+ \| train loss ([\d.]+) \| lr ([\d.e+-]+) \| \(([\d.]+) ms \| (\d+) tok/s'
+)
+VAL_LINE = re.compile(r'step\s+(\d+)/\d+ \| val loss ([\d.]+)')
+
+
+def fake_wandb():
+    """A stand-in for the wandb package: init() returns a run that keeps what it was given."""
+    module = types.ModuleType('wandb')
+    module.__spec__ = importlib.machinery.ModuleSpec('wandb', None)
+    module.runs = []
+
+    class Run:
+        def __init__(self, **kwargs):
+            self.init, self.logged, self.finished, self.config = kwargs, [], False, {}
+            self.config = types.SimpleNamespace(update=lambda values, **_: self.recorded.update(values))
+            self.recorded = {}
+
+        def log(self, values, step):
+            self.logged.append((step, dict(values)))
+
+        def finish(self):
+            self.finished = True
+
+    def init(**kwargs):
+        module.runs.append(Run(**kwargs))
+        return module.runs[-1]
+
+    module.init = init
+    return module
+
+
+def gpt2_flops_per_token(config, T):
+    """PaLM's 6N + 12·L·T·C, N = FORMATS.md's GPT-2 count less wpe (maxT·C)."""
+    C, L, Vp = config.channels, config.num_layers, config.padded_vocab_size
+    n = Vp * C + L * (12 * C * C + 13 * C) + 2 * C
+    return 6 * n + 12 * L * T * C
+
+
+def test_flops_per_token_and_peaks():
+    from jaxtrain.models.gpt2 import VARIANTS
+
+    d12 = VARIANTS['d12']
+    # 124,475,904 parameters (FORMATS.md) less wpe's 1024·768: 6·123,689,472 + 12·12·1024·768.
+    assert training_flops_per_token('gpt2', d12, 1024) == 855_383_040 == gpt2_flops_per_token(d12, 1024)
+    assert peak_flops_per_device('NVIDIA H200', 'bfloat16') == 989.4e12
+    assert peak_flops_per_device('NVIDIA H100 PCIe', 'float32') == 378e12
+    assert peak_flops_per_device('cpu', 'bfloat16') is None
+    assert peak_flops_per_device('cpu', 'float32', override_tflops=2.5) == 2.5e12
+
+
+def test_the_summary_gives_the_runs_mfu():
+    lines, now = [], [0.0]
+    progress = Progress(0, 3, 100, lines.append, clock=lambda: now[0])
+    for step, (seconds, mfu) in enumerate([(5.0, 0.01), (1.0, 0.5), (3.0, 0.5 / 3)], 1):
+        now[0] += seconds
+        progress.step(step, 1.0, seconds, mfu)
+    progress.summary([])
+    # The two timed steps did 2 × F FLOPs in 4 s at a peak where 1 s is MFU 0.5: 2·0.5/4 = 25%.
+    assert '| MFU 25.0% |' in lines[-1]
+
+
+@pytest.mark.slow
+def test_tensorboard_curves_match_the_step_lines_across_a_resume(tmp_path, monkeypatch):
+    wandb = fake_wandb()
+    monkeypatch.setitem(sys.modules, 'wandb', wandb)
+    common = dict(
+        input_bin=random_shard(tmp_path / 'train.bin', vocab=50257),
+        input_val_bin=random_shard(tmp_path / 'val.bin', vocab=50257, seed=1),
+        val_loss_every=2,
+        val_max_steps=1,
+        save_steps=3,
+        learning_rate=1e-3,
+        lr_schedule='cosine',
+        warmup_steps=2,
+        peak_tflops=0.5,
+        tensorboard_dir=str(tmp_path / 'tb'),
+    )
+    first = load_config(
+        'gpt2',
+        num_iteration=6,
+        checkpoint_dir=str(tmp_path / 'a'),
+        metrics_dir=str(tmp_path / 'ma'),
+        wandb_project='curves',
+        **common,
+    )
+    code, _, out_first = train(first)
+    assert code == 0, out_first
+    # As if the first run had died after step 6 with step 3 its last checkpoint worth keeping.
+    second = load_config(
+        'gpt2',
+        num_iteration=8,
+        checkpoint_dir=str(tmp_path / 'b'),
+        metrics_dir=str(tmp_path / 'mb'),
+        resume_from=str(tmp_path / 'a' / 'checkpoint_step_000003'),
+        **common,
+    )
+    code, _, out_second = train(second)
+    assert code == 0, out_second
+
+    printed = {}
+    for out, steps in ((out_first, range(1, 4)), (out_second, range(4, 9))):
+        for match in STEP_LINE.finditer(out):
+            if int(match[1]) in steps:
+                printed[int(match[1])] = [float(v) for v in match.groups()[1:]]
+    val = {int(m[1]): float(m[2]) for out in (out_first, out_second) for m in VAL_LINE.finditer(out)}
+    recorded = {}
+    for directory, steps in (('ma', range(1, 4)), ('mb', range(4, 9))):
+        for line in (tmp_path / directory / 'metrics.jsonl').read_text().splitlines():
+            row = json.loads(line)
+            if 'loss' in row and row['step'] in steps:
+                recorded[row['step']] = row
+
+    events = EventAccumulator(str(tmp_path / 'tb'))
+    events.Reload()
+    scalars = {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()['scalars']}
+    counts = {tag: [e.step for e in events.Scalars(tag)] for tag in events.Tags()['scalars']}
+    # Each step once: the resumed run's purge marker hid the first run's steps 4-6.
+    assert counts['train/loss'] == list(range(1, 9))
+    assert counts['val/loss'] == [2, 4, 6, 8]
+    for step, (loss, lr, ms, tokens_per_s) in printed.items():
+        assert scalars['train/loss'][step] == pytest.approx(loss, abs=5e-7)
+        assert scalars['train/lr'][step] == pytest.approx(lr, rel=5e-3)
+        assert scalars['perf/step_ms'][step] == pytest.approx(ms, abs=5e-3)
+        assert scalars['perf/tokens_per_s'][step] == pytest.approx(tokens_per_s, abs=0.5)
+        row = recorded[step]
+        assert scalars['train/grad_norm'][step] == pytest.approx(row['grad_norm'], rel=1e-6)
+        # MFU from the model's shape: FLOPs of the step over its time at 0.5 TFLOP/s on one device.
+        flops = gpt2_flops_per_token(first_model(first), first.sequence_length) * 256
+        assert row['mfu'] == pytest.approx(flops / (row['step_ms'] / 1e3 * 0.5e12), rel=1e-6)
+        assert scalars['perf/mfu'][step] == pytest.approx(row['mfu'], rel=1e-6)
+    assert {s: pytest.approx(v, abs=5e-7) for s, v in val.items()} == scalars['val/loss']
+    # The first run's step 3; the second run's 6 and its last step (the first run's 6 is purged).
+    assert sorted(scalars['checkpoint/save_blocked_s']) == [3, 6, 8]
+    assert set(scalars['checkpoint/save_commit_s']) <= {3, 6, 8} and 3 in scalars['checkpoint/save_commit_s']
+    assert list(scalars['checkpoint/restore_s']) == [3] and scalars['checkpoint/restore_s'][3] > 0
+    (config_text,) = [e for e in events.Tensors('config/text_summary') if e.step == 3]  # the resumed run's
+    resumed_from = json.loads(config_text.tensor_proto.string_val[0].decode().replace('\n    ', '\n'))
+    assert resumed_from['config']['num_iteration'] == 8 and resumed_from['weights'].endswith('000003')
+    assert 'summary: 5 steps (4-8)' in out_second and '| MFU ' in out_second
+
+    (run,) = wandb.runs  # only the first run asked for W&B
+    assert run.init['project'] == 'curves' and run.recorded['config']['num_iteration'] == 6 and run.finished
+    logged_loss = {step: values['train/loss'] for step, values in run.logged if 'train/loss' in values}
+    assert sorted(logged_loss) == list(range(1, 7))
+    assert all(logged_loss[s] == pytest.approx(scalars['train/loss'][s]) for s in (1, 2, 3))
+
+
+def first_model(config):
+    from jaxtrain.models.gpt2 import VARIANTS
+
+    return VARIANTS[config.model]
+
+
+def test_wandb_missing_is_one_line_before_anything_runs(tmp_path, monkeypatch):
+    from jaxtrain.config.checks import check_config
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, 'find_spec', lambda name, *a: None if name == 'wandb' else find_spec(name, *a)
+    )
+    config = load_config('gpt2', wandb_project='p', metrics_dir=str(tmp_path / 'm'))
+    with pytest.raises(ValueError) as raised:
+        check_config(config)
+    assert (
+        "wandb_project: expected the wandb package to log to 'p', found it not installed; pip install "
+        "wandb (or pip install 'jaxtrain[wandb]'), or drop --wandb_project"
+    ) in str(raised.value)
+    assert not (tmp_path / 'm').exists()

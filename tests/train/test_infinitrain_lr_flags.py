@@ -1,0 +1,396 @@
+"""InfiniTrain's five schedule flags (PR 151) on the trainer's command line: help, upstream's checks,
+one spelling at a time, the two spellings of one schedule giving the same numbers, and a resume whose
+lr_scheduler.ckpt is damaged or does not fit the flags refused on one line with nothing written."""
+
+import re
+import shutil
+
+import numpy as np
+import optax
+import pytest
+from cli_runs import run_cli, tree_digest
+from infinitrain_samples import SAMPLES
+from trainer_runs import load_config, random_shard, tiny_llmc_model
+
+from jaxtrain.optim.optimizer import learning_rate_schedule
+
+FLAGS = ('min_lr', 'lr_decay_style', 'lr_warmup_iters', 'lr_warmup_init', 'lr_decay_iters')
+STEP_LR = re.compile(r'step +(\d+)/\d+ \| train loss ([\d.]+) \| lr (\S+) ')
+
+
+def _table(config, steps):
+    schedule = learning_rate_schedule(config)
+    return np.array([float(schedule(k)) for k in range(steps)], np.float32)
+
+
+def test_every_flag_has_help_with_its_default(capsys):
+    result = run_cli('--helpfull')
+    text = result.out + result.err
+    for name in FLAGS:
+        block = text[text.index(f'--{name}') :].split('\n  --', 1)[0]
+        assert 'InfiniTrain' in block or 'schedule' in block, name
+        assert 'default' in block, name
+
+
+@pytest.mark.parametrize(
+    'overrides, expected',
+    [
+        ({'lr_schedule': 'constant'}, {'lr_decay_style': 'constant'}),
+        ({'lr_schedule': 'cosine', 'min_lr_ratio': 0.1}, {'lr_decay_style': 'cosine', 'min_lr': 3e-4 * 0.1}),
+        ({'lr_schedule': 'cosine'}, {'lr_decay_style': 'cosine', 'lr_decay_iters': 0}),
+    ],
+)
+def test_two_spellings_of_one_schedule_give_the_same_numbers(overrides, expected):
+    ours = load_config(learning_rate=3e-4, num_iteration=40, **overrides)
+    theirs = load_config(learning_rate=3e-4, num_iteration=40, **expected)
+    np.testing.assert_array_equal(_table(ours, 45), _table(theirs, 45))
+
+
+def test_jaxtrains_cosine_is_still_optaxs_to_float32_rounding():
+    """The replayed cosine (upstream's float32 order of operations) against optax's own schedule."""
+    config = load_config(learning_rate=3e-4, num_iteration=40, lr_schedule='cosine', min_lr_ratio=0.1)
+    reference = optax.cosine_decay_schedule(3e-4, decay_steps=40, alpha=0.1)
+    # A few float32 ulps apart (eps 1.2e-7): the same schedule, rounded in another order.
+    np.testing.assert_allclose(_table(config, 45), [float(reference(k)) for k in range(45)], rtol=1e-6)
+
+
+def test_warmup_spellings_differ_and_both_are_kept():
+    """llm.c's warmup (ours: lr·(s+1)/W) is not upstream's (init + (lr - init)·s/W): each keeps its own."""
+    ours = _table(load_config(learning_rate=1.0, num_iteration=8, warmup_steps=4), 4)
+    theirs = _table(load_config(learning_rate=1.0, num_iteration=8, lr_warmup_iters=4), 4)
+    assert ours.tolist() == [0.25, 0.5, 0.75, 1.0] and theirs.tolist() == [0.0, 0.25, 0.5, 0.75]
+
+
+@pytest.fixture(scope='module')
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp('lr_flags')
+    return {
+        'model': tiny_llmc_model(root / 'gpt2.bin'),
+        'shard': random_shard(root / 'train.bin', num_tokens=4_000),
+    }
+
+
+def _train(files, *args):
+    return ['--llmc_filepath', files['model'], '--input_bin', files['shard'], '--num_iteration', 6, *args]
+
+
+def _one_error_line(result, *parts):
+    assert result.code != 0
+    assert len(result.error_lines) == 1 and 'Traceback' not in result.err, result.err
+    for part in parts:
+        assert part in result.error_lines[0], result.error_lines[0]
+
+
+@pytest.mark.parametrize(
+    'args, parts',
+    [
+        (('--lr_decay_style', 'exponential'), ('lr_decay_style', 'exponential', 'cosine')),
+        (('--lr_decay_style', 'cosine', '--min_lr', 1.0), ('min_lr: expected <= learning_rate',)),
+        (('--lr_warmup_iters', 6), ('lr_warmup_iters: expected < lr_decay_iters 6',)),
+        (('--lr_warmup_iters', 2, '--lr_warmup_init', 1.0), ('lr_warmup_init: expected <= learning_rate',)),
+        (('--lr_schedule', 'cosine', '--lr_decay_style', 'linear'), ('one spelling of the schedule',)),
+        (('--warmup_steps', 2, '--lr_warmup_iters', 2), ('warmup_steps 2', 'lr_warmup_iters 2')),
+    ],
+)
+def test_bad_flags_are_one_line_and_nothing_is_written(files, tmp_path, args, parts):
+    ckpt = tmp_path / 'ck'
+    result = run_cli(*_train(files, '--checkpoint_dir', ckpt, '--save_steps', 2, *args))
+    _one_error_line(result, *parts)
+    assert not ckpt.exists()
+
+
+def test_two_spellings_train_the_same_run(files):
+    """The trainer itself: --lr_schedule cosine --min_lr_ratio 0.5 and --lr_decay_style cosine --min_lr
+    (half the lr) print the same lr column and the same losses."""
+    runs = [
+        run_cli(*_train(files, '--learning_rate', 1e-3, '--lr_schedule', 'cosine', '--min_lr_ratio', 0.5)),
+        run_cli(*_train(files, '--learning_rate', 1e-3, '--lr_decay_style', 'cosine', '--min_lr', 5e-4)),
+    ]
+    lines = []
+    for result in runs:
+        assert result.code == 0, result.err
+        lines.append([m.groups() for m in map(STEP_LR.search, result.out.splitlines()) if m])
+    assert len(lines[0]) == 6 and lines[0] == lines[1]
+    assert lines[0][0][2] == '1.00e-03' and lines[0][-1][2] != '1.00e-03'
+
+
+# --- resuming the real lrs-gpt2 step directory with a file or flags that do not fit ----------------------
+
+
+@pytest.fixture
+def lrs_gpt2(tmp_path, monkeypatch):
+    source = SAMPLES / 'lrs-gpt2'
+    if not (source / 'a').is_dir():
+        pytest.skip(f'{source} is not here')
+    monkeypatch.chdir(tmp_path)
+    for name in ('model.bin', 'train.bin'):
+        shutil.copy(source / name, name)
+    shutil.copytree(source / 'a/checkpoint_step_000010', 'a/checkpoint_step_000010')
+    return tmp_path
+
+
+RESUME = [
+    '--device',
+    'cpu',
+    '--llmc_filepath',
+    'model.bin',
+    '--input_bin',
+    'train.bin',
+    '--batch_size',
+    '2',
+    '--sequence_length',
+    '64',
+    '--total_batch_size',
+    '128',
+    '--num_iteration',
+    '20',
+    '--learning_rate',
+    '0.1',
+    '--load',
+    'a/checkpoint_step_000010',
+    '--save',
+    'b',
+    '--save_interval',
+    '5',
+    '--checkpoint_format',
+    'infinitrain',
+]
+COSINE = [
+    '--lr_decay_style',
+    'cosine',
+    '--lr_warmup_iters',
+    '5',
+    '--lr_warmup_init',
+    '0.001',
+    '--min_lr',
+    '0.001',
+]
+
+
+def _resume(*schedule):
+    return run_cli(*RESUME, *schedule, config='configs/gpt2.py:infinitrain', num_devices=None)
+
+
+@pytest.mark.parametrize(
+    'schedule, parts',
+    [
+        (
+            COSINE[:2] + ['--min_lr', '0.001'],
+            ('entries: expected a plain scheduler (no warmup)', 'found a warmup then the decay'),
+        ),
+        (
+            ['--lr_decay_style', 'linear', *COSINE[2:]],
+            ('recover_lr: expected 0.067', 'gives after step 10), found 0.07525', 'schedule flags'),
+        ),
+        (COSINE[:2] + ['--lr_warmup_iters', '4', *COSINE[4:]], ('scheduler_0.last_step: expected 3',)),
+        (['--lr_decay_style', 'none'], ('expected no lr_scheduler.ckpt with --lr_decay_style none',)),
+        (['--warmup_steps', '5'], ("expected no lr_scheduler.ckpt with llm.c's warmup",)),
+        ([*COSINE, '--lr_decay_iters', '30'], ('recover_lr: expected', '--lr_decay_iters 30')),
+    ],
+)
+def test_a_scheduler_file_that_does_not_fit_the_flags_is_refused(lrs_gpt2, schedule, parts):
+    before = tree_digest(lrs_gpt2)
+    result = _resume(*schedule)
+    _one_error_line(result, 'a/checkpoint_step_000010/lr_scheduler.ckpt', *parts)
+    assert tree_digest(lrs_gpt2) == before and not (lrs_gpt2 / 'b').exists()
+
+
+@pytest.mark.parametrize(
+    'damage, part',
+    [
+        (lambda data: b'XXXX' + data[4:], 'magic: expected 0x53524C53'),
+        (lambda data: data[:4] + b'\x07' + data[5:], 'version: expected 1, found 7'),
+        (lambda data: data[:37] + b'\x09' + data[38:], "entry 'scheduler_1.last_step': type byte"),
+        (lambda data: data[:-5], "entry 'last_step': value: expected 8 bytes"),
+        (lambda data: data[:8] + b'\xff\xff\x00\x00' + data[12:], 'entry count: expected at most'),
+    ],
+)
+def test_a_damaged_scheduler_file_is_refused(lrs_gpt2, damage, part):
+    path = lrs_gpt2 / 'a/checkpoint_step_000010/lr_scheduler.ckpt'
+    path.write_bytes(damage(path.read_bytes()))
+    before = tree_digest(lrs_gpt2)
+    result = _resume(*COSINE)
+    _one_error_line(result, 'lr_scheduler.ckpt', part)
+    assert tree_digest(lrs_gpt2) == before and not (lrs_gpt2 / 'b').exists()
+
+
+def test_our_lr_scheduler_generation_saves_verifies_exports_and_resumes(files, tmp_path, capsys):
+    """A run with InfiniTrain's flags saving --checkpoint_format infinitrain: lr_scheduler.ckpt is the
+    scheduler's state at the step (checked against the replay, whose bytes equal the binary's files);
+    `ckpt verify` covers it by sha256; export to HEAD puts its lr in last_lr; a resume from step 3
+    prints the uninterrupted run's steps 4-6."""
+    from jaxtrain.optim.infinitrain_lr_schedule import ScheduleSpec, state_at
+    from jaxtrain.tools import ckpt
+    from llmc_io.infinitrain_lr_scheduler import read_lr_scheduler
+    from llmc_io.infinitrain_state import read_trainer_state
+
+    schedule = (
+        '--lr_decay_style',
+        'linear',
+        '--min_lr',
+        1e-4,
+        '--lr_warmup_iters',
+        2,
+        '--lr_warmup_init',
+        2e-4,
+    )
+    common = _train(files, '--learning_rate', 1e-3, '--checkpoint_format', 'infinitrain', *schedule)
+    full = run_cli(*common, '--checkpoint_dir', tmp_path / 'full', '--save_steps', 3)
+    assert full.code == 0, full.err
+    spec = ScheduleSpec('linear', 1e-3, min_lr=1e-4, warmup_iters=2, warmup_init=2e-4, decay_iters=6)
+    for step in (3, 6):
+        step_dir = tmp_path / 'full' / f'checkpoint_step_{step:06d}'
+        saved = read_lr_scheduler(step_dir / 'lr_scheduler.ckpt')
+        assert saved == state_at(spec, step)
+        state = read_trainer_state(step_dir / 'trainer_state.json')
+        assert state.generation == 'lrs' and state.last_lr is None
+        assert 'lr_scheduler.ckpt' in state.jaxtrain['sha256']
+    step3 = tmp_path / 'full' / 'checkpoint_step_000003'
+    assert ckpt.main(['verify', str(step3)]) == 0
+    assert 'sha256 of 3 files' in capsys.readouterr().out
+    assert (
+        ckpt.main(
+            ['export', str(step3), '--format', 'infinitrain', '--output', str(tmp_path / 'head' / step3.name)]
+        )
+        == 0
+    )
+    head = read_trainer_state(tmp_path / 'head' / step3.name / 'trainer_state.json')
+    next_lr = read_lr_scheduler(step3 / 'lr_scheduler.ckpt')['recover_lr']
+    assert head.generation == 'head' and head.last_lr == float(f'{next_lr:g}')  # HEAD prints %g
+    resumed = run_cli(
+        *common, '--checkpoint_dir', tmp_path / 'resumed', '--save_steps', 3, '--resume_from', step3
+    )
+    assert resumed.code == 0, resumed.err
+    assert (
+        '[CKPT] Loading LR scheduler' in resumed.out
+        and 'last_lr' not in resumed.out.split('Load done')[1].split('\n')[0]
+    )
+    steps = lambda out: {int(m[1]): m.groups()[1:] for m in map(STEP_LR.search, out.splitlines()) if m}
+    assert steps(resumed.out) == {k: v for k, v in steps(full.out).items() if k > 3}
+    assert (tmp_path / 'resumed/checkpoint_step_000006/lr_scheduler.ckpt').read_bytes() == (
+        tmp_path / 'full/checkpoint_step_000006/lr_scheduler.ckpt'
+    ).read_bytes()
+
+
+def test_infinitrain_lrs_names_the_generation_for_a_constant_schedule(files, tmp_path):
+    """Upstream master with no schedule flags runs a constant LambdaLR and saves it; so does
+    --checkpoint_format infinitrain-lrs. Plain infinitrain stays HEAD's layout (last_lr, no file)."""
+    from jaxtrain.optim.infinitrain_lr_schedule import ScheduleSpec, state_at
+    from llmc_io.infinitrain_lr_scheduler import read_lr_scheduler
+    from llmc_io.infinitrain_state import read_trainer_state
+
+    for fmt, generation in (('infinitrain-lrs', 'lrs'), ('infinitrain', 'head')):
+        root = tmp_path / fmt
+        result = run_cli(
+            *_train(files, '--checkpoint_dir', root, '--save_steps', 3, '--checkpoint_format', fmt)
+        )
+        assert result.code == 0, result.err
+        step_dir = root / 'checkpoint_step_000006'
+        assert read_trainer_state(step_dir / 'trainer_state.json').generation == generation
+        if generation == 'lrs':
+            lr = load_config().learning_rate
+            assert read_lr_scheduler(step_dir / 'lr_scheduler.ckpt') == state_at(
+                ScheduleSpec('constant', lr), 6
+            )
+        else:
+            assert not (step_dir / 'lr_scheduler.ckpt').exists()
+
+
+def test_infinitrain_lrs_refuses_llmc_warmup_before_training(files, tmp_path):
+    root = tmp_path / 'ck'
+    result = run_cli(
+        *_train(files, '--checkpoint_dir', root, '--save_steps', 3, '--checkpoint_format', 'infinitrain-lrs'),
+        '--warmup_steps',
+        2,
+    )
+    _one_error_line(result, 'infinitrain-lrs: expected a schedule InfiniTrain can run', '--lr_warmup_iters')
+    assert not root.exists()
+
+
+def test_export_infinitrain_lrs_from_orbax_and_from_infinitrain(files, tmp_path, capsys):
+    """ckpt export --format infinitrain-lrs: from an Orbax step, the scheduler state its recorded flags
+    give at the step; from an InfiniTrain step, its own file, byte for byte."""
+    from jaxtrain.optim.infinitrain_lr_schedule import ScheduleSpec, state_at
+    from jaxtrain.tools import ckpt
+    from llmc_io.infinitrain_lr_scheduler import render_lr_scheduler
+    from llmc_io.infinitrain_state import read_trainer_state
+
+    schedule = (
+        '--lr_decay_style',
+        'cosine',
+        '--min_lr',
+        1e-4,
+        '--lr_warmup_iters',
+        2,
+        '--lr_warmup_init',
+        2e-4,
+    )
+    result = run_cli(
+        *_train(files, '--learning_rate', 1e-3, *schedule),
+        '--checkpoint_dir',
+        tmp_path / 'orbax',
+        '--save_steps',
+        3,
+    )
+    assert result.code == 0, result.err
+    spec = ScheduleSpec('cosine', 1e-3, min_lr=1e-4, warmup_iters=2, warmup_init=2e-4, decay_iters=6)
+    first = tmp_path / 'lrs' / 'checkpoint_step_000003'
+    args = ['export', str(tmp_path / 'orbax/checkpoint_step_000003'), '--format', 'infinitrain-lrs']
+    assert ckpt.main([*args, '--output', str(first)]) == 0, capsys.readouterr()
+    assert (first / 'lr_scheduler.ckpt').read_bytes() == render_lr_scheduler(state_at(spec, 3))
+    assert read_trainer_state(first / 'trainer_state.json').generation == 'lrs'
+    second = tmp_path / 'again' / 'checkpoint_step_000003'
+    assert ckpt.main(['export', str(first), '--format', 'infinitrain-lrs', '--output', str(second)]) == 0
+    assert (second / 'lr_scheduler.ckpt').read_bytes() == (first / 'lr_scheduler.ckpt').read_bytes()
+    assert ckpt.main(['verify', str(second)]) == 0
+
+
+def test_upstreams_checks_apply_only_to_its_spelling():
+    """learning_rate 0 is a valid run of ours (nothing moves); upstream's CHECK refuses it with a style."""
+    from jaxtrain.config.checks import check_config
+
+    check_config(load_config(learning_rate=0.0))
+    with pytest.raises(ValueError, match='learning_rate: expected > 0 with a decay style, found 0.0'):
+        check_config(load_config(learning_rate=0.0, lr_decay_style='cosine'))
+
+
+def test_an_orbax_resume_prints_pr_151s_load_done_line(files, tmp_path):
+    """The binary decides the line: with PR 151's flags `Load done` has no last_lr, whatever the source."""
+    common = _train(
+        files, '--lr_decay_style', 'linear', '--checkpoint_dir', tmp_path / 'ck', '--save_steps', 3
+    )
+    assert run_cli(*common, '--num_iteration', 3).code == 0
+    result = run_cli(*common, '--resume_from', tmp_path / 'ck/checkpoint_step_000003')
+    assert result.code == 0, result.err
+    line = next(line for line in result.out.splitlines() if line.startswith('[CKPT] Load done'))
+    assert line == '[CKPT] Load done: global_step=3, consumed_batches =3, topology(ddp,tp,sp,pp)=(1,1,1,1)'
+
+
+def test_export_infinitrain_lrs_as_rank_directories(files, tmp_path, capsys):
+    """Upstream saves per rank, so every rank_NNNNNN/ of a multi-GPU export carries the same
+    lr_scheduler.ckpt; reading it back takes rank 0's."""
+    from jaxtrain.tools import ckpt
+    from llmc_io.infinitrain_state import read_trainer_state
+
+    result = run_cli(
+        *_train(files, '--lr_decay_style', 'cosine', '--lr_warmup_iters', 2),
+        '--checkpoint_dir',
+        tmp_path / 'ck',
+        '--save_steps',
+        3,
+        '--checkpoint_format',
+        'infinitrain',
+    )
+    assert result.code == 0, result.err
+    source = tmp_path / 'ck/checkpoint_step_000003'
+    out = tmp_path / 'ranks/checkpoint_step_000003'
+    args = ['export', str(source), '--format', 'infinitrain-lrs', '--ddp', '2', '--output', str(out)]
+    assert ckpt.main(args) == 0, capsys.readouterr()
+    ranks = sorted(out.glob('rank_*'))
+    assert [r.name for r in ranks] == ['rank_000000', 'rank_000001']
+    for rank in ranks:
+        assert (rank / 'lr_scheduler.ckpt').read_bytes() == (source / 'lr_scheduler.ckpt').read_bytes()
+        assert read_trainer_state(rank / 'trainer_state.json').generation == 'lrs'
+    capsys.readouterr()
+    assert ckpt.main(['show', str(out), '--json']) == 0
+    assert '"scheduler_1.last_step": "1 (int64)"' in capsys.readouterr().out
