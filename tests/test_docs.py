@@ -1,4 +1,5 @@
-"""Every command of docs/text.md and docs/dashboards.md runs as written.
+"""Every command of docs/text.md, docs/dashboards.md and docs/keep_best_and_init_from.md runs as
+written.
 
 docs/text.md's run in a directory holding what a reader supplies: book.txt and a GPT-2-style
 tokenizer.json, LLaMA-3-style tokenizer.model and fineweb/*.parquet (made here: a BPE trained on
@@ -20,6 +21,7 @@ from trainer_runs import REPO
 
 COMMANDS = readme_commands(REPO / 'docs' / 'text.md')
 DASHBOARD_COMMANDS = readme_commands(REPO / 'docs' / 'dashboards.md')
+CHECKPOINT_COMMANDS = readme_commands(REPO / 'docs' / 'keep_best_and_init_from.md')
 
 
 def _run(command: str, cwd) -> subprocess.CompletedProcess:
@@ -101,3 +103,16 @@ def test_docs_dashboards_commands_run_as_written(tmp_path):
     assert [e.step for e in events.Scalars('train/loss')] == list(range(1, 10))
     assert [e.step for e in events.Scalars('val/loss')] == [3, 6, 9]
     assert [e.step for e in events.Scalars('checkpoint/restore_s')] == [6]
+
+
+@pytest.mark.slow
+def test_docs_keep_best_and_init_from_commands_run_as_written(tmp_path):
+    assert len(CHECKPOINT_COMMANDS) == 3
+    (tmp_path / 'configs').symlink_to(REPO / 'configs')
+    outputs = []
+    for command in CHECKPOINT_COMMANDS:
+        result = _run(command.text, tmp_path)
+        assert result.returncode == 0, f'line {command.line}: {command.text}\n{result.stderr[-3000:]}'
+        outputs.append(result.stdout + result.stderr)
+    assert outputs[1].count('best (val ') == 2
+    assert 'weights only (--init_from' in outputs[2] and 'step    1/4' in outputs[2]

@@ -95,3 +95,29 @@ def test_readme_command_runs_as_written(command, block_dirs, bin_dir):
     assert result.returncode == 0, (
         f'README line {command.line}: {command.text}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}\n{logs}'
     )
+
+
+QUICKSTART = readme_commands(REPO / 'docs' / 'quickstart.md')
+
+
+@pytest.mark.slow  # one training step and an export: about 30 s on 2 cores
+def test_quickstart_makes_the_files_readme_names_offline(tmp_path, bin_dir):
+    """docs/quickstart.md's recipe, as written, in a directory that has only configs/: it makes
+    TRAIN.bin, MODEL.bin and gpt2_124M.bin, which llmc_io's own readers (NumPy only) then read as a
+    GPT-2 shard and GPT-2 llm.c model files."""
+    import llmc_io
+
+    assert len(QUICKSTART) == 6  # all run here, the stand-in gpt2_124M.bin's copy too
+    (tmp_path / 'configs').symlink_to(REPO / 'configs')
+    env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
+    env.update(PATH=f'{bin_dir}{os.pathsep}{env.get("PATH", "")}', PYTHONPATH=str(REPO), JAX_PLATFORMS='cpu')
+    for command in QUICKSTART:
+        result = subprocess.run(['bash', '-c', f'set -o pipefail; {command.text}'], cwd=tmp_path, env=env,
+                                capture_output=True, text=True, timeout=600)  # fmt: skip
+        assert result.returncode == 0, f'{command.text}\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}'
+    shard = llmc_io.shard_info(str(tmp_path / 'TRAIN.bin'))
+    assert shard.kind == 'gpt2' and shard.num_tokens > 25_600  # the seed experiment's 100 steps fit
+    for name in ('MODEL.bin', 'gpt2_124M.bin'):
+        model_header, _ = llmc_io.load_model(str(tmp_path / name))
+        assert isinstance(model_header, llmc_io.GPT2Header) and model_header.vocab_size == 50257
+    assert 'step    2/2' in result.stdout  # the last line trained on both

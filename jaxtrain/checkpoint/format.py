@@ -41,6 +41,7 @@ class RunCheckpointer(Protocol):
     set_aside: list  # uncommitted step directories moved out of the way when the root was opened
     linked: list  # steps whose directory is a symbolic link: kept out of rotation, never deleted
     blocking_saves: int  # saves that held up the loop until written or handed off
+    synchronous: bool  # save() returns only once the step is committed (no background write)
 
     def step_dir(self, step: int) -> Path: ...
 

@@ -180,6 +180,7 @@ class Checkpointer:
         self._handoff = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='jaxtrain-save')
         self._pending = None  # the Future of the last hand-off to Orbax
         self.blocking_saves = 0  # saves handed to Orbax on the loop's thread
+        self.synchronous = False  # save() returns before the write is committed
         self._snapshot_bytes = None  # per device, measured at the first save
         self._snapshot_program = _snapshot  # prepare() swaps in one compiled ahead of time
         # The hand-off thread and Orbax's writers run Python beside the training loop; by

@@ -80,6 +80,11 @@ def check_config(config):
             f'{config.keep_every_steps}: only steps that are multiples of both would be kept. '
             f'Pass --keep_every_steps {save_steps * max(1, round(keep_every / save_steps))}'
         )
+    if config.init_from and config.llmc_filepath:
+        problems.append(
+            f'init_from: expected one source of initial weights, found both --init_from {config.init_from} '
+            f'and --llmc_filepath {config.llmc_filepath}; pass one'
+        )
     if config.keep_best and not config.val_loss_every:
         problems.append(
             f'keep_best: expected --val_loss_every N > 0 (checkpoints are ranked by the validation loss at '

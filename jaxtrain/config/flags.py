@@ -11,6 +11,7 @@ other error of the trainer, with the closest key suggested for a typo.
 """
 
 import difflib
+import logging as std_logging
 import re
 import sys
 import traceback
@@ -187,12 +188,47 @@ def _config_file_problem() -> str | None:
     if 'config' not in flags.FLAGS:
         return None
     flag = flags.FLAGS['config']
+    path = (flag.config_filename or '').split(':', 1)[0]
     try:
-        flag.value.get('model_family')
+        value = flag.value
+        if value is None:
+            return f'--config: {path}: expected get_config to return an ml_collections ConfigDict, found None'
+        value.get('model_family')
     except OSError:
-        path = flag.config_filename.split(':', 1)[0]
         return f'--config: expected a config file such as configs/gpt2.py[:variant], found nothing at {path}'
+    except Exception as error:  # noqa: BLE001  whatever the file does, one line naming it
+        return _config_load_message(path, error)
     return None
+
+
+def _config_argument(argv: list[str]) -> str:
+    """The config file named on the command line (without its :variant)."""
+    for i, arg in enumerate(argv):
+        if arg.startswith(('--config=', '-config=')):
+            return arg.split('=', 1)[1].split(':', 1)[0]
+        if arg in ('--config', '-config') and i + 1 < len(argv):
+            return argv[i + 1].split(':', 1)[0]
+    return 'the config file'
+
+
+def _config_load_message(path: str, error: Exception) -> str:
+    """One line for a config file that could not be loaded: a syntax error, no get_config, or an
+    exception of its own (its traceback with --verbose)."""
+    if isinstance(error, SyntaxError):
+        return (
+            f'--config: {path}: expected a Python file, found a syntax error at line {error.lineno}: '
+            f'{error.msg}; fix the file'
+        )
+    if isinstance(error, AttributeError) and 'get_config' in str(error):
+        return (
+            f'--config: {path}: expected a function get_config(variant) returning a ConfigDict, found none '
+            '(configs/gpt2.py shows one)'
+        )
+    text = ' '.join(str(error).split()) or type(error).__name__
+    return (
+        f'--config: {path}: expected the file to load, found that it raised {type(error).__name__}: '
+        f'{text[:200]} (--verbose shows where)'
+    )
 
 
 def report_error(error: Exception, verbose: bool) -> int:
@@ -238,10 +274,18 @@ def parse_command_line(argv: list[str]) -> list[str]:
     if problem:
         _fail(problem, verbose=False)
     argv = normalize_booleans(argv, BOOLEAN_FLAGS)
+    absl_logger = std_logging.getLogger('absl')
+    level = absl_logger.level
+    # ml_collections warns through absl about a get_config returning None; the line below says it.
+    absl_logger.setLevel(std_logging.ERROR)
     try:
         remaining = exit_zero_after_help(flags.FLAGS, argv)
     except flags.Error as error:
         _fail(_flag_error_message(error), verbose)
+    except Exception as error:  # noqa: BLE001  ml_collections runs the config file while parsing
+        _fail(_config_load_message(_config_argument(argv), error), verbose)
+    finally:
+        absl_logger.setLevel(level)
     problem = _config_file_problem()
     if problem:
         _fail(problem, verbose=False)

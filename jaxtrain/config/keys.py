@@ -16,6 +16,12 @@ KEYS = (
     ('model', 'tiny', 'model variant, e.g. tiny, small, d12 / llama3.2-1b; an llmc file header overrides it'),
     ('llmc_filepath', '', 'llm.c model file to start from (its header sets the model shape)'),
     (
+        'init_from',
+        '',
+        "weights only, for --model: a checkpoint step or root (either format), an HF folder or an llm.c "
+        "file; fresh optimizer, schedule and data ('' = none)",
+    ),
+    (
         'llmc_ffn_dim_multiplier',
         0.0,
         'LLaMA-3: true ffn_dim_multiplier when the file stored it truncated (0 = file)',

@@ -53,7 +53,7 @@ def _load_llmc(config):
     return loader(config.llmc_filepath)
 
 
-def _shape_mismatches(expected: dict, found: dict, prefix=''):
+def shape_mismatches(expected: dict, found: dict, prefix=''):
     problems = []
     for key in sorted(set(expected) | set(found)):
         name = f'{prefix}{key}'
@@ -62,7 +62,7 @@ def _shape_mismatches(expected: dict, found: dict, prefix=''):
         elif key not in expected:
             problems.append(f'{name}: unexpected')
         elif isinstance(expected[key], dict):
-            problems += _shape_mismatches(expected[key], found[key], name + '/')
+            problems += shape_mismatches(expected[key], found[key], name + '/')
         elif tuple(expected[key].shape) != tuple(np.shape(found[key])):
             problems.append(
                 f'{name}: expected shape {tuple(expected[key].shape)}, found {tuple(np.shape(found[key]))}'
@@ -123,7 +123,7 @@ def setup_model(config) -> ModelSetup:
         abstract = nnx.eval_shape(lambda: model_cls(model_config, **options, rngs=nnx.Rngs(0)))
         graphdef, abstract_params = nnx.split(abstract, nnx.Param)
         expected = nnx.to_pure_dict(abstract_params)
-        problems = _shape_mismatches(expected, file_params)
+        problems = shape_mismatches(expected, file_params)
         if problems:
             raise ValueError(
                 f'{config.llmc_filepath}: tensors do not fit the model built from its header: '

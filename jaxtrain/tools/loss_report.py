@@ -217,13 +217,48 @@ def to_json(
 # Plotting
 
 
+def _show_threshold(axes, threshold: float, differences) -> None:
+    """The +/- threshold band, visible whatever the differences: around 0 when they are all 0
+    (matplotlib would span +/-0.05 and draw it on the zero line), and beside one of 1e-3 (a
+    linear axis would squash it there too). The axis is linear inside +/- threshold and
+    logarithmic beyond (symlog), with limits of at least 4 thresholds."""
+    import numpy as np
+
+    finite = np.abs(differences[np.isfinite(differences)])
+    largest = float(finite.max()) if finite.size else 0.0
+    if threshold > 0:
+        axes.set_yscale("symlog", linthresh=threshold)
+        limit = max(4 * threshold, 2 * largest)
+        band = f"within +/- {threshold:.0e}"
+        axes.axhspan(-threshold, threshold, color="tab:green", alpha=0.12, label=band)
+    else:  # an exact comparison: the band is the zero line itself
+        limit = 2 * largest or 1.0
+    for sign in (1, -1):
+        axes.axhline(
+            sign * threshold,
+            color="tab:orange",
+            linestyle="--",
+            linewidth=1.2,
+            label=f"threshold +/- {threshold:.0e}" if sign == 1 else None,
+        )
+    axes.set_ylim(-limit, limit)
+
+
 def write_plot(results: list[PairResult], plot_path: Path) -> None:
+    """The figure of plot_figure as a PNG."""
+    figure = plot_figure(results)
+    with atomic_output(plot_path) as f:  # a kill mid-plot leaves the earlier plot, not half a PNG
+        figure.savefig(f, format="png", dpi=100)
+
+
+def plot_figure(results: list[PairResult]):
     """One row per pair: both loss curves on the left, test - base on the right."""
     # Imported here so that comparing logs never needs matplotlib. Figure + the Agg canvas
     # instead of pyplot: no global backend state, and it works without a display.
     import numpy as np
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     figure = Figure(figsize=(13, 3.6 * max(1, len(results))), layout="constrained")
     FigureCanvasAgg(figure)
@@ -255,13 +290,7 @@ def write_plot(results: list[PairResult], plot_path: Path) -> None:
             diff_axes.plot(
                 non_finite_steps, np.zeros(len(non_finite_steps)), "v", color="black", label="non-finite loss"
             )
-        for sign in (1, -1):
-            diff_axes.axhline(
-                sign * result.threshold,
-                color="grey",
-                linestyle=":",
-                label=f"+/- threshold {result.threshold:.0e}" if sign == 1 else None,
-            )
+        _show_threshold(diff_axes, result.threshold, differences)
         diff_axes.set_title(f"{result.name}: difference ({result.dtype})")
         diff_axes.set_xlabel("step")
         diff_axes.set_ylabel("test - base")
@@ -274,10 +303,11 @@ def write_plot(results: list[PairResult], plot_path: Path) -> None:
                     linestyle="-.",
                     label=f"resumed at step {result.resumed_at}",
                 )
+        for axes in (loss_axes, diff_axes):
+            axes.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
         loss_axes.legend(fontsize="small")
         diff_axes.legend(fontsize="small")
-    with atomic_output(plot_path) as f:  # a kill mid-plot leaves the earlier plot, not half a PNG
-        figure.savefig(f, format="png", dpi=100)
+    return figure
 
 
 # ---------------------------------------------------------------------------------------------

@@ -148,10 +148,11 @@ def _run(config) -> int:
         now = time.perf_counter()
         elapsed, last_read = now - last_read, now
         loss = float(metrics['loss'])
+        stop.last_shown_step = done
         check_finite(done, loss, bool(metrics['params_finite']), saver.last_good())
         saver.note_loss(loss)
-        step_mfu = mfu.of(elapsed)
-        progress.step(done, loss, elapsed, step_mfu)
+        step_mfu, grad_norm = mfu.of(elapsed), float(metrics['grad_norm'])
+        progress.step(done, loss, elapsed, step_mfu, grad_norm)
         log.step(
             done,
             config.num_iteration,
@@ -160,7 +161,7 @@ def _run(config) -> int:
             elapsed,
             geometry.tokens_per_step,
             parts.parallel_sizes,
-            {'grad_norm': float(metrics['grad_norm'])} | ({'mfu': step_mfu} if step_mfu is not None else {}),
+            {'grad_norm': grad_norm} | ({'mfu': step_mfu} if step_mfu is not None else {}),
         )
         if stream.epoch_of(position) != epoch:
             epoch = stream.epoch_of(position)
@@ -216,6 +217,13 @@ def _exit(log, stop, stopping: bool, saver: RunSaver, step: int) -> int:
     """The closing line and the exit code: 0, or 128 + the signal for a stop with nothing saved."""
     if stopping:
         signal_name = stop.signal_name or 'a signal to another process'
+        # The device runs a step ahead of the lines printed (loop above): steps already under way finish.
+        if stop.arrived_after is not None and stop.arrived_after < step:
+            running = 'step' if step - stop.arrived_after == 1 else 'steps'
+            signal_name += (
+                f' (arrived after step {stop.arrived_after} was printed; the {running} already running '
+                'on the device finished first)'
+            )
         if saver.last_saved_step == step:
             log.info(
                 f'{signal_name}: stopped after step {step}; resume with --resume_from '

@@ -2,11 +2,12 @@
 is, so that its compare_loss.py reads our logs):
 
   compiling the train step (step 1's time includes it)...
-  progress: step 120/300 (40%) | elapsed 0:01:02 | 2.05 steps/s | ETA 0:01:28 | MFU 41.2%
+  progress: step 120/300 (40%) | elapsed 0:01:02 | 2.05 steps/s | ETA 0:01:28 | grad norm 0.8412 | MFU 41.2%
   summary: 300 steps (1-300) | 76,800 tokens | wall 0:02:31 | 540 tokens/s mean | MFU 40.8% | loss final ...
 
 The progress line comes every PROGRESS_EVERY_S seconds of a run (a short run prints
-none). Rates leave out this run's first step, which includes the compilation. MFU
+none). Rates leave out this run's first step, which includes the compilation. The gradient
+norm (before clipping, as metrics.jsonl's grad_norm) is the last step's. MFU
 (train/mfu.py) is the last step's in the progress line and the whole run's in the summary
 (FLOPs of the timed steps over their time); it is left out where the device's peak is unknown.
 """
@@ -47,7 +48,9 @@ class Progress:
             return None
         return (self.steps_done - 1) / max(self.clock() - self._after_first, 1e-9)
 
-    def step(self, step: int, loss: float, seconds: float, mfu: float | None = None) -> None:
+    def step(
+        self, step: int, loss: float, seconds: float, mfu: float | None = None, grad_norm: float | None = None
+    ) -> None:
         self.steps_done += 1
         self.step_mfu.append(mfu)
         if self.steps_done == 1:
@@ -63,7 +66,9 @@ class Progress:
         self.report(
             f'progress: step {step}/{self.num_steps} ({100 * step / self.num_steps:.0f}%) | '
             f'elapsed {clock_text(now - self.began)} | {rate:.2f} steps/s | '
-            f'ETA {clock_text((self.num_steps - step) / rate)}' + (f' | MFU {100 * mfu:.1f}%' if mfu else '')
+            f'ETA {clock_text((self.num_steps - step) / rate)}'
+            + (f' | grad norm {grad_norm:.4g}' if grad_norm is not None else '')
+            + (f' | MFU {100 * mfu:.1f}%' if mfu else '')
         )
 
     def summary(self, checkpoints_written: list[int]) -> None:

@@ -2,10 +2,12 @@
 (how long the loop was blocked), when it is committed on disk (how long the write took),
 and each step rotation deleted (and which keep rule let it go).
 
-Saves are written in the background (checkpoint/manager.py), so commits and deletions are
-found by looking at the checkpoint root: `poll()` lists it, and only while something is
-still to happen (a save not yet committed, or more steps on disk than the keep rules
-keep), so a run that is not saving never touches the disk for it.
+Orbax saves are written in the background (checkpoint/manager.py), so commits and deletions
+are found by looking at the checkpoint root: `poll()` lists it (with the format's own listing of
+committed steps), and only while something is still to happen (a save not yet committed, or
+more steps on disk than the keep rules keep), so a run that is not saving never touches the
+disk for it. A synchronous save (the InfiniTrain format) is committed when save() returns, so
+it is looked for at once.
 """
 
 import time
@@ -14,14 +16,28 @@ from jaxtrain.checkpoint.layout import committed_steps, step_dir_name
 
 
 class SaveEvents:
-    def __init__(self, root, *, keep_latest: int, keep_every: int, protected=(), report=None, record=None):
-        """`report` takes the lines; `record` the rows ({'step', 'save_commit_s'}) for metrics."""
+    def __init__(
+        self,
+        root,
+        *,
+        keep_latest: int,
+        keep_every: int,
+        protected=(),
+        report=None,
+        record=None,
+        list_committed=committed_steps,
+        synchronous: bool = False,
+    ):
+        """`report` takes the lines; `record` the rows ({'step', 'save_commit_s'}) for metrics;
+        `list_committed(root)`: the format's committed steps; `synchronous`: saves are written
+        before save() returns."""
         self.root = root
+        self.list_committed, self.synchronous = list_committed, synchronous
         self.keep_latest, self.keep_every, self.protected = keep_latest, keep_every, frozenset(protected)
         self.best = frozenset()  # --keep_best's steps, as the saver last ranked them
         self.report = report or (lambda line: None)
         self.record = record or (lambda row: None)
-        self._on_disk = set(committed_steps(root))
+        self._on_disk = set(list_committed(root))
         self._started = {}  # step -> perf_counter when its save began, until it is seen committed
         self.committed = []  # steps this run wrote and saw committed, in order
         self._reported_deleted = set()
@@ -41,10 +57,11 @@ class SaveEvents:
     def started(self, step: int, began: float, blocked_s: float) -> None:
         """A save of `step` began at perf_counter `began` and blocked the loop `blocked_s`."""
         self._started[step] = began
-        self.report(
-            f'save: step {step} -> {self.root / step_dir_name(step)} '
-            f'(loop blocked {blocked_s * 1e3:.1f} ms; writing in the background)'
-        )
+        how = 'written before the loop went on' if self.synchronous else 'writing in the background'
+        blocked = f'loop blocked {blocked_s * 1e3:.1f} ms'
+        self.report(f'save: step {step} -> {self.root / step_dir_name(step)} ({blocked}; {how})')
+        if self.synchronous:
+            self.poll()
 
     def _pending(self) -> bool:
         return bool(self._started) or self._kept(self._on_disk) != self._on_disk
@@ -53,7 +70,7 @@ class SaveEvents:
         """Reports what was committed or deleted since the last look (cheap when nothing is pending)."""
         if not self._pending():
             return
-        now = set(committed_steps(self.root))
+        now = set(self.list_committed(self.root))
         # Saves commit in order, and rotation follows a commit: a step of ours that is not
         # on disk while a later one is was committed and rotated away between two looks.
         newest = max(now, default=-1)

@@ -65,9 +65,18 @@ class RunSaver:
                     self.checkpointer.root,
                     keep_latest=config.max_checkpoint_keep,
                     keep_every=config.keep_every_steps,
-                    protected=protected,
+                    protected=[*protected, *self.checkpointer.linked],
                     report=report,
                     record=record,
+                    list_committed=registry.for_flag(config.checkpoint_format).committed_steps,
+                    synchronous=self.checkpointer.synchronous,
+                )
+            if not self.saving:
+                self._report(
+                    f'checkpoint_dir: {config.checkpoint_dir}: save_steps and save_every_minutes are 0, so '
+                    'this run saves no checkpoint there (only a stop by SIGTERM / SIGINT would); pass '
+                    '--save_steps N to save every N steps and the last one (a directory this run created is '
+                    'removed again if it stays empty)'
                 )
         setup = parts.setup
         self._llmc_sha256 = cached_sha256(setup.llmc_file) if setup.llmc_file else ''

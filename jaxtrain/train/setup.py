@@ -19,6 +19,7 @@ from jaxtrain.train.pipeline import make_pipeline_loss_and_grads
 from jaxtrain.data.batch_geometry import BatchGeometry, batch_geometry
 from jaxtrain.data.mesh_default_batch import fit_default_total_to_mesh
 from jaxtrain.models.cross_entropy_kernel import resolve_cross_entropy
+from jaxtrain.checkpoint.init_from import apply_init_from
 from jaxtrain.models.setup import DTYPES, ModelSetup, setup_model
 from jaxtrain.train import precision_check
 from jaxtrain.optim.optimizer import build_optimizer
@@ -80,6 +81,8 @@ def build_trainer(config) -> TrainerSetup:
 
     # --- model ---
     setup = setup_model(config)
+    if config.init_from:  # weights only; the optimizer state below starts fresh
+        setup = apply_init_from(config, setup)
     model_config = setup.model_config
     # --- optimizer and state ---
     tx, schedule = build_optimizer(config)

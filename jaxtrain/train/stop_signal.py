@@ -20,6 +20,8 @@ class StopRequest:
     def __init__(self, describe_loss=lambda: ''):
         """describe_loss: what an abort loses, for its line (RunSaver.abort_notice)."""
         self.signal_name = ''
+        self.last_shown_step = None  # set by the loop as it prints each step
+        self.arrived_after = None  # last_shown_step when the first signal came
         self._previous = {}
         self._describe_loss = describe_loss
 
@@ -29,6 +31,7 @@ class StopRequest:
     def _handle(self, signum, frame):
         if self.signal_name:
             self._abort(signum)
+        self.arrived_after = self.last_shown_step
         self.signal_name = signal.Signals(signum).name
 
     def _abort(self, signum):

@@ -3,14 +3,15 @@ only true things (the flags they show exist, the variants they list are the mode
 
 import ast
 import re
+import sys
 
 import pytest
-
 from cli_runs import run_cli
+from trainer_runs import REPO, random_shard
+
 from jaxtrain.config.config_path import resolve_config_argument
 from jaxtrain.config.keys import KEYS
 from jaxtrain.models import gpt2, llama3
-from trainer_runs import REPO, random_shard
 
 
 def test_relative_config_path_works_from_another_directory(tmp_path, monkeypatch):
@@ -56,3 +57,27 @@ def test_plain_llama3_config_is_a_small_model_and_the_1b_shape_stays_named():
     named = load_config('llama3', 'llama3.2-1b')
     assert named.learning_rate == 1e-5 and llama3.VARIANTS['llama3.2-1b'].num_parameters > 1.2e9
     assert load_config('llama3', 'infinitrain').learning_rate == 1e-5
+
+
+@pytest.mark.parametrize(
+    'text, expected',
+    [
+        ('raise RuntimeError("boom")\n', 'expected the file to load, found that it raised RuntimeError: boom'),
+        ('def get_config(:\n', 'expected a Python file, found a syntax error at line 1'),
+        ('def get_config(arg=None):\n    return None\n', 'expected get_config to return an ml_collections'),
+        ('x = 1\n', 'expected a function get_config(variant) returning a ConfigDict, found none'),
+        ('def get_config(arg=None):\n    raise KeyError("k")\n', 'found that it raised KeyError'),
+    ],
+)
+def test_a_config_file_that_cannot_be_loaded_is_one_line(tmp_path, monkeypatch, text, expected):
+    # ml_collections loads every config file as the module config_config, into the one an earlier
+    # command line left in this process (which may define get_config): start without it.
+    monkeypatch.delitem(sys.modules, 'config_config', raising=False)
+    path = tmp_path / 'my_config.py'
+    path.write_text(text)
+    result = run_cli('--num_iteration', 1, config=str(path))
+    assert result.code == 1, result.out + result.err
+    assert len(result.error_lines) == 1, result.err
+    assert result.error_lines[0].startswith(f'error: --config: {path}: expected ')
+    assert expected in result.error_lines[0]
+    assert 'Traceback' not in result.err

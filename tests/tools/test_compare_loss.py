@@ -333,3 +333,29 @@ def test_run_metadata_and_build_logs_are_skipped_and_logs_found_at_any_depth(tmp
     assert compare_loss.main([str(base_dir), str(test_dir)]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "two logs named 'gpt2_1.log'" in err
+
+
+@pytest.mark.parametrize("spike", [0.0, 2e-3])
+def test_threshold_lines_stand_apart_from_zero_on_the_difference_panel(tmp_path, spike):
+    """A bitwise resume (every difference 0) and one far mismatch: on both, the +/- 1e-5 lines are
+    drawn at least 30 pixels from the zero line (matplotlib's own scaling put them on it)."""
+    pytest.importorskip("matplotlib")
+    from jaxtrain.tools.loss_report import plot_figure
+
+    base = write_log(tmp_path / "base" / "gpt2_1.log", range(1, 101), 100)
+    test = write_log(tmp_path / "test" / "gpt2_1.log", range(41, 101), 100,
+                     loss_of=lambda s: reference_loss(s) + (spike if s == 50 else 0))  # fmt: skip
+    args = compare_loss.build_parser().parse_args([str(base), str(test)])
+    results, _, _ = compare_loss.run_comparison(args)
+    figure = plot_figure(results)
+    figure.canvas.draw()
+    diff_axes = figure.axes[1]
+    threshold_lines = [line for line in diff_axes.get_lines() if line.get_label().startswith("threshold")
+                       or (line.get_linestyle() == "--" and len(set(line.get_ydata())) == 1)]  # fmt: skip
+    heights = sorted(float(line.get_ydata()[0]) for line in threshold_lines)
+    assert heights == [-1e-5, 1e-5]
+    to_pixels = diff_axes.transData.transform
+    zero = to_pixels((50, 0))[1]
+    assert all(abs(to_pixels((50, y))[1] - zero) >= 30 for y in heights)
+    low, high = diff_axes.get_ylim()
+    assert low < -1e-5 and high > max(1e-5, spike)  # the band and every difference are on the panel

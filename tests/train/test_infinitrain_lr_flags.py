@@ -394,3 +394,16 @@ def test_export_infinitrain_lrs_as_rank_directories(files, tmp_path, capsys):
     capsys.readouterr()
     assert ckpt.main(['show', str(out), '--json']) == 0
     assert '"scheduler_1.last_step": "1 (int64)"' in capsys.readouterr().out
+
+
+def test_a_scheduler_file_of_another_step_is_refused(lrs_gpt2):
+    shutil.copy(
+        SAMPLES / 'lrs-gpt2/a/checkpoint_step_000020/lr_scheduler.ckpt',
+        lrs_gpt2 / 'a/checkpoint_step_000010/lr_scheduler.ckpt',
+    )
+    before = tree_digest(lrs_gpt2)
+    result = _resume(*COSINE)
+    _one_error_line(
+        result, 'lr_scheduler.ckpt: last_step: expected global_step 10 (trainer_state.json), found 20'
+    )
+    assert tree_digest(lrs_gpt2) == before and not (lrs_gpt2 / 'b').exists()

@@ -1,6 +1,7 @@
 """Progress on long work: the corpus build, the compiling step, a periodic progress line
 beside (not inside) InfiniTrain's step line, and the end-of-run summary."""
 
+import json
 import re
 
 import numpy as np
@@ -30,12 +31,12 @@ def test_progress_line_every_interval_with_eta_from_steps_after_the_compiling_on
     assert len(lines) == 1
     for step in range(2, 22):  # 2 s a step: 40 s later
         clock.now += 2.0
-        progress.step(step, 5.0 - step / 100, 2.0)
+        progress.step(step, 5.0 - step / 100, 2.0, grad_norm=step / 8)
     # at step 2 (a rate exists: 0.5 steps/s, from the steps after the compiling one), then
-    # 30 s later (step 17); ETA = steps left / rate.
+    # 30 s later (step 17); ETA = steps left / rate; the last step's gradient norm.
     assert lines[1:] == [
-        'progress: step 2/100 (2%) | elapsed 0:00:42 | 0.50 steps/s | ETA 0:03:16',
-        'progress: step 17/100 (17%) | elapsed 0:01:12 | 0.50 steps/s | ETA 0:02:46',
+        'progress: step 2/100 (2%) | elapsed 0:00:42 | 0.50 steps/s | ETA 0:03:16 | grad norm 0.25',
+        'progress: step 17/100 (17%) | elapsed 0:01:12 | 0.50 steps/s | ETA 0:02:46 | grad norm 2.125',
     ]
     progress.summary([20])
     assert lines[-1] == (
@@ -56,7 +57,8 @@ def test_a_one_step_run_gives_no_mean_rate_and_names_its_one_checkpoint():
     )
 
 
-def test_progress_lines_and_summary_on_a_real_run(tmp_path):
+def test_progress_lines_and_summary_on_a_real_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(progress_lib, 'PROGRESS_EVERY_S', 0.0)  # a progress line after every step
     config = load_config(
         'gpt2',
         input_bin=random_shard(tmp_path / 'train.bin'),
@@ -78,6 +80,12 @@ def test_progress_lines_and_summary_on_a_real_run(tmp_path):
     assert summary[0].startswith(f'summary: 4 steps (1-4) | {tokens:,} tokens | wall 0:00:')
     assert f'loss final {losses[4]:.6f}, best {losses[best_step]:.6f} at step {best_step}' in summary[0]
     assert summary[0].endswith('checkpoints written: 0')
+    # the gradient norm metrics.jsonl records, in the progress line and not in InfiniTrain's step line
+    rows = [json.loads(line) for line in (tmp_path / 'metrics' / 'metrics.jsonl').read_text().splitlines()]
+    norms = {row['step']: row['grad_norm'] for row in rows if 'grad_norm' in row}
+    shown = dict(re.findall(r'^progress: step (\d+)/4 .* \| grad norm ([\d.e+-]+)', out, re.M))
+    assert shown and {int(s): g for s, g in shown.items()} == {s: f'{norms[s]:.4g}' for s in map(int, shown)}
+    assert not any('grad' in lines[i] for i in step_lines)
     mean = float(re.search(r'([\d,]+) tokens/s mean', summary[0]).group(1).replace(',', ''))
     step_ms = [float(re.search(r'\(([\d.]+) ms', lines[i]).group(1)) for i in step_lines[1:]]
     assert np.isclose(mean, config.total_batch_size * 3 / (sum(step_ms) / 1e3), rtol=0.02)

@@ -4,10 +4,11 @@ its trainer state and `ckpt ls` shows it."""
 
 import re
 
+from trainer_runs import load_config, random_shard, tiny_llmc_model, train
+
 from jaxtrain.checkpoint import layout
 from jaxtrain.checkpoint.trainer_state import read_trainer_state
 from jaxtrain.tools import ckpt
-from trainer_runs import load_config, random_shard, tiny_llmc_model, train
 
 
 def test_each_save_commit_and_rotation_is_a_line_and_the_loss_is_kept(tmp_path, capsys):
@@ -74,3 +75,47 @@ def test_by_default_three_are_kept_and_the_first_commit_says_what_one_costs(tmp_
     for step in (3, 4, 5):  # the same tensors, so about the same bytes as step 1's
         size = sum(p.stat().st_size for p in (root / layout.step_dir_name(step)).rglob('*') if p.is_file())
         assert abs(float(notes[0][1]) - size / 1024) <= 0.02 * size / 1024 + 1, (notes, size)
+
+
+def test_an_infinitrain_run_reports_its_saves_as_they_are(tmp_path):
+    """InfiniTrain-format saves are synchronous: each is said to be written before the loop went
+    on (not 'in the background'), is committed at once, its rotations are lines, and the summary
+    counts them. It used to say 'checkpoints written: 0' and never 'committed'."""
+    root = tmp_path / 'ck'
+    config = load_config(
+        'gpt2',
+        input_bin=random_shard(tmp_path / 'train.bin'),
+        llmc_filepath=tiny_llmc_model(tmp_path / 'model.bin', num_layers=1),
+        checkpoint_dir=str(root),
+        checkpoint_format='infinitrain',
+        num_iteration=4,
+        save_steps=1,
+        max_checkpoint_keep=2,
+        sample_every=0,
+    )
+    code, _, out = train(config)
+    assert code == 0, out
+    assert 'in the background' not in out
+    for step in (1, 2, 3, 4):
+        started = rf'^save: step {step} -> {root}/checkpoint_step_00000{step} \(loop blocked [\d.]+ ms; '
+        assert re.search(started + r'written before the loop went on\)$', out, re.M), out
+        assert re.search(rf'^save: step {step} committed \(', out, re.M), out
+    assert 'rotation: deleted checkpoint_step_000001 (max_checkpoint_keep 2 keeps the newest: 2, 3)' in out
+    assert 'rotation: deleted checkpoint_step_000002 (max_checkpoint_keep 2 keeps the newest: 3, 4)' in out
+    assert 'checkpoints written: 4 (steps 1, 2, 3, 4)' in out
+
+
+def test_a_checkpoint_dir_without_save_steps_says_it_saves_nothing(tmp_path):
+    config = load_config(
+        'gpt2',
+        input_bin=random_shard(tmp_path / 'train.bin'),
+        llmc_filepath=tiny_llmc_model(tmp_path / 'model.bin', num_layers=1),
+        checkpoint_dir=str(tmp_path / 'ck'),
+        num_iteration=1,
+        sample_every=0,
+    )
+    code, _, out = train(config)
+    assert code == 0, out
+    line = f'checkpoint_dir: {tmp_path / "ck"}: save_steps and save_every_minutes are 0, so this run saves no'
+    assert line in out and '--save_steps N' in out
+    assert 'checkpoints written: 0' in out

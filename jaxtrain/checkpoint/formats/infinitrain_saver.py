@@ -72,6 +72,7 @@ class InfiniTrainCheckpointer:
         self.fmt, self.parts, self.family = fmt, parts, family
         self.keep_latest, self.keep_every = keep_latest, keep_every
         self.blocking_saves = 0
+        self.synchronous = True  # save() returns once the step directory is renamed into place
         # A step's name without InfiniTrain files is not ours (saves are atomic renames): moved
         # aside, never deleted, as the Orbax root does.
         self.set_aside = set_aside_uncommitted(self.root, committed=lambda p: it.detect_kind(p) is not None)

@@ -49,8 +49,7 @@ def run_spec(config) -> ScheduleSpec:
     spec = schedule_spec(config)
     if spec is None:
         raise CheckpointError(
-            f'checkpoint_format: {LRS_FORMAT}: expected a schedule InfiniTrain can run, found llm.c\'s '
-            'warmup '
+            f"checkpoint_format: {LRS_FORMAT}: expected a schedule InfiniTrain can run, found llm.c's warmup "
             f'(warmup_steps {config.warmup_steps}); spell it with --lr_warmup_iters / --lr_warmup_init '
             '/ --lr_decay_style, or save as infinitrain (HEAD)'
         )
@@ -100,6 +99,12 @@ def check_against_run(path, saved: dict, spec: ScheduleSpec, step: int) -> None:
         raise CheckpointError(
             f'{path}: expected no {FILE_NAME} with --lr_decay_style none (upstream writes none), found one '
             f'of {len(saved)} entries; resume with the schedule flags the checkpoint was trained with'
+        )
+    if saved.get('last_step') != step:
+        raise CheckpointError(
+            f'{path}: last_step: expected global_step {step} (trainer_state.json), found '
+            f"{saved.get('last_step')}; the directory mixes the files of two steps: use a step "
+            'directory as it was saved'
         )
     expected = state_at(spec, step)
     if set(saved) != set(expected):

@@ -1,0 +1,129 @@
+"""--init_from: weights only, from an Orbax step or root, an InfiniTrain step, an HF folder; a
+fresh optimizer, schedule and data position; a model that does not fit is refused with every
+difference listed.
+
+Run A trains the tiny GPT-2 and saves. Run B starts from A's weights: its first loss must be
+the NumPy reference's loss of A's saved params (tests/numpy_reference.py) on the stream's first
+batch (a fresh data position, not A's), and with learning rate 0 B saves A's weights unchanged."""
+
+import numpy as np
+import pytest
+
+import numpy_reference as ref
+from jaxtrain.tools import ckpt
+from trainer_runs import load_config, random_shard, restore_params, train
+
+T, B = 16, 2
+
+
+def _first_loss(params, tokens):
+    """Mean cross-entropy of the reference GPT-2 on the stream's first window (llm.c's batch 0)."""
+    x = tokens[: B * T].reshape(B, T)
+    y = tokens[1 : B * T + 1].reshape(B, T)
+    logits = ref.gpt2_logits(params, 4, x)[..., :50257]
+    logits = logits - logits.max(-1, keepdims=True)
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    return float(-np.take_along_axis(logp, y[..., None], -1).mean())
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp('init_from')
+    shard = random_shard(root / 'train.bin', vocab=50257)
+    common = dict(
+        input_bin=shard, sequence_length=T, batch_size=B, total_batch_size=B * T, learning_rate=1e-2
+    )
+    for fmt in ('orbax', 'infinitrain'):
+        code, _, out = train(
+            load_config(
+                'gpt2',
+                num_iteration=3,
+                save_steps=3,
+                checkpoint_format=fmt,
+                checkpoint_dir=str(root / fmt),
+                **common,
+            )
+        )
+        assert code == 0, out
+    tokens = np.fromfile(shard, '<u2', offset=1024).astype(np.int64)
+    return root, common, tokens, restore_params(root / 'orbax' / 'checkpoint_step_000003')
+
+
+def _start_from(root, common, source, name, **overrides):
+    config = load_config(
+        'gpt2',
+        num_iteration=1,
+        save_steps=1,
+        checkpoint_dir=str(root / name),
+        metrics_dir=str(root / f'{name}_m'),
+        init_from=str(source),
+        **{**common, **overrides},
+    )
+    code, losses, out = train(config)
+    assert code == 0, out
+    return losses, out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('source', ['orbax step', 'orbax root', 'infinitrain', 'hf'])
+def test_weights_only_from_any_kind(trained, source, capsys):
+    import jax
+
+    root, common, tokens, params = trained
+    params = jax.tree.map(np.asarray, params)
+    path = {
+        'orbax step': root / 'orbax' / 'checkpoint_step_000003',
+        'orbax root': root / 'orbax',
+        'infinitrain': root / 'infinitrain' / 'checkpoint_step_000003',
+        'hf': root / 'hf',
+    }[source]
+    if source == 'hf' and not path.exists():
+        assert (
+            ckpt.main(
+                [
+                    'export',
+                    str(root / 'orbax' / 'checkpoint_step_000003'),
+                    '--format',
+                    'hf',
+                    '--output',
+                    str(path),
+                ]
+            )
+            == 0
+        )
+    name = 'from_' + source.replace(' ', '_')
+    losses, out = _start_from(root, common, path, name, learning_rate=0.0)
+    assert 'weights only (--init_from: fresh optimizer, schedule and data position)' in out
+    # Step 1 of a fresh run, on the stream's first batch, with A's weights.
+    assert list(losses) == [1]
+    assert losses[1] == pytest.approx(_first_loss(params, tokens), abs=2e-4)
+    saved = jax.tree.map(np.asarray, restore_params(root / name / 'checkpoint_step_000001'))
+    vocab = 50257  # an HF or InfiniTrain copy holds V rows of wte; the padding rows start at zero
+    np.testing.assert_array_equal(saved['wte']['embedding'][:vocab], params['wte']['embedding'][:vocab])
+    flat_saved = jax.tree_util.tree_leaves_with_path(saved)
+    flat_params = dict(jax.tree_util.tree_leaves_with_path(params))
+    for key, leaf in flat_saved:
+        if 'wte' not in jax.tree_util.keystr(key):
+            np.testing.assert_array_equal(leaf, flat_params[key], err_msg=jax.tree_util.keystr(key))
+
+
+@pytest.mark.slow
+def test_a_model_that_does_not_fit_is_refused_with_every_difference(trained, tmp_path):
+    root, common, _, _ = trained
+    config = load_config('gpt2', 'small', num_iteration=1, init_from=str(root / 'orbax'), **common)
+    with pytest.raises(Exception) as raised:
+        train(config)
+    message = str(raised.value)
+    assert message.startswith(
+        f"init_from: checkpoint {root / 'orbax' / 'checkpoint_step_000003'}: expected "
+        "the tensors of gpt2 model 'small', found "
+    )
+    assert 'wpe/embedding: expected shape (1024, 256), found (256, 64)' in message
+    assert "pass the --model its weights were trained as" in message and '\n' not in message
+
+
+def test_init_from_and_llmc_filepath_together_are_refused():
+    from jaxtrain.config.checks import check_config
+
+    with pytest.raises(ValueError, match='init_from: expected one source of initial weights, found both'):
+        check_config(load_config('gpt2', init_from='a', llmc_filepath='b.bin'))
