@@ -10,7 +10,7 @@ starts near ln(50257) ≈ 10.8, and the 10 default steps at InfiniTrain's learni
 
 Variants: configs/gpt2.py:tiny|small|d12|gpt2|d24|d36|d48|gpt2-medium|gpt2-large|gpt2-xl,
 and `infinitrain`: every default of InfiniTrain's gpt2 example (SGD at a constant 1e-4,
-one device, keep 3 checkpoints; README's "InfiniTrain's command line" lists the keys whose
+one device, keep 3 checkpoints; docs/infinitrain.md's "InfiniTrain's command line" lists the keys whose
 default differs from ours), so that an InfiniTrain command line gives InfiniTrain's run:
   python -m jaxtrain.main --config=configs/gpt2.py:infinitrain --input_bin TRAIN.bin \
       --llmc_filepath gpt2_124M.bin --device cuda --num_iteration 100

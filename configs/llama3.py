@@ -13,7 +13,7 @@ Variants: configs/llama3.py:tiny|small|llama3.2-1b|llama3-8b|llama3 (tiny is the
 llama3.2-1b has 1.5B parameters with its untied head; llama3 is InfiniTrain's 1B shape);
 every variant but tiny trains at InfiniTrain's 1e-5. `infinitrain`: every default of
 InfiniTrain's llama3 example (Adam, β2 0.999, constant 1e-5, one device, keep 3 checkpoints;
-README's "InfiniTrain's command line" lists the differences). With --llmc_filepath the
+docs/infinitrain.md's "InfiniTrain's command line" lists the differences). With --llmc_filepath the
 file's header sets the shape (pass --learning_rate, or use :infinitrain, when fine-tuning a
 real model: 1e-2 is tiny's).
 """

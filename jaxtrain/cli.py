@@ -31,10 +31,16 @@ class Command:
 
 COMMANDS = {
     'train': Command('jaxtrain.main', None, 'train GPT-2 or LLaMA-3 (python -m jaxtrain.main)'),
-    'ckpt': Command('jaxtrain.tools.ckpt', 'main', 'list, show, diff, verify, export checkpoints (jaxtrain.ckpt)'),
-    'compare': Command('jaxtrain.tools.compare_loss', 'main', "compare two runs' losses (jaxtrain.compare_loss)"),
+    'ckpt': Command(
+        'jaxtrain.tools.ckpt', 'main', 'list, show, diff, verify, export checkpoints (jaxtrain.ckpt)'
+    ),
+    'compare': Command(
+        'jaxtrain.tools.compare_loss', 'main', "compare two runs' losses (jaxtrain.compare_loss)"
+    ),
     'bench': Command('jaxtrain.tools.bench', None, 'time the train step (jaxtrain.bench)'),
-    'generate': Command('jaxtrain.tools.generate', 'main', 'sample text from a checkpoint (jaxtrain.generate)'),
+    'generate': Command(
+        'jaxtrain.tools.generate', 'main', 'sample text from a checkpoint (jaxtrain.generate)'
+    ),
     'llmc': Command('llmc_io.__main__', 'main', 'llm.c files: info, convert, shard, tokenizer (llmc_io)'),
 }
 
@@ -63,11 +69,15 @@ def main(argv: list[str] | None = None) -> int:
     name, rest = argv[0], argv[1:]
     command = COMMANDS.get(name)
     if command is None:
-        print(f'jaxtrain: error: COMMAND: expected one of {", ".join(COMMANDS)}, found {name!r}', file=sys.stderr)
+        print(
+            f'jaxtrain: error: COMMAND: expected one of {", ".join(COMMANDS)}, found {name!r}',
+            file=sys.stderr,
+        )
         return 2
     if not installed(command):
         print(
-            f'jaxtrain {name}: error: not installed yet (its module {command.module} is not in this jaxtrain)',
+            f'jaxtrain {name}: error: not installed yet (its module {command.module} is not in this '
+            'jaxtrain)',
             file=sys.stderr,
         )
         return 2

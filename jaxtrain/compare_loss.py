@@ -1,4 +1,5 @@
-"""`python -m jaxtrain.compare_loss`: the short name of jaxtrain/tools/compare_loss.py, where the tool lives."""
+"""`python -m jaxtrain.compare_loss`: the short name of jaxtrain/tools/compare_loss.py, where the
+tool lives."""
 
 import sys
 

@@ -14,7 +14,6 @@ many hosts, run one of these per process (the repository's launch/ has the launc
 import logging as std_logging
 import os
 import sys
-from pathlib import Path
 
 from absl import app, flags, logging
 from ml_collections import config_flags

@@ -1,6 +1,7 @@
 """Command line: inspect and convert llm.c / InfiniTrain files.
 
-    python -m llmc_io info FILE                 what a model file, token shard, tokenizer or HF folder holds
+    python -m llmc_io info FILE                 what a model file, token shard, tokenizer (llm.c's, a
+                                                tokenizer.json or a tiktoken file) or HF folder holds
     python -m llmc_io convert IN OUT [--version 3|5] [--to llmc|hf]
                                                 IN: an llm.c file or an HF model folder
     python -m llmc_io shard INPUT... --family gpt2|llama3 --output PREFIX [--from text|ids|shard]
@@ -19,14 +20,15 @@ import signal
 import sys
 
 from llmc_io import header as hdr
+from llmc_io import make_shards, tokenizer_export
 from llmc_io.dtypes import fp32_repr
 from llmc_io.errors import LLMCFormatError
 from llmc_io.gpt2 import GPT2Header, load_gpt2, save_gpt2
-from llmc_io.hf import is_hf_folder, load_hf, save_hf
-from llmc_io import make_shards, tokenizer_export
+from llmc_io.hf import load_hf, save_hf
 from llmc_io.llama3 import LAYOUT_INFINITRAIN, load_llama3, save_llama3
 from llmc_io.model import model_info
 from llmc_io.shards import read_shard, shard_info
+from llmc_io.text_tokenizer import is_bpe_tokenizer_file
 from llmc_io.tokenizer import is_tokenizer_file, read_tokenizer
 
 EXIT_ERROR = 2
@@ -127,6 +129,30 @@ def _tokenizer_info(path) -> None:
     )
 
 
+def _bpe_info(path) -> None:
+    from llmc_io.text_tokenizer import is_hf_tokenizer_json, load_text_tokenizer
+
+    if is_hf_tokenizer_json(path):
+        tokenizer = load_text_tokenizer(path, "gpt2")
+        specials = sorted((i, t) for t, i in tokenizer.special_tokens.items())
+        shown = ", ".join(f"{t} = {i}" for i, t in specials[:4]) + (", ..." if len(specials) > 4 else "")
+        rows = [("kind", tokenizer.kind), ("tokens", f"{tokenizer.vocab_size:,} (max id + 1)")]
+        rows.append(("special tokens", f"{len(specials)}: {shown}" if specials else "none"))
+    else:
+        gpt2, llama3 = (load_text_tokenizer(path, family) for family in ("gpt2", "llama3"))
+        ranks = gpt2.vocab_size - 1
+        rows = [
+            ("kind", gpt2.kind),
+            ("ranks", f"{ranks:,} (ids 0..{ranks - 1})"),
+            ("--family gpt2", f"<|endoftext|> = {gpt2.eot_token}; {gpt2.vocab_size:,} tokens"),
+            (
+                "--family llama3",
+                f"256 specials from {ranks} (<|begin_of_text|>); {llama3.vocab_size:,} tokens",
+            ),
+        ]
+    _print_rows([("file", path), *rows])
+
+
 def _hf_info(path) -> None:
     header, _ = load_hf(path)
     kind = "GPT2LMHeadModel" if isinstance(header, GPT2Header) else "LlamaForCausalLM"
@@ -136,8 +162,11 @@ def _hf_info(path) -> None:
 
 
 def _info(args) -> None:
-    if is_hf_folder(args.file):
+    if os.path.isdir(args.file):  # only an HF folder is a directory: load_hf names what one lacks
         _hf_info(args.file)
+        return
+    if is_bpe_tokenizer_file(args.file):
+        _bpe_info(args.file)
         return
     if is_tokenizer_file(args.file):
         _tokenizer_info(args.file)
@@ -212,7 +241,7 @@ def _save_llmc(output, header, params, version) -> None:
 
 def _convert_hf(args) -> None:
     """An HF folder in, or --to hf out."""
-    if is_hf_folder(args.input):
+    if os.path.isdir(args.input):
         header, params = load_hf(args.input)
         kind = "gpt2" if isinstance(header, GPT2Header) else "llama3"
     else:
@@ -233,7 +262,7 @@ def _convert_hf(args) -> None:
 
 
 def _convert(args) -> None:
-    if is_hf_folder(args.input) or args.to == "hf":
+    if os.path.isdir(args.input) or args.to == "hf":
         _convert_hf(args)
         return
     magic = int(hdr.read_header(args.input)[0])

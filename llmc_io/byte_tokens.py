@@ -16,13 +16,16 @@ import numpy as np
 DOCUMENT_START = {"gpt2": 50256, "llama3": 128000}
 
 
+# The bytes GPT-2's encoder.py spells as themselves, in its order.
+PRINTABLE_BYTES = (
+    list(range(ord("!"), ord("~") + 1))
+    + list(range(ord("¡"), ord("¬") + 1))
+    + list(range(ord("®"), ord("ÿ") + 1))
+)
+
+
 def _byte_order() -> list[int]:
-    printable = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    return printable + [b for b in range(256) if b not in printable]
+    return PRINTABLE_BYTES + [b for b in range(256) if b not in PRINTABLE_BYTES]
 
 
 BYTE_TO_TOKEN = np.zeros(256, np.uint16)

@@ -217,9 +217,17 @@ def _take(tensors: dict, name: str, shape, where) -> np.ndarray:
     return np.asarray(array, np.float32)
 
 
+def _config_float(config: dict, key: str, default: float, where) -> float:
+    value = config.get(key, default)
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or value <= 0:
+        raise LLMCFormatError(where, f"config.json {key}", "a positive number", value)
+    return float(value)
+
+
 def _config_int(config: dict, key: str, where) -> int:
     value = config.get(key)
-    if not isinstance(value, int) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise LLMCFormatError(where, f"config.json {key}", "a positive integer", value)
     return value
 
@@ -227,8 +235,17 @@ def _config_int(config: dict, key: str, where) -> int:
 def _gpt2_from_hf(config: dict, tensors: dict, where) -> tuple[GPT2Header, dict]:
     V, C = _config_int(config, "vocab_size", where), _config_int(config, "n_embd", where)
     L, T = _config_int(config, "n_layer", where), _config_int(config, "n_positions", where)
-    padded = (config.get("llmc_header") or {}).get("padded_vocab_size") or 128 * math.ceil(V / 128)
-    header = GPT2Header(T, V, padded, L, _config_int(config, "n_head", where), C)
+    stored = config.get("llmc_header") or {}
+    if not isinstance(stored, dict):
+        raise LLMCFormatError(where, "config.json llmc_header", "an object (written by llmc_io)", stored)
+    padded = stored.get("padded_vocab_size") or 128 * math.ceil(V / 128)
+    if isinstance(padded, bool) or not isinstance(padded, int) or padded < V:
+        field = "config.json llmc_header.padded_vocab_size"
+        raise LLMCFormatError(where, field, f"an integer >= {V}", padded)
+    N = _config_int(config, "n_head", where)
+    if C % N:
+        raise LLMCFormatError(where, "config.json n_head", f"a divisor of n_embd {C}", N)
+    header = GPT2Header(T, V, padded, L, N, C)
     # In place: load_hf reports whatever is left over. save_pretrained writes the prefix, old files not.
     stripped = {name.removeprefix("transformer."): t for name, t in tensors.items()}
     tensors.clear()
@@ -270,16 +287,31 @@ def _ffn_fields(C: int, F: int, stored: dict) -> tuple[float, int]:
 def _llama3_from_hf(config: dict, tensors: dict, where) -> tuple[LLaMA3Header, dict]:
     get = lambda key: _config_int(config, key, where)  # noqa: E731
     V, C, L, N = get("vocab_size"), get("hidden_size"), get("num_hidden_layers"), get("num_attention_heads")
-    K, F, T = config.get("num_key_value_heads") or N, get("intermediate_size"), get("max_position_embeddings")
+    K = get("num_key_value_heads") if config.get("num_key_value_heads") is not None else N
+    F, T = get("intermediate_size"), get("max_position_embeddings")
+    if C % N or N % K:
+        raise LLMCFormatError(
+            where, "config.json num_attention_heads / num_key_value_heads",
+            f"heads dividing hidden_size {C} and a multiple of the key/value heads", f"{N} / {K}",
+        )
     if config.get("head_dim") not in (None, C // N):
         raise LLMCFormatError(
             where, "config.json head_dim", f"{C // N} (hidden_size / heads)", config["head_dim"]
         )
     scaling = config.get("rope_scaling")
+    if scaling is not None and not isinstance(scaling, dict):
+        raise LLMCFormatError(where, "config.json rope_scaling", f"null or {LLAMA31_ROPE_SCALING}", scaling)
     if scaling and {k: scaling.get(k) for k in LLAMA31_ROPE_SCALING} != LLAMA31_ROPE_SCALING:
         raise LLMCFormatError(where, "config.json rope_scaling", f"null or {LLAMA31_ROPE_SCALING}", scaling)
     stored = config.get("llmc_header") or {}
-    multiplier, multiple_of = _ffn_fields(C, F, stored)
+    if not isinstance(stored, dict):
+        raise LLMCFormatError(where, "config.json llmc_header", "an object (written by llmc_io)", stored)
+    try:
+        multiplier, multiple_of = _ffn_fields(C, F, stored)
+        max_gen_batch_size = int(stored.get("max_gen_batch_size", 4))
+    except (TypeError, ValueError):
+        expected = "numbers, as llmc_io writes them"
+        raise LLMCFormatError(where, "config.json llmc_header", expected, stored) from None
     header = LLaMA3Header(
         T,
         V,
@@ -289,10 +321,10 @@ def _llama3_from_hf(config: dict, tensors: dict, where) -> tuple[LLaMA3Header, d
         C,
         multiplier,
         multiple_of,
-        float(config.get("rms_norm_eps", 1e-5)),
-        float(config.get("rope_theta", 10000.0)),
+        _config_float(config, "rms_norm_eps", 1e-5, where),
+        _config_float(config, "rope_theta", 10000.0, where),
         bool(scaling),
-        int(stored.get("max_gen_batch_size", 4)),
+        max_gen_batch_size,
     )
     if header.ffn_hidden_dim != F:
         raise LLMCFormatError(where, "config.json intermediate_size", header.ffn_hidden_dim, F)
@@ -348,6 +380,8 @@ def load_hf(directory: str | os.PathLike) -> tuple[GPT2Header | LLaMA3Header, di
         raise LLMCFormatError(directory, CONFIG_FILE, "an HF model folder's config.json", "none") from None
     except ValueError as e:
         raise LLMCFormatError(directory / CONFIG_FILE, "contents", "JSON", f"unreadable ({e})") from None
+    if not isinstance(config, dict):
+        raise LLMCFormatError(directory / CONFIG_FILE, "top level", "a JSON object", type(config).__name__)
     if not (directory / WEIGHTS_FILE).exists():
         found = sorted(p.name for p in directory.glob("*.safetensors*")) or "none"
         raise LLMCFormatError(directory, WEIGHTS_FILE, "one safetensors file (no shards)", found)

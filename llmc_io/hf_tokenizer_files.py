@@ -33,7 +33,10 @@ def _tiktoken_as_tokenizer_json(tokenizer: TextTokenizer) -> str:
 
     ranks = read_tiktoken_ranks(tokenizer.path)
     chars = bytes_to_unicode()
-    spell = lambda piece: "".join(chars[b] for b in piece)  # noqa: E731
+
+    def spell(piece: bytes) -> str:
+        return "".join(chars[b] for b in piece)
+
     merges = []
     for piece, rank in ranks.items():
         splits = [

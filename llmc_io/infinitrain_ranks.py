@@ -79,8 +79,8 @@ def _topology_of(path: Path, state: InfiniTrainState, vpp: int, zero_stage: int)
 
 def _check_agree(ranks: list[Path], states: list[InfiniTrainState]) -> None:
     first = states[0]
-    for path, state in zip(ranks[1:], states[1:]):
-        for field in ("global_step", "ddp_size", "tp_size", "sp_size", "pp_size"):
+    for path, state in zip(ranks[1:], states[1:], strict=True):
+        for field in ("global_step", "ddp_size", "tp_size", "sp_size", "cp_size", "pp_size"):
             if getattr(state, field) != getattr(first, field):
                 raise LLMCFormatError(
                     path / TRAINER_STATE,
@@ -96,7 +96,9 @@ def _layer_count(tensors: dict) -> int:
     return max(layers) + 1 if layers else 0
 
 
-def _pick_vpp(step_dir, counts: list[int], pp: int, vpp: int | None, notices: list) -> int:
+def _pick_vpp(step_dir, counts: list[int], pp: int, vpp: int | None, notices: list, hint=None) -> int:
+    """The run's --virtual_pipeline_parallel: `vpp` if given (it must fit), else the one chunk count whose
+    stages hold `counts` layers; where several fit, `hint` (the resuming run's own, same pp) or 1."""
     total = sum(counts)
     fits = [
         v
@@ -122,6 +124,11 @@ def _pick_vpp(step_dir, counts: list[int], pp: int, vpp: int | None, notices: li
             str(counts),
             "a stage's files are missing or from another run",
         )
+    if hint in fits and len(fits) > 1:
+        notices.append(
+            f"{step_dir}: its stages fit --virtual_pipeline_parallel {fits}; {hint} is taken from this run's"
+        )
+        return hint
     if 1 in fits:
         if len(fits) > 1:
             notices.append(
@@ -140,8 +147,12 @@ def _pick_vpp(step_dir, counts: list[int], pp: int, vpp: int | None, notices: li
     return fits[0]
 
 
-def read_step(step_dir, ranks: list[Path], vpp: int | None = None) -> MergedStep:
-    """Every rank of a HEAD step directory -> the single-rank StateDicts (checked to add up)."""
+def read_step(
+    step_dir, ranks: list[Path], vpp: int | None = None, run_pipeline: tuple[int, int] | None = None
+) -> MergedStep:
+    """Every rank of a HEAD step directory -> the single-rank StateDicts (checked to add up).
+    vpp: the saved run's --virtual_pipeline_parallel, when known; run_pipeline: (pp, vpp) of the run
+    that resumes, which an InfiniTrain user starts with the saved run's flags."""
     step_dir = Path(step_dir)
     _duplicates(step_dir)
     notices: list = []
@@ -157,6 +168,13 @@ def read_step(step_dir, ranks: list[Path], vpp: int | None = None) -> MergedStep
     recorded = state.jaxtrain or {}
     if vpp is None and recorded.get("virtual_pipeline_parallel"):
         vpp = int(recorded["virtual_pipeline_parallel"])
+    if state.cp_size not in (None, 1):
+        # PR 181 adds a CP axis to the rank layout and shards ZeRO over DP x CP; neither is modelled here
+        raise LLMCFormatError(
+            ranks[0] / TRAINER_STATE, "cp_size", "1 (no context parallelism)", str(state.cp_size),
+            "rank directories of a context-parallel run are not read; resume it in InfiniTrain with cp 1 "
+            "and save again",
+        )
     shape = _topology_of(ranks[0] / TRAINER_STATE, state, 1, 0)
     if shape.world != len(ranks):
         raise LLMCFormatError(
@@ -168,7 +186,8 @@ def read_step(step_dir, ranks: list[Path], vpp: int | None = None) -> MergedStep
         )
     models = {i: read_state_dict(r / MODEL_FILE) for i, r in enumerate(ranks) if shape.coords(i)[0] == 0}
     counts = [_layer_count(models[shape.rank_of(0, 0, s)]) for s in range(shape.pp)]
-    vpp = _pick_vpp(step_dir, counts, shape.pp, vpp, notices)
+    hint = run_pipeline[1] if run_pipeline and run_pipeline[0] == shape.pp else None
+    vpp = _pick_vpp(step_dir, counts, shape.pp, vpp, notices, hint)
     num_layers = sum(counts)
     has_opt = [(r / OPTIMIZER_FILE).is_file() for r in ranks]
     if any(has_opt) and not all(has_opt):
@@ -195,6 +214,26 @@ def read_step(step_dir, ranks: list[Path], vpp: int | None = None) -> MergedStep
         notices.append(f"{step_dir}: weights read from data-parallel rank 0 of {shape.ddp} (replicas)")
     notices.append(f"{step_dir}: {len(ranks)} rank directories, {topology.describe()}")
     return MergedStep(model, optimizer, state, topology, notices)
+
+
+def replica_differences(ranks: list[Path], topology: topo.Topology) -> list[str]:
+    """Data-parallel replicas must hold the same weights (DDP averages the gradients every step): one line
+    per tensor of a DDP rank > 0 that differs from DDP rank 0's of the same TP rank and stage."""
+    problems = []
+    for rank, path in enumerate(ranks):
+        dp, tp, stage = topology.coords(rank)
+        if dp == 0:
+            continue
+        lead = read_state_dict(ranks[topology.rank_of(0, tp, stage)] / MODEL_FILE)
+        for name, tensor in read_state_dict(path / MODEL_FILE).items():
+            other = lead.get(name)
+            if other is None or other.array.tobytes() != tensor.array.tobytes():
+                problems.append(
+                    f"{path / MODEL_FILE}: tensor '{name}': expected the bytes of data-parallel rank 0 "
+                    f"({ranks[topology.rank_of(0, tp, stage)].name}), found "
+                    + ("no such tensor there" if other is None else "different values")
+                )
+    return problems
 
 
 def _looks_sharded(optimizer: dict, model: dict) -> bool:

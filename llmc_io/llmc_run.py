@@ -73,8 +73,11 @@ def _newest(run_dir) -> str:
 def check_committed(run_dir, step: int) -> None:
     if not done_path(run_dir, step).is_file():
         raise LLMCFormatError(
-            done_path(run_dir, step), 'DONE marker', 'present (llm.c writes it once the step is complete)',
-            'missing', f'step {step} was never completed; {_newest(run_dir)}',
+            done_path(run_dir, step),
+            'DONE marker',
+            'present (llm.c writes it once the step is complete)',
+            'missing',
+            f'step {step} was never completed; {_newest(run_dir)}',
         )
 
 
@@ -97,15 +100,23 @@ def read_step(run_dir, step: int, need_master: bool = False) -> LLMCRunStep:
     ranks = rank_count(run_dir, step)
     if ranks != 1 or not state_file.is_file():
         raise LLMCFormatError(
-            state_file, f'state files of step {step}', '1 (a one-process run: state_%08d_00000.bin)',
-            ranks, 'a multi-process run keeps per-rank loader state; resume it with llm.c',
+            state_file,
+            f'state files of step {step}',
+            '1 (a one-process run: state_%08d_00000.bin)',
+            ranks,
+            'a multi-process run keeps per-rank loader state; resume it with llm.c',
         )
     state = read_state(state_file, info.header.num_parameters)
     if state.step != step:
-        raise LLMCFormatError(state_file, 'header[10] step', step, state.step, 'the file was renamed or copied wrongly')
+        raise LLMCFormatError(
+            state_file, 'header[10] step', step, state.step, 'the file was renamed or copied wrongly'
+        )
     if need_master and state.master is None:
         raise LLMCFormatError(
-            state_file, 'header[4] use_master_weights', '1 (fp32 master weights, as asked for)', 0,
+            state_file,
+            'header[4] use_master_weights',
+            '1 (fp32 master weights, as asked for)',
+            0,
             'the run was written with -w 0; drop --llmc_require_master_weights to resume from its bf16 model',
         )
     return LLMCRunStep(run_dir, step, model, state_file, info.header, info.version, state)

@@ -101,18 +101,26 @@ def read_state(path: str | os.PathLike, num_parameters: int) -> LLMCState:
     ints = np.fromfile(path, dtype='<i4', count=hdr.HEADER_INTS)
     if int(ints[0]) != STATE_MAGIC:
         raise LLMCFormatError(
-            path, 'header[0] magic', f'{STATE_MAGIC} (llm.c state file)', hdr.describe_magic(int(ints[0])),
+            path,
+            'header[0] magic',
+            f'{STATE_MAGIC} (llm.c state file)',
+            hdr.describe_magic(int(ints[0])),
             'pass the state_%08d_%05d.bin that train_gpt2cu wrote',
         )
     if int(ints[1]) != STATE_VERSION:
         raise LLMCFormatError(
-            path, 'header[1] version', f'{STATE_VERSION} (the only one llm.c f1e2ace6 writes)', int(ints[1]),
+            path,
+            'header[1] version',
+            f'{STATE_VERSION} (the only one llm.c f1e2ace6 writes)',
+            int(ints[1]),
             'this state file is from another llm.c version; resume it with the trainer that wrote it',
         )
     num_processes, rank = int(ints[2]), int(ints[3])
     if num_processes != 1 or rank != 0:
         raise LLMCFormatError(
-            path, 'header[2] num_processes / header[3] process_rank', '1 / 0 (a one-process llm.c run)',
+            path,
+            'header[2] num_processes / header[3] process_rank',
+            '1 / 0 (a one-process llm.c run)',
             f'{num_processes} / {rank}',
             'a multi-process run keeps per-rank loader state (and ZeRO shards); resume it with llm.c',
         )
@@ -124,10 +132,12 @@ def read_state(path: str | os.PathLike, num_parameters: int) -> LLMCState:
     offset = hdr.HEADER_BYTES + arrays * 4 * num_parameters
     if size < offset or (not shuffle_flag and size != offset):
         raise LLMCFormatError(
-            path, 'size',
+            path,
+            'size',
             f'{offset} bytes (header + {arrays} x {num_parameters:,} fp32: m, v'
             f"{', master weights' if master_flag else ''}){' + loader state' if shuffle_flag else ''}",
-            f'{size} bytes', 'the state file belongs to another model, or is truncated',
+            f'{size} bytes',
+            'the state file belongs to another model, or is truncated',
         )
     data = np.memmap(path, dtype='<f4', mode='r', offset=hdr.HEADER_BYTES, shape=(arrays * num_parameters,))
     state = LLMCState(
@@ -158,8 +168,11 @@ def _read_shuffle(path: str, offset: int, size: int) -> ShuffleState:
         need = np.dtype(dtype).itemsize * count
         if at + need > len(rest):
             raise LLMCFormatError(
-                path, f'loader state: {what}', f'{need} more bytes at offset {offset + at}',
-                f'{len(rest) - at}', 'the file is truncated',
+                path,
+                f'loader state: {what}',
+                f'{need} more bytes at offset {offset + at}',
+                f'{len(rest) - at}',
+                'the file is truncated',
             )
         out = np.frombuffer(rest, dtype=dtype, count=count, offset=at)
         at += need
@@ -171,10 +184,15 @@ def _read_shuffle(path: str, offset: int, size: int) -> ShuffleState:
     intra = take('<i4', num_samples, 'intra_shard_indices').copy()
     mt = take(MT_STATE_DTYPE, 1, 'mt19937 state')[0]
     if at != len(rest):
-        raise LLMCFormatError(path, 'size', f'{offset + at} bytes', f'{size} bytes', 'trailing bytes after the loader state')
+        raise LLMCFormatError(
+            path, 'size', f'{offset + at} bytes', f'{size} bytes', 'trailing bytes after the loader state'
+        )
     rng = MTState(
-        left=int(mt['left']), next=int(mt['next']), words=np.array(mt['state'], np.uint32),
-        matrix_a=tuple(int(x) for x in mt['matrix_a']), seed_bytes=int(mt['seed']),
+        left=int(mt['left']),
+        next=int(mt['next']),
+        words=np.array(mt['state'], np.uint32),
+        matrix_a=tuple(int(x) for x in mt['matrix_a']),
+        seed_bytes=int(mt['seed']),
     )
     return ShuffleState(shard_indices, intra, rng)
 
@@ -182,11 +200,21 @@ def _read_shuffle(path: str, offset: int, size: int) -> ShuffleState:
 def write_state(path: str | os.PathLike, state: LLMCState) -> None:
     """Write `state` as train_gpt2.cu save_state does, atomically (complete file or none)."""
     ints = np.zeros(hdr.HEADER_INTS, '<i4')
-    ints[:6] = [STATE_MAGIC, state.version, state.num_processes, state.process_rank,
-                int(state.master is not None), int(state.shuffle is not None)]
+    ints[:6] = [
+        STATE_MAGIC,
+        state.version,
+        state.num_processes,
+        state.process_rank,
+        int(state.master is not None),
+        int(state.shuffle is not None),
+    ]
     ints[10] = state.step
-    for slot, value in ((20, state.rng_state), (22, state.rng_state_last_update),
-                        (30, state.current_shard_idx), (32, state.current_sample_idx)):
+    for slot, value in (
+        (20, state.rng_state),
+        (22, state.rng_state_last_update),
+        (30, state.current_shard_idx),
+        (32, state.current_sample_idx),
+    ):
         ints[slot : slot + 2] = np.array([value], '<u8').view('<i4')
     with atomic_output(path) as f:
         f.write(ints.tobytes())

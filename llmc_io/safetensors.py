@@ -11,6 +11,7 @@ writer does.
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 
@@ -65,6 +66,10 @@ def write_safetensors(path: str | os.PathLike, tensors: dict, metadata: dict | N
             f.write(data)
 
 
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict]:
     """({name: array}, metadata). BF16 comes back as float32; every problem is one line."""
     path = os.fspath(path)
@@ -97,14 +102,19 @@ def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], di
         try:
             dtype, shape, (begin, end) = (
                 _DTYPES[entry["dtype"]],
-                [int(n) for n in entry["shape"]],
+                list(entry["shape"]),
                 entry["data_offsets"],
             )
+            if not all(_is_count(n) for n in (*shape, begin, end)):
+                raise ValueError
         except (KeyError, TypeError, ValueError):
             raise LLMCFormatError(
-                path, f"tensor {name}", f"dtype (one of {', '.join(_DTYPES)}), shape, data_offsets", entry
+                path,
+                f"tensor {name}",
+                f"dtype (one of {', '.join(_DTYPES)}), shape and data_offsets of integers >= 0",
+                entry,
             ) from None
-        expected = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+        expected = dtype.itemsize * math.prod(shape)  # Python ints: no overflow for absurd shapes
         if not (0 <= begin <= end <= len(data)) or end - begin != expected:
             raise LLMCFormatError(
                 path,

@@ -24,6 +24,7 @@ import binascii
 import json
 import os
 
+from llmc_io.byte_tokens import PRINTABLE_BYTES
 from llmc_io.errors import LLMCFormatError
 
 FAMILIES = ("gpt2", "llama3")
@@ -70,21 +71,16 @@ def _missing_library(path, module: str) -> LLMCFormatError:
         "tokenizer",
         f"the {module} package to read it",
         "it is not installed",
-        f"pip install {module} (or pip install 'jaxtrain[text]')",
+        f"pip install {module} (a dependency of jaxtrain: pip install -e . installs it)",
     )
 
 
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character table (openai/gpt-2 encoder.py), which byte-level BPE
     vocabularies (HF's ByteLevel) spell their tokens in."""
-    printable = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
     chars, extra = {}, 0
     for b in range(256):
-        if b in printable:
+        if b in PRINTABLE_BYTES:
             chars[b] = chr(b)
         else:
             chars[b] = chr(256 + extra)
@@ -139,6 +135,10 @@ class TextTokenizer:
         return self.special_id(DOCUMENT_START[self.family], "document start")
 
     @property
+    def eot_name(self) -> str:
+        return END_OF_TEXT[self.family]
+
+    @property
     def eot_token(self) -> int:
         return self.special_id(END_OF_TEXT[self.family], "end of text")
 
@@ -181,6 +181,11 @@ class HFTokenizer(TextTokenizer):
         self._vocab = self._tokenizer.get_vocab(with_added_tokens=True)
         self._ids = set(self._vocab.values())
         self._added = {t.content for t in self._tokenizer.get_added_tokens_decoder().values()}
+
+    @property
+    def special_tokens(self) -> dict[str, int]:
+        """The added (special) tokens: name -> id."""
+        return {token: self._vocab[token] for token in self._added if token in self._vocab}
 
     def encode_batch(self, texts) -> list[list[int]]:
         encoded = self._tokenizer.encode_batch(list(texts), add_special_tokens=False)
@@ -302,6 +307,20 @@ class TiktokenTokenizer(TextTokenizer):
 def is_hf_tokenizer_json(path: str) -> bool:
     with open(path, "rb") as f:
         return f.read(64).lstrip()[:1] == b"{"
+
+
+def is_bpe_tokenizer_file(path) -> bool:
+    """A tokenizer.json, or a file whose first line is a tiktoken 'BASE64 RANK' line."""
+    if not os.path.isfile(path):
+        return False
+    if is_hf_tokenizer_json(path):
+        return True
+    with open(path, "rb") as f:
+        parts = f.readline(512).split()
+    try:
+        return len(parts) == 2 and bool(base64.b64decode(parts[0], validate=True)) and int(parts[1]) >= 0
+    except (ValueError, binascii.Error):
+        return False
 
 
 def load_text_tokenizer(path: str | os.PathLike, family: str) -> TextTokenizer:

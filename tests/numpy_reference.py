@@ -63,8 +63,8 @@ def gpt2_logits(params, num_heads: int, tokens) -> np.ndarray:
     D = C // num_heads
     x_BxTxC = wte_VpxC[tokens_BxT] + _param(params, "wpe/embedding")[:T]
     num_layers = _param(params, "h/ln_1/scale").shape[0]
-    for l in range(num_layers):
-        p = lambda name: _param(params, "h/" + name)[l]  # noqa: E731  (this layer's slice)
+    for layer in range(num_layers):
+        p = lambda name: _param(params, "h/" + name)[layer]  # noqa: E731  (this layer's slice)
         h = layer_norm(x_BxTxC, p("ln_1/scale"), p("ln_1/bias"))
         qkv_BxTx3C = h @ p("attn/c_attn/kernel") + p("attn/c_attn/bias")
         q, k, v = (qkv_BxTx3C[..., i * C : (i + 1) * C].reshape(B, T, num_heads, D) for i in range(3))
@@ -141,8 +141,8 @@ def llama3_logits(
     freqs = rope_frequencies(D, rope_theta, use_scaled_rope)
     x_BxTxC = wte_VxC[tokens_BxT]
     num_layers = _param(params, "h/ln_1/scale").shape[0]
-    for l in range(num_layers):
-        p = lambda name: _param(params, "h/" + name)[l]  # noqa: E731  (this layer's slice)
+    for layer in range(num_layers):
+        p = lambda name: _param(params, "h/" + name)[layer]  # noqa: E731  (this layer's slice)
         h = rms_norm(x_BxTxC, p("ln_1/scale"), norm_eps)
         qkv = h @ p("attn/c_attn/kernel")
         q_BxTxHxD = apply_rope(qkv[..., :C].reshape(B, T, num_heads, D), freqs)

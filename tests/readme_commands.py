@@ -1,4 +1,5 @@
-"""The shell commands of README.md's code blocks, as written, and what each needs to run.
+"""The shell commands of README.md's (and docs/ files') code blocks, as written, and what each
+needs to run.
 
 A command is a line of a fenced ```bash / ```sh / ```shell block, or of an indented
 (4-space) block whose line starts like a command; a line ending in `\\` continues on the
@@ -6,13 +7,18 @@ next; a `# comment` after the command is dropped. `A && B` where A is a `pip ins
 B only (the install is CI's own first step, .ci/run).
 
 `needs(command)` says why a command cannot run in CI (GPUs, SLURM, the network, or being
-the test suite itself) or why it need not (another test runs it), or None: then the test
-runs it.
+the test suite itself) or why it need not (another test runs it, e.g. README's tour repeats
+docs/ recipes that tests/test_docs.py runs and checks), or None: then the test runs it. A
+command after one that does not run, in the same block, does not run either: it reads what
+that one would have written.
 """
 
 import dataclasses
+import functools
 import re
 from pathlib import Path
+
+_REPO = Path(__file__).resolve().parent.parent
 
 _FENCE = re.compile(r'^```\s*(\w*)\s*$')
 _SHELL_FENCES = ('bash', 'sh', 'shell', 'console')  # a bare ``` block is text (the layout)
@@ -23,25 +29,52 @@ _COMMENT = re.compile(r'(^|\s)#\s.*$')
 # against one process; running README's line as well would start the same two again.
 MULTIPROCESS_TEST = 'runs in tests/parallel/test_multiprocess.py (the same launcher, two processes)'
 
+INSTALL = 'installs packages (needs the network; .ci/run does it)'
+TEST_SUITE = 'is the test suite itself (CI runs it)'
+
 # (pattern, why it does not run in CI). The first match wins.
 NOT_IN_CI = (
     (re.compile(r'\bsbatch\b'), 'needs SLURM'),
-    (re.compile(r'PLATFORM=gpu|\bGPUS=|launch/one_host\.sh|launch/gpu_acceptance\.sh'), 'needs GPUs'),
-    (re.compile(r'^pip install'), 'installs packages (needs the network; .ci/run does it)'),
-    (re.compile(r'python -m pytest'), 'is the test suite itself (CI runs it)'),
+    (re.compile(r'PLATFORM=gpu|\bGPUS=|launch/one_host\.sh|bench/figures\.py'), 'needs GPUs'),
+    (re.compile(r'^pip install'), INSTALL),
+    (re.compile(r'python -m pytest'), TEST_SUITE),
     (re.compile(r'--device cuda\b'), 'needs GPUs'),
-    (re.compile(r'--pipeline_parallel [2-9]'), 'needs one device per pipeline stage (GPUs; CI has one CPU device)'),
+    (
+        re.compile(r'--pipeline_parallel [2-9]'),
+        'needs one device per pipeline stage (GPUs; CI has one CPU device)',
+    ),
     (re.compile(r'gpt2_124M'), "needs the downloaded GPT-2 124M weights (llm.c's gpt2_124M.bin)"),
     (re.compile(r'\bit_run\b'), "needs a checkpoint directory written by InfiniTrain's binary"),
     (re.compile(r'^launch/local_multiprocess\.sh '), MULTIPROCESS_TEST),
+    (re.compile(r'^tensorboard '), 'starts the TensorBoard server, which runs until stopped'),
+    (
+        re.compile(r'--llmc_filepath model\.bin --input_bin train\.bin'),
+        "reads upstream's lrs-gpt2 sample files (tests/train/test_infinitrain_lr_crosscheck.py "
+        'runs its commands on them)',
+    ),
+    (
+        re.compile(r'^python bench/recompute_memory\.py'),
+        "measures GPT-2 124M's memory for minutes of CPU (a measurement, not a check)",
+    ),
 )
+
+# docs/ files whose commands a test runs as written and then checks what they wrote; the same
+# command elsewhere (README's tour) is not run a second time.
+RUN_BY_DOCS_TESTS = {
+    'docs/text.md': 'tests/test_docs.py',
+    'docs/dashboards.md': 'tests/test_docs.py',
+    'docs/checkpoints.md': 'tests/test_docs.py',
+    'docs/quickstart.md': 'tests/test_readme.py (test_quickstart_...)',
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class Command:
     text: str
     block: int  # index of its code block: commands of one block run in order, in one directory
-    line: int  # README line where it starts
+    line: int  # line of its file where it starts
+    source: str = 'README.md'  # its file, relative to the repository
+    after: int | None = None  # the line of an earlier command of its block that does not run
 
 
 def _strip_comment(line: str) -> str:
@@ -74,6 +107,19 @@ def _split_install(text: str) -> list[str]:
 
 
 def readme_commands(path: Path) -> list[Command]:
+    """The commands of a Markdown file, each knowing its file and whether an earlier command of
+    its block does not run."""
+    source = path.relative_to(path.parent.parent).as_posix() if path.parent.name == 'docs' else path.name
+    commands, skipped_in_block = [], {}
+    for command in _parse(path):
+        command = dataclasses.replace(command, source=source, after=skipped_in_block.get(command.block))
+        if _own_needs(command) not in (None, INSTALL, TEST_SUITE):  # CI installs; pytest writes nothing
+            skipped_in_block.setdefault(command.block, command.line)
+        commands.append(command)
+    return commands
+
+
+def _parse(path: Path) -> list[Command]:
     lines = path.read_text().splitlines()
     commands, block, index = [], 0, 0
     while index < len(lines):
@@ -102,9 +148,24 @@ def readme_commands(path: Path) -> list[Command]:
 
 
 def needs(command: Command) -> str | None:
+    why = _own_needs(command)
+    if why is None and command.after is not None:
+        return f'follows line {command.after} of its block, which does not run here'
+    return why
+
+
+def _own_needs(command: Command) -> str | None:
     for pattern, why in NOT_IN_CI:
         if pattern.search(command.text):
             return why
     if re.search(r'(^|\s)\.\.\.(\s|$)', command.text):
         return 'has a placeholder (...) for the reader to fill in'
+    for source, test in RUN_BY_DOCS_TESTS.items():
+        if source != command.source and command.text in _texts_of(source):
+            return f'runs as written in {source}, by {test}'
     return None
+
+
+@functools.cache
+def _texts_of(source: str) -> frozenset[str]:
+    return frozenset(c.text for c in _parse(_REPO / source))

@@ -34,7 +34,11 @@ def test_pyproject_registers_the_jaxtrain_script():
 def _step_lines(out: str) -> list[str]:
     """InfiniTrain's step lines (`train loss`; not the val and sample lines) less their
     timings, which differ between two runs."""
-    return [re.sub(r'\(.*\)', '', line) for line in out.splitlines() if line.startswith('step ') and '| train loss' in line]
+    return [
+        re.sub(r'\(.*\)', '', line)
+        for line in out.splitlines()
+        if line.startswith('step ') and '| train loss' in line
+    ]
 
 
 @pytest.mark.slow
@@ -73,7 +77,10 @@ def test_a_command_whose_module_is_absent_says_not_installed_yet(monkeypatch, ca
     assert cli.main([]) == 2
     listing = capsys.readouterr().out
     assert re.search(r'future\s+a later tool\s+\[not installed yet\]', listing)
-    assert re.search(r'train\s+train GPT-2', listing) and 'train GPT-2 or LLaMA-3 (python -m jaxtrain.main)  [' not in listing
+    assert (
+        re.search(r'train\s+train GPT-2', listing)
+        and 'train GPT-2 or LLaMA-3 (python -m jaxtrain.main)  [' not in listing
+    )
 
 
 def test_an_unknown_command_is_one_line_naming_the_commands(capsys):

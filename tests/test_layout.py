@@ -1,12 +1,15 @@
-"""The package layout README describes: nothing imports jaxtrain/tools/ (the tools may
-import the trainer), and llmc_io imports nothing of jaxtrain. Read from the source with
-`ast`, so an import inside a function counts too."""
+"""The package layout docs/layout.md and CONTRIBUTING.md describe: nothing imports jaxtrain/tools/
+(the tools may import the trainer), llmc_io imports nothing of jaxtrain, no module or package
+imports one that imports it back, launch/ holds only launchers, and no source file cites an
+issue or a round. Read from the source with `ast`, so an import inside a function counts too."""
 
 import ast
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-# `python -m jaxtrain.ckpt|compare_loss|compare_precision|bench|generate` and `jaxtrain`: the tools' entry modules.
+# The tools' entry modules: `python -m jaxtrain.ckpt|compare_loss|compare_precision|bench|generate`
+# and `jaxtrain`.
 ENTRY_MODULES = {'ckpt.py', 'compare_loss.py', 'compare_precision.py', 'bench.py', 'generate.py', 'cli.py'}
 
 
@@ -35,11 +38,12 @@ def test_nothing_outside_tools_imports_tools():
 
 
 def test_llmc_io_stands_alone():
-    offenders = [
-        f'{path.name}: {sorted(m for m in imported_modules(path) if m.split(".")[0] in ("jaxtrain", "jax", "flax"))}'
-        for path in sorted((REPO / 'llmc_io').rglob('*.py'))
-        if any(m.split('.')[0] in ('jaxtrain', 'jax', 'flax') for m in imported_modules(path))
-    ]
+    forbidden = ('jaxtrain', 'jax', 'flax')
+    offenders = []
+    for path in sorted((REPO / 'llmc_io').rglob('*.py')):
+        hits = sorted(m for m in imported_modules(path) if m.split('.')[0] in forbidden)
+        if hits:
+            offenders.append(f'{path.name}: {hits}')
     assert offenders == []
 
 
@@ -137,3 +141,62 @@ def test_the_cycle_finder_finds_a_cycle():
     """The two tests above pass on an empty answer; this one shows the finder can say otherwise."""
     assert _cycles({'a': {'b'}, 'b': {'c'}, 'c': {'a'}, 'd': {'a'}}) == [['a', 'b', 'c']]
     assert _cycles({'a': {'b'}, 'b': set()}) == []
+
+
+# --- the product apart from the lab notebook ---------------------------------------------
+
+
+def test_launch_holds_only_launchers():
+    """Measurements live in bench/ (one entry point); probes stay in git's history."""
+    assert sorted(p.name for p in (REPO / 'launch').iterdir()) == [
+        'local_multiprocess.sh',
+        'one_host.sh',
+        'seed_experiment.sh',
+        'slurm.sbatch',
+    ]
+
+
+CITATION = re.compile(
+    r'\bissues?[ #-]*\d+|\bround (one|two|three|four|five|six|seven|\d+)\b|BENCHMARKS\.md,? round',
+    re.IGNORECASE,
+)
+# Every top-level folder holding source (.ci's one script has no suffix), and the suffixes read.
+SOURCE_FOLDERS = ('jaxtrain', 'llmc_io', 'configs', 'launch', 'bench', 'build_support', 'tests', '.ci')
+SOURCE_SUFFIXES = ('.py', '.sh', '.sbatch', '.c', '.toml', '')
+# Top-level folders of a checkout that hold no source: prose, and what runs and tools leave.
+NOT_SOURCE = {
+    *('docs', '.git', '.venv', 'build', 'ck', 'runs'),
+    *('.cache', '.pytest_cache', '.ruff_cache', '.peers'),
+}
+
+
+def test_every_folder_of_source_is_read_for_citations():
+    """A new top-level folder is either read by the check below or named above as no source."""
+    folders = {
+        path.name
+        for path in REPO.iterdir()
+        if path.is_dir() and path.name not in NOT_SOURCE and not path.name.endswith('.egg-info')
+    }
+    assert folders - set(SOURCE_FOLDERS) == set()
+
+
+def test_the_citation_pattern_tells_history_from_prose():
+    for history in ('# see issue 26', '# Issue #31: why', '# issues 26-32', '# as in round two'):
+        assert CITATION.search(history), history
+    for prose in ('# a save/load round trip', '# values round to +-inf', '# InfiniTrain PR 151'):
+        assert not CITATION.search(prose), prose
+
+
+def test_no_source_file_cites_an_issue_or_a_round():
+    """A comment says why in terms of the code; history goes to commit bodies."""
+    offenders = []
+    for folder in SOURCE_FOLDERS:
+        for path in sorted((REPO / folder).rglob('*')):
+            if not path.is_file() or path.suffix not in SOURCE_SUFFIXES or 'fixtures' in path.parts:
+                continue
+            if path == Path(__file__):  # its own examples of what the check finds
+                continue
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if CITATION.search(line):
+                    offenders.append(f'{path.relative_to(REPO)}:{number}: {line.strip()}')
+    assert offenders == []

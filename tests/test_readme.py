@@ -1,4 +1,5 @@
-"""Every command in README.md's code blocks runs as written (README point 1 of issue 12).
+"""Every command in README.md's code blocks, and in the docs/ files that took README's depth,
+runs as written.
 
 Each runs under bash in a fresh directory holding the repository's configs/ and launch/
 (so relative paths mean what they mean in a checkout) and the placeholder files a reader
@@ -6,7 +7,8 @@ supplies: TRAIN.bin (a token shard) and MODEL.bin (a small llm.c GPT-2 model), a
 directories the commands' `> dir/file` redirections write into. The commands of one block
 run in order in one directory (the seed experiment's later lines read the earlier ones'
 checkpoints and logs). GPU, SLURM, install and test-suite commands are listed but skipped,
-with the reason (readme_commands.NOT_IN_CI).
+with the reason (readme_commands.NOT_IN_CI), and so are README's repeats of docs/ recipes that
+tests/test_docs.py runs.
 """
 
 import os
@@ -20,16 +22,41 @@ import pytest
 from readme_commands import MULTIPROCESS_TEST, needs, readme_commands
 from trainer_runs import REPO, random_shard, tiny_llmc_model
 
-COMMANDS = readme_commands(REPO / 'README.md')
+# docs/ files whose commands no other test runs: most need GPUs, SLURM or real weights, and are
+# checked here to be classified so; the rest run like README's.
+DOCS = ('docs/lora.md', 'docs/parallelism.md', 'docs/infinitrain.md', 'docs/configuration.md')
+README_COMMANDS = readme_commands(REPO / 'README.md')
+COMMANDS = README_COMMANDS + [c for doc in DOCS for c in readme_commands(REPO / doc)]
 
 
 def test_the_readme_has_commands_and_each_is_classified():
-    assert len(COMMANDS) >= 5
-    runnable = [c for c in COMMANDS if needs(c) is None]
+    assert len(README_COMMANDS) >= 5
+    runnable = [c for c in README_COMMANDS if needs(c) is None]
     assert any('jaxtrain.main' in c.text for c in runnable)
-    # README's CPU launcher line is the launch tests/parallel/test_multiprocess.py makes.
+    # The CPU launcher line (README or docs/) is the launch tests/parallel/test_multiprocess.py makes.
     launcher_lines = [c for c in COMMANDS if c.text.startswith('launch/local_multiprocess.sh')]
     assert all(needs(c) == MULTIPROCESS_TEST for c in launcher_lines), launcher_lines
+
+
+def test_ci_runs_the_readme_test_command_verbatim():
+    """README's second set-up line is what CI runs: .ci/run holds it as a line of its own."""
+    readme_line = next(
+        line
+        for line in (REPO / 'README.md').read_text().splitlines()
+        if line.startswith('pip install -e') and 'pytest' in line
+    )
+    command = readme_line.split('  #')[0].strip()
+    assert command == "pip install -e '.[test]' && python -m pytest -q"
+    assert command in (REPO / '.ci' / 'run').read_text().splitlines()
+
+
+def test_the_readme_tour_repeats_the_docs_recipes_word_for_word():
+    """README's tour shows the text recipe and the TensorBoard run as docs/text.md runs them, so
+    the test of that file covers them; a tour line edited apart from its recipe would run here."""
+    texts = [c.text for c in README_COMMANDS if (needs(c) or '').startswith('runs as written in docs/')]
+    shown = ('llmc_io shard book.txt', '--tensorboard_dir tb', 'generate --checkpoint run', '--format hf')
+    for part in shown:
+        assert any(part in text for text in texts), f'README tour: no docs recipe with {part!r}'
 
 
 @pytest.fixture(scope='module')
@@ -37,9 +64,9 @@ def block_dirs(tmp_path_factory):
     """One working directory per README block, made on first use."""
     made = {}
 
-    def directory(block: int):
+    def directory(block):
         if block not in made:
-            root = tmp_path_factory.mktemp(f'readme_block{block}')
+            root = tmp_path_factory.mktemp(f'readme_block{len(made)}')
             for name in ('configs', 'launch'):
                 (root / name).symlink_to(REPO / name)
             random_shard(root / 'TRAIN.bin', num_tokens=20_000, vocab=512)
@@ -72,12 +99,14 @@ def _prepare_redirections(command: str, cwd) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('command', COMMANDS, ids=[f'line{c.line}:{c.text[:40]}' for c in COMMANDS])
+@pytest.mark.parametrize(
+    'command', COMMANDS, ids=[f'{c.source}:line{c.line}:{c.text[:40]}' for c in COMMANDS]
+)
 def test_readme_command_runs_as_written(command, block_dirs, bin_dir):
     why = needs(command)
     if why:
-        pytest.skip(f'README line {command.line} {why}: {command.text}')
-    cwd = block_dirs(command.block)
+        pytest.skip(f'{command.source} line {command.line} {why}: {command.text}')
+    cwd = block_dirs((command.source, command.block))
     _prepare_redirections(command.text, cwd)
     env = {k: v for k, v in os.environ.items() if k not in ('XLA_FLAGS',)}  # a user's plain shell
     env.update(
@@ -95,7 +124,8 @@ def test_readme_command_runs_as_written(command, block_dirs, bin_dir):
     )
     logs = ''.join(p.read_text()[-2000:] for p in cwd.glob('*/*.log'))
     assert result.returncode == 0, (
-        f'README line {command.line}: {command.text}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}\n{logs}'
+        f'{command.source} line {command.line}: '
+        f'{command.text}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}\n{logs}'
     )
 
 

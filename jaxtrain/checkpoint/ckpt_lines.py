@@ -25,20 +25,33 @@ def ckpt_save_done_line(step_dir) -> str:
     return f'[CKPT] Save done: dir={_cpp_path(step_dir)}'
 
 
-def ckpt_load_done_line(trainer_state: dict, sequence_parallel: bool = False) -> str:
+def ckpt_load_done_line(trainer_state: dict, sequence_parallel: bool | None = None) -> str:
     """From our trainer state: consumed_batches counts InfiniTrain's loader batches (rows of
-    batch_size sequences) that the saved steps read, across all data-parallel ranks."""
+    batch_size sequences) that the saved steps read, across all data-parallel ranks. The topology is
+    the checkpoint's, as upstream prints the loaded trainer_state: an InfiniTrain file's own sizes
+    (`infinitrain_sizes`, with cp when the file has it: feat/context_parallel abce8d2), else our mesh,
+    pipeline stages and sequence-parallel setting."""
     config = trainer_state.get('training_config', {})
     rows = config.get('batch_size', 1) * config.get('sequence_length', 1)
     consumed = trainer_state.get('data_position', 0) * trainer_state.get('tokens_per_step', rows) // rows
-    mesh = trainer_state.get('topology', {}).get('mesh', {})
-    dp = mesh.get('data', 1) * mesh.get('fsdp', 1)
-    tp = mesh.get('tensor', 1)
-    sp = tp if sequence_parallel else 1
+    sizes = trainer_state.get('infinitrain_sizes')
+    if sizes is None:
+        topology = trainer_state.get('topology', {})
+        mesh = topology.get('mesh', {})
+        tp = mesh.get('tensor', 1)
+        if sequence_parallel is None:
+            sequence_parallel = bool(config.get('sequence_parallel', False))
+        sizes = {
+            'ddp': mesh.get('data', 1) * mesh.get('fsdp', 1),
+            'tp': tp,
+            'sp': tp if sequence_parallel else 1,
+            'pp': topology.get('pp_size', 1),
+        }
+    names = ('ddp', 'tp', 'sp', 'cp', 'pp') if sizes.get('cp') is not None else ('ddp', 'tp', 'sp', 'pp')
     # The LR-scheduler generation (InfiniTrain PR 151) keeps no last_lr and prints none.
     learning_rate = trainer_state.get('learning_rate', 0.0)
     last_lr = '' if learning_rate is None else f'last_lr={_cpp_float(learning_rate)}, '
     return (
         f"[CKPT] Load done: global_step={trainer_state.get('step', 0)}, consumed_batches ={consumed}, "
-        f'{last_lr}topology(ddp,tp,sp,pp)=({dp},{tp},{sp},1)'
+        f"{last_lr}topology({','.join(names)})=({','.join(str(sizes[n]) for n in names)})"
     )

@@ -38,7 +38,11 @@ def lora_record(setup, num_parameters: int) -> dict:
 
 def _saved_lora_settings(saved: dict) -> tuple:
     training = saved.get('training_config') or {}
-    return (training.get('lora_rank', 0), training.get('lora_alpha', 16.0), training.get('lora_target_modules'))
+    return (
+        training.get('lora_rank', 0),
+        training.get('lora_alpha', 16.0),
+        training.get('lora_target_modules'),
+    )
 
 
 def resume_problems(saved: dict, config, setup) -> list[str]:
@@ -70,7 +74,8 @@ def resume_problems(saved: dict, config, setup) -> list[str]:
         sha_now = base_sha256(setup.llmc_file)
         if sha_now != sha_then:
             problems.append(
-                f'base model (llmc_filepath): the adapters were trained on {file_then} with sha256 {sha_then}, '
+                f'base model (llmc_filepath): the adapters were trained on {file_then} with sha256 '
+                f'{sha_then}, '
                 f'now {setup.llmc_file} has sha256 {sha_now}'
             )
     elif (saved.get('training_config') or {}).get('seed') != config.seed:

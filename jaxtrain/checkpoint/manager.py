@@ -164,7 +164,7 @@ class Checkpointer:
         )
         # Uncompressed tensors: Orbax's default zstd halves the write's speed for ~7% less
         # disk on float weights, and on a CPU run the write competes with the training
-        # steps for the same cores (issue 12: the step after each save). Restore reads
+        # steps for the same cores, slowing the step after each save. Restore reads
         # either (the codec is in the array's metadata).
         tensors = lambda: ocp.PyTreeCheckpointHandler(use_compression=False)  # noqa: E731
         self.manager = ocp.CheckpointManager(
@@ -211,8 +211,8 @@ class Checkpointer:
 
     def prepare(self, params, opt_state, rng):
         """Compiles the snapshot's program in the hand-off thread while training starts, so that
-        the first save does not wait for the compilation (0.4-0.8 s for GPT-2 124M on an H200,
-        BENCHMARKS.md round four). Only the arrays' shapes, dtypes and shardings are used."""
+        the first save does not wait for the compilation (0.4-0.8 s for GPT-2 124M on an H200).
+        Only the arrays' shapes, dtypes and shardings are used."""
         if jax.process_count() != 1:
             return  # those saves hand the live state to Orbax, no snapshot
         items = _items(params, opt_state, rng)

@@ -53,7 +53,8 @@ def digest_problem(record: dict, step_dir, record_file=None) -> str:
 def step_name_problem(step, step_dir, record_file=None) -> str:
     """'' when the record's step is the one the directory is named after (or it has no step name)."""
     named = step_of(Path(step_dir))
-    if named is None or step == named:
+    is_int = isinstance(step, int) and not isinstance(step, bool)
+    if named is None or not is_int or step == named:  # a step that is no integer: record_fields names it
         return ''
     record_file = record_file or Path(step_dir) / TRAINER_STATE_FILE
     return (

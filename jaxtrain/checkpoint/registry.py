@@ -16,7 +16,7 @@ from jaxtrain.checkpoint.formats.orbax import OrbaxFormat
 from jaxtrain.checkpoint.layout import CheckpointError, step_dir_name
 
 ORBAX = OrbaxFormat()
-LLMC_RUN = LLMCRunFormat()  # read only: a run resumes from it, ckpt export writes it
+LLMC_RUN = LLMCRunFormat()  # llm.c run folders: model_%08d.bin, state_%08d_00000.bin, DONE_%08d
 _INFINITRAIN = {kind: InfiniTrainFormat(kind) for kind in it.KINDS}  # every kind reads; pth does not write
 # --checkpoint_format values, in the order --help lists them.
 WRITERS: dict[str, CheckpointFormat] = {
@@ -24,9 +24,14 @@ WRITERS: dict[str, CheckpointFormat] = {
     it.HEAD_KIND: _INFINITRAIN[it.HEAD_KIND],
     LRS_FORMAT: InfiniTrainFormat(LRS_FORMAT),  # HEAD's files, PR 151's generation
     it.PR_BIN_KIND: _INFINITRAIN[it.PR_BIN_KIND],
+    LLMC_RUN.name: LLMC_RUN,
 }
 FORMAT_NAMES = tuple(WRITERS)
-_FAMILIES = (ORBAX, _INFINITRAIN[it.HEAD_KIND])  # one of each kind of root, for the mixed-root check
+_FAMILIES = (
+    ORBAX,
+    _INFINITRAIN[it.HEAD_KIND],
+    LLMC_RUN,
+)  # one of each kind of root, for the mixed-root check
 
 
 def for_flag(name: str) -> CheckpointFormat:

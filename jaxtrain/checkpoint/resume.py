@@ -40,9 +40,12 @@ def resolve_resume(
                 "resume_from: 'latest' needs checkpoint_dir; found checkpoint_dir empty. "
                 'Pass --checkpoint_dir DIR.'
             )
-        steps = registry.for_flag(checkpoint_format).committed_steps(checkpoint_dir)
+        fmt = registry.for_flag(checkpoint_format)
+        steps = fmt.committed_steps(checkpoint_dir)
         if not steps:
             return None, f'resume_from=latest: no committed checkpoint in {checkpoint_dir}; starting fresh'
+        if hasattr(fmt, 'step_path'):  # a format whose steps are not checkpoint_step_NNNNNN directories
+            return fmt.step_path(checkpoint_dir, steps[-1]), ''
         # Absolute: Orbax refuses relative paths, and the README's commands use them.
         return Path(checkpoint_dir).absolute() / step_dir_name(steps[-1]), ''
     path = Path(resume_from).absolute()

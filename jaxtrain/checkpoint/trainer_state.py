@@ -49,18 +49,15 @@ def read_trainer_state(step_dir) -> dict:
 
 
 def check_resumable(trainer_state: dict, step_dir) -> None:
-    """The fields a resume uses, checked before anything is restored, so that an edited or
-    damaged trainer state is named here rather than failing later without its file."""
-    path = Path(step_dir) / TRAINER_STATE_FILE
-    for key in ('step', 'data_position'):
-        value = trainer_state.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            found = 'none' if key not in trainer_state else repr(value)
-            raise CheckpointError(f'{path}: {key}: expected an integer >= 0, found {found}; {DAMAGED}')
-    rng = trainer_state.get('rng')
-    if not (isinstance(rng, list) and rng and all(isinstance(x, int) and 0 <= x < 2**32 for x in rng)):
-        found = 'none' if 'rng' not in trainer_state else repr(rng)
-        raise CheckpointError(f'{path}: rng: expected a list of uint32 key words, found {found}; {DAMAGED}')
+    """The record's fields, checked before anything is restored (record_fields.py), so that an
+    edited or damaged trainer state is named here rather than failing later without its file."""
+    from jaxtrain.checkpoint.record_fields import field_problems
+
+    problems = field_problems(trainer_state, Path(step_dir) / TRAINER_STATE_FILE)
+    if problems:
+        more = f' (and {len(problems) - 1} more: python -m jaxtrain.ckpt verify {step_dir})'
+        more = more if problems[1:] else ''
+        raise CheckpointError(f'{problems[0]}{more}; {DAMAGED}')
 
 
 def trainer_state_record(
@@ -166,7 +163,10 @@ def compare_with_run(saved: dict, model_config: dict, training_config: dict) -> 
         )
     for key in shape_changed:
         incompatible.append(f'model_config.{key}: checkpoint {saved_model[key]!r}, now {model_config[key]!r}')
-    only_saved, only_now = sorted(set(saved_model) - set(model_config)), sorted(set(model_config) - set(saved_model))
+    only_saved, only_now = (
+        sorted(set(saved_model) - set(model_config)),
+        sorted(set(model_config) - set(saved_model)),
+    )
     if saved_family == family and (only_saved or only_now):
         incompatible.append(
             'model_config: fields only in the checkpoint: '
@@ -180,7 +180,9 @@ def compare_with_run(saved: dict, model_config: dict, training_config: dict) -> 
     # The batch order (data/llmc_shuffled_stream.py): the saved position means another batch in the other one.
     saved_order, order = saved_training.get('shuffle', 'none'), training_config.get('shuffle', 'none')
     if saved_order != order:
-        incompatible.append(f'shuffle: checkpoint {saved_order!r}, now {order!r} (pass --shuffle {saved_order})')
+        incompatible.append(
+            f'shuffle: checkpoint {saved_order!r}, now {order!r} (pass --shuffle {saved_order})'
+        )
     for key in _MAY_CHANGE:
         if key in saved_training and saved_training.get(key) != training_config.get(key):
             changes.append(f'{key}: checkpoint {saved_training.get(key)!r}, now {training_config.get(key)!r}')

@@ -3,6 +3,7 @@ expected and what was found. The one place a run's config is validated: the entr
 (main.py, the benchmark) call check_config once; train/ builds without checking again."""
 
 import importlib.util
+import math
 from pathlib import Path
 
 from jaxtrain.checkpoint.registry import FORMAT_NAMES
@@ -51,8 +52,33 @@ POSITIVE = ('batch_size', 'sequence_length')
 MESH_AXES = ('mesh_data', 'mesh_fsdp', 'mesh_tensor')  # a size, or -1 to fill (mesh.py)
 
 
-def check_config(config):
+def _number_problems(config) -> list[str]:
+    """NaN and infinity pass every comparison a range check makes (nan < 0 is False), and a
+    seed outside int64 reaches JAX as an OverflowError: both are refused here, by name."""
     problems = []
+    for key, value in config.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            problems.append(f'{key}: expected a finite number, found {value}')
+    seed = config.get('seed', 0)
+    if isinstance(seed, int) and not -(2**63) <= seed < 2**63:
+        problems.append(f'seed: expected an integer in [-2**63, 2**63), found {seed}')
+    return problems
+
+
+def _first_per_key(problems: list[str]) -> list[str]:
+    """One problem per key (the first found): the checks overlap, e.g. a negative learning rate
+    is below 0 and also wrong for a decay schedule, and one line should say it once."""
+    seen, kept = set(), []
+    for problem in problems:
+        key = problem.split(':', 1)[0]
+        if key not in seen:
+            seen.add(key)
+            kept.append(problem)
+    return kept
+
+
+def check_config(config):
+    problems = _number_problems(config)
     for key, choices in CHOICES.items():
         if config[key] not in choices:
             problems.append(f"{key}: expected one of {', '.join(choices)}; found {config[key]!r}")
@@ -118,7 +144,7 @@ def check_config(config):
         )
     problems += path_problems(config)
     if problems:
-        raise ValueError('; '.join(problems))
+        raise ValueError('; '.join(_first_per_key(problems)))
     check_fit(config)  # the devices, the model file's header: only once the keys themselves are sound
 
 

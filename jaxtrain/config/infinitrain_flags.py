@@ -6,8 +6,11 @@ generation before it used five more names: `--checkpoint_dir --save_steps --resu
 --checkpoint_format` (f9cb65b5408a90db2d88658609cabf58a2ca7539, an ancestor of HEAD) and
 `--use_llmc_checkpoint_io` (b8e9dd2f7a9cf692deb1b700b1796a99144bc3c0, the checkpoint PR branch).
 PR 151 (a7949ac0f46fb3de64520a18bc13ebc70b6bc158, LR schedulers, merged upstream later) adds five:
-`--min_lr --lr_decay_style --lr_warmup_iters --lr_warmup_init --lr_decay_iters`.
-UPSTREAM below is that list of 44, each with its upstream type and defaults and how jaxtrain
+`--min_lr --lr_decay_style --lr_warmup_iters --lr_warmup_init --lr_decay_iters`; PR 154
+(e594d9c, activation recompute) four: `--activation_recompute --recompute_granularity
+--recompute_method --recompute_num_layers`; and older builds of the checkpoint branch (c82cbe8) spelled
+`--save_optimizer_state false` as `--no_save_optim true`.
+UPSTREAM below is that list of 49, each with its upstream type and defaults and how jaxtrain
 takes it:
 
   key       a config key of the same name (keys.py); flags.py defines its flag
@@ -49,7 +52,7 @@ def _same(name, kind, default, handling='key', target='', help='', llama3=None):
     return UpstreamFlag(name, kind, default, default if llama3 is None else llama3, handling, target, help)
 
 
-_TEXT = 'text generation (issue 18)'
+_TEXT = 'text generation'
 UPSTREAM = (
     # I/O
     _same('input_bin', 'string', ''),
@@ -84,13 +87,13 @@ UPSTREAM = (
     ),
     _same('tensor_parallel', 'int', 1, 'renamed', 'mesh_tensor', 'tensor-parallel size (mesh tensor axis)'),
     _same('sequence_parallel', 'bool', False),
-    _same('pipeline_parallel', 'int', 1, 'later', 'pipeline parallelism (issue 19)', 'pipeline stages'),
+    _same('pipeline_parallel', 'int', 1, 'later', 'pipeline parallelism', 'pipeline stages'),
     _same(
         'virtual_pipeline_parallel',
         'int',
         1,
         'later',
-        'pipeline parallelism (issue 19)',
+        'pipeline parallelism',
         'model chunks per pipeline stage',
     ),
     # precision, checkpoints (HEAD names)
@@ -102,19 +105,19 @@ UPSTREAM = (
     _same('save_optimizer_state', 'bool', True),
     _same('precision_check', 'string', ''),
     # LoRA
-    _same('lora_rank', 'int', 0, 'later', 'LoRA (issue 17)', 'LoRA rank (0 = off)'),
-    _same('lora_alpha', 'float', 16.0, 'later', 'LoRA (issue 17)', 'LoRA alpha'),
+    _same('lora_rank', 'int', 0, 'later', 'LoRA', 'LoRA rank (0 = off)'),
+    _same('lora_alpha', 'float', 16.0, 'later', 'LoRA', 'LoRA alpha'),
     _same(
         'lora_target_modules',
         'string',
         'c_attn,c_proj',
         'later',
-        'LoRA (issue 17)',
+        'LoRA',
         'modules LoRA wraps',
         llama3='c_attn,c_proj,c_fc,c_fc2',
     ),
-    _same('lora_save_path', 'string', '', 'later', 'LoRA (issue 17)', 'where to save the LoRA weights'),
-    _same('lora_load_path', 'string', '', 'later', 'LoRA (issue 17)', 'LoRA weights to start from'),
+    _same('lora_save_path', 'string', '', 'later', 'LoRA', 'where to save the LoRA weights'),
+    _same('lora_load_path', 'string', '', 'later', 'LoRA', 'LoRA weights to start from'),
     # the checkpoint generation before HEAD
     _same('checkpoint_dir', 'string', './checkpoints'),
     _same('save_steps', 'int', 0),
@@ -134,6 +137,20 @@ UPSTREAM = (
     _same('lr_warmup_iters', 'int', 0),
     _same('lr_warmup_init', 'float', 0.0),
     _same('lr_decay_iters', 'int', 0),
+    # PR 154's activation recompute (feat/activation_checkpointing e594d9c example/gpt2/main.cc:82-86)
+    _same('activation_recompute', 'bool', False),
+    _same('recompute_granularity', 'string', 'full'),
+    _same('recompute_method', 'string', 'none'),
+    _same('recompute_num_layers', 'int', 0),
+    # the checkpoint branch before f9cb65b5 (c82cbe8 example/gpt2/main.cc): true = no optimizer file
+    _same(
+        'no_save_optim',
+        'bool',
+        False,
+        'renamed',
+        'save_optimizer_state',
+        'older builds: true keeps the optimizer state out of checkpoints (= --save_optimizer_state false)',
+    ),
 )
 BY_NAME = {flag.name: flag for flag in UPSTREAM}
 
@@ -220,6 +237,8 @@ def apply(config, defined: list[str]) -> None:
             if value:
                 config.checkpoint_format = 'infinitrain-bin'
             continue
+        if name == 'no_save_optim':  # the inverse of the name that replaced it
+            value = not value
         if target_flag is not None and target_flag.present and target_flag.value != value:
             raise FlagError(
                 f'--{name} {value} and --{flag.target} {target_flag.value}: expected one of them '

@@ -29,7 +29,11 @@ KEYS = (
     ('llmc_norm_eps', 0.0, 'LLaMA-3: true norm_eps when the file stored it truncated (0 = file)'),
     ('dtype', 'float32', 'float32 | bfloat16: compute dtype; params and optimizer state stay fp32'),
     ('scan_layers', True, 'scan over layers (fast compile) or unroll them (false: faster GPU steps)'),
-    ('activation_recompute', False, 'recompute layer activations in the backward pass (less memory, more compute)'),
+    (
+        'activation_recompute',
+        False,
+        'recompute layer activations in the backward pass (less memory, more compute)',
+    ),
     (
         'recompute_granularity',
         'full',
@@ -197,7 +201,8 @@ KEYS = (
         'checkpoint_format',
         'orbax',
         'orbax | infinitrain (HEAD: model.ckpt, optimizer.ckpt) | infinitrain-bin (PR: llm.c model.bin, '
-        "optimizer.bin); InfiniTrain's pth/ckpt/bin are aliases",
+        "optimizer.bin) | llmc (an llm.c run folder that train_gpt2cu -y 1 resumes; needs --shuffle llmc); "
+        "InfiniTrain's pth/ckpt/bin are aliases",
     ),
     (
         'resume_from',

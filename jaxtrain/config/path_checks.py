@@ -70,7 +70,10 @@ def _output_file_problems(key: str, path: Path) -> list[str]:
             f'create it first (mkdir -p {parent})'
         )
     elif not os.access(parent, os.W_OK):
-        problem = f'{key}: {path}: expected a directory this user can write, found {parent} read-only; choose another path'
+        problem = (
+            f'{key}: {path}: expected a directory this user can write, found {parent} read-only; '
+            'choose another path'
+        )
     else:
         return []
     return [problem]

@@ -64,4 +64,6 @@ class LLMCShuffledStream(TokenStream):
         return self.order.loader_state_after(self._check_position(position) * self.accumulation)
 
     def describe(self) -> str:
-        return super().describe() + f", llm.c's shuffled order ({sum(self.samples_per_shard):,} samples/epoch)"
+        return (
+            super().describe() + f", llm.c's shuffled order ({sum(self.samples_per_shard):,} samples/epoch)"
+        )

@@ -3,9 +3,10 @@
 total_batch_size defaults to InfiniTrain's 256 tokens a step, which is one micro-step of
 batch 4 x 64 on one device, but less than one micro-step on more data-parallel ranks
 (`launch/local_multiprocess.sh 2 configs/gpt2.py:tiny --mesh_fsdp 4` has 8: 2048 tokens).
-There, and only there (a default smaller than one micro-step), a run that left total_batch_size at its default gets one micro-step per step (no
-accumulation) and a line saying so, instead of a refusal; a total the user chose is never
-changed (batch_geometry.py refuses it when it does not divide).
+There, and only there (a default smaller than one micro-step), a run that left
+total_batch_size at its default gets one micro-step per step (no accumulation) and a line
+saying so, instead of a refusal; a total the user chose is never changed
+(batch_geometry.py refuses it when it does not divide).
 """
 
 import jax

@@ -2,7 +2,7 @@
 
 Axis letters: B batch, T time, N query heads, K key/value heads, H head dim.
 
-Three kernels, measured on an H200 at GPT-2 124M, batch 16 x 1024 (BENCHMARKS.md):
+Three kernels, measured on an H200 at GPT-2 124M, batch 16 x 1024:
 - 'cudnn': cuDNN flash attention, the fastest (4.5 ms of a 35 ms step). With
   `--xla_gpu_deterministic_ops` XLA makes its backward deterministic, but on jax 0.11.2 a
   module holding more than one *identical* cuDNN attention backward then fails at run time
@@ -11,14 +11,13 @@ Three kernels, measured on an H200 at GPT-2 124M, batch 16 x 1024 (BENCHMARKS.md
   was never stored (openxla/xla PR 46500 explains it). Deterministic unrolled layers
   therefore make their calls distinct (distinct_calls): layer i's call gets the scale
   2^-e_i / sqrt(H) and the queries 2^e_i q, which gives the same bits, since scaling by a
-  power of two is exact in floating point. Measured on jax 0.11.2 (BENCHMARKS.md round
-  six): identical calls fail, distinct ones run bitwise equal twice, and the deterministic
-  step is 0.98x the fast one.
+  power of two is exact in floating point. Measured on jax 0.11.2: identical calls fail,
+  distinct ones run bitwise equal twice, and the deterministic step is 0.98x the fast one.
 - 'pallas': JAX's Triton flash attention (jax.experimental.pallas.ops.gpu.attention). Its
   backward writes dq, dk and dv block by block without atomics, so it is deterministic
   with no flag at all. It is what deterministic fp16 runs with unrolled layers take (the
   power-of-two scaling would overflow fp16); in bf16 it made the deterministic step 0.94x
-  the fast one (round five), against cuDNN's 0.98x.
+  the fast one, against cuDNN's 0.98x.
 - 'xla': plain softmax(QK^T)V, for CPU and fp32 (5x slower than cuDNN on GPU).
 """
 
@@ -35,7 +34,7 @@ IMPLEMENTATIONS = ('auto', 'xla', 'cudnn', 'pallas')
 PALLAS_BLOCK = 64
 # Its backward's kv blocks (and the dq blocks, which the backward's grid ties to them) are
 # twice that where T allows: 9.17 against 9.55 ms for 12 layers' forward + backward on an
-# H200 (launch/attention_bench.py, BENCHMARKS.md round four).
+# H200.
 PALLAS_BACKWARD_KV_BLOCK = 128
 
 # Which call of a step the attention being traced is (distinct_calls); None: the only one.

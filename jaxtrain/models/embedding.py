@@ -18,7 +18,7 @@ construction and cheap in either mode:
 No op in it is a scatter, so the result is bitwise the same on every run and every
 backend setting. It still costs more than the atomic scatter (a sort, and a pass over the
 gradient rows; in blocks it took 0.25-0.5 ms off the deterministic GPT-2 124M step on an H200
-that a plain segmented scan had cost, BENCHMARKS.md round five), so runs that need no
+that a plain segmented scan had cost), so runs that need no
 determinism keep the scatter (`sorted_grad=False`).
 """
 
@@ -86,7 +86,9 @@ def _segment_sum_by_sort(rows_NxC, ids_N, num_segments: int):
     def combine(left, right):
         left_continues, left_sum = left
         right_continues, right_sum = right
-        return left_continues & right_continues, jnp.where(right_continues[:, None], left_sum + right_sum, right_sum)
+        return left_continues & right_continues, jnp.where(
+            right_continues[:, None], left_sum + right_sum, right_sum
+        )
 
     _, handed_on_RxC = jax.lax.associative_scan(combine, (continues_R, running_RxSxC[:, -1]))
     # What block r receives: the hand-on of block r-1 when it ended in r's first id.
@@ -95,7 +97,9 @@ def _segment_sum_by_sort(rows_NxC, ids_N, num_segments: int):
     )
     received_RxC = jnp.concatenate([jnp.zeros((1, C), jnp.float32), received_RxC])
     first_run_RxS = ids_RxS == ids_RxS[:, :1]
-    running_NxC = (running_RxSxC + jnp.where(first_run_RxS[:, :, None], received_RxC[:, None], 0.0)).reshape(-1, C)
+    running_NxC = (running_RxSxC + jnp.where(first_run_RxS[:, :, None], received_RxC[:, None], 0.0)).reshape(
+        -1, C
+    )
 
     # The last row of id v's run sits just before the first id greater than v.
     ends_V = jnp.searchsorted(sorted_ids_N, jnp.arange(num_segments, dtype=ids_N.dtype), side='right')

@@ -3,7 +3,7 @@
 Differentiated by autodiff, `jax.nn.gelu(x, approximate=True)` keeps tanh(...) of the forward
 pass as a second residual beside x: at GPT-2 124M, batch 16 x 1024, the forward fusion then
 writes two B·T·4C tensors (100 MB each in bf16) and the backward reads three, per layer
-(H200 profile, BENCHMARKS.md round four). Saving only x and recomputing tanh in the backward
+(an H200 profile of the step). Saving only x and recomputing tanh in the backward
 (free in a memory-bound fusion) moves 200 MB less per layer. The forward values are jax's own;
 the derivative is computed in fp32 and rounded once to x's dtype.
 """

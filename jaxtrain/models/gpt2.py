@@ -106,7 +106,9 @@ class MLP(nnx.Module):
         C = config.channels
         proj_std = 0.02 / math.sqrt(2 * config.num_layers)
         self.c_fc = linear(lora, 'mlp.c_fc', C, 4 * C, kernel_init=_normal(0.02), dtype=dtype, rngs=rngs)
-        self.c_proj = linear(lora, 'mlp.c_proj', 4 * C, C, kernel_init=_normal(proj_std), dtype=dtype, rngs=rngs)
+        self.c_proj = linear(
+            lora, 'mlp.c_proj', 4 * C, C, kernel_init=_normal(proj_std), dtype=dtype, rngs=rngs
+        )
 
     def __call__(self, x_BxTxC):
         return self.c_proj(gelu_tanh(self.c_fc(x_BxTxC)))
@@ -152,7 +154,9 @@ class GPT2(nnx.Module):
         self.wte.embedding[...] = self.wte.embedding[...].at[config.vocab_size :].set(0.0)
         self.wpe = nnx.Embed(config.max_seq_len, C, embedding_init=_normal(0.02), dtype=dtype, rngs=rngs)
 
-        self.h = stack_blocks(config.num_layers, lambda rngs: Block(config, dtype, attention, rngs, lora), rngs)
+        self.h = stack_blocks(
+            config.num_layers, lambda rngs: Block(config, dtype, attention, rngs, lora), rngs
+        )
         self.ln_f = nnx.LayerNorm(C, epsilon=1e-5, dtype=jnp.float32, rngs=rngs)
         self.dtype = dtype
         self.scan_layers = scan_layers

@@ -40,7 +40,7 @@ def apply_blocks(
     H200). scan=False unrolls the L layers: longer compile, faster steps. With
     distinct_attention (deterministic runs) each unrolled layer's attention call is made
     distinct (attention.distinct_calls), which deterministic cuDNN attention needs on jax
-    0.11.2; fast runs skip its query scaling, which cost LLaMA-3 1B 2-3% (round six).
+    0.11.2; fast runs skip its query scaling, which cost LLaMA-3 1B's step 2-3%.
     recompute: which groups of layers are jax.checkpoint regions (models/recompute.py).
     """
     block_def, block_params = nnx.split(stacked_blocks)

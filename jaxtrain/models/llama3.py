@@ -148,7 +148,14 @@ class RMSNorm(nnx.Module):
 
 def _linear(n_in, n_out, dtype, rngs, lora=None, module=''):
     return linear(
-        lora, module, n_in, n_out, use_bias=False, kernel_init=nnx.initializers.normal(0.02), dtype=dtype, rngs=rngs
+        lora,
+        module,
+        n_in,
+        n_out,
+        use_bias=False,
+        kernel_init=nnx.initializers.normal(0.02),
+        dtype=dtype,
+        rngs=rngs,
     )
 
 
@@ -218,7 +225,9 @@ class LLaMA3(nnx.Module):
         C, V = config.channels, config.vocab_size
         self.wte = nnx.Embed(V, C, embedding_init=nnx.initializers.normal(0.02), dtype=dtype, rngs=rngs)
 
-        self.h = stack_blocks(config.num_layers, lambda rngs: Block(config, dtype, attention, rngs, lora), rngs)
+        self.h = stack_blocks(
+            config.num_layers, lambda rngs: Block(config, dtype, attention, rngs, lora), rngs
+        )
         self.ln_f = RMSNorm(C, config.norm_eps)
         self.lm_head = _linear(C, V, dtype, rngs)
         self.dtype = dtype

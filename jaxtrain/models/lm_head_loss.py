@@ -5,8 +5,8 @@ K chunks.
 
 Written plainly (`logits = h @ W`, then `log_softmax` in fp32), XLA keeps a full fp32 copy
 of the B·T·V logits alive for the backward pass and spends several passes over it: at
-GPT-2 124M, batch 16 x 1024, that is 3.3 GB and about 5.5 ms of a 36 ms step on an H200
-(BENCHMARKS.md). Here, as llm.c's fused classifier does, the forward pass already knows
+GPT-2 124M, batch 16 x 1024, that is 3.3 GB and about 5.5 ms of a 36 ms step on an H200.
+Here, as llm.c's fused classifier does, the forward pass already knows
 the loss is the last op, so it computes the gradient right away, chunk by chunk over T:
 
     logits = h @ W (compute dtype)   ->   loss, and dlogits = (softmax - onehot) / (B·T)
@@ -76,7 +76,9 @@ _LOSS_AND_DLOGITS = {'xla': _xla_loss_and_dlogits, 'pallas': _pallas_loss_and_dl
 def _chunk(h_BxSxC, targets_BxS, w, vocab_size: int, vocab_axis: int, scale, with_grads: bool, kernel: str):
     """Sum of the chunk's losses and, with_grads, its dh and fp32 dW (already scaled)."""
     logits_BxSxV = _logits(h_BxSxC, w, vocab_axis)
-    loss_sum, dlogits_BxSxV = _LOSS_AND_DLOGITS[kernel](logits_BxSxV, targets_BxS, vocab_size, scale, with_grads)
+    loss_sum, dlogits_BxSxV = _LOSS_AND_DLOGITS[kernel](
+        logits_BxSxV, targets_BxS, vocab_size, scale, with_grads
+    )
     if not with_grads:
         return loss_sum, None, None
     # dh in the compute dtype (as autodiff of the bf16 matmul gives); dW accumulated in fp32.
@@ -93,7 +95,13 @@ def _loss_and_grads(h_BxTxC, w, targets_BxT, vocab_size: int, vocab_axis: int, k
     scale = 1.0 / (B * T)
     chunks = num_chunks(B, T, w.shape[vocab_axis], jnp.dtype(h_BxTxC.dtype).itemsize)
     step = functools.partial(
-        _chunk, w=w, vocab_size=vocab_size, vocab_axis=vocab_axis, scale=scale, with_grads=with_grads, kernel=kernel
+        _chunk,
+        w=w,
+        vocab_size=vocab_size,
+        vocab_axis=vocab_axis,
+        scale=scale,
+        with_grads=with_grads,
+        kernel=kernel,
     )
     if chunks == 1:
         loss_sum, dh_BxTxC, dw = step(h_BxTxC, targets_BxT)
@@ -130,7 +138,9 @@ def lm_head_cross_entropy(h_BxTxC, w, targets_BxT, vocab_size: int, vocab_axis: 
 
 
 def _forward(h_BxTxC, w, targets_BxT, vocab_size, vocab_axis, kernel):
-    loss, dh_BxTxC, dw = _loss_and_grads(h_BxTxC, w, targets_BxT, vocab_size, vocab_axis, kernel, with_grads=True)
+    loss, dh_BxTxC, dw = _loss_and_grads(
+        h_BxTxC, w, targets_BxT, vocab_size, vocab_axis, kernel, with_grads=True
+    )
     return loss, (dh_BxTxC, dw.astype(w.dtype))
 
 

@@ -47,7 +47,12 @@ class LoRASpec:
         return float(np.float32(self.alpha) / np.float32(self.rank))
 
     def record(self) -> dict:
-        return {'rank': self.rank, 'alpha': self.alpha, 'targets': list(self.targets), 'modules': list(self.modules)}
+        return {
+            'rank': self.rank,
+            'alpha': self.alpha,
+            'targets': list(self.targets),
+            'modules': list(self.modules),
+        }
 
 
 def parse_targets(text: str) -> tuple[str, ...]:
@@ -83,7 +88,9 @@ def resolve_spec(config, base_params: dict, family: str) -> LoRASpec | None:
     if rank == 0:
         for key in ('lora_load_path', 'lora_save_path'):
             if config[key]:
-                raise ValueError(f'{key}: expected --lora_rank > 0 with a LoRA weights file, found lora_rank 0')
+                raise ValueError(
+                    f'{key}: expected --lora_rank > 0 with a LoRA weights file, found lora_rank 0'
+                )
         return None
     if rank < 0:
         raise ValueError(f'lora_rank: expected 0 (off) or a positive rank, found {rank}')
@@ -106,7 +113,9 @@ def resolve_spec(config, base_params: dict, family: str) -> LoRASpec | None:
             for layer in range(num_layers)
             if _matches(target, f'transformer.h.{layer}.{module}')
         }
-        partial = [m for m in hits if not all(_matches(target, f'transformer.h.{i}.{m}') for i in range(num_layers))]
+        partial = [
+            m for m in hits if not all(_matches(target, f'transformer.h.{i}.{m}') for i in range(num_layers))
+        ]
         if partial:
             raise ValueError(
                 f'lora_target_modules: {target!r} selects {partial[0]} in some layers only; expected a '
@@ -204,5 +213,6 @@ def describe(spec: LoRASpec, lora_params: dict, base_parameters: int) -> str:
     count = count_parameters(lora_params)
     return (
         f'lora: rank {spec.rank}, alpha {spec.alpha:g} (scale {spec.scale:g}) on {", ".join(spec.modules)} | '
-        f'{count:,} trainable parameters ({100 * count / base_parameters:.3f}% of the frozen {base_parameters:,})'
+        f'{count:,} trainable parameters ({100 * count / base_parameters:.3f}% of the frozen '
+        f'{base_parameters:,})'
     )

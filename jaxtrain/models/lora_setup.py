@@ -42,7 +42,9 @@ def upstream_tensors(lora_params: dict) -> list[tuple[str, np.ndarray]]:
         for name, pair in modules.items():
             for which in ('lora_A', 'lora_B'):
                 stacked = np.asarray(jax.device_get(pair[which]), np.float32)
-                rows += [(f'transformer.h.{i}.{group}.{name}.{which}', stacked[i]) for i in range(len(stacked))]
+                rows += [
+                    (f'transformer.h.{i}.{group}.{name}.{which}', stacked[i]) for i in range(len(stacked))
+                ]
     layer_of = lambda row: int(row[0].split('.')[2])
     return sorted(rows, key=lambda row: (layer_of(row), row[0]))
 
@@ -103,7 +105,9 @@ def save_lora_weights(path: str, lora_params: dict) -> str:
     tensors = upstream_tensors(lora_params)
     if jax.process_index() == 0:
         try:
-            write_lora_weights(path, tensors)  # a temporary name, then a rename: the old file stays on failure
+            write_lora_weights(
+                path, tensors
+            )  # a temporary name, then a rename: the old file stays on failure
         except OSError as e:
             raise OSError(
                 f'lora_save_path: {path}: could not write the adapters: {e.strerror or e}; what was there is '

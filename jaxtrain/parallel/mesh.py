@@ -54,7 +54,8 @@ def mesh_shape(device_count: int, data: int, fsdp: int, tensor: int) -> dict[str
     fill = [axis for axis, size in sizes.items() if size == -1]
     if len(fill) > 1:
         raise ValueError(
-            f"mesh: expected at most one size -1, found {len(fill)} ({', '.join('mesh_' + a for a in fill)}); "
+            f"mesh: expected at most one size -1, found {len(fill)} "
+            f"({', '.join('mesh_' + a for a in fill)}); "
             'set all but one of them'
         )
     fixed = math.prod(size for size in sizes.values() if size != -1)

@@ -7,7 +7,7 @@ r"""Benchmark the trainer's own train step: speed, MFU, memory, and what checkpo
 builds the model, optimizer and state as train.run does, feeds the jitted train step one
 synthetic batch of the configured geometry (random token ids, no shard), and prints one
 block: compile seconds, median ms/step, tokens/s, MFU, peak device memory, the first and
-last timed loss. The command above is the shape of the GPU reference figures in BENCHMARKS.md
+last timed loss. The command above is the shape of the GPU figures in BENCHMARKS.md
 (GPT-2 124M, bf16, batch 16 x 1024; llm.c's CUDA trainer runs it at about 471K tokens/s on an H200).
 
 MFU is llm.c's: flops_per_token(T) x tokens/s / (peak x devices), where the peak is

@@ -219,7 +219,9 @@ def measure_checkpoints(subject, step_fn, state, settings: Settings, baseline: P
     median_step = statistics.median(baseline.step_seconds)
     with tempfile.TemporaryDirectory(prefix='jaxtrain-bench-', dir=settings.save_dir or None) as root:
         # Rotation as configured, but at most 2 kept so a long benchmark cannot fill the disk.
-        checkpointer = ckpt_manager.Checkpointer(root, keep_latest=config.max_checkpoint_keep or 2, keep_every=0)
+        checkpointer = ckpt_manager.Checkpointer(
+            root, keep_latest=config.max_checkpoint_keep or 2, keep_every=0
+        )
         save = make_save(subject, checkpointer, versions)
         # The first save compiles the checksum kernels and allocates host buffers: a one-off,
         # timed apart. Waiting for its write gives the background write time of one checkpoint.

@@ -6,9 +6,12 @@
     python -m jaxtrain.ckpt verify STEP_DIR
     python -m jaxtrain.ckpt export STEP_DIR --output model.bin [--version 3|5] [--merge-lora [--base FILE]]
     python -m jaxtrain.ckpt export STEP_DIR --format hf --output HF_DIR [--tokenizer tokenizer.json]
+    python -m jaxtrain.ckpt export STEP_DIR --format llmc-run --output LLMC_RUN_DIR
     python -m jaxtrain.ckpt export STEP_DIR --format infinitrain --output OUT/checkpoint_step_NNNNNN \
         [--ddp D] [--tp T] [--pp P] [--vpp V] [--zero_stage Z] [--sequence_parallel]
 
+An llm.c run folder (train_gpt2cu -o DIR: model_%08d.bin, state_%08d_%05d.bin, DONE_%08d) is kind llmc:
+ls takes the folder, show and verify DIR/model_%08d.bin or DIR (its newest committed step).
 STEP_DIR is one `checkpoint_step_NNNNNN` directory: ours (Orbax) or InfiniTrain's (HEAD model.ckpt, PR
 model.bin / model.pth, with or without rank_* subdirectories); every command says which kind it read,
 and diff compares across kinds. A LoRA checkpoint (adapters only: its trainer state names the base
@@ -125,12 +128,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.add_argument(
         '--format',
-        choices=('llmc', 'hf', 'infinitrain', 'infinitrain-lrs', 'infinitrain-bin'),
+        choices=('llmc', 'hf', 'infinitrain', 'infinitrain-lrs', 'infinitrain-bin', 'llmc-run'),
         default='llmc',
         help='llmc (default): an llm.c model file; hf: a Hugging Face folder, config.json + '
         'model.safetensors (fp32), for GPT2LMHeadModel / LlamaForCausalLM (GPT-2 head tied); '
         'infinitrain / infinitrain-bin: an InfiniTrain step directory (HEAD / PR); infinitrain-lrs: '
-        'HEAD\'s files with lr_scheduler.ckpt, for an InfiniTrain with PR 151\'s LR schedulers',
+        'HEAD\'s files with lr_scheduler.ckpt, for an InfiniTrain with PR 151\'s LR schedulers; llmc-run: '
+        'model, state and DONE files of the step in the llm.c run folder --output, which train_gpt2cu -y 1 '
+        'resumes (a --shuffle llmc run with AdamW state)',
     )
     export.add_argument(
         '--version', type=int, choices=(3, 5), default=None, help='3: fp32 (default); 5: bf16, GPT-2 only'

@@ -70,7 +70,8 @@ def _loss_cell(entry: dict) -> str:
 
 
 def _kept_best(entries) -> set:
-    """The steps --keep_best keeps: the N lowest validation losses, N from the newest step's run."""
+    """The step directories --keep_best keeps: the N lowest validation losses, N from the newest
+    step's run (InfiniTrain PR's checkpoint_final, a copy, is never one of them)."""
     from jaxtrain.checkpoint.keep_best import best_steps
 
     committed = [
@@ -81,7 +82,36 @@ def _kept_best(entries) -> set:
     if not committed:
         return set()
     count = max(committed, key=lambda e: e['step']).get('keep_best', 0)
-    return best_steps({e['step']: e.get('val_loss') for e in committed}, count)
+    steps = best_steps({e['step']: e.get('val_loss') for e in committed}, count)
+    return {e['path'] for e in committed if e['step'] in steps}
+
+
+def _is_llmc(path) -> bool:
+    from jaxtrain.tools import ckpt_llmc
+
+    return ckpt_llmc.is_llmc(path)
+
+
+def _llmc_ls(args) -> int:
+    from jaxtrain.tools import ckpt_llmc
+
+    listed = ckpt_llmc.ls(args.dir)
+    if args.json:
+        _print_json(listed)
+    else:
+        print(ckpt_llmc.ls_text(listed, _table, _number))
+    return EXIT_OK
+
+
+def _llmc_show(args) -> int:
+    from jaxtrain.tools import ckpt_llmc
+
+    shown = ckpt_llmc.show(args.step_dir, args.tensors)
+    if args.json:
+        _print_json(shown)
+    else:
+        print(ckpt_llmc.show_text(shown, _table, _number))
+    return EXIT_OK
 
 
 def cmd_ls(args) -> int:
@@ -89,6 +119,8 @@ def cmd_ls(args) -> int:
 
     from jaxtrain.tools import ckpt_infinitrain
 
+    if _is_llmc(args.dir):
+        return _llmc_ls(args)
     entries, latest = ckpt_inspect.list_checkpoints(args.dir)
     entries = ckpt_infinitrain.annotate_entries(args.dir, entries)  # kind and loss; InfiniTrain dirs
     latest = ckpt_infinitrain.latest_step(entries, latest)
@@ -99,7 +131,7 @@ def cmd_ls(args) -> int:
                 'root': str(args.dir),
                 'latest': latest,
                 'checkpoints': [
-                    {**e, 'latest': ckpt_infinitrain.is_latest(e, latest), 'kept_best': e['step'] in best}
+                    {**e, 'latest': ckpt_infinitrain.is_latest(e, latest), 'kept_best': e['path'] in best}
                     for e in entries
                 ],
             }
@@ -117,7 +149,7 @@ def cmd_ls(args) -> int:
             _loss_cell(e),
             ', '.join(
                 (['latest'] if ckpt_infinitrain.is_latest(e, latest) else [])
-                + ([f"best (val {e['val_loss']:.6f})"] if e['step'] in best else [])
+                + ([f"best (val {e['val_loss']:.6f})"] if e['path'] in best else [])
             ),
         ]
         for e in entries
@@ -222,6 +254,8 @@ def cmd_show(args) -> int:
 
     from jaxtrain.tools import ckpt_infinitrain
 
+    if _is_llmc(args.step_dir):
+        return _llmc_show(args)
     if ckpt_infinitrain.kind_of(args.step_dir) != 'orbax':
         return _show_infinitrain(args)
     step_dir = ckpt_inspect.find_finished_step_dir(args.step_dir)
@@ -369,7 +403,12 @@ def cmd_verify(args) -> int:
     from jaxtrain.tools import ckpt_infinitrain
 
     kind = ckpt_infinitrain.kind_of(args.step_dir)
-    if kind == 'orbax':
+    if _is_llmc(args.step_dir):
+        from jaxtrain.tools import ckpt_llmc
+
+        kind, step_dir = 'llmc', Path(args.step_dir)
+        result = ckpt_llmc.verify(step_dir)
+    elif kind == 'orbax':
         step_dir = ckpt_inspect.find_step_dir(args.step_dir)
         result = ckpt_inspect.verify(step_dir)
     else:
@@ -378,7 +417,13 @@ def cmd_verify(args) -> int:
     ok = not result.problems
     if args.json:
         _print_json(
-            {'path': str(step_dir), 'kind': kind, 'ok': ok, 'problems': result.problems, 'checked': result.checked}
+            {
+                'path': str(step_dir),
+                'kind': kind,
+                'ok': ok,
+                'problems': result.problems,
+                'checked': result.checked,
+            }
         )
     elif ok:
         print(f'OK: {step_dir} ({kind}): ' + '; '.join(result.checked))
@@ -398,6 +443,15 @@ def cmd_export(args) -> int:
     from jaxtrain.tools import ckpt_infinitrain
 
     topology = ckpt_infinitrain.topology_from_args(args)
+    if args.format == 'llmc-run':
+        from jaxtrain.tools import ckpt_llmc
+
+        written = ckpt_llmc.export(args.step_dir, args.output, args.force)
+        if args.json:
+            _print_json({'path': str(args.step_dir), **written})
+        else:
+            print(ckpt_llmc.export_line(written))
+        return EXIT_OK
     if args.format in ('infinitrain', 'infinitrain-lrs', 'infinitrain-bin'):
         written = ckpt_infinitrain.export(args.step_dir, args.output, args.format, args.force, topology)
         if args.json:
@@ -407,8 +461,10 @@ def cmd_export(args) -> int:
         return EXIT_OK
     if ckpt_infinitrain.kind_of(args.step_dir) != 'orbax':
         raise ckpt_infinitrain.CheckpointError(
-            f'{args.step_dir}: expected an Orbax checkpoint for --format {args.format}, found an InfiniTrain one; '
-            'its PR generation already holds an llm.c model.bin (export --format infinitrain-bin)')
+            f'{args.step_dir}: expected an Orbax checkpoint for --format {args.format}, found an '
+            'InfiniTrain one; '
+            'its PR generation already holds an llm.c model.bin (export --format infinitrain-bin)'
+        )
     step_dir = ckpt_inspect.find_finished_step_dir(args.step_dir)
     if args.format == 'hf':
         if args.version is not None:

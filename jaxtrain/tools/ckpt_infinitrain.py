@@ -201,7 +201,11 @@ def show(step_dir, with_tensors: bool) -> dict:
         'ranks': ckpt.ranks,
         'global_step': s.global_step,
         'data_batch_idx' if s.generation == PR else 'consumed_batches': s.data_batch_idx,
-        'topology': {k: getattr(s, k) for k in ('ddp_size', 'tp_size', 'sp_size', 'pp_size')},
+        'topology': {
+            k: getattr(s, k)
+            for k in ('ddp_size', 'tp_size', 'sp_size', 'cp_size', 'pp_size')
+            if getattr(s, k) is not None  # cp_size: only files of the context-parallel generation
+        },
         'optimizer': 'Adam (m, v, t = %d)' % ckpt.moments[2]
         if ckpt.moments
         else 'no optimizer file (SGD, or not saved)',
@@ -290,6 +294,13 @@ def verify(step_dir):
     for rank in it.rank_dirs(step_dir)[1:]:
         if it.detect_kind(rank) != ckpt.kind:
             problems.append(f'{rank}: expected the same {ckpt.kind} files as rank_000000, found others')
+    if ckpt.topology is not None and ckpt.topology.ddp > 1:
+        from llmc_io.infinitrain_ranks import replica_differences
+
+        differences = replica_differences(it.rank_dirs(step_dir), ckpt.topology)
+        problems += differences
+        if not differences:
+            checked.append(f'weights of the {ckpt.topology.ddp} data-parallel replicas bit-identical')
     found, passed = recorded_problems(step_dir, ckpt.path, ckpt.state)  # digest, step, files' sha256
     problems += found
     checked += passed

@@ -16,10 +16,20 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxtrain.checkpoint.layout import STEP_PREFIX, TRAINER_STATE_FILE, CheckpointError, committed_steps, is_committed, step_dir_name, step_dir_names, step_of
-from jaxtrain.checkpoint.record_digest import DIGEST_FIELD, digest_problem, step_name_problem
-from jaxtrain.checkpoint.trainer_state import read_trainer_state
 from jaxtrain.checkpoint.checksums import checksum_mismatches, path_name, tensor_checksums
+from jaxtrain.checkpoint.layout import (
+    STEP_PREFIX,
+    TRAINER_STATE_FILE,
+    CheckpointError,
+    committed_steps,
+    is_committed,
+    step_dir_name,
+    step_dir_names,
+    step_of,
+)
+from jaxtrain.checkpoint.record_digest import DIGEST_FIELD, digest_problem, step_name_problem
+from jaxtrain.checkpoint.record_fields import field_problems
+from jaxtrain.checkpoint.trainer_state import read_trainer_state
 
 ARRAY_ITEMS = ('params', 'opt_state')
 # Orbax writes a step into `<final name>.orbax-checkpoint-tmp-<n>` and renames it when complete.
@@ -68,7 +78,15 @@ def _step_entry(path: Path, step: int, temporary: bool) -> StepEntry:
     else:
         status = 'committed'
     return StepEntry(
-        step, path, committed, status, _size_on_disk(path), written_at, written_from, has_optimizer_state, loss
+        step,
+        path,
+        committed,
+        status,
+        _size_on_disk(path),
+        written_at,
+        written_from,
+        has_optimizer_state,
+        loss,
     )
 
 
@@ -244,7 +262,8 @@ def model_config_object(family: str, model_config: dict):
     fields = [f.name for f in dataclasses.fields(config_cls)]
     if not isinstance(model_config, dict) or sorted(model_config) != sorted(fields):
         raise CheckpointError(
-            f"trainer_state: model_config: expected the fields of {config_cls.__name__} ({', '.join(fields)}), "
+            f"trainer_state: model_config: expected the fields of {config_cls.__name__} "
+            f"({', '.join(fields)}), "
             f'found {model_config!r}'
         )
     try:
@@ -323,6 +342,12 @@ def verify(step_dir) -> Verification:
             checked.append(f'trainer_state fields match their {DIGEST_FIELD}')
         named = step_name_problem(state.get('step'), step_dir)
         problems += [named] if named else []
+        fields = field_problems(state, step_dir / TRAINER_STATE_FILE)
+        problems += fields
+        if not fields:
+            checked.append('trainer_state fields of the types and ranges a save writes')
+    # With fields of the wrong kind the checks below would misread them: the items are only read.
+    compare = state is not None and not fields
     recorded = (state or {}).get('checksums', {})
     for item in ARRAY_ITEMS:
         required = item == 'params' or bool((state or {}).get('has_optimizer_state'))
@@ -336,14 +361,14 @@ def verify(step_dir) -> Verification:
         except CheckpointError as e:
             problems.append(str(e))
             continue
-        if state is None:
-            checked.append(
-                f'{item}: {len(tensors)} tensors readable (checksums not checked: no trainer state)'
-            )
+        if not compare:
+            why = 'no trainer state' if state is None else 'its fields are not as a save writes them'
+            checked.append(f'{item}: {len(tensors)} tensors readable (checksums not checked: {why})')
             continue
         if item not in recorded:
             problems.append(
-                f'{step_dir / TRAINER_STATE_FILE}: checksums.{item}: expected per-tensor checksums, found none'
+                f'{step_dir / TRAINER_STATE_FILE}: checksums.{item}: expected per-tensor checksums, '
+                'found none'
             )
         else:
             mismatches = checksum_mismatches(tensors, recorded[item], item)

@@ -31,7 +31,8 @@ def _base_params(state: dict, base: str):
     sha_now = base_sha256(path)
     if sha_now != sha_then:
         raise CheckpointError(
-            f'--base: {path}: expected the base the adapters were trained on ({recorded}, sha256 {sha_then}), '
+            f'--base: {path}: expected the base the adapters were trained on ({recorded}, sha256 '
+            f'{sha_then}), '
             f'found sha256 {sha_now}; pass that file with --base'
         )
     training = state.get('training_config') or {}
@@ -61,7 +62,8 @@ def merge_for_export(step_dir, state: dict, adapters: dict, merge_lora: bool, ba
     if not merge_lora:
         raise CheckpointError(
             f"{step_dir}: a LoRA checkpoint holds adapters only (rank {lora.get('rank')}, "
-            f"{lora.get('num_parameters', 0):,} parameters), not a model; pass --merge-lora to fold them into "
+            f"{lora.get('num_parameters', 0):,} parameters), not a model; pass --merge-lora to fold "
+            "them into "
             f"its base {state.get('llmc_file') or '(random init)'} and export the result"
         )
     return merged_params(_base_params(state, base), adapters, lora)

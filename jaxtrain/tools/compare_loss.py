@@ -4,12 +4,14 @@ Usage:
     python -m jaxtrain.compare_loss BASE TEST [--threshold-fp32 1e-5] [--threshold-bf16 1e-2]
                                     [--dtype auto|fp32|bf16] [--json] [--plot out.png]
 
-BASE and TEST are two log files, or two directories whose `*.log` files are paired by basename
-(`gpt2_1.log` with `gpt2_1.log`). A loss is read from every line that contains
-`step   41/100 | train loss 3.123456`, whatever comes before it (glog prefixes included); this is
-the line both InfiniTrain and jaxtrain print. InfiniTrain's scripts/compare_loss.py reads the
-number with `[\\d.]+`, which silently drops `nan`, `inf` and `1e+01`; here they are read, so a
-diverged run shows up as a mismatch instead of vanishing from the comparison.
+BASE and TEST are two log files, or two directories whose `*.log` files, at any depth, are paired by
+basename (`gpt2_1.log` with `gpt2_1.log`); as upstream's scripts/compare_utils.py, build*, ctest_*,
+*_profile.log and run_metadata.log are not training logs, and two logs of one name are refused. A
+loss is read from every line that contains `step   41/100 | train loss 3.123456`, whatever comes
+before it (glog prefixes included); this is the line both InfiniTrain and jaxtrain print.
+InfiniTrain's scripts/compare_loss.py reads the number with `[\\d.]+`, which silently drops `nan`,
+`inf` and `1e+01`; here they are read, so a diverged run shows up as a mismatch instead of vanishing
+from the comparison.
 
 Rules (InfiniTrain's, plus resume handling):
   * A pair is bf16 when `_bfloat16` is in a file name, and then passes at |base - test| <= 1e-2;

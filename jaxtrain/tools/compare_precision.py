@@ -103,7 +103,9 @@ def _compare(argv) -> int:
             return 1
     if len(a) != len(b):
         longer = 'A' if len(a) > len(b) else 'B'
-        print(f'first difference: {longer} goes on after the other ends (at step {min(a, b, key=len)[-1][0]})')
+        print(
+            f'first difference: {longer} goes on after the other ends (at step {min(a, b, key=len)[-1][0]})'
+        )
         return 1
     print(f'no difference: {len(a)} tensors over {len({row[0] for row in a})} steps')
     return 0

@@ -65,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
         default='',
         metavar='FILE',
         help="a Hugging Face tokenizer.json or tiktoken BPE file (LLaMA-3's tokenizer.model) to encode "
-        "--prompt and decode with ('' = --tokenizer_bin's or the built-in)",
+        "--prompt and decode with ('' = a --checkpoint's run's --tokenizer, else --tokenizer_bin's or the "
+        'built-in)',
     )
     prompt = parser.add_mutually_exclusive_group()
     prompt.add_argument(
@@ -161,11 +162,23 @@ def load_model(args):
     return family, config, graphdef, jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), params), where
 
 
+def _run_tokenizer(checkpoint: str) -> str:
+    """The BPE tokenizer the checkpoint's run named (--tokenizer), where that file still is; else ''."""
+    from jaxtrain.checkpoint.trainer_state import read_trainer_state
+
+    named = read_trainer_state(_resolve_step_dir(checkpoint)).get('training_config', {}).get('tokenizer', '')
+    return named if named and Path(named).is_file() else ''
+
+
 def load_tokenizer(args, family: str, config):
-    """The tokenizer to decode with, or None (ids are printed) when there is none to take."""
+    """The tokenizer to decode with, or None (ids are printed) when there is none to take. A
+    checkpoint's run's own --tokenizer is taken when none is given."""
     from jaxtrain.data.run_tokenizer import load_run_tokenizer
 
-    return load_run_tokenizer(args.tokenizer_bin, args.tokenizer, family, config.vocab_size)
+    tokenizer = args.tokenizer
+    if not tokenizer and not args.tokenizer_bin and args.checkpoint:
+        tokenizer = _run_tokenizer(args.checkpoint)
+    return load_run_tokenizer(args.tokenizer_bin, tokenizer, family, config.vocab_size)
 
 
 def prompt_ids(args, tokenizer, eot_default: int, vocab_size: int) -> list[int]:

@@ -1,7 +1,7 @@
 """Where a step's device time goes: a jax.profiler trace, summed per kernel.
 
 `python -m jaxtrain.bench ... --profile_steps 3` traces that many steps after the timed
-phase and prints the summary (BENCHMARKS.md's kernel tables come from it). The trace is
+phase and prints the summary (bench/figures.py's `profile` figure). The trace is
 the Perfetto JSON that jax.profiler writes beside its xplane file; device kernels are the
 events on the rows of processes named like '/device:GPU:0'.
 """

@@ -44,7 +44,8 @@ def _notes(result: PairResult) -> list[str]:
     notes = []
     if result.resumed_at is not None:
         notes.append(
-            f"Steps {_step_range_text(result.skipped_steps)}: not in test (resumed at step {result.resumed_at})"
+            f"Steps {_step_range_text(result.skipped_steps)}: not in test (resumed at step "
+            f"{result.resumed_at})"
         )
     for side, log in (("base", result.base), ("test", result.test)):
         if not log.losses:

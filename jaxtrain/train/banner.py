@@ -16,7 +16,11 @@ def run_banner(config, parts, stream, weights: str) -> list[str]:
     checkpoint a resume restored)."""
     model_config, geometry, devices = parts.setup.model_config, parts.geometry, parts.devices
     setup = parts.setup
-    lora = [] if setup.lora is None else [describe_lora(setup.lora, setup.lora_params, model_config.num_parameters)]
+    lora = (
+        []
+        if setup.lora is None
+        else [describe_lora(setup.lora, setup.lora_params, model_config.num_parameters)]
+    )
     return [
         f'model: {config.model_family} {model_config} | {model_config.num_parameters:,} parameters | '
         f'weights: {weights}',
@@ -36,7 +40,7 @@ def optimizer_line(config) -> str:
     parts = [f'optimizer: {config.optimizer}', f'lr {config.learning_rate:.2e}, {schedule_text(config)}']
     if config.optimizer in ('adamw', 'adam'):
         parts.append(f'β1 {config.beta1:g}, β2 {config.beta2:g}, eps {config.eps:g}')
-    if config.optimizer == 'adamw':  # optim.decay_mask: llm.c's rule
+    if config.optimizer == 'adamw':  # optimizer.decay_mask: llm.c's rule
         parts.append(f'weight decay {config.weight_decay:g} (tensors of 2+ dimensions)')
     else:
         parts.append('no weight decay')

@@ -44,7 +44,8 @@ def check_finite(step: int, loss: float, params_finite: bool, last_good) -> None
     if np.isfinite(loss) and params_finite:
         return
     last = (
-        f'the last good checkpoint is {last_good}; resume from it with a lower --learning_rate or a --grad_clip'
+        f'the last good checkpoint is {last_good}; resume from it with a lower --learning_rate or a '
+        '--grad_clip'
         if last_good is not None
         else 'there is no checkpoint of this run'
     )
@@ -103,13 +104,14 @@ def _run(config) -> int:
     saver = RunSaver(config, parts, stream, resumed.step_dir, step, report=log.info, record=log.record)
     if saver.checkpointer is not None and saver.checkpointer.set_aside:
         aside = saver.checkpointer.set_aside
-        log.info(f'checkpoint_dir: not committed (no trainer state), set aside: {aside}')
+        log.info(f'checkpoint_dir: not committed steps (no trainer state / model file), set aside: {aside}')
     if saver.checkpointer is not None and saver.checkpointer.linked:
         links = step_dir_names(saver.checkpointer.linked)
         log.info(f'checkpoint_dir: symbolic links, kept out of rotation (never deleted): {links}')
     if saver.deleted_later_steps:
         log.info(
-            f'overwrite_later_checkpoints: deleted steps {saver.deleted_later_steps} of {saver.checkpointer.root}'
+            f'overwrite_later_checkpoints: deleted steps {saver.deleted_later_steps} of '
+            f'{saver.checkpointer.root}'
         )
 
     weights = parts.setup.source if resumed.step_dir is None else f'checkpoint {resumed.step_dir}'

@@ -93,7 +93,8 @@ class Progress:
         )
         self.report(
             f'summary: {self.steps_done} {_steps(self.steps_done)} ({last - self.steps_done + 1}-{last}) | '
-            f'{self.steps_done * self.tokens_per_step:,} tokens | wall {clock_text(self.clock() - self.began)} | '
+            f'{self.steps_done * self.tokens_per_step:,} tokens | wall '
+            f'{clock_text(self.clock() - self.began)} | '
             f'{rate} | loss final {self.final[1]:.6f}, '
             f'best {self.best[0]:.6f} at step {self.best[1]} | checkpoints written: {saved}'
         )

@@ -18,12 +18,13 @@ writer (the loop goes on), and the closing `saved:` line when the last write is 
 """
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
 import jax
+
+from llmc_io.atomic_file import write_text_atomically
 
 
 def _memory_stats() -> dict:
@@ -68,6 +69,7 @@ class RunLog:
         self.dashboards = None  # train/dashboards.py, attached once the run knows its first step
         if log_dir and self.is_main:
             Path(log_dir).mkdir(parents=True, exist_ok=True)
+            # An append log, not rewritten per row: each row goes out whole in one flushed write.
             self.metrics_file = open(Path(log_dir) / 'metrics.jsonl', 'a')
 
     def write_config(self, record: dict):
@@ -78,10 +80,8 @@ class RunLog:
             self.dashboards.write_config(record)
         if not self.metrics_file:
             return
-        path = Path(self.log_dir) / 'config.json'
-        temporary = path.with_name(f'.config.json.tmp-{os.getpid()}')
-        temporary.write_text(json.dumps({'written_at': time.time(), **record}, indent=2, default=str) + '\n')
-        os.replace(temporary, path)
+        text = json.dumps({'written_at': time.time(), **record}, indent=2, default=str) + '\n'
+        write_text_atomically(Path(self.log_dir) / 'config.json', text)
 
     def info(self, message: str):
         if self.is_main:

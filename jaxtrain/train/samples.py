@@ -83,7 +83,9 @@ class TrainingSampler:
             self.start_token = self.tokenizer.eot_token
         else:
             self.start_token = 50256 if config.model_family == 'gpt2' else LLAMA3_EOT
-        self.start_name = START_NAMES.get(self.start_token, f'token {self.start_token}')
+        # A BPE tokenizer names its own end of text; the built-in and llm.c's files are known by id.
+        named = getattr(self.tokenizer, 'eot_name', None)
+        self.start_name = named or START_NAMES.get(self.start_token, f'token {self.start_token}')
         if self.start_token >= model_config.vocab_size:
             raise ValueError(
                 f'sample_every: samples start from EOT {self.start_token}, which a vocab_size of '

@@ -27,11 +27,13 @@ class SaveEvents:
         record=None,
         list_committed=committed_steps,
         synchronous: bool = False,
+        step_path=None,
     ):
         """`report` takes the lines; `record` the rows ({'step', 'save_commit_s'}) for metrics;
         `list_committed(root)`: the format's committed steps; `synchronous`: saves are written
-        before save() returns."""
+        before save() returns; `step_path(step)`: where a step is (default its checkpoint_step_NNNNNN)."""
         self.root = root
+        self.step_path = step_path or (lambda step: self.root / step_dir_name(step))
         self.list_committed, self.synchronous = list_committed, synchronous
         self.keep_latest, self.keep_every, self.protected = keep_latest, keep_every, frozenset(protected)
         self.best = frozenset()  # --keep_best's steps, as the saver last ranked them
@@ -59,7 +61,7 @@ class SaveEvents:
         self._started[step] = began
         how = 'written before the loop went on' if self.synchronous else 'writing in the background'
         blocked = f'loop blocked {blocked_s * 1e3:.1f} ms'
-        self.report(f'save: step {step} -> {self.root / step_dir_name(step)} ({blocked}; {how})')
+        self.report(f'save: step {step} -> {self.step_path(step)} ({blocked}; {how})')
         if self.synchronous:
             self.poll()
 
@@ -86,13 +88,13 @@ class SaveEvents:
                 self.record({'step': step, 'save_commit_s': seconds})
         for step in sorted((self._on_disk | set(self.committed)) - now - self._reported_deleted):
             self._reported_deleted.add(step)
-            self.report(f'rotation: deleted {step_dir_name(step)} ({self._why_deleted(step, now)})')
+            self.report(f'rotation: deleted {self.step_path(step).name} ({self._why_deleted(step, now)})')
         self._on_disk = now
 
     def _size_note(self, step: int) -> str:
         """What one checkpoint costs on disk and how many the keep rule holds, said once, at the
         first commit: a run that saves often can fill a disk long before it ends."""
-        step_dir = self.root / step_dir_name(step)
+        step_dir = self.step_path(step)
         size = sum(p.stat().st_size for p in step_dir.rglob('*') if p.is_file()) if step_dir.is_dir() else 0
         if not size:  # already rotated away
             return ''

@@ -70,6 +70,7 @@ class RunSaver:
                     record=record,
                     list_committed=registry.for_flag(config.checkpoint_format).committed_steps,
                     synchronous=self.checkpointer.synchronous,
+                    step_path=self.checkpointer.step_dir,
                 )
             if not self.saving:
                 self._report(

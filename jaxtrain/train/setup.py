@@ -120,7 +120,9 @@ def build_trainer(config) -> TrainerSetup:
     )
 
     # --- the steps: jitted once with the state's shardings in and out ---
-    cross_entropy = resolve_cross_entropy(config.cross_entropy, DTYPES[config.dtype], num_devices=len(devices))
+    cross_entropy = resolve_cross_entropy(
+        config.cross_entropy, DTYPES[config.dtype], num_devices=len(devices)
+    )
     pipelined = None  # P = 1: the plain micro-step scan
     if topology['pp_size'] > 1:
         pipelined = make_pipeline_loss_and_grads(

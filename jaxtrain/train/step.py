@@ -37,7 +37,9 @@ def make_loss_fn(graphdef: nnx.GraphDef, vocab_size: int, time_split=None, cross
         head_weight, vocab_axis = model.head_weight()
         with sequence_parallel.activations_split(time_split):
             features = model.features(inputs_BxT)
-        return lm_head_cross_entropy(features, head_weight, targets_BxT, vocab_size, vocab_axis, cross_entropy)
+        return lm_head_cross_entropy(
+            features, head_weight, targets_BxT, vocab_size, vocab_axis, cross_entropy
+        )
 
     return loss_fn
 

@@ -92,7 +92,9 @@ def test_a_failed_handoff_surfaces_at_wait(tmp_path, monkeypatch):
 
     monkeypatch.setattr(checkpointer.manager, 'save', broken_save)
     checkpointer.save(1, params, opt_state, RNG, dict(RECORD))  # returns: the failure is in the thread
-    with pytest.raises(ckpt_layout.CheckpointError, match='could not save checkpoint_step_000001: No space left'):
+    with pytest.raises(
+        ckpt_layout.CheckpointError, match='could not save checkpoint_step_000001: No space left'
+    ):
         checkpointer.wait()
 
 
@@ -110,7 +112,9 @@ def test_two_stage_save_from_a_prepared_program_keeps_the_snapshot_time_values(t
     assert params['w'].is_deleted()
     checkpointer.save_snapshot(1, snapshot, dict(RECORD))
     checkpointer.close()
-    restored, restored_opt, _ = orbax_format.restore(tmp_path / 'checkpoint_step_000001', new_params, new_opt_state)
+    restored, restored_opt, _ = orbax_format.restore(
+        tmp_path / 'checkpoint_step_000001', new_params, new_opt_state
+    )
     for got, want in zip(jax.tree.leaves((restored, restored_opt)), jax.tree.leaves(expected)):
         np.testing.assert_array_equal(got, want)
 

@@ -53,4 +53,9 @@ def test_acceptance_with_infinitrain_checkpoints(tmp_path, family, dtype, fmt, o
     assert [d.name[-6:] for d in it.step_dirs(resumed)] == ['000060', '000080', '000100']
     assert {it.detect_kind(d) for d in it.step_dirs(noresume)} == {fmt}
     assert (noresume / 'checkpoint_step_000040' / it.FILES[fmt][1]).exists() == (optimizer == 'adam')
-    assert_resumed_run_matches(tmp_path / 'base', tmp_path / 'test', noresume / 'checkpoint_step_000100', resumed / 'checkpoint_step_000100')
+    assert_resumed_run_matches(
+        tmp_path / 'base',
+        tmp_path / 'test',
+        noresume / 'checkpoint_step_000100',
+        resumed / 'checkpoint_step_000100',
+    )

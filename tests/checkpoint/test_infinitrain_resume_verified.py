@@ -15,6 +15,7 @@ from cli_runs import run_cli
 from trainer_runs import random_shard, tiny_llmc_model
 
 from jaxtrain.checkpoint.formats import infinitrain as it
+from jaxtrain.checkpoint.record_digest import with_digest
 from jaxtrain.tools import ckpt
 from llmc_io.statedict import read_state_dict, write_state_dict
 
@@ -113,3 +114,14 @@ def test_the_unedited_copy_resumes_and_verifies(saved, tmp_path, capsys):
     assert 'sha256 of 2 files as recorded' in out  # model.ckpt, optimizer.ckpt
     result = resume(saved, step_dir, 3)
     assert result.code == 0 and 'restored step 2' in result.out, result.err
+
+
+def test_a_field_out_of_range_with_a_recomputed_digest_is_refused(saved, tmp_path, capsys):
+    step_dir = copy(saved, tmp_path)
+    state = json.loads((step_dir / it.TRAINER_STATE).read_text())
+    record = {k: v for k, v in state['jaxtrain'].items() if k != 'record_sha256'}
+    state['jaxtrain'] = with_digest(dict(record, data_position=2**40))  # digest right, field not
+    (step_dir / it.TRAINER_STATE).write_text(json.dumps(state))
+    line = resume_refused(saved, step_dir)
+    assert f'{step_dir / it.TRAINER_STATE}: jaxtrain.data_position: expected an integer in [0, 2**31)' in line
+    assert 'jaxtrain.data_position' in verify_problems(step_dir, capsys)

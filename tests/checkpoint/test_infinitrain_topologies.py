@@ -81,7 +81,7 @@ def _same_checkpoint(got, want):
     if want.moments is None:
         assert got.moments is None
         return
-    for g, w in zip(got.moments[:2], want.moments[:2]):
+    for g, w in zip(got.moments[:2], want.moments[:2], strict=True):
         _same_bits(tree_leaves(g), tree_leaves(w))
     assert got.moments[2] == want.moments[2]
 
@@ -253,6 +253,11 @@ def _bad_input_cases():
         tensors['adam.m.0'] = CkptTensor(tensors['adam.m.0'].dtype, tensors['adam.m.0'].array[:-1])
         write_state_dict(path, tensors)
 
+    def context_parallel(step):
+        for rank in step.glob('rank_*'):
+            path = rank / 'trainer_state.json'
+            path.write_text(path.read_text().replace('"pp_size"', '"cp_size": 2,\n  "pp_size"'))
+
     def slice_too_wide(step):
         from llmc_io.statedict import CkptTensor, write_state_dict
 
@@ -269,6 +274,7 @@ def _bad_input_cases():
         topology_disagrees: r'000001/trainer_state.json: pp_size: expected 2 \(as rank_000000\), found 1',
         piece_too_short: r"rank_000001/optimizer.ckpt: tensor 'adam.m.0' shape: expected \(\d+,\) \(rank 1's",
         slice_too_wide: r"c_fc.weight' shape: expected .*TP rank",
+        context_parallel: r'trainer_state.json: cp_size: expected 1 \(no context parallelism\), found 2',
     }
 
 
@@ -330,3 +336,82 @@ def test_ckpt_export_for_a_topology_diffs_identical_to_its_source(real, tmp_path
     code = ckpt.main([str(a) for a in argv[:4] + ['--zero_stage', '1', '--output', bad]])
     _, err = capsys.readouterr()
     assert code == 2 and '--zero_stage: expected 0 with --ddp 1' in err and not bad.exists()
+
+
+def test_zero_pieces_of_models_with_several_buckets():
+    """Buckets close at 1e6 elements (distributed_data_parallel_config.h:62): GPT-2 124M's parameter sizes
+    make many. The pieces equal the fixture writer's transcription of upstream and cover every element of
+    every parameter exactly once over the DDP ranks, for DDP sizes that do and do not divide 128."""
+    from infinitrain_rank_fixtures import _zero_pieces
+
+    from llmc_io.infinitrain_zero import pieces
+
+    c, v, t = 768, 50304, 1024
+    layer = [
+        ('ln_1.weight', c), ('ln_1.bias', c), ('attn.c_attn.weight', 3 * c * c), ('attn.c_attn.bias', 3 * c),
+        ('attn.c_proj.weight', c * c), ('attn.c_proj.bias', c), ('ln_2.weight', c), ('ln_2.bias', c),
+        ('mlp.c_fc.weight', 4 * c * c), ('mlp.c_fc.bias', 4 * c), ('mlp.c_proj.weight', 4 * c * c),
+        ('mlp.c_proj.bias', c),
+    ]  # fmt: skip
+    params = [('wte', v * c), ('wpe', t * c)]
+    params += [(f'h.{i}.{n}', k) for i in range(12) for n, k in layer]
+    params += [('ln_f.weight', c), ('ln_f.bias', c)]
+    chunks = [params[:80], params[80:]]  # two DDP-wrapped chunks, as with virtual pipeline stages
+    for ddp in (2, 3, 8):
+        covered = {name: np.zeros(numel, np.int8) for name, numel in params}
+        for rank in range(ddp):
+            ours = [(p.name, p.start, p.stop) for p in pieces(chunks, ddp, rank)]
+            assert ours == _zero_pieces(chunks, ddp, rank)
+            for name, start, stop in ours:
+                covered[name][start:stop] += 1
+        assert all((c == 1).all() for c in covered.values()), ddp
+
+
+def test_virtual_stages_the_files_cannot_tell_apart(tmp_path):
+    """4 layers on 2 stages hold 2 + 2 layers with --virtual_pipeline_parallel 1 (layers 0,1 | 2,3) and
+    with 2 (0,2 | 1,3): trainer_state.json does not say which. Without a hint 1 is taken and said; the
+    resuming run's own --pipeline_parallel 2 --virtual_pipeline_parallel 2 (what an InfiniTrain user
+    passes again) or vpp= picks 2; a hint from another pp is not used."""
+    model, adam = _synthetic()
+    step = write_run(
+        tmp_path / 'checkpoint_step_000007', 'llama3', model, adam, 7, step=7, consumed=7, lr=0.01,
+        pp=2, vpp=2,
+    )  # fmt: skip
+    want = _synthetic_tree(tmp_path, model, adam)
+    guessed = it.read_checkpoint(step)
+    assert any("its stages fit [1, 2], so 1 (upstream's default) is assumed" in n for n in guessed.notices)
+    assert not np.array_equal(guessed.params['h']['ln_1']['scale'], want.params['h']['ln_1']['scale'])
+    for hinted in (it.read_checkpoint(step, run_pipeline=(2, 2)), it.read_checkpoint(step, vpp=2)):
+        _same_checkpoint(hinted, want)
+    assert it.read_checkpoint(step, run_pipeline=(4, 2)).topology.vpp == 1
+
+
+def _synthetic_tree(tmp_path, model, adam):
+    """The synthetic model read back from one rank (the single-GPU layout of the same tensors)."""
+    step = write_run(
+        tmp_path / 'two' / 'checkpoint_step_000007', 'llama3', model, adam, 7, step=7, consumed=7, lr=0.01,
+        ddp=2,
+    )  # fmt: skip
+    return it.read_checkpoint(step)
+
+
+def test_verify_compares_the_data_parallel_replicas(tmp_path, capsys):
+    from jaxtrain.tools import ckpt
+    from llmc_io.statedict import CkptTensor, write_state_dict
+
+    model, adam = _synthetic()
+    step = write_run(
+        tmp_path / 'checkpoint_step_000007', 'llama3', model, adam, 7, step=7, consumed=7, lr=0.01,
+        ddp=2, pp=2, zero_stage=1,
+    )  # fmt: skip
+    assert ckpt.main(['verify', str(step)]) == 0
+    assert 'weights of the 2 data-parallel replicas bit-identical' in capsys.readouterr().out
+    path = step / 'rank_000003' / 'model.ckpt'  # dp 1 of the second stage
+    tensors = read_state_dict(path)
+    name = 'module.transformer.ln_f.weight'
+    tensors[name] = CkptTensor(tensors[name].dtype, tensors[name].array + 1)
+    write_state_dict(path, tensors)
+    assert ckpt.main(['verify', str(step)]) == 1
+    out = capsys.readouterr().out
+    assert f"rank_000003/model.ckpt: tensor '{name}': expected the bytes of data-parallel rank 0" in out
+    assert '(rank_000002), found different values' in out

@@ -76,7 +76,9 @@ def test_resumed_lora_run_matches_uninterrupted_bitwise(runs):
 def test_checkpoint_holds_adapters_and_names_the_base(runs):
     step_dir = runs['root'] / 'full' / 'checkpoint_step_000006'
     params = restore_params(step_dir)
-    names = sorted('/'.join(str(k.key) for k in p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0])
+    names = sorted(
+        '/'.join(str(k.key) for k in p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]
+    )
     # c_proj selects both attn.c_proj and mlp.c_proj, as InfiniTrain's suffix match does.
     assert names == [
         f'h/{m}/lora_{w}' for m in ('attn/c_attn', 'attn/c_proj', 'mlp/c_proj') for w in 'AB'
@@ -112,7 +114,10 @@ def test_resume_with_another_base_file_is_refused_naming_both_hashes(runs, tmp_p
 
 def test_resume_with_other_lora_settings_is_refused(runs, tmp_path):
     step = str(runs['root'] / 'full' / 'checkpoint_step_000003')
-    for change, named in ((dict(lora_rank=0), 'lora_rank'), (dict(lora_target_modules='c_attn'), 'lora_target_modules')):
+    for change, named in (
+        (dict(lora_rank=0), 'lora_rank'),
+        (dict(lora_target_modules='c_attn'), 'lora_target_modules'),
+    ):
         config = load_config('gpt2', resume_from=step, **{**runs['common'], 'save_steps': 0, **change})
         with pytest.raises(CheckpointError, match=named):
             train(config)
@@ -159,7 +164,9 @@ def test_export_merge_lora_logits_equal_the_lora_model(runs, tmp_path, capsys):
     merged_header, merged = llmc_io.load_gpt2(str(out))
     assert merged_header == base_header
     # Only the adapted kernels changed; the tied head (wte) and everything else are the base's bits.
-    flat = lambda t: {'/'.join(str(k.key) for k in p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(t)[0]}
+    flat = lambda t: {
+        '/'.join(str(k.key) for k in p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(t)[0]
+    }
     fb, fm = flat(base), flat(merged)
     changed = sorted(n for n in fb if fb[n].tobytes() != fm[n].tobytes())
     assert changed == ['h/attn/c_attn/kernel', 'h/attn/c_proj/kernel', 'h/mlp/c_proj/kernel']
@@ -177,12 +184,32 @@ def test_export_merge_lora_logits_equal_the_lora_model(runs, tmp_path, capsys):
     # A moved base is found with --base; a different file is refused with both hashes.
     moved = tmp_path / 'moved.bin'
     shutil.copy(runs['model'], moved)
-    assert ckpt.main(['export', str(step_dir), '--output', str(tmp_path / 'm2.bin'), '--merge-lora', '--base', str(moved)]) == 0
+    assert (
+        ckpt.main(
+            [
+                'export',
+                str(step_dir),
+                '--output',
+                str(tmp_path / 'm2.bin'),
+                '--merge-lora',
+                '--base',
+                str(moved),
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / 'm2.bin').read_bytes() == out.read_bytes()
     wrong = tiny_llmc_model(tmp_path / 'wrong.bin', seed=3)
-    assert ckpt.main(['export', str(step_dir), '--output', str(tmp_path / 'm3.bin'), '--merge-lora', '--base', wrong]) == 2
+    assert (
+        ckpt.main(
+            ['export', str(step_dir), '--output', str(tmp_path / 'm3.bin'), '--merge-lora', '--base', wrong]
+        )
+        == 2
+    )
     error = capsys.readouterr().err
-    assert hashlib.sha256(Path(wrong).read_bytes()).hexdigest() in error and not (tmp_path / 'm3.bin').exists()
+    assert (
+        hashlib.sha256(Path(wrong).read_bytes()).hexdigest() in error and not (tmp_path / 'm3.bin').exists()
+    )
 
 
 @pytest.mark.slow  # builds and compiles `small` (16M parameters): about 60 s on 2 busy cores
@@ -209,7 +236,9 @@ def test_lora_save_path_writes_the_final_adapters(runs):
 
     assert f"lora_save_path: wrote 12 LoRA tensors to {runs['root'] / 'adapters.bin'}" in runs['out']
     loaded = setup_model(
-        load_config('gpt2', llmc_filepath=runs['model'], lora_load_path=str(runs['root'] / 'adapters.bin'), **LORA)
+        load_config(
+            'gpt2', llmc_filepath=runs['model'], lora_load_path=str(runs['root'] / 'adapters.bin'), **LORA
+        )
     ).lora_params
     final = restore_params(runs['root'] / 'full' / 'checkpoint_step_000006')
     for x, y in zip(jax.tree.leaves(final), jax.tree.leaves(loaded), strict=True):
@@ -232,7 +261,9 @@ def test_llama3_export_merge_lora(tmp_path, capsys):
                          lora_target_modules='c_attn,c_proj,c_fc,c_fc2')
     setup = setup_model(config)
     rng = np.random.default_rng(0)
-    adapters = jax.tree.map(lambda x: (0.05 * rng.standard_normal(x.shape)).astype(np.float32), setup.lora_params)
+    adapters = jax.tree.map(
+        lambda x: (0.05 * rng.standard_normal(x.shape)).astype(np.float32), setup.lora_params
+    )
     record = {
         'step': 1, 'data_position': 1, 'model_family': 'llama3',
         'model_config': dataclasses.asdict(setup.model_config), 'training_config': config.to_dict(),
@@ -244,19 +275,25 @@ def test_llama3_export_merge_lora(tmp_path, capsys):
     checkpointer.close()
     step_dir = tmp_path / 'ck' / 'checkpoint_step_000001'
     out = tmp_path / 'merged.bin'
-    assert ckpt.main(['export', str(step_dir), '--output', str(out), '--merge-lora']) == 0, capsys.readouterr().err
+    assert ckpt.main(['export', str(step_dir), '--output', str(out), '--merge-lora']) == 0, (
+        capsys.readouterr().err
+    )
 
     model_cls = FAMILIES['llama3'][0]
     abstract = nnx.eval_shape(lambda: model_cls(setup.model_config, lora=setup.lora, rngs=nnx.Rngs(0)))
     lora_graph = nnx.split(abstract, nnx.Param, LoRAParam)[0]
-    plain_graph = nnx.split(nnx.eval_shape(lambda: model_cls(setup.model_config, rngs=nnx.Rngs(0))), nnx.Param)[0]
+    plain_graph = nnx.split(
+        nnx.eval_shape(lambda: model_cls(setup.model_config, rngs=nnx.Rngs(0))), nnx.Param
+    )[0]
     forward = lambda graph: jax.jit(lambda trees, t: nnx.merge(graph, *(nnx.State(x) for x in trees))(t))
     tokens = jnp.asarray(rng.integers(0, 512, (2, 16)))
     base, merged = llmc_io.load_llama3(model)[1], llmc_io.load_llama3(str(out))[1]
     lora_logits = np.asarray(forward(lora_graph)((base, adapters), tokens))
     merged_logits = np.asarray(forward(plain_graph)((merged,), tokens))
     assert np.abs(lora_logits - merged_logits).max() <= 1e-5
-    assert np.asarray(base['lm_head']['kernel']).tobytes() == np.asarray(merged['lm_head']['kernel']).tobytes()
+    assert (
+        np.asarray(base['lm_head']['kernel']).tobytes() == np.asarray(merged['lm_head']['kernel']).tobytes()
+    )
     assert not np.array_equal(base['h']['mlp']['c_fc2']['kernel'], merged['h']['mlp']['c_fc2']['kernel'])
 
 

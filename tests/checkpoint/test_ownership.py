@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from jaxtrain.checkpoint import layout, ownership
+from jaxtrain.checkpoint import ownership
 from jaxtrain.checkpoint.layout import CheckpointError
 
 

@@ -1,4 +1,4 @@
-"""What a checkpoint's record vouches for (issue 13, points 8-10): its fields are covered by
+"""What a checkpoint's record vouches for: its fields are covered by
 a digest, refused by resume and reported by `ckpt verify` when edited; it records the
 training data's identity, and a resume on other data is refused unless accepted
 knowingly; a different --llmc_filepath on resume is named and its sha256 compared."""

@@ -1,5 +1,5 @@
-"""A damaged checkpoint is refused in one line that says what to do (issue 13, points 11,
-12): a corrupt zstd chunk gives one line with TensorStore's reason and no logged task
+"""A damaged checkpoint is refused in one line that says what to do: a
+corrupt zstd chunk gives one line with TensorStore's reason and no logged task
 tracebacks; the advice names the committed step before the damaged one, and following it
 works."""
 

@@ -27,7 +27,9 @@ def test_gpt2_checkpoint_into_a_llama3_run_names_the_family_first_and_no_none():
     assert not any('None' in line for line in incompatible), incompatible
     shared = set(saved_model) & set(now_model)
     expected = sorted(k for k in shared if saved_model[k] != now_model[k])
-    assert incompatible[1:] == [f'model_config.{k}: checkpoint {saved_model[k]!r}, now {now_model[k]!r}' for k in expected]
+    assert incompatible[1:] == [
+        f'model_config.{k}: checkpoint {saved_model[k]!r}, now {now_model[k]!r}' for k in expected
+    ]
     assert 'model_config.vocab_size: checkpoint 50257, now 128256' in incompatible
     assert changes == []
 
@@ -47,7 +49,9 @@ def test_another_variant_of_the_family_is_named_with_the_flag_that_fits():
 def test_same_family_field_only_on_one_side_is_named_once():
     now_model = dataclasses.asdict(gpt2.VARIANTS['tiny'])
     saved_model = {k: v for k, v in now_model.items() if k != 'padded_vocab_size'}  # an older record
-    incompatible, _ = compare_with_run(_saved('gpt2', saved_model), now_model, {**TRAINING, 'model_family': 'gpt2'})
+    incompatible, _ = compare_with_run(
+        _saved('gpt2', saved_model), now_model, {**TRAINING, 'model_family': 'gpt2'}
+    )
     assert incompatible == [
         'model_config: fields only in the checkpoint: none; only in this run: padded_vocab_size'
     ]

@@ -1,8 +1,7 @@
 """What a run does to its checkpoint root besides saving: it never replaces a step it did
 not write, it sets aside step directories that are not committed (one meaning of
 "committed" for jaxtrain and Orbax), it keeps the step it resumed from however the path
-is spelled, and it refuses an unusable root or a step directory before step 1 (issue 13,
-points 1, 5, 6, 7, 13)."""
+is spelled, and it refuses an unusable root or a step directory before step 1."""
 
 import os
 import shutil

@@ -1,6 +1,6 @@
 """Checkpoint tensors are written without zstd: on CPU the background write competes with
 the training steps for the same cores, and zstd doubled its cost for about 7% less disk on
-float weights (issue 12: the step after each save took 8 s instead of 2 s on a 2-core CPU).
+float weights (the step after each save took 8 s instead of 2 s on a 2-core CPU).
 Restore is unchanged: it reads what the metadata says."""
 
 import jax

@@ -23,10 +23,16 @@ from jaxtrain.checkpoint.write_errors import write_failure
         (PermissionError(errno.EACCES, 'Permission denied'), 'Permission denied', 'writable by this user'),
         (OSError(errno.EROFS, 'Read-only file system'), 'Read-only file system', 'on a writable file system'),
         # Orbax wraps the OS error in its own exception: only the text tells.
-        (ValueError('Error writing "ck/params/d/x": [Errno 13] Permission denied'), 'Permission denied',
-         'writable by this user'),
-        (RuntimeError('tensorstore: No space left on device [source locations...]'), 'No space left on device',
-         'Free space'),
+        (
+            ValueError('Error writing "ck/params/d/x": [Errno 13] Permission denied'),
+            'Permission denied',
+            'writable by this user',
+        ),
+        (
+            RuntimeError('tensorstore: No space left on device [source locations...]'),
+            'No space left on device',
+            'Free space',
+        ),
         (RuntimeError('something else broke'), 'something else broke', 'Fix the cause named'),
     ],
 )
@@ -63,7 +69,7 @@ def test_infinitrain_saves_refused_for_permission_do_not_say_free_space(tmp_path
     with pytest.raises(CheckpointError) as refused:
         saver.save(5, {}, None, [0, 1], {'data_position': 5})
     text = str(refused.value)
-    assert 'could not save checkpoint_step_000005: Permission denied; earlier steps are intact.' in text
+    assert 'could not save checkpoint_step_000005: Permission denied; no step was committed.' in text
     assert 'writable by this user' in text and 'Free space' not in text
 
 

@@ -1,4 +1,4 @@
-"""Issue 12, point 9: the flags a new user tripped on.
+"""The flags a new user tripped on.
 
 * a bare boolean (`--save_optimizer_state`) followed by another flag must not swallow it,
   and absl's `--noX` form works;

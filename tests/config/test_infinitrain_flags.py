@@ -64,6 +64,15 @@ LR_SCHEDULER_FLAGS = {
     'lr_warmup_init': ('double', 0.0, 0.0),
     'lr_decay_iters': ('int64', 0, 0),
 }
+# PR 154, activation recompute: feat/activation_checkpointing e594d9c example/gpt2/main.cc:82-86 (llama3 the
+# same); and --no_save_optim of the checkpoint branch's older builds (c82cbe8 example/gpt2/main.cc).
+RECOMPUTE_AND_OLDER_FLAGS = {
+    'activation_recompute': ('bool', False, False),
+    'recompute_granularity': ('string', 'full', 'full'),
+    'recompute_method': ('string', 'none', 'none'),
+    'recompute_num_layers': ('uint32', 0, 0),
+    'no_save_optim': ('bool', False, False),
+}
 KIND = {
     'string': 'string',
     'uint32': 'int',
@@ -80,10 +89,10 @@ def _table():
     return infinitrain_flags
 
 
-def test_the_table_is_upstreams_list_of_44_flags():
+def test_the_table_is_upstreams_list_of_49_flags():
     table = _table()
-    upstream = {**HEAD_FLAGS, **PR_FLAGS, **LR_SCHEDULER_FLAGS}
-    assert len(upstream) == 44
+    upstream = {**HEAD_FLAGS, **PR_FLAGS, **LR_SCHEDULER_FLAGS, **RECOMPUTE_AND_OLDER_FLAGS}
+    assert len(upstream) == 49
     assert [f.name for f in table.UPSTREAM] == list(upstream)
     for flag in table.UPSTREAM:
         kind, gpt2_default, llama3_default = upstream[flag.name]
@@ -101,7 +110,7 @@ def test_every_upstream_flag_is_a_flag_of_the_trainer():
 
     keys = {key for key, _, _ in KEYS}
     table = _table()
-    for name in {**HEAD_FLAGS, **PR_FLAGS, **LR_SCHEDULER_FLAGS}:
+    for name in {**HEAD_FLAGS, **PR_FLAGS, **LR_SCHEDULER_FLAGS, **RECOMPUTE_AND_OLDER_FLAGS}:
         assert name in flags.FLAGS, name
         handling = table.BY_NAME[name].handling
         # 'key': a config key of that name; 'renamed': sets another key; 'later': refused when set.
@@ -197,7 +206,9 @@ def test_checkpoint_format_spellings_write_infinitrain_files(files, tmp_path):
     }
     for name, (args, model_file) in cases.items():
         root = tmp_path / name
-        result = run_cli(*_gpt2(files, *args, '--checkpoint_dir', root, '--save_steps', 1, '--num_iteration', 1))
+        result = run_cli(
+            *_gpt2(files, *args, '--checkpoint_dir', root, '--save_steps', 1, '--num_iteration', 1)
+        )
         assert result.code == 0, result.err
         written = sorted(p.name for p in (root / 'checkpoint_step_000001').iterdir())
         assert model_file in written and 'trainer_state.json' in written, (name, written)
@@ -236,3 +247,18 @@ def test_upstream_model_names_are_the_openai_and_llmc_sizes():
     shape = (config.num_layers, config.num_heads, config.num_kv_heads, config.channels, config.vocab_size)
     assert shape == (16, 32, 8, 2048, 128256)
     assert (config.ffn_dim_multiplier, config.multiple_of, config.rope_theta) == (1.5, 256, 500000.0)
+
+
+def test_no_save_optim_of_older_builds_keeps_the_optimizer_file_out(files, tmp_path):
+    """c82cbe8's --no_save_optim true is --save_optimizer_state false: Checkpoint::Save writes no
+    optimizer file (`if (!no_save_optim)`); false (its default) writes one."""
+    for value, expected in (('true', False), ('false', True)):
+        root = tmp_path / value
+        result = run_cli(
+            *_gpt2(files, '--no_save_optim', value, '--checkpoint_format', 'pth'),
+            '--save', root, '--save_interval', 1, '--num_iteration', 1,
+        )  # fmt: skip
+        assert result.code == 0, result.err
+        assert (root / 'checkpoint_step_000001' / 'optimizer.ckpt').is_file() == expected
+    both = run_cli(*_gpt2(files, '--no_save_optim', 'true', '--save_optimizer_state', 'true'))
+    assert both.code == 1 and 'expected one of them' in both.err and len(both.err.strip().splitlines()) == 1

@@ -135,7 +135,9 @@ def refusal_expected(args: dict) -> str | None:
     refused = [name for name, asked in asks.items() if asked and name in later]
     if not refused:
         pipelined = args.get('pipeline_parallel', 1) > 1
-        combined = args.get('sequence_parallel') or args.get('zero_stage', 0) > 0 or args.get('lora_rank', 0) > 0
+        combined = (
+            args.get('sequence_parallel') or args.get('zero_stage', 0) > 0 or args.get('lora_rank', 0) > 0
+        )
         # train/setup.py: the pipeline schedule does not combine with these yet.
         return 'pipeline_parallel' if pipelined and combined else None
     order = [f.name for f in infinitrain_flags.UPSTREAM]
@@ -171,7 +173,9 @@ def run_rows(rows, models, files, tmp_path) -> Path:
             if refused:
                 assert result.code == 1, f'{log.name}: {result.out}{result.err}'
                 assert len(result.error_lines) == 1, result.err
-                assert result.error_lines[0].startswith((f'error: --{refused} ', f'error: {refused} ')), result.err
+                assert result.error_lines[0].startswith((f'error: --{refused} ', f'error: {refused} ')), (
+                    result.err
+                )
                 assert 'not supported yet' in result.err
                 continue
             assert result.code == 0, f'{log.name}: {command}\n{result.err}'

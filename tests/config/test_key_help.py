@@ -17,7 +17,13 @@ def _flag_help(out: str) -> dict[str, str]:
 
 
 def _shown(value):
-    return ('true' if value else 'false') if isinstance(value, bool) else repr(value) if isinstance(value, str) else str(value)
+    return (
+        ('true' if value else 'false')
+        if isinstance(value, bool)
+        else repr(value)
+        if isinstance(value, str)
+        else str(value)
+    )
 
 
 @pytest.mark.parametrize('help_flag', ['--help', '--helpfull'])

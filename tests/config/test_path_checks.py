@@ -27,19 +27,25 @@ def test_checkpoint_dir_naming_a_file(tmp_path, shard):
     (tmp_path / 'ck').write_text('a file, not a directory')
     line = _refused(tmp_path, '--input_bin', shard, '--checkpoint_dir', tmp_path / 'ck', '--save_steps', 1)
     assert line.startswith(f'error: checkpoint_dir: {tmp_path / "ck"}: expected a directory')
-    assert f'found that {tmp_path / "ck"} is a file' in line and 'pass a directory to --checkpoint_dir' in line
+    assert (
+        f'found that {tmp_path / "ck"} is a file' in line and 'pass a directory to --checkpoint_dir' in line
+    )
 
 
 def test_checkpoint_dir_under_a_file(tmp_path, shard):
     (tmp_path / 'ck').write_text('a file')
-    line = _refused(tmp_path, '--input_bin', shard, '--checkpoint_dir', tmp_path / 'ck' / 'run1', '--save_steps', 1)
+    line = _refused(
+        tmp_path, '--input_bin', shard, '--checkpoint_dir', tmp_path / 'ck' / 'run1', '--save_steps', 1
+    )
     assert line.startswith(f'error: checkpoint_dir: {tmp_path / "ck" / "run1"}: expected a directory')
     assert f'found that {tmp_path / "ck"} is a file' in line
 
 
 def test_input_bin_naming_a_directory(tmp_path, shard):
     line = _refused(tmp_path, '--input_bin', tmp_path / 'data')
-    assert line.startswith(f'error: input_bin: expected llm.c token shard files, found the directory {tmp_path / "data"}')
+    assert line.startswith(
+        f'error: input_bin: expected llm.c token shard files, found the directory {tmp_path / "data"}'
+    )
     assert f"--input_bin '{tmp_path / 'data' / '*.bin'}'" in line
     assert 'Errno' not in line
 

@@ -1,5 +1,5 @@
-"""Values of the right type that make no sense are refused before anything runs (issue 13,
-point 14), each in one line naming the key, what was expected and what was found."""
+"""Values of the right type that make no sense are refused before anything runs, each in one
+line naming the key, what was expected and what was found."""
 
 import importlib.util
 
@@ -54,3 +54,28 @@ def test_a_file_as_metrics_dir_is_one_line_and_changes_nothing(tmp_path, under):
     assert f'metrics_dir: {metrics_dir}: expected a directory' in line, line
     assert f'found {tmp_path / "metrics"} is a file' in line and 'Errno' not in line, line
     assert tree_digest(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    'flag, value', [('--learning_rate', 'nan'), ('--learning_rate', 'inf'), ('--beta2', 'nan')]
+)
+def test_nan_and_infinity_are_refused_before_step_1(flag, value):
+    """NaN passes `< 0` and `0 <= x < 1` alike: it trained, then stopped at a non-finite step."""
+    result = run_cli('--config.model=tiny', flag, value, '--num_iteration', 1)
+    assert result.code == 1 and not [x for x in result.out.splitlines() if x.startswith('step ')]
+    assert result.error_lines == [
+        f'error: {flag[2:]}: expected a finite number, found {value} (ValueError; --verbose for a traceback)'
+    ]
+
+
+def test_a_seed_beyond_int64_is_named():
+    result = run_cli('--config.model=tiny', '--seed', 2**64, '--num_iteration', 1)
+    assert result.code == 1
+    expected = f'error: seed: expected an integer in [-2**63, 2**63), found {2**64}'
+    assert result.error_lines[0].startswith(expected)
+
+
+def test_one_key_is_named_once():
+    with pytest.raises(ValueError) as refused:
+        check_config(_config(learning_rate=-1.0, lr_decay_style='cosine'))
+    assert str(refused.value) == 'learning_rate: expected a value >= 0, found -1.0'

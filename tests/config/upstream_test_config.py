@@ -8,14 +8,21 @@ COMMIT = 'b24d92f280dd5f46d6c0eee97230d9fcffc70785'
 
 # run_models_and_profile.bash: per test, for each model,
 #   ${prefix}./gpt2 --input_bin ${GPT2_INPUT_BIN} --llmc_filepath ${GPT2_LLMC_FILEPATH} --device cuda ARGS
-#   ${prefix}./llama3 --input_bin ${LLAMA3_INPUT_BIN} --llmc_filepath ${LLAMA3_LLMC_FILEPATH} --device cuda ARGS
+#   ${prefix}./llama3 --input_bin ${LLAMA3_INPUT_BIN} --llmc_filepath ${LLAMA3_LLMC_FILEPATH} \
+#       --device cuda ARGS
 # where ARGS is `--KEY VALUE` per args entry (jq's tostring), with --save/--load namespaced by
 # model and run mode, and @CKPT_ROOT_DIR@ replaced by the variable CKPT_ROOT_DIR.
-COMMAND_TEMPLATE = '{prefix}./{model} --input_bin {input_bin} --llmc_filepath {llmc_filepath} --device cuda {args}'
+COMMAND_TEMPLATE = (
+    '{prefix}./{model} --input_bin {input_bin} --llmc_filepath {llmc_filepath} --device cuda {args}'
+)
 VARIABLES = {
-    'GPT2_INPUT_BIN': '/data1/shared/InfiniTrain-dev/data/llmc/gpt2/tinyshakespeare/tiny_shakespeare_train.bin',
+    'GPT2_INPUT_BIN': (
+        '/data1/shared/InfiniTrain-dev/data/llmc/gpt2/tinyshakespeare/tiny_shakespeare_train.bin'
+    ),
     'GPT2_LLMC_FILEPATH': '/data1/shared/InfiniTrain-dev/data/llmc/gpt2/gpt2_124M.bin',
-    'LLAMA3_INPUT_BIN': '/data1/shared/InfiniTrain-dev/data/llmc/llama3/tinyshakespeare/tiny_shakespeare_train.bin',
+    'LLAMA3_INPUT_BIN': (
+        '/data1/shared/InfiniTrain-dev/data/llmc/llama3/tinyshakespeare/tiny_shakespeare_train.bin'
+    ),
     'LLAMA3_LLMC_FILEPATH': '/data1/shared/InfiniTrain-dev/data/llmc/llama3/llama3.2_1B_fp32.bin',
     'CKPT_ROOT_DIR': '/data1/ckpt',
 }

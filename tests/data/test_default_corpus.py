@@ -10,7 +10,13 @@ import numpy as np
 import pytest
 
 from jaxtrain.data import default_corpus
-from jaxtrain.data.default_corpus import EOT_TOKEN, VAL_TOKENS, decode_tokens, encode_bytes, ensure_default_corpus
+from jaxtrain.data.default_corpus import (
+    EOT_TOKEN,
+    VAL_TOKENS,
+    decode_tokens,
+    encode_bytes,
+    ensure_default_corpus,
+)
 
 
 def read_header_and_tokens(path):

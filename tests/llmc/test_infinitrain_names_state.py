@@ -208,7 +208,8 @@ def test_pr_inf_best_loss_is_read(tmp_path):
 
 def test_accelerator_parameter_order():
     # Module::To(cuda) rebuilds each module's maps: LLaMA-3's one-parameter modules keep their order, so a
-    # GPU-written HEAD optimizer.ckpt maps like the CPU samples; GPT-2's weight/bias maps flip, and its tie breaks.
+    # GPU-written HEAD optimizer.ckpt maps like the CPU samples; GPT-2's weight/bias maps flip,
+    # and its tie breaks.
     for layers in (1, 2, 16):
         assert layout.parameter_order('llama3', layers, 'cuda') == layout.parameter_order('llama3', layers)
     cuda = layout.parameter_order('gpt2', 2, 'cuda')
@@ -282,3 +283,24 @@ def test_upstreams_extractor_reads_what_we_write(generation):
         assert _cpp_extract(text, 'best_loss', float, float('inf')) == float('inf')  # null -> the default
         assert _cpp_extract(text, 'optimizer_type', str, 'unknown') == 'Adam'
         assert _cpp_extract(text, 'checkpoint_format', str, 'bin') == 'bin'
+
+
+def test_cp_size_is_read_and_written_where_upstream_puts_it(tmp_path):
+    # feat/context_parallel abce8d2, checkpoint.cc SaveTrainerState: cp_size between sp_size and pp_size.
+    text = (
+        '{\n  "n_layer": 12,\n  "n_head": 12,\n  "n_kv_head": 12,\n  "n_embd": 768,\n  "vocab_size": 50304,\n'
+        '  "global_step": 20,\n  "consumed_batches": 40,\n  "last_lr": 0.0001,\n  "ddp_size": 2,\n'
+        '  "tp_size": 1,\n  "sp_size": 1,\n  "cp_size": 2,\n  "pp_size": 1\n}\n'
+    )
+    path = tmp_path / 'trainer_state.json'
+    path.write_text(text)
+    state = read_trainer_state(path)
+    assert (state.cp_size, state.pp_size, state.ddp_size) == (2, 1, 2)
+    write_trainer_state(tmp_path / 'again.json', state)
+    assert (tmp_path / 'again.json').read_text() == text
+    # a file of an older generation has no cp_size, and none is written back
+    path.write_text(text.replace('  "cp_size": 2,\n', ''))
+    state = read_trainer_state(path)
+    assert state.cp_size is None
+    write_trainer_state(tmp_path / 'again.json', state)
+    assert 'cp_size' not in (tmp_path / 'again.json').read_text()

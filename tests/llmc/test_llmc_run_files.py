@@ -32,7 +32,9 @@ def _raw_header(path):
     return ints, u64
 
 
-@pytest.mark.parametrize('name, master', [('a/state_00000010_00000.bin', True), ('w0/state_00000010_00000.bin', False)])
+@pytest.mark.parametrize(
+    'name, master', [('a/state_00000010_00000.bin', True), ('w0/state_00000010_00000.bin', False)]
+)
 def test_state_header_and_arrays_as_save_state_lays_them_out(name, master):
     path = RUN / name
     ints, u64 = _raw_header(path)
@@ -56,7 +58,9 @@ def test_state_header_and_arrays_as_save_state_lays_them_out(name, master):
         assert np.all(np.abs(m - w) <= np.abs(w) * 2**-7 + 1e-30)
 
 
-@pytest.mark.parametrize('name', ['a/state_00000010_00000.bin', 'a/state_00000020_00000.bin', 'w0/state_00000010_00000.bin'])
+@pytest.mark.parametrize(
+    'name', ['a/state_00000010_00000.bin', 'a/state_00000020_00000.bin', 'w0/state_00000010_00000.bin']
+)
 def test_state_written_back_is_byte_identical(tmp_path, name):
     source = RUN / name
     state = read_state(source, N)
@@ -98,14 +102,26 @@ def harness(tmp_path_factory):
         pytest.skip('needs a C compiler and llm.c (/work/shared/peers/llm.c)')
     exe = tmp_path_factory.mktemp('harness') / 'harness'
     subprocess.run(
-        [cc, '-O1', '-I', str(LLMC / 'llmc'), '-o', str(exe), str(Path(__file__).parent / 'llmc_loader_harness.c'), '-lm'],
-        check=True, capture_output=True,
+        [
+            cc,
+            '-O1',
+            '-I',
+            str(LLMC / 'llmc'),
+            '-o',
+            str(exe),
+            str(Path(__file__).parent / 'llmc_loader_harness.c'),
+            '-lm',
+        ],
+        check=True,
+        capture_output=True,
     )
     return exe
 
 
 def _run_harness(exe, pattern, B, T, n):
-    out = subprocess.run([str(exe), pattern, str(B), str(T), str(n)], check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [str(exe), pattern, str(B), str(T), str(n)], check=True, capture_output=True, text=True
+    ).stdout
     lines = [line.split() for line in out.splitlines()]
     batches = [np.array(list(map(int, words[1:]))) for words in lines if words[0] == 'batch']
     rest = {words[0]: list(map(int, words[1:])) for words in lines if words[0] != 'batch'}
@@ -232,3 +248,44 @@ def test_missing_done_names_the_newest_committed_step(tmp_path):
     with pytest.raises(LLMCFormatError, match='step 20 was never completed; the newest committed step is 10'):
         llmc_run.read_step(run, 20)
     assert llmc_run.committed_steps(run) == [10]
+
+
+@pytest.mark.parametrize(
+    'shards, seq_len, field',
+    [
+        (['tiny_train_000001.bin'], 64, 'shuffle state: num_shards'),  # one shard of the two
+        (['tiny_train_000001.bin', 'tiny_train_000002.bin'], 32, 'shuffle state: shard_num_samples'),
+    ],
+)
+def test_shuffle_state_for_other_shards_is_refused(tmp_path, shards, seq_len, field):
+    from jaxtrain.checkpoint.formats.llmc_run import check_loader
+
+    for name in shards:
+        shutil.copy(RUN / 'data' / name, tmp_path / name)
+    stream = LLMCShuffledStream(
+        str(tmp_path / 'tiny_train_*.bin'), 4 * seq_len, seq_len, 8192, accumulation=1
+    )
+    step = llmc_run.read_step(RUN / 'a', 10)
+    with pytest.raises(LLMCFormatError) as e:
+        check_loader(step.state_path, step.state, stream, 10)
+    assert e.value.field == field and '\n' not in str(e.value) and 'pass the ones it used' in str(e.value)
+
+
+def test_another_step_of_the_same_shards_is_refused():
+    """The state at step 20 checked as if it were step 10: same sizes, another permutation."""
+    from jaxtrain.checkpoint.formats.llmc_run import check_loader
+
+    stream = LLMCShuffledStream(str(RUN / 'data' / 'tiny_train_*.bin'), 256, 64, 8192, accumulation=1)
+    step = llmc_run.read_step(RUN / 'a', 20)
+    check_loader(step.state_path, step.state, stream, 20)
+    with pytest.raises(LLMCFormatError, match='intra_shard_indices'):
+        check_loader(step.state_path, step.state, stream, 10)
+
+
+def test_fp32_model_file_v3_is_read_too(tmp_path):
+    """llm.c's fp32 build writes version 3 model files beside the same state layout."""
+    run = _copy_run(tmp_path)
+    header, params = llmc_io.load_gpt2(run / 'model_00000010.bin')
+    llmc_io.save_gpt2(run / 'model_00000010.bin', header, params, version=3)
+    step = llmc_run.read_step(run, 10)
+    assert step.model_version == 3 and step.state.master is not None

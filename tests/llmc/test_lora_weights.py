@@ -30,14 +30,19 @@ def infinitrain_save_lora_weights(path, state_dict: list[tuple[str, np.ndarray]]
 
 
 def infinitrain_state_dict(num_layers, modules, shapes, rank, seed=0):
-    """{name: tensor} as LoRAStateDict names them: transformer.h.{i}.<module>.lora_A (r, in), lora_B (out, r)."""
+    """{name: tensor} as LoRAStateDict names them: transformer.h.{i}.<module>.lora_A (r, in),
+    lora_B (out, r)."""
     rng = np.random.default_rng(seed)
     tensors = []
     for i in range(num_layers):
         for module in modules:
             n_in, n_out = shapes[module]
-            tensors.append((f'transformer.h.{i}.{module}.lora_A', rng.normal(size=(rank, n_in)).astype(np.float32)))
-            tensors.append((f'transformer.h.{i}.{module}.lora_B', rng.normal(size=(n_out, rank)).astype(np.float32)))
+            tensors.append(
+                (f'transformer.h.{i}.{module}.lora_A', rng.normal(size=(rank, n_in)).astype(np.float32))
+            )
+            tensors.append(
+                (f'transformer.h.{i}.{module}.lora_B', rng.normal(size=(n_out, rank)).astype(np.float32))
+            )
     return tensors
 
 
@@ -63,7 +68,9 @@ def test_an_infinitrain_file_loads_in_any_order_and_saves_back_byte_for_byte(mod
     setup = _setup(model, lora_load_path=str(theirs))
     for name, tensor in tensors:
         _, _, layer, group, module, which = name.split('.')
-        np.testing.assert_array_equal(np.asarray(setup.lora_params['h'][group][module][which][int(layer)]), tensor)
+        np.testing.assert_array_equal(
+            np.asarray(setup.lora_params['h'][group][module][which][int(layer)]), tensor
+        )
 
     ours = tmp_path / 'ours.bin'
     save_lora_weights(str(ours), setup.lora_params)
@@ -80,17 +87,35 @@ def test_the_initial_adapters_round_trip(model, tmp_path):
     for group in setup.lora_params['h']:
         for module, pair in setup.lora_params['h'][group].items():
             for which in pair:
-                assert np.asarray(pair[which]).tobytes() == np.asarray(loaded.lora_params['h'][group][module][which]).tobytes()
+                assert (
+                    np.asarray(pair[which]).tobytes()
+                    == np.asarray(loaded.lora_params['h'][group][module][which]).tobytes()
+                )
 
 
 @pytest.mark.parametrize(
     'tensors, says',
     [
-        (lambda: infinitrain_state_dict(2, DEFAULT_MODULES, SHAPES, rank=4), 'expected shape (8, 32) (rank 8), found (4, 32)'),
-        (lambda: infinitrain_state_dict(2, DEFAULT_MODULES + ('mlp.c_fc',), SHAPES, rank=8), 'adapts mlp.c_fc, which'),
-        (lambda: infinitrain_state_dict(3, DEFAULT_MODULES, SHAPES, rank=8), 'transformer.h.2.attn.c_attn.lora_A: not a LoRA tensor'),
-        (lambda: infinitrain_state_dict(2, DEFAULT_MODULES, SHAPES, rank=8)[1:], 'missing, e.g. transformer.h.0.attn.c_attn.lora_A'),
-        (lambda: infinitrain_state_dict(2, DEFAULT_MODULES, {**SHAPES, 'attn.c_attn': (64, 192)}, rank=8), 'expected shape (8, 32)'),
+        (
+            lambda: infinitrain_state_dict(2, DEFAULT_MODULES, SHAPES, rank=4),
+            'expected shape (8, 32) (rank 8), found (4, 32)',
+        ),
+        (
+            lambda: infinitrain_state_dict(2, DEFAULT_MODULES + ('mlp.c_fc',), SHAPES, rank=8),
+            'adapts mlp.c_fc, which',
+        ),
+        (
+            lambda: infinitrain_state_dict(3, DEFAULT_MODULES, SHAPES, rank=8),
+            'transformer.h.2.attn.c_attn.lora_A: not a LoRA tensor',
+        ),
+        (
+            lambda: infinitrain_state_dict(2, DEFAULT_MODULES, SHAPES, rank=8)[1:],
+            'missing, e.g. transformer.h.0.attn.c_attn.lora_A',
+        ),
+        (
+            lambda: infinitrain_state_dict(2, DEFAULT_MODULES, {**SHAPES, 'attn.c_attn': (64, 192)}, rank=8),
+            'expected shape (8, 32)',
+        ),
     ],
 )
 def test_a_file_that_does_not_fit_is_one_line(model, tmp_path, tensors, says):
@@ -112,4 +137,6 @@ def test_a_damaged_file_is_one_line(model, tmp_path):
         (tmp_path / name).write_bytes(content)
         with pytest.raises(ValueError) as error:
             _setup(model, lora_load_path=str(tmp_path / name))
-        assert str(error.value).startswith(f'lora_load_path: {tmp_path / name}: ') and says in str(error.value)
+        assert str(error.value).startswith(f'lora_load_path: {tmp_path / name}: ') and says in str(
+            error.value
+        )

@@ -20,6 +20,10 @@ from text_tokenizers import SPECIALS, corpus_text, tiktoken_file_from, train_bpe
 
 SHARD = {'gpt2': (20240520, 1, '<u2'), 'llama3': (20240801, 7, '<u4')}
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 DOCS = ['def f(x):\n    return x + 1\n', 'naïve café — “quoted” <|endoftext|> text\n\n\nend']
 
 
@@ -99,14 +103,7 @@ def test_shards_hold_the_libraries_encode_after_each_documents_start(tmp_path, d
         )
         == 0
     )
-    pattern = (
-        GPT2_PATTERN
-        if family == 'gpt2'
-        else (
-            r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-            r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-        )
-    )
+    pattern = GPT2_PATTERN if family == 'gpt2' else LLAMA3_PATTERN
     encoding = tiktoken.Encoding(
         't', pat_str=pattern, mergeable_ranks=ranks, special_tokens={SPECIALS[family][0]: len(ranks)}
     )
@@ -207,8 +204,7 @@ def test_llmc_tokenizer_file_decodes_what_the_bpe_encodes(tmp_path, source, caps
         assert pieces[eot] == b'<|end_of_text|>' and eot == hf.token_to_id('<|end_of_text|>')
         assert len(pieces) == hf.get_vocab_size()
     else:
-        pattern = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-        encoding = tiktoken.Encoding('t', pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
+        encoding = tiktoken.Encoding('t', pat_str=LLAMA3_PATTERN, mergeable_ranks=ranks, special_tokens={})
         ids = encoding.encode_ordinary(text)
         # LLaMA-3's 256 specials follow the ranks: <|begin_of_text|> first, <|end_of_text|> next.
         assert len(pieces) == len(ranks) + 256 and eot == len(ranks) + 1
@@ -310,4 +306,41 @@ def test_a_tokenizer_without_the_familys_document_start_is_named(tmp_path, capsy
     assert (
         'expected --from text (ids and shards are tokens already), found --from ids'
         in capsys.readouterr().err
+    )
+
+
+@pytest.mark.parametrize('family', ['gpt2', 'llama3'])
+def test_a_tiktoken_file_as_hf_files_encodes_the_same(tmp_path, family):
+    from llmc_io.hf_tokenizer_files import write_hf_tokenizer_files
+    from llmc_io.text_tokenizer import load_text_tokenizer
+
+    ranks = tiktoken_file_from(train_bpe(tmp_path / 'tokenizer.json', family), tmp_path / 'tokenizer.model')
+    (tmp_path / 'hf').mkdir()
+    written = write_hf_tokenizer_files(
+        load_text_tokenizer(tmp_path / 'tokenizer.model', family), tmp_path / 'hf', 64
+    )
+    assert [Path(p).name for p in written] == ['tokenizer.json', 'tokenizer_config.json']
+    pattern = GPT2_PATTERN if family == 'gpt2' else LLAMA3_PATTERN
+    encoding = tiktoken.Encoding('t', pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
+    converted = tokenizers.Tokenizer.from_file(str(tmp_path / 'hf' / 'tokenizer.json'))
+    converted.encode_special_tokens = True
+    text = corpus_text(40_000) + "  x  \n\n  y's 123456 naïve   "
+    assert converted.encode(text).ids == encoding.encode_ordinary(text)
+    first_special = {'gpt2': '<|endoftext|>', 'llama3': '<|begin_of_text|>'}[family]
+    assert converted.token_to_id(first_special) == len(ranks)
+
+
+def test_info_describes_bpe_tokenizer_files(tmp_path, capsys):
+    tokenizer_json = train_bpe(tmp_path / 'tokenizer.json', 'llama3')
+    tiktoken_file_from(tokenizer_json, tmp_path / 'tokenizer.model')
+    assert main(['info', str(tokenizer_json)]) == 0
+    out = capsys.readouterr().out
+    assert 'Hugging Face tokenizer.json' in out and '600 (max id + 1)' in out
+    assert 'special tokens  2: <|begin_of_text|> = 0, <|end_of_text|> = 1' in out
+    assert main(['info', str(tmp_path / 'tokenizer.model')]) == 0
+    out = capsys.readouterr().out
+    assert 'tiktoken BPE file' in out and 'ranks            598 (ids 0..597)' in out
+    assert (
+        '<|endoftext|> = 598; 599 tokens' in out
+        and '256 specials from 598 (<|begin_of_text|>); 854 tokens' in out
     )

@@ -14,7 +14,8 @@ def _qkv(T, N, K, H=16, seed=0):
     return [rng.normal(size=(2, T, heads, H)).astype(np.float32) for heads in (N, K, K)]
 
 
-@pytest.mark.parametrize('T,N,K', [(128, 2, 2), (40, 4, 2)])  # 64-blocks, 128 in the backward; one short block, GQA
+# 64-blocks, 128 in the backward; one short block, GQA
+@pytest.mark.parametrize('T,N,K', [(128, 2, 2), (40, 4, 2)])
 def test_pallas_kernel_matches_reference_forward_and_backward(T, N, K):
     # Off a GPU the Pallas kernel runs in its interpreter, which executes the same program.
     q, k, v = _qkv(T, N, K)

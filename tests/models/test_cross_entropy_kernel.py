@@ -42,7 +42,9 @@ def test_rows_over_several_blocks_match_numpy():
     np.testing.assert_allclose(np.asarray(grad, np.float32), want_grad, rtol=2**-8, atol=1e-8)
     assert not np.asarray(grad, np.float32)[:, vocab:].any()
 
-    loss_only, no_grad = softmax_cross_entropy(logits_bf16, jnp.asarray(targets), vocab, 0.25, False, interpret=True)
+    loss_only, no_grad = softmax_cross_entropy(
+        logits_bf16, jnp.asarray(targets), vocab, 0.25, False, interpret=True
+    )
     assert no_grad is None
     np.testing.assert_array_equal(np.asarray(loss_only), np.asarray(loss))
 

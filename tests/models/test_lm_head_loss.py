@@ -52,9 +52,9 @@ def test_loss_and_gradients_match_plain_autodiff(vocab_axis, chunk_bytes, kernel
     padding_rows = np.asarray(dw)[V:] if vocab_axis == 0 else np.asarray(dw)[:, V:]
     assert not padding_rows.any()
     # Without differentiation the primal path gives the same number.
-    assert float(jax.jit(lm_head_cross_entropy, static_argnums=(3, 4, 5))(h, w, targets, V, vocab_axis, kernel)) == (
-        pytest.approx(float(loss), rel=1e-6)
-    )
+    assert float(
+        jax.jit(lm_head_cross_entropy, static_argnums=(3, 4, 5))(h, w, targets, V, vocab_axis, kernel)
+    ) == (pytest.approx(float(loss), rel=1e-6))
 
 
 def test_cotangent_scales_the_gradients():

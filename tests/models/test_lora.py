@@ -69,7 +69,9 @@ def _spec(family, **lora):
     """resolve_spec on the tiny variant's parameter shapes (traced, not initialised)."""
     model_cls, _, variants = FAMILIES[family]
     abstract = nnx.eval_shape(lambda: model_cls(variants['tiny'], rngs=nnx.Rngs(0)))
-    return resolve_spec(load_config(family, 'tiny', **lora), nnx.to_pure_dict(nnx.split(abstract, nnx.Param)[1]), family)
+    return resolve_spec(
+        load_config(family, 'tiny', **lora), nnx.to_pure_dict(nnx.split(abstract, nnx.Param)[1]), family
+    )
 
 
 @pytest.mark.parametrize(
@@ -78,7 +80,11 @@ def _spec(family, **lora):
         ('gpt2', 'c_attn,c_proj', ('attn.c_attn', 'attn.c_proj', 'mlp.c_proj')),  # InfiniTrain's default
         ('gpt2', 'c_attn, mlp.c_proj', ('attn.c_attn', 'mlp.c_proj')),
         ('gpt2', 'attn.c_proj,c_fc', ('attn.c_proj', 'mlp.c_fc')),
-        ('llama3', 'c_attn,c_proj,c_fc,c_fc2', ('attn.c_attn', 'attn.c_proj', 'mlp.c_fc', 'mlp.c_fc2', 'mlp.c_proj')),
+        (
+            'llama3',
+            'c_attn,c_proj,c_fc,c_fc2',
+            ('attn.c_attn', 'attn.c_proj', 'mlp.c_fc', 'mlp.c_fc2', 'mlp.c_proj'),
+        ),
         ('llama3', 'c_fc2', ('mlp.c_fc2',)),
     ],
 )
@@ -96,10 +102,30 @@ def test_rank_zero_is_no_lora():
     [
         ('gpt2', dict(lora_rank=65), 'lora_rank', 'expected at most 64'),  # tiny: C = 64
         ('llama3', dict(lora_rank=65, lora_target_modules='c_fc2'), 'lora_rank', 'mlp.c_fc2, 64 -> 192'),
-        ('gpt2', dict(lora_rank=4, lora_target_modules='c_fc2'), 'lora_target_modules', 'matches no projection'),
-        ('gpt2', dict(lora_rank=4, lora_target_modules='q_proj'), 'lora_target_modules', 'matches no projection'),
-        ('gpt2', dict(lora_rank=4, lora_target_modules='lm_head'), 'lora_target_modules', 'matches no projection'),
-        ('gpt2', dict(lora_rank=4, lora_target_modules='h.0.attn.c_attn'), 'lora_target_modules', 'some layers'),
+        (
+            'gpt2',
+            dict(lora_rank=4, lora_target_modules='c_fc2'),
+            'lora_target_modules',
+            'matches no projection',
+        ),
+        (
+            'gpt2',
+            dict(lora_rank=4, lora_target_modules='q_proj'),
+            'lora_target_modules',
+            'matches no projection',
+        ),
+        (
+            'gpt2',
+            dict(lora_rank=4, lora_target_modules='lm_head'),
+            'lora_target_modules',
+            'matches no projection',
+        ),
+        (
+            'gpt2',
+            dict(lora_rank=4, lora_target_modules='h.0.attn.c_attn'),
+            'lora_target_modules',
+            'some layers',
+        ),
         ('gpt2', dict(lora_rank=4, lora_target_modules=' , '), 'lora_target_modules', 'comma-separated'),
         ('gpt2', dict(lora_rank=-1), 'lora_rank', 'positive rank'),
         ('gpt2', dict(lora_rank=4, lora_alpha=0.0), 'lora_alpha', 'positive'),

@@ -167,7 +167,8 @@ def test_unrolled_gradients_equal_those_of_indexing_each_layer_bitwise(cls, conf
     # reference here) gives zero-padded gradients that are summed. Adding zeros is exact.
     from jaxtrain.models import layer_stack
 
-    def indexed(stacked_blocks, x, *extra, scan=True, distinct_attention=False):  # XLA attention: no scaling
+    # XLA attention: no scaling; no recompute regions
+    def indexed(stacked_blocks, x, *extra, scan=True, distinct_attention=False, recompute=None):
         block_def, block_params = nnx.split(stacked_blocks)
         for layer in range(jax.tree.leaves(block_params)[0].shape[0]):
             x = nnx.merge(block_def, jax.tree.map(lambda p: p[layer], block_params))(x, *extra)

@@ -143,5 +143,17 @@ def test_recompute_gives_the_same_loss_and_gradients(family, scan, plan):
     else:
         assert _count_regions(jaxpr) == len(regions)
     np.testing.assert_allclose(got_loss, want_loss, rtol=1e-6)
-    for got, want in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads)):
+    for got, want in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads), strict=True):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-6)
+
+
+def test_the_flags_reach_the_model():
+    from jaxtrain.models.setup import setup_model
+
+    def model_of(**keys):
+        setup = setup_model(load_config('gpt2', **keys))
+        return nnx.merge(setup.graphdef, nnx.State(jax.tree.map(jnp.asarray, setup.params)))
+
+    on = model_of(activation_recompute=True, recompute_method='uniform', recompute_num_layers=2)
+    assert on.recompute == Recompute('full', 'uniform', 2)
+    assert model_of().recompute == Recompute()

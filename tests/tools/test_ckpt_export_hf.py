@@ -89,7 +89,9 @@ def test_the_runs_tokenizer_is_written_beside_config_json(tmp_path, capsys, kind
         reference.encode_special_tokens = True
         expected = reference.encode(text).ids
     params = random_params(LLAMA, 1, std=0.3, everywhere=True)
-    step = write_checkpoint(tmp_path / 'run', 2, 'llama3', LLAMA, params, training_config={'tokenizer': str(source)})
+    step = write_checkpoint(
+        tmp_path / 'run', 2, 'llama3', LLAMA, params, training_config={'tokenizer': str(source)}
+    )
     assert ckpt.main(['export', str(step), '--format', 'hf', '--output', str(tmp_path / 'hf')]) == 0
     assert 'tokenizer.json, tokenizer_config.json' in capsys.readouterr().out
     exported = tokenizers.Tokenizer.from_file(str(tmp_path / 'hf' / 'tokenizer.json'))
@@ -106,8 +108,14 @@ def test_the_runs_tokenizer_is_written_beside_config_json(tmp_path, capsys, kind
 
 
 def test_a_tokenizer_the_run_named_but_gone_is_one_line(tmp_path, capsys):
-    params = random_params(GPT2, 1, std=0.3, everywhere=True)
-    step = write_checkpoint(tmp_path / 'run', 2, 'gpt2', GPT2, params, training_config={'tokenizer': '/gone/t.json'})
+    step = write_checkpoint(
+        tmp_path / 'run',
+        2,
+        'gpt2',
+        GPT2,
+        random_params(GPT2, 1, std=0.3, everywhere=True),
+        training_config={'tokenizer': '/gone/t.json'},
+    )
     assert ckpt.main(['export', str(step), '--format', 'hf', '--output', str(tmp_path / 'hf')]) == 2
     err = capsys.readouterr().err
     assert err.count('\n') == 1

@@ -142,7 +142,9 @@ def test_orbax_and_infinitrain_checkpoints_of_one_state_diff_identical(tmp_path,
     )
     assert 'adam.m/wte/embedding' not in out  # nothing listed as changed
     code, out, _ = run_tool(capsys, 'ls', roots['infinitrain'])
-    assert code == 0 and 'infinitrain' in out and f"{losses[2]:.6f}" in out  # the loss is stored and listed as the step line prints it
+    assert (
+        code == 0 and 'infinitrain' in out and f"{losses[2]:.6f}" in out
+    )  # the loss is stored and listed as the step line prints it
     # export across kinds: Orbax -> PR generation, which diffs identical to both.
     pr_step = tmp_path / 'pr' / 'checkpoint_step_000002'
     code, out, err = run_tool(

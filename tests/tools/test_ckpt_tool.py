@@ -282,7 +282,18 @@ def test_diff_against_a_params_only_checkpoint_summarises_the_optimizer_state(ru
     assert code == 1
     assert not [line for line in out.splitlines() if line.startswith('opt_state/0')]
     [row] = [line for line in out.splitlines() if line.startswith('opt_state/')]
-    assert row.split() == ['opt_state/', f'({count}', 'tensors)', 'only', 'in', 'A:', 'B', 'has', 'no', 'opt_state']
+    assert row.split() == [
+        'opt_state/',
+        f'({count}',
+        'tensors)',
+        'only',
+        'in',
+        'A:',
+        'B',
+        'has',
+        'no',
+        'opt_state',
+    ]
 
 
 # --- verify ------------------------------------------------------------------------------
@@ -324,7 +335,8 @@ def test_verify_checks_shapes_against_the_model_config(runs, tmp_path, capsys):
     code, result = run_json(capsys, 'verify', step_dir)
     assert code == 1
     assert (
-        'params/h/attn/c_attn/kernel: expected shape (3, 32, 96) float32 for the model config, found (2, 32, 96) float32'
+        'params/h/attn/c_attn/kernel: expected shape (3, 32, 96) float32 for the model config, found '
+        '(2, 32, 96) float32'
         in result['problems']
     )
     assert not any('checksum' in p for p in result['problems'])

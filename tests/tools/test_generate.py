@@ -180,3 +180,22 @@ def test_bpe_tokenizer_encodes_the_prompt_and_decodes_the_sample(tmp_path, capsy
     sampled = [int(i) for i in re.findall(r'<(\d+)>', out.split('--- sample 1/1\n')[1].split('\n---')[0])]
     assert sampled[: len(ids)] == ids and len(sampled) == len(ids) + 8
     assert shown == decode(sampled) and shown.startswith(text)
+
+
+def test_a_checkpoint_decodes_with_its_runs_tokenizer(model_files, tmp_path, capsys):
+    from text_tokenizers import train_bpe
+
+    root, params = model_files
+    tokenizer = train_bpe(tmp_path / 'tokenizer.json', 'gpt2', vocab_size=512)
+    write_checkpoint(tmp_path / 'ck', 3, 'gpt2', HEADER, params,
+                     training_config={'tokenizer': str(tokenizer)})
+    greedy = ['--checkpoint', tmp_path / 'ck', '--temperature', 0, '--max_new_tokens', 6, '--prompt', 'def ']
+    code, named, err = _run(capsys, *greedy, '--tokenizer', tokenizer)
+    assert code == 0, err
+    code, recorded, err = _run(capsys, *greedy)
+    assert code == 0, err
+    sample = recorded.split('--- sample 1/1\n')[1].split('\n---')[0]
+    assert sample == named.split('--- sample 1/1\n')[1].split('\n---')[0] and sample.startswith('def ')
+    tokenizer.unlink()  # moved away since: the built-in byte tokenizer decodes instead, no error
+    code, fallback, err = _run(capsys, *greedy)
+    assert code == 0, err

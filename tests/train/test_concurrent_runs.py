@@ -1,6 +1,6 @@
 """Two real trainer processes in one checkpoint_dir: the second, started while the first
 has a save in flight, is refused in one line naming the first and touches nothing, so
-every save of the first commits (issue 13, points 1 and 2)."""
+every save of the first commits."""
 
 import time
 
@@ -15,7 +15,7 @@ from jaxtrain.tools import ckpt as ckpt_tool
 pytestmark = pytest.mark.slow
 
 
-def test_second_run_is_refused_and_the_first_loses_nothing(tmp_path, trainers):
+def test_second_run_is_refused_and_the_first_loses_nothing(tmp_path, trainers):  # noqa: F811  (a fixture)
     shard, model = random_shard(tmp_path / 'train.bin'), tiny_llmc_model(tmp_path / 'model.bin')
     root = tmp_path / 'ck'
     common = ['--input_bin', shard, '--llmc_filepath', model, '--checkpoint_dir', root]

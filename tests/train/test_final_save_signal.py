@@ -1,5 +1,5 @@
-"""SIGTERM and Ctrl-C while the last save is being written (issue 13, points 3 and 4), as
-real processes: one run of 3 steps saving only the last, once without a signal to time
+"""SIGTERM and Ctrl-C while the last save is being written, as real
+processes: one run of 3 steps saving only the last, once without a signal to time
 the window between the `step 3/3` line and step 3's commit, then at delays spread over
 that window (and a little past it): one SIGTERM, two SIGTERMs, two SIGINTs. Every try
 leaves step 3 committed, or says in one line that its save was lost; none ends in
@@ -33,7 +33,7 @@ def _wait_for_line(run, deadline_s=300) -> float:
     return time.monotonic()
 
 
-def test_signals_during_the_final_save_lose_nothing_silently(tmp_path, trainers):
+def test_signals_during_the_final_save_lose_nothing_silently(tmp_path, trainers):  # noqa: F811  (a fixture)
     shard, model = random_shard(tmp_path / 'train.bin'), tiny_llmc_model(tmp_path / 'model.bin')
 
     def command(number):

@@ -88,3 +88,22 @@ def test_the_ckpt_lines_are_upstreams():
     assert ckpt_lines.ckpt_load_done_line(state).endswith(
         'consumed_batches =48, last_lr=1e-05, topology(ddp,tp,sp,pp)=(4,2,1,1)'
     )
+
+
+def test_load_done_prints_the_checkpoints_pipeline_and_sequence_parallel_sizes():
+    # Upstream prints the loaded trainer_state's sizes (checkpoint.cc:106-109): ours from our record ...
+    state = {
+        'step': 4,
+        'data_position': 4,
+        'tokens_per_step': 256,
+        'learning_rate': 0.01,
+        'training_config': {'batch_size': 2, 'sequence_length': 64, 'sequence_parallel': True},
+        'topology': {'mesh': {'data': 1, 'fsdp': 1, 'tensor': 2}, 'pp_size': 2},
+    }
+    assert ckpt_lines.ckpt_load_done_line(state).endswith('topology(ddp,tp,sp,pp)=(1,2,2,2)')
+    # ... an InfiniTrain file's from the file, with cp between sp and pp when it has one
+    # (feat/context_parallel abce8d2 checkpoint.cc: "topology(ddp,tp,sp,cp,pp)=(").
+    state['infinitrain_sizes'] = {'ddp': 2, 'tp': 1, 'sp': 1, 'cp': None, 'pp': 4}
+    assert ckpt_lines.ckpt_load_done_line(state).endswith('topology(ddp,tp,sp,pp)=(2,1,1,4)')
+    state['infinitrain_sizes']['cp'] = 2
+    assert ckpt_lines.ckpt_load_done_line(state).endswith('topology(ddp,tp,sp,cp,pp)=(2,1,1,2,4)')

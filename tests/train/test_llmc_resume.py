@@ -8,6 +8,7 @@ by up to 0.17. LOSS_TOLERANCE is 0.005: three times the measured gap, thirty tim
 """
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -28,16 +29,29 @@ def llmc_run_config(tmp_path, **overrides):
     """train_gpt2cu -b 4 -t 64 -l 1e-3 -u 5 -x 20 (commands.txt) in our keys; llm.c's defaults for the
     rest: cosine to final fraction 1.0 (constant after warmup), AdamW 0.9/0.95/1e-8, no weight decay,
     gradient clip 1.0."""
-    settings = dict(
-        shuffle='llmc', dtype='bfloat16', sample_every=0, metrics_dir=str(tmp_path / 'metrics'), num_iteration=20
-    )
+    settings = {
+        'shuffle': 'llmc',
+        'dtype': 'bfloat16',
+        'sample_every': 0,
+        'metrics_dir': str(tmp_path / 'metrics'),
+        'num_iteration': 20,
+    }
     return load_config(
         'gpt2',
         llmc_filepath=str(RUN / 'model_init_bf16.bin'),
         input_bin=str(RUN / 'data' / 'tiny_train_*.bin'),
-        batch_size=4, sequence_length=64, total_batch_size=256,
-        learning_rate=1e-3, lr_schedule='cosine', warmup_steps=5, min_lr_ratio=1.0,
-        beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.0, grad_clip=1.0,
+        batch_size=4,
+        sequence_length=64,
+        total_batch_size=256,
+        learning_rate=1e-3,
+        lr_schedule='cosine',
+        warmup_steps=5,
+        min_lr_ratio=1.0,
+        beta1=0.9,
+        beta2=0.95,
+        eps=1e-8,
+        weight_decay=0.0,
+        grad_clip=1.0,
         **{**settings, **overrides},
     )
 
@@ -67,17 +81,77 @@ def test_llmc_order_needs_shuffle_llmc_and_says_so_in_one_line(tmp_path):
 def test_our_checkpoint_resumes_llmc_order_bitwise_and_refuses_the_other_order(tmp_path):
     """12 steps cross the 10-step epoch (a new llm.c permutation); a resume from step 6 reads the
     same batches, because the order is a function of the saved position and the recorded shuffle."""
-    common = dict(num_iteration=12, save_steps=6, save_optimizer_state=True, dtype='float32')
+    common = {'num_iteration': 12, 'save_steps': 6, 'save_optimizer_state': True, 'dtype': 'float32'}
     full = llmc_run_config(tmp_path / 'full', checkpoint_dir=str(tmp_path / 'full'), **common)
     code, full_losses, out = train(full)
     assert code == 0, out[-2000:]
     step6 = str(tmp_path / 'full' / 'checkpoint_step_000006')
-    again = llmc_run_config(tmp_path / 'again', checkpoint_dir=str(tmp_path / 'again'), resume_from=step6, **common)
+    again = llmc_run_config(
+        tmp_path / 'again', checkpoint_dir=str(tmp_path / 'again'), resume_from=step6, **common
+    )
     code, losses, out = train(again)
     assert code == 0, out[-2000:]
     assert [losses[s] for s in range(7, 13)] == [full_losses[s] for s in range(7, 13)]
     other = llmc_run_config(
-        tmp_path / 'other', checkpoint_dir=str(tmp_path / 'other'), resume_from=step6, shuffle='none', **common
+        tmp_path / 'other',
+        checkpoint_dir=str(tmp_path / 'other'),
+        resume_from=step6,
+        shuffle='none',
+        **common,
     )
-    with pytest.raises(CheckpointError, match=r"shuffle: checkpoint 'llmc', now 'none' \(pass --shuffle llmc\)"):
+    with pytest.raises(
+        CheckpointError, match=r"shuffle: checkpoint 'llmc', now 'none' \(pass --shuffle llmc\)"
+    ):
         train(other)
+
+
+@pytest.mark.slow
+def test_checkpoint_format_llmc_saves_a_run_folder_that_resumes_exactly(tmp_path):
+    """--checkpoint_format llmc: the folder holds what llm.c's own run holds at the same step (its
+    loader state byte for byte), and our resume from one of its steps repeats the losses bit for bit."""
+    from jaxtrain.checkpoint.resume import resolve_resume
+    from llmc_io import llmc_run
+
+    common = {'num_iteration': 12, 'save_steps': 5, 'checkpoint_format': 'llmc', 'dtype': 'float32'}
+    first = llmc_run_config(tmp_path / 'm1', checkpoint_dir=str(tmp_path / 'A'), **common)
+    code, full, out = train(first)
+    assert code == 0, out[-2000:]
+    assert llmc_run.committed_steps(tmp_path / 'A') == [5, 10, 12]
+    assert f"save: step 5 -> {tmp_path / 'A' / 'model_00000005.bin'}" in out
+    loader = 8 + 2 * 4 + 8 + 5 * 4 + 2520
+    ours = (tmp_path / 'A' / 'state_00000010_00000.bin').read_bytes()
+    assert ours[-loader:] == (RUN / 'a' / 'state_00000010_00000.bin').read_bytes()[-loader:]
+    assert resolve_resume('latest', str(tmp_path / 'A'), 'llmc')[0] == tmp_path / 'A' / 'model_00000012.bin'
+    again = llmc_run_config(
+        tmp_path / 'm2',
+        checkpoint_dir=str(tmp_path / 'B'),
+        resume_from=str(tmp_path / 'A' / 'model_00000005.bin'),
+        **common,
+    )
+    code, resumed, out = train(again)
+    assert code == 0, out[-2000:]
+    assert [resumed[s] for s in range(6, 13)] == [full[s] for s in range(6, 13)]
+    for name in ('model_00000012.bin', 'state_00000012_00000.bin'):
+        assert (tmp_path / 'B' / name).read_bytes() == (tmp_path / 'A' / name).read_bytes()
+
+
+@pytest.mark.slow
+def test_rotation_keeps_the_llmc_step_the_run_resumed_from(tmp_path):
+    from llmc_io import llmc_run
+
+    run = tmp_path / 'run'
+    shutil.copytree(RUN / 'a', run, ignore=shutil.ignore_patterns('*00000020*'))
+    config = llmc_run_config(
+        tmp_path,
+        checkpoint_dir=str(run),
+        resume_from=str(run / 'model_00000010.bin'),
+        checkpoint_format='llmc',
+        num_iteration=14,
+        save_steps=2,
+        max_checkpoint_keep=1,
+        dtype='float32',
+    )
+    code, _, out = train(config)
+    assert code == 0, out[-2000:]
+    assert llmc_run.committed_steps(run) == [10, 14]
+    assert not (run / 'model_00000012.bin').exists() and (run / 'state_00000010_00000.bin').is_file()

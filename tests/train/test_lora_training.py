@@ -19,7 +19,11 @@ TARGETS = {'gpt2': 'c_attn,c_proj,c_fc', 'llama3': 'c_attn,c_proj,c_fc,c_fc2'}
 
 def _batches(parts, steps, vocab=512, seed=0):
     """The same random batch every step: a model that trains at all fits it better each time."""
-    shape = (parts.geometry.accumulation, parts.geometry.rows_per_micro_step, parts.geometry.sequence_length + 1)
+    shape = (
+        parts.geometry.accumulation,
+        parts.geometry.rows_per_micro_step,
+        parts.geometry.sequence_length + 1,
+    )
     for _ in range(steps):
         tokens = np.random.default_rng(seed).integers(0, vocab, shape).astype(np.int32)
         yield sharding.put_global((tokens[..., :-1], tokens[..., 1:]), parts.train_batch_sharding)
@@ -57,7 +61,9 @@ def test_only_the_adapters_change(tmp_path, family):
     for module in parts.setup.lora.modules:
         group, name = module.split('.')
         assert np.any(np.asarray(state.params['h'][group][name]['lora_B']))
-        assert not np.array_equal(state.params['h'][group][name]['lora_A'], initial['h'][group][name]['lora_A'])
+        assert not np.array_equal(
+            state.params['h'][group][name]['lora_A'], initial['h'][group][name]['lora_A']
+        )
     lora_shapes = {x.shape for x in jax.tree.leaves(state.params)}
     assert {x.shape for x in jax.tree.leaves(state.opt_state) if x.ndim} <= lora_shapes
     assert _bytes(state.opt_state) < 0.5 * _bytes(file_params)
@@ -75,7 +81,9 @@ def test_rank_zero_is_the_plain_run_and_rank_eight_starts_from_it(tmp_path):
     for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(zero), strict=True):
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
     # B = 0: the adapted model is the base model at step 1, to the bit.
-    _, _, lora_losses = _run(load_config('gpt2', lora_rank=8, lora_target_modules=TARGETS['gpt2'], **common), 1)
+    _, _, lora_losses = _run(
+        load_config('gpt2', lora_rank=8, lora_target_modules=TARGETS['gpt2'], **common), 1
+    )
     assert lora_losses[0] == plain_losses[0]
 
 

@@ -45,7 +45,10 @@ def test_lines_flag_non_finite_values_and_md5_quantises():
 @pytest.fixture(scope='module')
 def files(tmp_path_factory):
     root = tmp_path_factory.mktemp('precision')
-    return {'model': tiny_llmc_model(root / 'gpt2.bin'), 'shard': random_shard(root / 't.bin', num_tokens=4_000)}
+    return {
+        'model': tiny_llmc_model(root / 'gpt2.bin'),
+        'shard': random_shard(root / 't.bin', num_tokens=4_000),
+    }
 
 
 def _run(files, path, num_iteration=1, learning_rate=1e-3):

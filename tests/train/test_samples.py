@@ -151,6 +151,7 @@ def test_samples_decode_with_a_bpe_tokenizer(tmp_path, family):
     # Samples start from the tokenizer's end of text: GPT-2 <|endoftext|>, LLaMA-3 <|end_of_text|>.
     start = '<|endoftext|>' if family == 'gpt2' else '<|end_of_text|>'
     assert result['tokens'][0] == hf.token_to_id(start) and len(result['tokens']) == 12
+    assert sampler.start_name == start  # the sample line says what it starts from
     assert result['text'] == hf.decode(result['tokens'][1:], skip_special_tokens=False)
     assert isinstance(result['text'], str) and result['text']
 

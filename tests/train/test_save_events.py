@@ -38,8 +38,8 @@ def test_each_save_commit_and_rotation_is_a_line_and_the_loss_is_kept(tmp_path, 
     assert rotations == [(layout.step_dir_name(2), 'max_checkpoint_keep 2 keeps the newest: 4, 6')]
     # a save line comes after its step's line, its commit after the save line
     lines = out.splitlines()
-    assert lines.index(next(l for l in lines if l.startswith('save: step 2 ->'))) > lines.index(
-        next(l for l in lines if l.startswith('step    2/6'))
+    assert lines.index(next(line for line in lines if line.startswith('save: step 2 ->'))) > lines.index(
+        next(line for line in lines if line.startswith('step    2/6'))
     )
 
     for step in on_disk:  # the loss metrics.jsonl recorded for that step

@@ -50,7 +50,12 @@ def test_seed_commands_match_from_step_41(tmp_path, family, dtype):
         assert second.wait(timeout=600) == 0
     assert ckpt_layout.committed_steps(tmp_path / 'ck' / 'noresume') == [20, 40, 60, 80, 100]
     assert ckpt_layout.committed_steps(tmp_path / 'ck' / 'resumefrom40') == [60, 80, 100]
-    assert_resumed_run_matches(tmp_path / 'base', tmp_path / 'test', tmp_path / 'ck' / 'noresume' / 'checkpoint_step_000100', tmp_path / 'ck' / 'resumefrom40' / 'checkpoint_step_000100')
+    assert_resumed_run_matches(
+        tmp_path / 'base',
+        tmp_path / 'test',
+        tmp_path / 'ck' / 'noresume' / 'checkpoint_step_000100',
+        tmp_path / 'ck' / 'resumefrom40' / 'checkpoint_step_000100',
+    )
 
 
 def _wait_for_step(metrics_path, step, process, timeout=300):

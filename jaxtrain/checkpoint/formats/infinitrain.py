@@ -172,11 +172,16 @@ def _read_model(path: Path, kind: str, expected: dict | None) -> tuple[str, dict
 
 
 def read_checkpoint(
-    step_dir, expected_shapes: dict | None = None, with_optimizer: bool = True, vpp: int | None = None
+    step_dir,
+    expected_shapes: dict | None = None,
+    with_optimizer: bool = True,
+    vpp: int | None = None,
+    run_pipeline: tuple[int, int] | None = None,
 ) -> InfiniTrainCheckpoint:
     """Read an InfiniTrain step directory. expected_shapes: {tree path: shape} of the model that will use it
     (names and shapes are checked against it), or None to take the shapes from the files. vpp: the run's
-    --virtual_pipeline_parallel when its pipeline stages fit several (trainer_state.json has no record)."""
+    --virtual_pipeline_parallel when its pipeline stages fit several (trainer_state.json has no record);
+    run_pipeline: (pipeline_parallel, virtual_pipeline_parallel) of the run that resumes, the hint then."""
     step_dir = Path(step_dir)
     if not step_dir.is_dir():
         raise LLMCFormatError(step_dir, 'directory', 'an InfiniTrain checkpoint directory', 'nothing there')
@@ -202,7 +207,7 @@ def read_checkpoint(
     first = ranks[0]
     kind = kinds[first]
     if len(ranks) > 1 and kind == HEAD_KIND:
-        return _read_ranks(step_dir, ranks, expected_shapes, with_optimizer, vpp)
+        return _read_ranks(step_dir, ranks, expected_shapes, with_optimizer, vpp, run_pipeline)
     state = read_trainer_state(first / TRAINER_STATE)
     notices = list(state.notices)
     if state.tp_size != 1 or state.pp_size != 1 or state.sp_size != 1:
@@ -227,9 +232,9 @@ def read_checkpoint(
     return InfiniTrainCheckpoint(first, kind, family, params, moments, state, len(ranks), notices)
 
 
-def _read_ranks(step_dir, ranks, expected_shapes, with_optimizer, vpp) -> InfiniTrainCheckpoint:
+def _read_ranks(step_dir, ranks, expected_shapes, with_optimizer, vpp, run_pipeline) -> InfiniTrainCheckpoint:
     """A multi-GPU HEAD run: every rank put back into one model (llmc_io/infinitrain_ranks.py)."""
-    merged = infinitrain_ranks.read_step(step_dir, ranks, vpp)
+    merged = infinitrain_ranks.read_step(step_dir, ranks, vpp, run_pipeline)
     model_path = ranks[0] / FILES[HEAD_KIND][0]
     shapes = expected_shapes or _expected_shapes_from_state_dict(model_path, merged.model)
     params = names.state_dict_to_tree(model_path, merged.model, shapes)

@@ -17,6 +17,7 @@ from pathlib import Path
 from jaxtrain.checkpoint.formats import infinitrain as it
 from jaxtrain.checkpoint.layout import DAMAGED
 from jaxtrain.checkpoint.record_digest import DIGEST_FIELD, digest_problem, step_name_problem
+from jaxtrain.checkpoint.record_fields import field_problems
 
 
 def _file_sha256(path: Path) -> str:
@@ -43,6 +44,9 @@ def recorded_problems(step_dir, files_dir, state) -> tuple[list[str], list[str]]
         problems.append(digest.replace(f': {DIGEST_FIELD}:', f': jaxtrain.{DIGEST_FIELD}:', 1))
     else:
         checked.append(f'the jaxtrain record matches its {DIGEST_FIELD}')
+    with_rng = record if record.get('rng') is not None else {k: v for k, v in record.items() if k != 'rng'}
+    fields = field_problems(with_rng, record_file, only_present=True)
+    problems += [line.replace(f'{record_file}: ', f'{record_file}: jaxtrain.', 1) for line in fields]
     for key, upstream in (('step', state.global_step),):
         if key in record and record[key] != upstream:
             problems.append(

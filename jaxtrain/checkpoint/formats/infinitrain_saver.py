@@ -101,7 +101,9 @@ class InfiniTrainCheckpointer:
         return Snapshot({'params': params, 'opt_state': opt_state, 'rng': rng}, None, copied=False)
 
     def save_snapshot(self, step: int, snapshot: Snapshot, trainer_state: dict):
-        self.save(step, snapshot.items['params'], snapshot.items['opt_state'], snapshot.items['rng'], trainer_state)
+        self.save(
+            step, snapshot.items['params'], snapshot.items['opt_state'], snapshot.items['rng'], trainer_state
+        )
 
     def save(self, step: int, params, opt_state, rng, trainer_state: dict):
         record = dict(trainer_state, rng=[int(x) for x in np.asarray(jax.device_get(rng)).reshape(-1)])
@@ -143,7 +145,11 @@ class InfiniTrainCheckpointer:
         """For a run aborted at once (stop_signal.py): a synchronous save is either renamed into
         place or not started, so nothing half-written is lost."""
         steps = [it.step_number(d) for d in it.step_dirs(self.root)]
-        newest = f'the newest checkpoint is {self.step_dir(max(steps))}' if steps else f'no checkpoint in {self.root}'
+        newest = (
+            f'the newest checkpoint is {self.step_dir(max(steps))}'
+            if steps
+            else f'no checkpoint in {self.root}'
+        )
         return f'every save started was committed; {newest}; steps trained after it are lost'
 
     def close(self):
@@ -195,7 +201,12 @@ class InfiniTrainFormat:
         state = parts.state
         try:
             params, opt_state, saved = read_step_dir(
-                step_dir, state.params, state.opt_state, batches_per_step(parts), config.optimizer
+                step_dir,
+                state.params,
+                state.opt_state,
+                batches_per_step(parts),
+                config.optimizer,
+                (config.pipeline_parallel, config.virtual_pipeline_parallel),
             )
         except LLMCFormatError as e:
             raise CheckpointError(f'{e}') from None

@@ -62,12 +62,16 @@ def expected_shapes(params_like) -> dict:
     return {path: tuple(leaf.shape) for path, leaf in tree_leaves(params_like).items()}
 
 
-def read_step_dir(path, params_like, opt_like, batches_per_step: int, optimizer: str):
+def read_step_dir(
+    path, params_like, opt_like, batches_per_step: int, optimizer: str, run_pipeline: tuple[int, int] = (1, 1)
+):
     """(params, opt_state or None, record) from an InfiniTrain step directory, on the shardings of the
     live trees. None: no moments to restore (no optimizer file, or this run's optimizer has none); the
     caller then starts fresh moments at the record's step. The record has step, data_position, rng (None
-    unless jaxtrain wrote the checkpoint), learning_rate, kind and `messages` (lines for the log)."""
-    ckpt = it.read_checkpoint(path, expected_shapes(params_like))
+    unless jaxtrain wrote the checkpoint), learning_rate, kind and `messages` (lines for the log).
+    run_pipeline: this run's (pipeline_parallel, virtual_pipeline_parallel), which tell a multi-GPU
+    save's virtual stages apart where its files cannot (llmc_io/infinitrain_ranks.py)."""
+    ckpt = it.read_checkpoint(path, expected_shapes(params_like), run_pipeline=run_pipeline)
     state = ckpt.state
     problems, _ = recorded_problems(path, ckpt.path, state)  # before anything is put on the devices
     if problems:
@@ -82,7 +86,18 @@ def read_step_dir(path, params_like, opt_like, batches_per_step: int, optimizer:
         kind=ckpt.kind,
         generation=state.generation,
         messages=messages,
+        # the saved run's layout, for the [CKPT] Load done line (ckpt_lines.py)
+        infinitrain_sizes={
+            'ddp': state.ddp_size, 'tp': state.tp_size, 'sp': state.sp_size, 'cp': state.cp_size,
+            'pp': state.pp_size,
+        },
     )
+    # upstream CHECKs cp_size against the run's (checkpoint_manager.cc at feat/context_parallel abce8d2)
+    if state.cp_size not in (None, 1):
+        messages.append(
+            f'resume: {path}: saved with context parallel size {state.cp_size}; jaxtrain has no context '
+            'parallelism and continues with 1 (the weights and the data order do not depend on it)'
+        )
     if 'data_position' in extras:
         record['data_position'] = extras['data_position']
     else:
@@ -146,7 +161,11 @@ def infinitrain_state_for(
     """The trainer_state.json of a step we write in InfiniTrain's layout `fmt`; `extras` becomes
     its "jaxtrain" object (what only we need for an exact resume)."""
     common = dict(
-        global_step=step, data_batch_idx=batch_idx, last_lr=learning_rate, ddp_size=data_parallel, jaxtrain=extras
+        global_step=step,
+        data_batch_idx=batch_idx,
+        last_lr=learning_rate,
+        ddp_size=data_parallel,
+        jaxtrain=extras,
     )
     if fmt in (it.HEAD_KIND, LRS_FORMAT):
         # What HEAD's main.cc writes for a model from --llmc_filepath and CHECKs on --load: config defaults.

@@ -1,5 +1,6 @@
 """llm.c run folders (llmc_io/llmc_run.py) as a checkpoint format: `--resume_from RUN_DIR` (its newest
-committed step) or `--resume_from RUN_DIR/model_%08d.bin` (that step).
+committed step) or `--resume_from RUN_DIR/model_%08d.bin` (that step); `--checkpoint_format llmc`
+saves a run as one (llmc_run_saver.py).
 
 What maps to what (karpathy/llm.c f1e2ace6 train_gpt2.cu load_state):
   params                  <- the fp32 master weights where the state has them (-w 1, the default),
@@ -40,7 +41,10 @@ def locate(path) -> tuple[Path, int]:
     steps = llmc_run.committed_steps(path)
     if not steps:
         raise LLMCFormatError(
-            path, 'DONE_%08d markers', 'at least one committed step', 'none',
+            path,
+            'DONE_%08d markers',
+            'at least one committed step',
+            'none',
             'llm.c writes DONE_%08d last; this run folder holds no completed checkpoint',
         )
     return path, steps[-1]
@@ -58,12 +62,18 @@ def check_loader(state_path, state, stream, step: int) -> None:
     where = str(state_path)
     if state.shuffle is None:
         raise LLMCFormatError(
-            where, 'header[5] should_shuffle', "1 (llm.c's permuted loader)", 0,
+            where,
+            'header[5] should_shuffle',
+            "1 (llm.c's permuted loader)",
+            0,
             'the run used an unshuffled loader (overfit_single_batch); resuming it is not supported',
         )
     if not hasattr(stream, 'loader_state'):
         raise LLMCFormatError(
-            where, 'header[5] should_shuffle', 'the order this run reads (--shuffle none)', "1 (llm.c's permuted order)",
+            where,
+            'header[5] should_shuffle',
+            'the order this run reads (--shuffle none)',
+            "1 (llm.c's permuted order)",
             'pass --shuffle llmc to continue in the order llm.c was reading',
         )
     shard_idx, sample_idx, ours = stream.loader_state(step)
@@ -77,18 +87,27 @@ def check_loader(state_path, state, stream, step: int) -> None:
     for field, expected, found in checks:
         if expected != found:
             raise LLMCFormatError(
-                where, field, f'{expected} ({_replayed(stream, step)})',
-                found, 'the run used other shards, batch size or sequence length; pass the ones it used',
+                where,
+                field,
+                f'{expected} ({_replayed(stream, step)})',
+                found,
+                'the run used other shards, batch size or sequence length; pass the ones it used',
             )
     for field, same in (
         ('shuffle state: shard_indices', np.array_equal(ours.shard_indices, saved.shard_indices)),
-        ('shuffle state: intra_shard_indices', np.array_equal(ours.intra_shard_indices, saved.intra_shard_indices)),
+        (
+            'shuffle state: intra_shard_indices',
+            np.array_equal(ours.intra_shard_indices, saved.intra_shard_indices),
+        ),
         ('shuffle state: mt19937 state', ours.rng.same_as(saved.rng)),
     ):
         if not same:
             raise LLMCFormatError(
-                where, field, f'the permutation llm.c draws at step {step} for these shards',
-                'another one', 'the run used other shards (or another order of them); pass the ones it used',
+                where,
+                field,
+                f'the permutation llm.c draws at step {step} for these shards',
+                'another one',
+                'the run used other shards (or another order of them); pass the ones it used',
             )
 
 
@@ -140,13 +159,16 @@ class LLMCRunFormat:
         return llmc_run.committed_steps(root)
 
     def open(self, config, parts, protected_steps):
-        raise CheckpointError(
-            'checkpoint_format: llm.c run folders are read, not written, by a run; save as orbax and '
-            'convert a step with python -m jaxtrain.ckpt export STEP --format llmc-run --output DIR'
-        )
+        from jaxtrain.checkpoint.formats.llmc_run_saver import LLMCRunCheckpointer
+
+        return LLMCRunCheckpointer(config, parts, protected_steps)
+
+    def step_path(self, root, step: int) -> Path:
+        """What --resume_from latest resumes: the step's model file in the run folder."""
+        return llmc_run.model_path(Path(root).absolute(), step)
 
     def read_record(self, path) -> dict:
-        run_dir, step = locate(path)
+        _run_dir, step = locate(path)
         return {'step': step, 'kind': KIND}
 
     def restore_into(self, config, parts, path: Path) -> Resumed:
@@ -155,17 +177,24 @@ class LLMCRunFormat:
         state = parts.state
         try:
             run_dir, step = locate(path)
-            ckpt = llmc_run.read_step(run_dir, step, need_master=bool(config.get('llmc_require_master_weights')))
+            ckpt = llmc_run.read_step(
+                run_dir, step, need_master=bool(config.get('llmc_require_master_weights'))
+            )
             want = {p: tuple(leaf.shape) for p, leaf in tree_leaves(state.params).items()}
             have = ckpt.header.param_shapes()
             if want != have:
                 different = sorted(p for p in set(want) | set(have) if want.get(p) != have.get(p))
                 p = different[0]
                 raise LLMCFormatError(
-                    ckpt.model_path, f'params[{p}]', f'shape {want.get(p)} (this run\'s model)', f'shape {have.get(p)}',
+                    ckpt.model_path,
+                    f'params[{p}]',
+                    f'shape {want.get(p)} (this run\'s model)',
+                    f'shape {have.get(p)}',
                     f'pass --llmc_filepath {ckpt.model_path} so the run takes the checkpoint\'s shape',
                 )
-            stream = train_stream(config, parts.geometry, parts.setup.model_config.vocab_size, data_paths(config)[0])
+            stream = train_stream(
+                config, parts.geometry, parts.setup.model_config.vocab_size, data_paths(config)[0]
+            )
             check_loader(ckpt.state_path, ckpt.state, stream, step)
         except LLMCFormatError as e:
             raise CheckpointError(f'{e}') from None
@@ -197,9 +226,12 @@ class LLMCRunFormat:
             'llmc_rng_state_last_update': s.rng_state_last_update,
         }
         messages = [
-            f'resume: restored step {step} from llm.c run {run_dir} (params from {source}, AdamW m and v, '
-            f'loader at shard position {s.current_shard_idx} sample {s.current_sample_idx}, the same as '
-            "our replay of llm.c's order); llm.c's stochastic-rounding rng is not used, the run keeps "
-            f'seed {config.seed}\'s'
+            (
+                f'resume: restored step {step} from llm.c run {run_dir} (params from {source}, AdamW m '
+                'and v, '
+                f'loader at shard position {s.current_shard_idx} sample {s.current_sample_idx}, the same as '
+                "our replay of llm.c's order); llm.c's stochastic-rounding rng is not used, the run keeps "
+                f'seed {config.seed}\'s'
+            )
         ]
         return Resumed(state, ckpt.model_path, record, messages)

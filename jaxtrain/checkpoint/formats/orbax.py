@@ -60,6 +60,7 @@ class OrbaxFormat:
         try:
             saved = read_trainer_state(step_dir)
             check_digest(saved, step_dir)  # before its fields are compared with the run
+            check_resumable(saved, step_dir)  # and of the types and ranges that comparison assumes
         except CheckpointError as e:
             raise CheckpointError(str(e).replace(DAMAGED, damaged_advice(step_dir))) from None
         model_config = dataclasses.asdict(parts.setup.model_config)

@@ -1,6 +1,8 @@
-"""Peak memory and step time of one training step with and without activation recompute.
+"""Peak memory and step time of one training step with and without activation recompute: the
+`recompute` figure of bench/figures.py, which runs it in a child process.
 
-    python launch/recompute_probe.py [--model d12] [--batch_size 2] [--sequence_length 256] [--steps 3]
+    python bench/recompute_memory.py [--model d12] [--batch_size 2] [--sequence_length 256] [--steps 3] \
+        [--scan_layers true|false] [--plans off,full,...]
 
 Memory is XLA's account of the compiled step (arguments + outputs - donated aliases + temporaries,
 tools/pipeline_bench.compiled_memory), so it is the same on any backend, CPU included, and on a busy
@@ -33,6 +35,9 @@ def main():
     parser.add_argument('--sequence_length', type=int, default=256, help='tokens per sequence; default 256')
     parser.add_argument('--steps', type=int, default=3, help='timed steps per plan; default 3')
     parser.add_argument('--scan_layers', default='true', choices=('true', 'false'), help='default true')
+    parser.add_argument(
+        '--plans', default=','.join(PLANS), help=f'comma-separated, of {", ".join(PLANS)}; default all'
+    )
     args = parser.parse_args()
 
     from configs import gpt2
@@ -40,7 +45,8 @@ def main():
     from jaxtrain.tools.pipeline_bench import compile_step, compiled_memory, fastest_steps
 
     runs, memory = [], {}
-    for name, flags in PLANS.items():
+    for name in args.plans.split(','):
+        flags = PLANS[name]
         config = gpt2.get_config(args.model)
         config.num_devices = 1
         config.batch_size = args.batch_size

@@ -1,0 +1,448 @@
+"""Every figure BENCHMARKS.md reports, measured in one call so that each ratio is to a run beside it.
+
+    python bench/figures.py OUT_DIR                       # every figure this machine can run
+    python bench/figures.py OUT_DIR --figures loop,peers  # a few of them
+    python bench/figures.py --list                        # the figures, what each runs, what it needs
+
+Each figure prints one line and appends its numbers to OUT_DIR/figures.jsonl; the runs' own logs
+and metrics stay under OUT_DIR. The GPU figures are GPT-2 124M (d12, random init), bf16, batch
+16 x 1024, no accumulation, unrolled layers, on a random llm.c token shard, as the peers run it.
+
+The peers (llm.c's CUDA trainer with cuDNN, PyTorch's llm.c train_gpt2.py with torch.compile, and a
+plain 40-line JAX step) come from ../shared/peers, which the GPU machine does not see: copy it into
+the ignored .peers/ of the checkout (`cp -r ../shared/peers .peers`) and carry .peers along. Their
+llm.c build (about 90 s of CPU) starts first and runs while the other figures are measured.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PEERS = REPO / '.peers'
+SHARD = Path('/tmp/jaxtrain_bench/train.bin')  # random GPT-2 tokens, written once
+TOKENS_PER_STEP = 16 * 1024
+SKIP = 10  # steps left out of a loop's figures: compilation and warm-up
+GPT2 = [  # the loop: python -m jaxtrain.main with these
+    '--config=configs/gpt2.py:d12',
+    '--dtype',
+    'bfloat16',
+    '--batch_size',
+    '16',
+    '--sequence_length',
+    '1024',
+    '--total_batch_size',
+    str(TOKENS_PER_STEP),
+    '--scan_layers',
+    'false',
+    '--sample_every',
+    '0',
+    '--deterministic',
+    'false',
+]
+BENCH = [  # the step alone: python -m jaxtrain.bench with these
+    '--config=configs/gpt2.py:d12',
+    '--config.dtype=bfloat16',
+    '--config.batch_size=16',
+    '--config.sequence_length=1024',
+    f'--config.total_batch_size={TOKENS_PER_STEP}',
+    '--config.scan_layers=false',
+]
+LLAMA = [
+    '--config=configs/llama3.py:llama3.2-1b',
+    '--config.dtype=bfloat16',
+    '--config.batch_size=4',
+    '--config.sequence_length=2048',
+    '--config.total_batch_size=8192',
+    '--config.scan_layers=false',
+]
+
+
+class Call:
+    """One benchmark call: its output folder, its figures so far, and the peers' build."""
+
+    def __init__(self, out: Path, steps: int):
+        self.out, self.steps, self.found = out, steps, {}
+        self.build = None
+
+    def run(self, name: str, command: list, timeout: int = 300, env=None) -> subprocess.CompletedProcess:
+        """Runs command from the repository, its output into OUT/name.txt."""
+        log = self.out / f'{name}.txt'
+        with open(log, 'w') as f:
+            f.write(' '.join(command) + '\n')
+            f.flush()
+            try:
+                return subprocess.run(
+                    command,
+                    cwd=REPO,
+                    stdout=f,
+                    stderr=subprocess.STDOUT,
+                    timeout=timeout,
+                    env={**os.environ, 'PYTHONPATH': _python_path(), **(env or {})},
+                    check=False,
+                )
+            except subprocess.TimeoutExpired:
+                f.write(f'\ntimed out after {timeout} s\n')
+                return subprocess.CompletedProcess(command, 124)
+
+    def record(self, figure: str, values: dict) -> None:
+        self.found[figure] = values
+        with open(self.out / 'figures.jsonl', 'a') as f:
+            f.write(json.dumps({'figure': figure, **values}) + '\n')
+        print(f'{figure}: ' + ', '.join(f'{k} {v}' for k, v in values.items()), flush=True)
+
+    def loop(self, name: str, *flags: str) -> dict:
+        """The real training loop for self.steps steps; its figures from metrics.jsonl."""
+        metrics = self.out / name
+        done = self.run(
+            name,
+            [
+                sys.executable,
+                '-m',
+                'jaxtrain.main',
+                *GPT2,
+                '--input_bin',
+                str(SHARD),
+                '--num_iteration',
+                str(self.steps),
+                '--metrics_dir',
+                str(metrics),
+                *flags,
+            ],
+        )
+        if done.returncode:
+            raise RuntimeError(f'{name}: exit {done.returncode}; see {self.out / name}.txt')
+        return loop_figures(metrics / 'metrics.jsonl')
+
+    def bench(self, name: str, *flags: str, env=None, timeout: int = 300) -> dict:
+        """jaxtrain.bench's result (its --json) for the given flags."""
+        result = self.out / f'{name}.json'
+        done = self.run(
+            name, [sys.executable, '-m', 'jaxtrain.bench', *flags, '--json', str(result)], env=env
+        )
+        if done.returncode or not result.exists():
+            raise RuntimeError(f'{name}: exit {done.returncode}; see {self.out / name}.txt')
+        return json.loads(result.read_text())
+
+
+def _python_path() -> str:
+    """The repository first, so that children import this checkout's jaxtrain and configs/."""
+    return os.pathsep.join([str(REPO), *filter(None, [os.environ.get('PYTHONPATH')])])
+
+
+def loop_figures(path: Path, skip: int = SKIP, tokens: int = TOKENS_PER_STEP) -> dict:
+    """The median of a run's step lines after step `skip`, and the wall clock between the records
+    of step `skip` and the last step (every host action included, as a user waits for it)."""
+    rows = [json.loads(line) for line in open(path) if line.strip()]
+    steps = {r['step']: r for r in rows if 'loss' in r}
+    last = max(steps, default=0)
+    if skip not in steps or last <= skip:
+        raise RuntimeError(f'{path}: expected step records after step {skip}, found steps up to {last}')
+    after = [steps[s]['step_ms'] for s in sorted(steps) if s > skip]
+    wall_ms = 1e3 * (steps[last]['time'] - steps[skip]['time']) / (last - skip)
+    blocked = [1e3 * r['save_blocked_s'] for r in rows if 'save_blocked_s' in r]
+    return {
+        'median_step_ms': round(statistics.median(after), 3),
+        'wall_ms_per_step': round(wall_ms, 3),
+        'tokens_per_s': round(tokens / wall_ms * 1e3),
+        'save_blocked_ms_max': round(max(blocked), 2) if blocked else None,
+        'losses': [steps[s]['loss'] for s in sorted(steps)],
+    }
+
+
+# --- the figures ----------------------------------------------------------------------------------
+
+
+def peers(call: Call) -> None:
+    if call.build is None:
+        raise RuntimeError('expected .peers/ (a copy of ../shared/peers); found none')
+    call.build.wait()
+    done = call.run('peers', ['bash', str(PEERS / 'run_peers.sh'), 'run', str(call.out / 'peers'), '16'])
+    lines = (call.out / 'peers.txt').read_text().splitlines()
+    plain = call.run('plain_jax_step', [sys.executable, str(PEERS / 'plain_jax_step.py'), '16'])
+    lines += (call.out / 'plain_jax_step.txt').read_text().splitlines()
+    found = {}
+    for line in lines:
+        if ' median ' in line and 'ms/step' in line:
+            name, rest = line.split(' B=', 1)
+            found[name] = float(rest.split(' median ')[1].split()[0])
+    if not found:
+        raise RuntimeError(
+            f'no peer reported a step (exit {done.returncode}, {plain.returncode}); see peers.txt'
+        )
+    call.record('peers', {f'{name} ms': ms for name, ms in found.items()})
+    if 'loop' in call.found and 'llm.c+cuDNN' in found:
+        loop = call.found['loop']
+        call.record(
+            'loop_vs_llmc',
+            {
+                'step lines': round(found['llm.c+cuDNN'] / loop['median_step_ms'], 3),
+                'wall clock': round(found['llm.c+cuDNN'] / loop['wall_ms_per_step'], 3),
+            },
+        )
+
+
+def loop(call: Call) -> None:
+    found = call.loop('loop')
+    call.record('loop', {k: v for k, v in found.items() if k != 'losses'})
+
+
+def deterministic(call: Call) -> None:
+    first = call.loop('deterministic', '--deterministic', 'true')
+    again = call.loop('deterministic_again', '--deterministic', 'true')
+    values = {
+        'median_step_ms': first['median_step_ms'],
+        'wall_ms_per_step': first['wall_ms_per_step'],
+        'twice bitwise equal': first['losses'] == again['losses'],
+    }
+    if 'loop' in call.found:
+        values['vs fast (wall)'] = round(
+            call.found['loop']['wall_ms_per_step'] / first['wall_ms_per_step'], 3
+        )
+    call.record('deterministic', values)
+
+
+def saves(call: Call) -> None:
+    root = Path('/dev/shm/jaxtrain_bench_ck' if Path('/dev/shm').is_dir() else call.out / 'ck')
+    found = call.loop(
+        'saves', '--checkpoint_dir', str(root), '--save_steps', '20', '--max_checkpoint_keep', '2'
+    )
+    subprocess.run(['rm', '-rf', str(root)], check=False)
+    values = {k: v for k, v in found.items() if k != 'losses'}
+    if 'loop' in call.found:
+        values['vs no saves (wall)'] = round(
+            call.found['loop']['wall_ms_per_step'] / found['wall_ms_per_step'], 3
+        )
+    call.record('saves', values)
+
+
+def seed(call: Call) -> None:
+    """Bit-exact resume in the deterministic mode: 100 steps saving every 20, resumed from 40."""
+    work = call.out / 'seed'
+    done = call.run(
+        'seed',
+        [
+            'bash',
+            'launch/seed_experiment.sh',
+            str(work),
+            'configs/gpt2.py:d12',
+            '--dtype',
+            'bfloat16',
+            '--batch_size',
+            '8',
+            '--sequence_length',
+            '1024',
+            '--total_batch_size',
+            '8192',
+            '--scan_layers',
+            'false',
+            '--input_bin',
+            str(SHARD),
+        ],
+        timeout=600,
+        env={'STEPS': '100'},
+    )
+    text = (call.out / 'seed.txt').read_text()
+    call.record(
+        'seed', {'exit': done.returncode, 'bitwise': done.returncode == 0, 'last line': text.strip()[-120:]}
+    )
+
+
+def profile(call: Call) -> None:
+    r = call.bench('profile', *BENCH, '--steps', '20', '--profile_steps', '3')
+    call.record(
+        'profile', {'median_step_ms': round(r['median_step_ms'], 3), 'kernels': r.get('kernel_lines', [])}
+    )
+
+
+def llama(call: Call) -> None:
+    r = call.bench('llama', *LLAMA, '--steps', '10')
+    call.record('llama', {'median_step_ms': round(r['median_step_ms'], 2), 'MFU': round(r['mfu'], 3)})
+
+
+def lora(call: Call) -> None:
+    full = call.bench('lora_full', *BENCH, '--warmup', '3', '--steps', '30', '--save_every', '15')
+    adapters = call.bench(
+        'lora_r8', *BENCH, '--warmup', '3', '--steps', '30', '--save_every', '15', '--config.lora_rank=8'
+    )
+    call.record(
+        'lora',
+        {
+            'full ms': round(full['median_step_ms'], 2),
+            'r8 ms': round(adapters['median_step_ms'], 2),
+            'full MB': round(full['checkpoint_bytes'] / 1e6, 1),
+            'r8 MB': round(adapters['checkpoint_bytes'] / 1e6, 1),
+        },
+    )
+
+
+def two_gpus(call: Call) -> None:
+    one = call.bench('dp1', *BENCH, '--config.num_devices=1', '--steps', '20')
+    two = call.bench(
+        'dp2',
+        *BENCH,
+        '--config.num_devices=2',
+        f'--config.total_batch_size={2 * TOKENS_PER_STEP}',
+        '--steps',
+        '20',
+    )  # the later flag wins: 16 x 1024 on each GPU
+    call.record(
+        'two_gpus',
+        {
+            '1 GPU tok/s': round(one['tokens_per_s']),
+            '2 GPUs tok/s': round(two['tokens_per_s']),
+            'scaling': round(two['tokens_per_s'] / one['tokens_per_s'], 3),
+        },
+    )
+
+
+def pipeline(call: Call) -> None:
+    """Tiny GPT-2 in 2 pipeline stages on fake CPU devices, 8 microbatches."""
+    fake_cpus = {'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': '--xla_force_host_platform_device_count=8'}
+    call.bench(
+        'pipeline',
+        '--config=configs/gpt2.py:tiny',
+        '--config.pipeline_parallel=2',
+        '--config.num_devices=2',
+        '--config.batch_size=4',
+        '--config.sequence_length=64',
+        '--config.total_batch_size=2048',
+        '--warmup',
+        '3',
+        '--steps',
+        '20',
+        env=fake_cpus,
+        timeout=900,  # eight fake devices on a few shared cores compile slowly
+    )
+    lines = [line.strip() for line in (call.out / 'pipeline.txt').read_text().splitlines()]
+    call.record(
+        'pipeline',
+        {
+            'memory': next((line for line in lines if line.startswith('memory/device')), None),
+            'bubble': next((line for line in lines if line.startswith('bubble')), None),
+        },
+    )
+
+
+def recompute(call: Call) -> None:
+    """Activation recompute's plans (PR 154's flags): XLA's peak memory of the step, and its time."""
+    done = call.run('recompute', [sys.executable, 'bench/recompute_memory.py'])
+    rows = [
+        json.loads(line) for line in (call.out / 'recompute.txt').read_text().splitlines() if line[:1] == '{'
+    ]
+    if done.returncode or not rows:
+        raise RuntimeError(f'exit {done.returncode}; see {call.out / "recompute.txt"}')
+    call.record('recompute', {row['plan']: f"{row['peak_MiB']} MiB, {row['step_s']} s" for row in rows})
+
+
+# name -> (function, what it needs, what it measures)
+FIGURES = {
+    'loop': (loop, 'gpu', 'the real training loop, fast mode: step lines and wall clock'),
+    'deterministic': (
+        deterministic,
+        'gpu',
+        'the loop in deterministic mode, twice: ratio to fast, bitwise equal?',
+    ),
+    'saves': (saves, 'gpu', 'the loop saving every 20 steps into /dev/shm, keeping 2: ratio to no saves'),
+    'peers': (peers, 'gpu', 'llm.c + cuDNN, PyTorch compile, plain JAX step; the loop against llm.c'),
+    'profile': (profile, 'gpu', "the fast step's device time per kernel (jaxtrain.bench --profile_steps)"),
+    'seed': (seed, 'gpu', 'bit-exact resume, deterministic: 100 steps saving every 20, resumed from 40'),
+    'llama': (llama, 'gpu', "LLaMA-3.2 1B's step and MFU (jaxtrain.bench)"),
+    'lora': (lora, 'gpu', 'full fine-tuning against LoRA r=8: step time and checkpoint size'),
+    'two_gpus': (two_gpus, '2 gpus', 'data parallel on 2 GPUs against 1'),
+    'pipeline': (pipeline, 'cpu', 'pipeline stages on fake CPU devices: memory per device and the bubble'),
+    'recompute': (recompute, 'any', 'activation recompute plans: peak memory of the step and its time'),
+}
+
+
+def _gpus() -> int:
+    try:
+        out = subprocess.run(['nvidia-smi', '-L'], capture_output=True, text=True, check=False).stdout
+    except OSError:
+        return 0
+    return sum(line.startswith('GPU ') for line in out.splitlines())
+
+
+def _write_shard():
+    """The random GPT-2 token shard every loop reads (llm.c's format, as the peers' data)."""
+    if SHARD.exists():
+        return
+    import numpy as np
+
+    import llmc_io
+
+    SHARD.parent.mkdir(parents=True, exist_ok=True)
+    tokens = np.random.default_rng(0).integers(0, 50257, 4_000_000, dtype=np.uint16)
+    llmc_io.write_shard(SHARD, tokens)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('out', nargs='?', help='folder for the logs, metrics and figures.jsonl')
+    parser.add_argument(
+        '--figures', default='', help=f"comma-separated, of: {', '.join(FIGURES)} (default: all)"
+    )
+    parser.add_argument(
+        '--steps', type=int, default=110, help='steps of each loop run (figures from step 11 on)'
+    )
+    parser.add_argument('--list', action='store_true', help='list the figures and exit')
+    args = parser.parse_args(argv)
+    if args.list:
+        for name, (_, needs, what) in FIGURES.items():
+            print(f'{name:14s} {needs:7s} {what}')
+        return 0
+    if not args.out:
+        parser.error('expected OUT_DIR (or --list)')
+    chosen = [f for f in args.figures.split(',') if f] or list(FIGURES)
+    unknown = [f for f in chosen if f not in FIGURES]
+    if unknown:
+        parser.error(f"--figures: expected names among {', '.join(FIGURES)}; found {', '.join(unknown)}")
+    out = Path(args.out).absolute()
+    out.mkdir(parents=True, exist_ok=True)
+    call = Call(out, args.steps)
+    gpus = _gpus()
+    device = (
+        subprocess.run(
+            ['nvidia-smi', '--query-gpu=name', '--format=csv,noheader'],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        .stdout.strip()
+        .splitlines()
+        if gpus
+        else ['cpu']
+    )
+    call.record('call', {'date': datetime.date.today().isoformat(), 'device': f'{gpus or 1} x {device[0]}'})
+    os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', '/tmp/jaxtrain_xla_cache')
+    if 'peers' in chosen and PEERS.is_dir():
+        call.build = subprocess.Popen(
+            ['bash', str(PEERS / 'run_peers.sh'), 'build', str(out / 'peers')],
+            stdout=open(out / 'peers_build.txt', 'w'),
+            stderr=subprocess.STDOUT,
+        )
+    _write_shard()
+    failed = 0
+    for name in chosen:
+        function, needs, _ = FIGURES[name]
+        if (needs == 'gpu' and gpus < 1) or (needs == '2 gpus' and gpus < 2):
+            print(f'{name}: skipped (needs {needs}; this machine has {gpus})', flush=True)
+            continue
+        began = time.perf_counter()
+        try:
+            function(call)
+        except (RuntimeError, OSError, KeyError, ValueError) as e:
+            failed += 1
+            print(f'{name}: failed: {e}', flush=True)
+        print(f'  ({time.perf_counter() - began:.0f} s)', flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,408 @@
+"""`ckpt ls / show / verify` on an llm.c run folder (kind `llmc`), and `ckpt export --format llmc-run`.
+
+A run folder is what `train_gpt2cu -o DIR` writes (llmc_io/llmc_run.py); `show` and `verify` take
+RUN_DIR/model_%08d.bin (that step) or RUN_DIR (its newest committed step). The export writes one
+step of ours as model_%08d.bin (v5 bf16, as train_gpt2cu's bf16 build reads), state_%08d_00000.bin
+(AdamW m, v, our fp32 parameters as master weights, llm.c's loader state at our data position) and
+DONE_%08d, which `train_gpt2cu -y 1 -o DIR` resumes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+from pathlib import Path
+
+import numpy as np
+
+from jaxtrain.checkpoint.formats.llmc_run import KIND, locate
+from jaxtrain.checkpoint.layout import CheckpointError
+from llmc_io import llmc_run
+from llmc_io.errors import LLMCFormatError
+from llmc_io.llmc_state import MATRIX_A, LLMCState, tree_to_flat
+
+_MAIN_LOG_LOSS = re.compile(r'^s:(\d+) trl:([-\d.eE+naif]+)')
+
+
+def is_llmc(path) -> bool:
+    from jaxtrain.checkpoint.registry import LLMC_RUN
+
+    return LLMC_RUN.owns(path)
+
+
+def _train_losses(run_dir: Path) -> dict[int, float]:
+    """{step: train loss} from llm.c's main.log ("s:K trl:X" is the loss of step K + 1)."""
+    log = run_dir / 'main.log'
+    if not log.is_file():
+        return {}
+    found = {}
+    for line in log.read_text(errors='replace').splitlines():
+        if m := _MAIN_LOG_LOSS.match(line):
+            found[int(m.group(1)) + 1] = float(m.group(2))
+    return found
+
+
+def ls(run_dir) -> dict:
+    run_dir = Path(run_dir)
+    committed = set(llmc_run.committed_steps(run_dir))
+    steps = sorted(
+        committed | {int(p.name[6:14]) for p in run_dir.glob('model_*.bin') if llmc_run.split_model_path(p)}
+    )
+    losses = _train_losses(run_dir)
+    rows = []
+    for step in steps:
+        files = [llmc_run.model_path(run_dir, step)] + sorted(run_dir.glob(f'state_{step:08d}_*.bin'))
+        present = [f for f in files if f.is_file()]
+        master = None
+        state_file = run_dir / f'state_{step:08d}_00000.bin'
+        if state_file.is_file():
+            master = (
+                bool(np.fromfile(state_file, '<i4', count=5)[4]) if state_file.stat().st_size >= 20 else None
+            )
+        rows.append(
+            {
+                'step': step,
+                'files': [f.name for f in present],
+                'kind': KIND,
+                'state': 'committed' if step in committed else 'no DONE marker (incomplete)',
+                'size_bytes': sum(f.stat().st_size for f in present),
+                'written': max((f.stat().st_mtime for f in present), default=None),
+                'master_weights': master,
+                'loss': losses.get(step),
+            }
+        )
+    latest = max(committed) if committed else None
+    return {'root': str(run_dir), 'kind': KIND, 'latest': latest, 'steps': rows}
+
+
+def ls_text(listed: dict, table, number) -> str:
+    rows = []
+    for r in listed['steps']:
+        when = (
+            datetime.datetime.fromtimestamp(r['written']).strftime('%Y-%m-%d %H:%M') if r['written'] else '-'
+        )
+        master = {True: 'fp32 master', False: 'no master (-w 0)', None: '-'}[r['master_weights']]
+        rows.append(
+            [
+                r['step'],
+                ', '.join(r['files']),
+                r['kind'],
+                r['state'],
+                f"{r['size_bytes']:,} B",
+                when,
+                master,
+                '-' if r['loss'] is None else number(r['loss']),
+                'latest' if r['step'] == listed['latest'] else '',
+            ]
+        )
+    lines = [table(['step', 'files', 'kind', 'state', 'size', 'written', 'weights', 'loss', ''], rows)]
+    if listed['latest'] is not None:
+        lines.append(
+            f"resume: train_gpt2cu -y 1 -o {listed['root']} (step {listed['latest']}), or "
+            f"--resume_from {listed['root']} --shuffle llmc"
+        )
+    else:
+        lines.append(f"{listed['root']}: no committed step (no DONE_%08d marker)")
+    return '\n'.join(lines)
+
+
+def _read(path, need_master=False):
+    try:
+        run_dir, step = locate(path)
+        return llmc_run.read_step(run_dir, step, need_master)
+    except LLMCFormatError as e:
+        raise CheckpointError(str(e)) from None
+
+
+def _stats(name, array) -> dict:
+    a = np.asarray(array, np.float64)
+    return {
+        'array': name,
+        'values': int(a.size),
+        'min': float(a.min()),
+        'max': float(a.max()),
+        'mean': float(a.mean()),
+        'rms': float(np.sqrt(np.mean(a * a))),
+    }
+
+
+def show(path, with_tensors: bool) -> dict:
+    ckpt = _read(path)
+    s = ckpt.state
+    header = ckpt.header
+    shown = {
+        'path': str(ckpt.model_path),
+        'kind': KIND,
+        'step': ckpt.step,
+        'model': {
+            'file': ckpt.model_path.name,
+            'version': ckpt.model_version,
+            'dtype': 'bfloat16' if ckpt.model_version == 5 else 'float32',
+            'max_seq_len': header.max_seq_len,
+            'vocab_size': header.vocab_size,
+            'padded_vocab_size': header.padded_vocab_size,
+            'num_layers': header.num_layers,
+            'num_heads': header.num_heads,
+            'channels': header.channels,
+            'num_parameters': header.num_parameters,
+        },
+        'state': {
+            'file': ckpt.state_path.name,
+            'version': s.version,
+            'num_processes': s.num_processes,
+            'process_rank': s.process_rank,
+            'master_weights': s.use_master_weights,
+            'rng_state': s.rng_state,
+            'rng_state_last_update': s.rng_state_last_update,
+        },
+        'loader': {
+            'should_shuffle': s.shuffle is not None,
+            'current_shard_idx': s.current_shard_idx,
+            'current_sample_idx': s.current_sample_idx,
+        },
+    }
+    if s.shuffle is not None:
+        shown['loader'].update(
+            num_shards=len(s.shuffle.shard_indices),
+            shard_indices=s.shuffle.shard_indices.tolist(),
+            shard_num_samples=len(s.shuffle.intra_shard_indices),
+            intra_shard_indices=s.shuffle.intra_shard_indices.tolist(),
+            mt19937={'left': s.shuffle.rng.left, 'next': s.shuffle.rng.next},
+        )
+    if with_tensors:
+        import llmc_io
+
+        arrays = [
+            ('model params', tree_to_flat(ckpt.model_path, llmc_io.load_gpt2(ckpt.model_path)[1], header)),
+            ('AdamW m', s.m),
+            ('AdamW v', s.v),
+        ]
+        if s.master is not None:
+            arrays.append(('master weights', s.master))
+        shown['arrays'] = [_stats(name, a) for name, a in arrays]
+    return shown
+
+
+def _short(values: list, keep: int = 16) -> str:
+    text = ' '.join(map(str, values[:keep]))
+    return text + (f' ... ({len(values)} in all)' if len(values) > keep else '')
+
+
+def show_text(shown: dict, table, number) -> str:
+    m, st, ld = shown['model'], shown['state'], shown['loader']
+    rows = [
+        ('path', shown['path']),
+        ('kind', f"{KIND} (llm.c train_gpt2cu run folder)"),
+        ('step', shown['step']),
+        (
+            'model',
+            (
+                f"{m['file']}: v{m['version']} {m['dtype']}, maxT {m['max_seq_len']}, V {m['vocab_size']}, "
+                f"Vp {m['padded_vocab_size']}, L {m['num_layers']}, NH {m['num_heads']}, C {m['channels']}, "
+                f"{m['num_parameters']:,} parameters"
+            ),
+        ),
+        (
+            'state',
+            (
+                f"{st['file']}: version {st['version']}, {st['num_processes']} process(es), rank "
+                f"{st['process_rank']}"
+            ),
+        ),
+        ('master weights', 'fp32, present' if st['master_weights'] else 'absent (-w 0)'),
+        ('rng state', f"{st['rng_state']} (before the last update: {st['rng_state_last_update']})"),
+        ('loader position', f"shard position {ld['current_shard_idx']}, sample {ld['current_sample_idx']}"),
+    ]
+    if ld['should_shuffle']:
+        rows += [
+            (
+                'shuffle',
+                f"on: {ld['num_shards']} shard(s), {ld['shard_num_samples']} samples in the current one",
+            ),
+            ('shard_indices', _short(ld['shard_indices'])),
+            ('intra_shard_indices', _short(ld['intra_shard_indices'])),
+            ('mt19937', f"left {ld['mt19937']['left']}, next {ld['mt19937']['next']}"),
+        ]
+    else:
+        rows.append(('shuffle', 'off (sequential loader)'))
+    width = max(len(k) for k, _ in rows)
+    lines = [f'{k.ljust(width)}  {v}' for k, v in rows]
+    if 'arrays' in shown:
+        lines.append('')
+        lines.append(
+            table(
+                ['array', 'values', 'min', 'max', 'mean', 'rms'],
+                [
+                    [
+                        a['array'],
+                        f"{a['values']:,}",
+                        number(a['min']),
+                        number(a['max']),
+                        number(a['mean']),
+                        number(a['rms']),
+                    ]
+                    for a in shown['arrays']
+                ],
+            )
+        )
+    return '\n'.join(lines)
+
+
+class Verification:
+    def __init__(self, problems, checked):
+        self.problems, self.checked = problems, checked
+
+
+def verify(path) -> Verification:
+    """Everything read_step checks (DONE marker, header, sizes, one rank), then the values: finite m,
+    v and master weights, v >= 0, the bf16 model within one bf16 step of the master weights (llm.c
+    rounds them stochastically), the loader's permutations and mt19937 state well formed."""
+    import llmc_io
+
+    ckpt = _read(path)
+    s, problems = ckpt.state, []
+    checked = [
+        f'step {ckpt.step} committed (DONE marker)',
+        f'model v{ckpt.model_version} header and size',
+        'state header and size',
+    ]
+    arrays = {'m': s.m, 'v': s.v} | ({'master weights': s.master} if s.master is not None else {})
+    for name, array in arrays.items():
+        bad = int(np.count_nonzero(~np.isfinite(array)))
+        if bad:
+            problems.append(f'{ckpt.state_path.name}: {name}: expected finite values, found {bad} non-finite')
+    if np.any(np.asarray(s.v) < 0):
+        problems.append(f'{ckpt.state_path.name}: v: expected >= 0 (a second moment), found negative values')
+    checked.append('m, v' + (', master weights' if s.master is not None else '') + ' finite')
+    if s.master is not None:
+        model = tree_to_flat(ckpt.model_path, llmc_io.load_gpt2(ckpt.model_path)[1], ckpt.header)
+        master = np.asarray(s.master, np.float32)
+        ulp = np.abs(master) * 2.0**-7 + np.finfo(np.float32).tiny
+        far = int(np.count_nonzero(np.abs(model - master) > ulp))
+        if far:
+            problems.append(
+                f'{ckpt.model_path.name}: {far} value(s) more than one bf16 step from the master weights '
+                '(expected the model to be the master weights rounded)'
+            )
+        checked.append('model = master weights rounded to bf16')
+    if s.shuffle is not None:
+        sh = s.shuffle
+        for name, perm in (
+            ('shard_indices', sh.shard_indices),
+            ('intra_shard_indices', sh.intra_shard_indices),
+        ):
+            if sorted(perm.tolist()) != list(range(len(perm))):
+                problems.append(
+                    f'{ckpt.state_path.name}: {name}: expected a permutation of 0..{len(perm) - 1}'
+                )
+        if not 1 <= sh.rng.left <= 624 or tuple(sh.rng.matrix_a) != MATRIX_A:
+            problems.append(
+                f'{ckpt.state_path.name}: mt19937 state: expected left in 1..624 and MATRIX_A '
+                f'{MATRIX_A}, found left {sh.rng.left}, MATRIX_A {sh.rng.matrix_a}'
+            )
+        if s.current_shard_idx >= len(sh.shard_indices) or s.current_sample_idx > len(sh.intra_shard_indices):
+            problems.append(
+                f'{ckpt.state_path.name}: loader position: expected within {len(sh.shard_indices)} '
+                f'shards / {len(sh.intra_shard_indices)} samples, found shard '
+                f'{s.current_shard_idx} sample {s.current_sample_idx}'
+            )
+        checked.append('loader permutations and mt19937 state well formed')
+    return Verification(problems, checked)
+
+
+# ---- export ---------------------------------------------------------------------------------------
+
+
+def export(step_dir, output, force: bool = False) -> dict:
+    """Write step_dir (one of our Orbax steps) into the llm.c run folder `output`."""
+    from jaxtrain.data.llmc_shuffled_stream import LLMCShuffledStream
+    from jaxtrain.tools.ckpt_infinitrain import _from_orbax, kind_of
+
+    if kind_of(step_dir) != 'orbax':
+        raise CheckpointError(
+            f'{step_dir}: expected one of our (Orbax) checkpoints for --format llmc-run, found a '
+            f'{kind_of(step_dir)} one; '
+            'resume it with the trainer and save as orbax first'
+        )
+    family, params, moments, record, header = _from_orbax(step_dir)
+    if family != 'gpt2':
+        raise CheckpointError(f'{step_dir}: model_family: expected gpt2 (train_gpt2cu), found {family}')
+    if moments is None:
+        raise CheckpointError(
+            f'{step_dir}: opt_state: expected AdamW moments (llm.c\'s state file holds m and v), found none; '
+            'save with --save_optimizer_state'
+        )
+    step = int(record['step'])
+    output = Path(output)
+    existing = [
+        p.name
+        for p in (
+            llmc_run.model_path(output, step),
+            llmc_run.done_path(output, step),
+            output / f'state_{step:08d}_00000.bin',
+        )
+        if p.exists()
+    ]
+    if existing and not force:
+        raise CheckpointError(
+            f'--output: {output}: expected no step-{step} files, found {", ".join(existing)}; they are '
+            'left as '
+            'they are (pass --force to replace them)'
+        )
+    training = record.get('training_config', {})
+    mu, nu, t = moments
+    if t != step:
+        raise CheckpointError(
+            f'{step_dir}: Adam t: expected the step {step} (llm.c takes t = step + 1 next), found {t}'
+        )
+    position = int(record['data_position'])
+    shuffle = training.get('shuffle', 'none')
+    pattern = training.get('input_bin', '')
+    if shuffle != 'llmc':
+        raise CheckpointError(
+            f"{step_dir}: training_config.shuffle: expected 'llmc' (train_gpt2cu reads its permuted order), "
+            f"found {shuffle!r}; train with --shuffle llmc to continue the run in llm.c"
+        )
+    tokens = int(record['tokens_per_step'])
+    micro = training['batch_size'] * training['sequence_length']
+    mesh = record.get('topology', {}).get('mesh', {})
+    data_parallel = mesh.get('data', 1) * mesh.get('fsdp', 1)
+    accumulation = tokens // (micro * data_parallel)
+    stream = LLMCShuffledStream(
+        pattern, tokens, training['sequence_length'], header.vocab_size, accumulation=accumulation
+    )
+    shard_idx, sample_idx, shuffle_state = stream.loader_state(position)
+    state = LLMCState(
+        step=step,
+        current_shard_idx=shard_idx,
+        current_sample_idx=sample_idx,
+        m=tree_to_flat(output, mu, header),
+        v=tree_to_flat(output, nu, header),
+        master=tree_to_flat(output, params, header),
+        shuffle=shuffle_state,
+        rng_state=int(record.get('llmc_rng_state', 13371337)),
+        rng_state_last_update=int(record.get('llmc_rng_state_last_update', 13371337)),
+    )
+    try:
+        llmc_run.write_step(output, header, params, state, version=5)
+    except (OSError, LLMCFormatError) as e:
+        raise CheckpointError(f'--output: {output}: could not write step {step}: {e}') from None
+    return {
+        'output': str(output),
+        'kind': KIND,
+        'step': step,
+        'model_family': family,
+        'files': [f'model_{step:08d}.bin', f'state_{step:08d}_00000.bin', f'DONE_{step:08d}'],
+        'data': pattern,
+        'llmc_flags': f"-b {micro * data_parallel // training['sequence_length']} "
+        f"-t {training['sequence_length']} -d {tokens}",
+    }
+
+
+def export_line(written: dict) -> str:
+    return (
+        f"wrote {written['output']}: llm.c run folder, step {written['step']} "
+        f"({', '.join(written['files'])}); "
+        f"llm.c resumes it with train_gpt2cu -i '{written['data']}' {written['llmc_flags']} -y 1 -o "
+        f"{written['output']}"
+    )
