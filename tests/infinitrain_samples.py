@@ -59,3 +59,59 @@ def listed_md5s(folder: str) -> dict[str, str]:
 def step_dirs(root: Path) -> list[Path]:
     """Every checkpoint directory InfiniTrain wrote under root (checkpoint_step_* and checkpoint_final)."""
     return sorted(p for p in root.rglob('checkpoint_*') if p.is_dir())
+
+
+def sample_commands(folder: str) -> dict[str, list[str]]:
+    """A sample folder's commands.txt: each run by its log name, as arguments after the program name."""
+    runs = {}
+    for line in (SAMPLES / folder / 'commands.txt').read_text().splitlines():
+        words = line.split()
+        if '2>' in words:
+            runs[words[words.index('2>') + 1]] = words[2 : words.index('2>')]
+    return runs
+
+
+def copy_run_inputs(source: Path, dest: Path) -> None:
+    """A sample run's train.bin and model.bin (gunzipped when stored as model.bin.gz) into dest."""
+    shutil.copy(source / 'train.bin', dest / 'train.bin')
+    if (source / 'model.bin').is_file():
+        shutil.copy(source / 'model.bin', dest / 'model.bin')
+    else:
+        with gzip.open(source / 'model.bin.gz') as packed, open(dest / 'model.bin', 'wb') as out:
+            shutil.copyfileobj(packed, out)
+
+
+def run_keys(real: Path, folder: str) -> dict:
+    """The config keys of the flags every sample run was made with (the folder READMEs' commands),
+    reading the unpacked copy `real` of the tree."""
+    family = 'gpt2' if 'gpt2' in folder else 'llama3'
+    return dict(
+        llmc_filepath=str(real / folder / 'model.bin'),
+        input_bin=str(real / folder / 'train.bin'),
+        batch_size=2,
+        sequence_length=64,
+        total_batch_size=128,
+        learning_rate=0.01,
+        num_iteration=20,
+        optimizer='sgd' if family == 'gpt2' else 'adam',
+        beta1=0.9,
+        beta2=0.999,
+        eps=1e-8,
+    )
+
+
+def saved_step_tensors(step: Path) -> tuple[str, dict, dict | None, int]:
+    """(family, {name: array}, {name: (m, v)} or None without optimizer.ckpt, adam t) of a real
+    single-rank step directory, read with llmc_io's state-dict reader."""
+    from llmc_io import infinitrain_layout, infinitrain_names
+    from llmc_io.statedict import read_state_dict
+
+    model = {n: t.array for n, t in read_state_dict(step / 'model.ckpt').items()}
+    family = infinitrain_names.family_of(model)
+    adam, t = None, 0
+    if (step / 'optimizer.ckpt').is_file():
+        opt = read_state_dict(step / 'optimizer.ckpt')
+        order = infinitrain_layout.parameter_order(family, infinitrain_names.num_layers_of(model))
+        adam = {name: (opt[f'adam.m.{i}'].array, opt[f'adam.v.{i}'].array) for i, name in enumerate(order)}
+        t = int(opt['adam.t'].array)
+    return family, model, adam, t

@@ -1,8 +1,10 @@
 """Which checkpoint format (format.py) a flag or a step directory means.
 
 `--checkpoint_format` picks the format a run writes (`for_flag`); a step directory's files
-pick the format it is read with (`for_step_dir`): InfiniTrain's when its model file is one
-of theirs, else ours, whose resolve and restore then say what is wrong with it.
+pick the format it is read with (`for_step_dir`): an llm.c run folder's step, InfiniTrain's
+when its model file is one of theirs, else ours, whose resolve and restore then say what is
+wrong with it. A new format implements format.CheckpointFormat and is listed here; nothing
+else needs to know it.
 """
 
 from pathlib import Path

@@ -4,7 +4,6 @@ expected and what was found. The one place a run's config is validated: the entr
 
 import importlib.util
 import math
-from pathlib import Path
 
 from jaxtrain.checkpoint.registry import FORMAT_NAMES
 from jaxtrain.config.fit_checks import check_fit
@@ -172,22 +171,7 @@ def _range_problems(config) -> list[str]:
         problems.append(
             f'val_max_steps: expected at least 1 batch per evaluation, found {config.val_max_steps}'
         )
-    blocking = _file_in_the_way(config.metrics_dir)
-    if blocking:
-        problems.append(
-            f'metrics_dir: {config.metrics_dir}: expected a directory (metrics.jsonl is written inside), '
-            f'found {blocking} is a file; pass another --metrics_dir'
-        )
     return problems
-
-
-def _file_in_the_way(directory: str) -> str:
-    """The existing file that `directory` is, or would be created under ('' if none)."""
-    if not directory:
-        return ''
-    path = Path(directory).absolute()
-    existing = next((p for p in [path, *path.parents] if p.exists()), None)
-    return str(existing) if existing is not None and not existing.is_dir() else ''
 
 
 def deterministic_wanted(config) -> bool:

@@ -200,7 +200,8 @@ KEYS = (
     (
         'checkpoint_format',
         'orbax',
-        'orbax | infinitrain (HEAD: model.ckpt, optimizer.ckpt) | infinitrain-bin (PR: llm.c model.bin, '
+        'orbax | infinitrain (HEAD: model.ckpt, optimizer.ckpt) | infinitrain-lrs (HEAD\'s files and '
+        'lr_scheduler.ckpt, as the LR-scheduler generation) | infinitrain-bin (PR: llm.c model.bin, '
         "optimizer.bin) | llmc (an llm.c run folder that train_gpt2cu -y 1 resumes; needs --shuffle llmc); "
         "InfiniTrain's pth/ckpt/bin are aliases",
     ),

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 
+from jaxtrain.train.output_directory import create_output_directory
+
 # Row key -> dashboard tag.
 SCALAR_TAGS = {
     'loss': 'train/loss',
@@ -70,6 +72,7 @@ class Dashboards:
                 raise _missing('--tensorboard_dir', 'tensorboardX') from None
             # A fresh run purges nothing; a resumed one hides what an earlier run wrote after its step.
             purge = first_step + 1 if first_step > 0 else None
+            create_output_directory('tensorboard_dir', config.tensorboard_dir)
             self.tensorboard = SummaryWriter(config.tensorboard_dir, purge_step=purge, flush_secs=30)
         if config.wandb_project:
             try:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import jax
 
+from jaxtrain.train.output_directory import create_output_directory
 from llmc_io.atomic_file import write_text_atomically
 
 
@@ -68,9 +69,9 @@ class RunLog:
         self.log_dir = log_dir
         self.dashboards = None  # train/dashboards.py, attached once the run knows its first step
         if log_dir and self.is_main:
-            Path(log_dir).mkdir(parents=True, exist_ok=True)
+            directory = create_output_directory('metrics_dir', log_dir)
             # An append log, not rewritten per row: each row goes out whole in one flushed write.
-            self.metrics_file = open(Path(log_dir) / 'metrics.jsonl', 'a')
+            self.metrics_file = open(directory / 'metrics.jsonl', 'a')
 
     def write_config(self, record: dict):
         """config.json beside metrics.jsonl: the run's resolved config (banner.run_record), this

@@ -12,10 +12,7 @@ import re
 import pytest
 
 from infinitrain_rank_fixtures import write_run
-from infinitrain_samples import SAMPLES, unpack
-from llmc_io import infinitrain_layout as layout
-from llmc_io import infinitrain_names as names
-from llmc_io.statedict import read_state_dict
+from infinitrain_samples import SAMPLES, run_keys, saved_step_tensors, unpack
 from trainer_runs import load_config, train
 
 pytestmark = pytest.mark.slow
@@ -44,31 +41,14 @@ def test_resume_from_a_multi_gpu_layout_matches_the_real_resume(tmp_path, folder
         pytest.skip(f'{SAMPLES} absent')
     real = unpack(tmp_path / 'real')
     step = real / folder / 'a' / 'checkpoint_step_000010'
-    model = {n: t.array for n, t in read_state_dict(step / 'model.ckpt').items()}
-    family = names.family_of(model)
-    adam, t = None, 0
-    if (step / 'optimizer.ckpt').is_file():
-        opt = read_state_dict(step / 'optimizer.ckpt')
-        order = layout.parameter_order(family, names.num_layers_of(model))
-        adam = {n: (opt[f'adam.m.{i}'].array, opt[f'adam.v.{i}'].array) for i, n in enumerate(order)}
-        t = int(opt['adam.t'].array)
+    family, model, adam, t = saved_step_tensors(step)
     split = write_run(
         tmp_path / 'split' / 'checkpoint_step_000010', family, model, adam, t, step=10, consumed=10, lr=0.01,
         **saved,
     )
     config = load_config(
         family,
-        llmc_filepath=str(real / folder / 'model.bin'),
-        input_bin=str(real / folder / 'train.bin'),
-        batch_size=2,
-        sequence_length=64,
-        total_batch_size=128,
-        learning_rate=0.01,
-        num_iteration=20,
-        optimizer='sgd' if family == 'gpt2' else 'adam',
-        beta1=0.9,
-        beta2=0.999,
-        eps=1e-8,
+        **run_keys(real, folder),
         resume_from=str(split),
         metrics_dir=str(tmp_path / 'metrics'),
         **mesh,

@@ -15,7 +15,7 @@ import re
 import numpy as np
 import pytest
 
-from infinitrain_samples import SAMPLES, unpack
+from infinitrain_samples import SAMPLES, run_keys, unpack
 from jaxtrain.checkpoint.formats import infinitrain as it
 from jaxtrain.checkpoint.formats.infinitrain_trainer import model_header
 from llmc_io.infinitrain_state import PR, InfiniTrainState
@@ -117,17 +117,7 @@ def test_resume_from_the_real_binarys_checkpoints(tmp_path):
         family = 'gpt2' if 'gpt2' in folder else 'llama3'
         config = load_config(
             family,
-            llmc_filepath=str(real / folder / 'model.bin'),
-            input_bin=str(real / folder / 'train.bin'),
-            batch_size=2,
-            sequence_length=64,
-            total_batch_size=128,
-            learning_rate=0.01,
-            num_iteration=20,
-            optimizer='sgd' if family == 'gpt2' else 'adam',
-            beta1=0.9,
-            beta2=0.999,
-            eps=1e-8,
+            **run_keys(real, folder),
             resume_from=str(real / folder / saved / 'checkpoint_step_000010'),
             metrics_dir=str(tmp_path / f'{folder}-{saved}'),
         )

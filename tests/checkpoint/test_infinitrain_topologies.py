@@ -13,11 +13,10 @@ import shutil
 import numpy as np
 import pytest
 from infinitrain_rank_fixtures import write_run
-from infinitrain_samples import needs_samples, unpack
+from infinitrain_samples import needs_samples, saved_step_tensors, unpack
 
 from jaxtrain.checkpoint.formats import infinitrain as it
 from llmc_io import infinitrain_layout as layout
-from llmc_io import infinitrain_names as names
 from llmc_io.errors import LLMCFormatError
 from llmc_io.infinitrain_state import read_trainer_state
 from llmc_io.infinitrain_topology import Topology, chunk_ranges
@@ -58,15 +57,7 @@ def real(tmp_path_factory):
 def _sample(real, folder):
     """(family, {name: array} model, {name: (m, v)} or None, adam t, the reader's view) of a real step."""
     step = real / folder / 'a' / 'checkpoint_step_000010'
-    model = {n: t.array for n, t in read_state_dict(step / 'model.ckpt').items()}
-    family = names.family_of(model)
-    adam, t = None, 0
-    if (step / 'optimizer.ckpt').is_file():
-        opt = read_state_dict(step / 'optimizer.ckpt')
-        order = layout.parameter_order(family, names.num_layers_of(model))
-        adam = {name: (opt[f'adam.m.{i}'].array, opt[f'adam.v.{i}'].array) for i, name in enumerate(order)}
-        t = int(opt['adam.t'].array)
-    return family, model, adam, t, it.read_checkpoint(step)
+    return *saved_step_tensors(step), it.read_checkpoint(step)
 
 
 def _same_bits(a: dict, b: dict):

@@ -41,3 +41,11 @@ def test_help_shows_each_keys_default(help_flag):
                 assert f'configs/{family}.py: {_shown(config[key])}' in texts[key], (key, texts[key])
     assert 'configs/llama3.py: 0.01' in texts['learning_rate']  # tiny's, the plain config's model
     assert "configs/gpt2.py: 'small'" in texts['model']
+
+
+def test_checkpoint_formats_help_names_every_format_it_accepts():
+    from jaxtrain.checkpoint.registry import FORMAT_NAMES
+
+    (text,) = [text for key, _, text in KEYS if key == 'checkpoint_format']
+    named = set(re.findall(r'(?:^|\| )([a-z-]+) ', text))
+    assert named == set(FORMAT_NAMES)

@@ -4,14 +4,13 @@ CPU), with the program name changed to `python -m jaxtrain.main
 --config=configs/<model>.py:infinitrain`. Every step within 1e-5 (compare_loss.py's fp32
 threshold), and the [CKPT] lines equal theirs. Skipped where the folder is absent."""
 
-import gzip
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 
 from cli_runs import run_cli
+from infinitrain_samples import copy_run_inputs
 
 SHARED = Path('/work/shared/infinitrain')
 LOSS = re.compile(r'step\s+(\d+)/\d+\s+\|\s+train loss\s+([\d.]+)')  # scripts/compare_loss.py
@@ -37,12 +36,7 @@ def _crosscheck(folder: str, model: str, tmp_path, monkeypatch):
     if not (source / 'a.log').is_file():
         pytest.skip(f'{source} is not here')
     monkeypatch.chdir(tmp_path)  # the commands use relative paths, as upstream's were run
-    shutil.copy(source / 'train.bin', 'train.bin')
-    if (source / 'model.bin').is_file():
-        shutil.copy(source / 'model.bin', 'model.bin')
-    else:
-        with gzip.open(source / 'model.bin.gz') as packed, open('model.bin', 'wb') as out:
-            shutil.copyfileobj(packed, out)
+    copy_run_inputs(source, tmp_path)
     for run, log in ((RUN_A, 'a.log'), (RUN_B, 'b.log')):
         result = run_cli(*run.split(), config=f'configs/{model}.py:infinitrain', num_devices=None)
         assert result.code == 0, result.err

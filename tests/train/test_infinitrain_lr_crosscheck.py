@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 from cli_runs import run_cli
-from infinitrain_samples import SAMPLES
+from infinitrain_samples import SAMPLES, sample_commands
 
 from llmc_io.infinitrain_state import read_trainer_state
 
@@ -27,16 +27,6 @@ def _ckpt_lines(text: str) -> list[str]:
     lines = (GLOG_PREFIX.sub('', line) for line in text.splitlines())
     kept = ('[CKPT] Save', '[CKPT] Load done', '[CKPT] Loading LR')
     return [line for line in lines if line.startswith(kept) and 'checkpoint_final' not in line]
-
-
-def _commands(folder: str) -> dict[str, list[str]]:
-    """commands.txt's runs by their log name, as argument lists after the program name."""
-    runs = {}
-    for line in (SAMPLES / folder / 'commands.txt').read_text().splitlines():
-        words = line.split()
-        if '2>' in words:
-            runs[words[words.index('2>') + 1]] = words[2 : words.index('2>')]
-    return runs
 
 
 def _same_as_log(result, log_text: str, steps) -> None:
@@ -72,7 +62,7 @@ def folder(tmp_path, monkeypatch, request):
 
 def _crosscheck(folder, family: str, runs=('a.log',)):
     name, source, here = folder
-    commands = _commands(name)
+    commands = sample_commands(name)
     config = f'configs/{family}.py:infinitrain'
     for log in runs:  # ours into a/, l/, n/ as upstream's commands say, in InfiniTrain's files
         result = run_cli(

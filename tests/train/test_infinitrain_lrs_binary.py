@@ -8,16 +8,14 @@ gives the command:
     INFINITRAIN_LRS_BIN=/path/to/lrs/build/gpt2 python -m pytest -q tests/train/test_infinitrain_lrs_binary.py
 """
 
-import gzip
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 from cli_runs import run_cli
-from infinitrain_samples import SAMPLES
+from infinitrain_samples import SAMPLES, copy_run_inputs, sample_commands
 
 BINARY = os.environ.get('INFINITRAIN_LRS_BIN', '')
 STEP = re.compile(r'step\s+(\d+)/\d+\s+\|\s+train loss\s+([\d.]+)\s+\|\s+lr\s+(\S+)\s')
@@ -28,15 +26,6 @@ def _steps(text: str) -> dict[int, tuple[float, str]]:
     return {int(m[1]): (float(m[2]), m[3]) for m in map(STEP.search, text.splitlines()) if m}
 
 
-def _commands(folder: str) -> dict[str, list[str]]:
-    runs = {}
-    for line in (SAMPLES / folder / 'commands.txt').read_text().splitlines():
-        words = line.split()
-        if '2>' in words:
-            runs[words[words.index('2>') + 1]] = words[2 : words.index('2>')]
-    return runs
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize('folder, family', [('lrs-gpt2', 'gpt2'), ('lrs-llama3', 'llama3')])
 def test_the_lr_scheduler_binary_resumes_our_checkpoint(tmp_path, monkeypatch, folder, family):
@@ -45,13 +34,8 @@ def test_the_lr_scheduler_binary_resumes_our_checkpoint(tmp_path, monkeypatch, f
         pytest.skip(f'{binary} is not built')
     source = SAMPLES / folder
     monkeypatch.chdir(tmp_path)
-    shutil.copy(source / 'train.bin', 'train.bin')
-    if (source / 'model.bin').is_file():
-        shutil.copy(source / 'model.bin', 'model.bin')
-    else:
-        with gzip.open(source / 'model.bin.gz') as packed, open('model.bin', 'wb') as out:
-            shutil.copyfileobj(packed, out)
-    commands = _commands(folder)
+    copy_run_inputs(source, tmp_path)
+    commands = sample_commands(folder)
     # Ours: run (a) in InfiniTrain's files, stopped after its step-10 save; the decay still spans the
     # 20 steps of upstream's (b), whose --lr_decay_iters 0 takes its --num_iteration 20.
     ours = [w if w != '20' else '10' for w in commands['a.log']] + ['--lr_decay_iters', '20']

@@ -1,7 +1,8 @@
 """The seed's acceptance experiment, verbatim, as real processes: train 100 steps saving
 every 20, resume a second run from step 40, and InfiniTrain's loss comparison of steps
-41-100 finds zero difference; then SIGTERM and an exact resume. (kill -9 during saves:
-test_faults.py; bf16 and accumulation in both families: test_resume_exact.py.)"""
+41-100 finds zero difference; then SIGTERM and an exact resume. (GPT-2 fp32: README's seed
+block, run by tests/test_readme.py; kill -9 during saves: test_faults.py; bf16 and
+accumulation in both families: test_resume_exact.py.)"""
 
 import os
 import signal
@@ -30,7 +31,9 @@ def trainer(config_file, *args, log=None):
     return process
 
 
-@pytest.mark.parametrize('family,dtype', [('gpt2', 'float32'), ('llama3', 'bfloat16')])
+# GPT-2 in fp32 is README's own seed block, which tests/test_readme.py runs as written and holds to
+# the same checks; running it here as well would train the same 160 steps twice.
+@pytest.mark.parametrize('family,dtype', [('llama3', 'bfloat16')])
 def test_seed_commands_match_from_step_41(tmp_path, family, dtype):
     common, log_name = seed_experiment_setup(tmp_path, family, dtype)
     config_file = f'configs/{family}.py'
