@@ -117,20 +117,20 @@ def seed_experiment_setup(tmp_path, family: str, dtype: str) -> tuple[list, str]
 
 
 def assert_resumed_run_matches(logs_base, logs_test, final_a, final_b) -> None:
-    """The seed experiment's two checks, as its README commands make them: InfiniTrain-style
+    """The seed experiment's two checks, as its README commands make them, through the tools'
+    main() in this process (README's own block runs them as commands): InfiniTrain-style
     compare_loss with zero thresholds (60 steps compared, all equal) and `ckpt diff` of the
     two runs' final checkpoints (identical)."""
-    import subprocess
+    from jaxtrain.tools import ckpt, compare_loss
 
-    compare = subprocess.run(
-        [sys.executable, '-m', 'jaxtrain.compare_loss', logs_base, logs_test,
-         '--threshold-fp32', '0', '--threshold-bf16', '0'],
-        capture_output=True,
-        text=True,
-    )
-    assert compare.returncode == 0, compare.stdout
-    assert '60/60' in compare.stdout
-    diff = subprocess.run(
-        [sys.executable, '-m', 'jaxtrain.ckpt', 'diff', final_a, final_b], capture_output=True, text=True
-    )
-    assert diff.returncode == 0, diff.stdout + diff.stderr
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = compare_loss.main(
+            [str(logs_base), str(logs_test), '--threshold-fp32', '0', '--threshold-bf16', '0']
+        )
+    assert code == 0, out.getvalue()
+    assert '60/60' in out.getvalue(), out.getvalue()
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = ckpt.main(['diff', str(final_a), str(final_b)])
+    assert code == 0, out.getvalue() + err.getvalue()

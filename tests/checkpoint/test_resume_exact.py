@@ -7,6 +7,8 @@ import pytest
 
 from trainer_runs import load_config, random_shard, restore_params, tiny_llmc_model, train
 
+pytestmark = pytest.mark.slow  # two whole runs per case, each case its own compiled step
+
 CASES = {
     'gpt2-fp32': dict(family='gpt2'),
     'gpt2-bf16-accumulation': dict(family='gpt2', dtype='bfloat16', total_batch_size=512),

@@ -61,6 +61,7 @@ def assert_continues(losses, reference, steps):
         assert abs(losses[step] - reference[step]) <= TOLERANCE, (step, losses[step], reference[step])
 
 
+@pytest.mark.slow
 def test_the_saving_topology_is_recorded(uninterrupted):
     root, _, out = uninterrupted
     assert 'mesh data 2 × fsdp 4 × tensor 1' in out and 'DP 8 (data x fsdp) x accumulation 1' in out
@@ -76,6 +77,7 @@ def test_the_saving_topology_is_recorded(uninterrupted):
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     'devices,mesh,accumulation',
     [(4, dict(mesh_fsdp=2, mesh_tensor=2, mesh_data=1), 4), (2, {}, 4), (1, {}, 8)],
@@ -99,6 +101,7 @@ def test_resume_saved_on_8_devices_on_fewer(uninterrupted, files, tmp_path, devi
     ) in out
 
 
+@pytest.mark.slow
 def test_resume_saved_on_1_device_on_8(uninterrupted, files, tmp_path):
     _, reference, _ = uninterrupted
     first, _ = run(tmp_path, 'one', files, num_devices=1, num_iteration=3)
