@@ -261,25 +261,19 @@ def tp_merge(path, name: str, parts: list[np.ndarray], n_embd: int) -> np.ndarra
     """The global tensor from its TP ranks' slices (rank order); replicated tensors come from TP rank 0."""
     rule = tp_rule(name)
     tp = len(parts)
-    shapes = {p.shape for p in parts}
-    if rule == WHOLE or tp == 1:
-        if len(shapes) != 1:
-            raise LLMCFormatError(
-                path,
-                f"tensor '{name}' shape",
-                "the same on every TP rank (not split by tensor parallelism)",
-                " / ".join(str(p.shape) for p in parts),
-                "the rank directories are from different runs",
-            )
-        return parts[0]
-    if len(shapes) != 1:
+    whole = rule == WHOLE or tp == 1
+    if len({p.shape for p in parts}) != 1:
         raise LLMCFormatError(
             path,
             f"tensor '{name}' shape",
-            "the same slice shape on every TP rank",
+            "the same on every TP rank (not split by tensor parallelism)"
+            if whole
+            else "the same slice shape on every TP rank",
             " / ".join(str(p.shape) for p in parts),
             "the rank directories are from different runs",
         )
+    if whole:
+        return parts[0]
     if rule == ROWS:
         return np.concatenate(parts, axis=0)
     if rule == COLUMNS:

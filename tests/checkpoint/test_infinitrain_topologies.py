@@ -406,3 +406,21 @@ def test_verify_compares_the_data_parallel_replicas(tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"rank_000003/model.ckpt: tensor '{name}': expected the bytes of data-parallel rank 0" in out
     assert '(rank_000002), found different values' in out
+
+
+@pytest.mark.parametrize(
+    'name, expected',
+    [
+        ('transformer.ln_f.weight', 'the same on every TP rank (not split by tensor parallelism)'),
+        ('lm_head.weight', 'the same slice shape on every TP rank'),
+    ],
+)
+def test_tp_ranks_of_unequal_shapes_are_one_line(name, expected):
+    from llmc_io.infinitrain_topology import tp_merge
+
+    parts = [np.zeros((4, 8), np.float32), np.zeros((2, 8), np.float32)]
+    with pytest.raises(LLMCFormatError) as error:
+        tp_merge('step/rank_000001', name, parts, n_embd=8)
+    message = str(error.value)
+    assert f"tensor '{name}' shape" in message and expected in message and '(4, 8) / (2, 8)' in message
+    assert 'different runs' in message and '\n' not in message
