@@ -43,17 +43,7 @@ class LLMCShuffledStream(TokenStream):
     def window(self, position: int) -> tuple[np.ndarray, np.ndarray]:
         inputs, targets = [], []
         for shard, sample in self.samples_of(position):
-            start = sample * self.sample_tokens
-            tokens = np.asarray(self.shards[shard][start : start + self.sample_tokens + 1])
-            too_big = np.flatnonzero(tokens >= self.vocab_size)
-            if too_big.size:
-                at = int(too_big[0])
-                raise DataError(
-                    f'{self.paths[shard]}: token at offset {start + at}: expected id < vocab_size '
-                    f'{self.vocab_size}, found {int(tokens[at])}; the shards were tokenized for a '
-                    "different vocabulary than the model's"
-                )
-            tokens = tokens.astype(np.int32)
+            tokens = self.tokens_at(shard, sample * self.sample_tokens, self.sample_tokens + 1)
             inputs.append(tokens[:-1])
             targets.append(tokens[1:])
         rows = (self.rows, self.seq_len)

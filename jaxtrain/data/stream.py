@@ -140,14 +140,10 @@ class TokenStream:
 
     # ---- reading ---------------------------------------------------------------------------------
 
-    def window(self, position: int) -> tuple[np.ndarray, np.ndarray]:
-        """(inputs, targets), each int32 of shape (rows, seq_len), for window `position`.
-
-        Pure: the same position always gives the same arrays, whatever was read before.
-        """
-        _, shard, k = self.locate(position)
-        start = k * self.tokens_per_step
-        tokens = np.asarray(self.shards[shard][start : start + self.tokens_per_step + 1])
+    def tokens_at(self, shard: int, start: int, count: int) -> np.ndarray:
+        """`count` tokens of shard file `shard` from offset `start`, as int32; an id the model's
+        vocabulary lacks is refused, naming the file and the offset."""
+        tokens = np.asarray(self.shards[shard][start : start + count])
         too_big = np.flatnonzero(tokens >= self.vocab_size)
         if too_big.size:
             at = int(too_big[0])
@@ -156,7 +152,15 @@ class TokenStream:
                 f"{self.vocab_size}, found {int(tokens[at])}; the shards were tokenized for a different "
                 f"vocabulary than the model's"
             )
-        tokens = tokens.astype(np.int32)
+        return tokens.astype(np.int32)
+
+    def window(self, position: int) -> tuple[np.ndarray, np.ndarray]:
+        """(inputs, targets), each int32 of shape (rows, seq_len), for window `position`.
+
+        Pure: the same position always gives the same arrays, whatever was read before.
+        """
+        _, shard, k = self.locate(position)
+        tokens = self.tokens_at(shard, k * self.tokens_per_step, self.tokens_per_step + 1)
         inputs = tokens[:-1].reshape(self.rows, self.seq_len)
         targets = tokens[1:].reshape(self.rows, self.seq_len)
         return inputs, targets

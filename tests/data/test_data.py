@@ -185,6 +185,24 @@ def test_token_id_at_or_above_vocab(tmp_path):
     assert path in str(error.value)
 
 
+def test_token_id_at_or_above_vocab_in_llmcs_shuffled_order(tmp_path):
+    from jaxtrain.data.llmc_shuffled_stream import LLMCShuffledStream
+
+    tokens = np.arange(30)
+    tokens[19] = 50257
+    path = write_shard(tmp_path / "a.bin", tokens)
+    stream = LLMCShuffledStream(path, tokens_per_step=8, seq_len=4, vocab_size=50257, accumulation=2)
+    refused = 0
+    for position in range(6):  # micro-steps of 4 tokens: sample k reads tokens 4k .. 4k + 4
+        if any(4 * k <= 19 <= 4 * k + 4 for _, k in stream.samples_of(position)):
+            with pytest.raises(DataError, match=r"offset 19: expected id < vocab_size 50257, found 50257"):
+                stream.window(position)
+            refused += 1
+        else:
+            stream.window(position)
+    assert refused >= 1
+
+
 def test_mixed_dtypes_are_rejected(tmp_path):
     write_shard(tmp_path / "m_0.bin", np.arange(20), kind=GPT2)
     llama = write_shard(tmp_path / "m_1.bin", np.arange(20), kind=LLAMA3)
