@@ -26,6 +26,7 @@ without a validation shard). Nothing is written when an input is refused.
 
 from __future__ import annotations
 
+import argparse
 import glob
 import os
 
@@ -48,7 +49,7 @@ def add_parser(commands, parents) -> None:
         parents=parents,
         help="make token shards from text, ids or other shards (u16 <-> u32)",
         description=__doc__.split("\n\n", 1)[1],
-        formatter_class=__import__("argparse").RawDescriptionHelpFormatter,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     shard.add_argument("inputs", nargs="+", metavar="INPUT", help="files or globs, read in the order given")
     shard.add_argument("--output", required=True, help="path prefix of the shards, e.g. data/mine")
