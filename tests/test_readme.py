@@ -162,3 +162,13 @@ def test_quickstart_makes_the_files_readme_names_offline(tmp_path, bin_dir):
         model_header, _ = llmc_io.load_model(str(tmp_path / name))
         assert isinstance(model_header, llmc_io.GPT2Header) and model_header.vocab_size == 50257
     assert 'step    2/2' in result.stdout  # the last line trained on both
+
+
+def test_the_seed_experiment_of_gpt2_runs_here():
+    """test_seed_experiment.py leaves GPT-2 fp32 to README's seed block: that block must stay in
+    README and run here, or the exact-resume claim for GPT-2 goes untested."""
+    seeds = [c for c in COMMANDS if c.text.startswith('python -m jaxtrain.compare_loss base test')]
+    assert len(seeds) == 1 and needs(seeds[0]) is None
+    block = [c for c in COMMANDS if (c.source, c.block) == (seeds[0].source, seeds[0].block)]
+    assert sum('--resume_from ck/gpt2-noresume/checkpoint_step_000040' in c.text for c in block) == 1
+    assert all(needs(c) is None for c in block)
