@@ -174,7 +174,11 @@ class HFTokenizer(TextTokenizer):
             self._tokenizer = tokenizers.Tokenizer.from_file(path)
         except Exception as error:  # noqa: BLE001  the Rust library's messages are one line
             raise LLMCFormatError(
-                path, "content", "a Hugging Face tokenizer.json", f"unreadable ({error})"
+                path,
+                "content",
+                "a Hugging Face tokenizer.json",
+                f"unreadable ({error})",
+                "pass the tokenizer.json of the model's Hugging Face folder (tokenizers' save() writes one)",
             ) from None
         # llm.c's fineweb.py passes split_special_tokens=True: '<|endoftext|>' in a document is text.
         self._tokenizer.encode_special_tokens = True

@@ -344,3 +344,19 @@ def test_info_describes_bpe_tokenizer_files(tmp_path, capsys):
         '<|endoftext|> = 598; 599 tokens' in out
         and '256 specials from 598 (<|begin_of_text|>); 854 tokens' in out
     )
+
+
+def test_a_json_that_is_no_tokenizer_is_one_line_saying_what_to_pass(tmp_path):
+    from llmc_io.errors import LLMCFormatError
+    from llmc_io.text_tokenizer import load_text_tokenizer
+
+    path = tmp_path / 'tokenizer.json'
+    path.write_text('{"model": {"type": "BPE"}}')
+    with pytest.raises(LLMCFormatError) as error:
+        load_text_tokenizer(path, 'gpt2').encode('hello')
+    message = str(error.value)
+    assert message.startswith(f'{path}: content: expected a Hugging Face tokenizer.json, found unreadable (')
+    assert message.endswith(
+        "; pass the tokenizer.json of the model's Hugging Face folder (tokenizers' save() writes one)"
+    )
+    assert '\n' not in message
