@@ -11,21 +11,13 @@ its global_step.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 from jaxtrain.checkpoint.formats import infinitrain as it
 from jaxtrain.checkpoint.layout import DAMAGED
 from jaxtrain.checkpoint.record_digest import DIGEST_FIELD, digest_problem, step_name_problem
 from jaxtrain.checkpoint.record_fields import field_problems
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, 'rb') as f:
-        for block in iter(lambda: f.read(1 << 24), b''):
-            digest.update(block)
-    return digest.hexdigest()
+from jaxtrain.checkpoint.trainer_state import file_sha256
 
 
 def recorded_problems(step_dir, files_dir, state) -> tuple[list[str], list[str]]:
@@ -58,7 +50,7 @@ def recorded_problems(step_dir, files_dir, state) -> tuple[list[str], list[str]]
         return problems, checked
     for name, expected in recorded.items():
         path = files_dir / str(name)
-        found = _file_sha256(path) if path.is_file() else 'no file'
+        found = file_sha256(path) if path.is_file() else 'no file'
         if found != expected:
             problems.append(
                 f'{path}: sha256: expected {expected} (recorded by jaxtrain), found {found}: the file was '
