@@ -460,8 +460,10 @@ def _header_from_files(ckpt):
 
 def _from_orbax(step_dir):
     from jaxtrain.checkpoint.trainer_state import read_trainer_state
-    from jaxtrain.tools.ckpt_inspect import model_config_object, restore_item
+    from jaxtrain.tools.ckpt_inspect import find_step_dir, model_config_object, restore_item
 
+    # A folder that is no checkpoint at all is told so, not named a damaged one below.
+    step_dir = find_step_dir(step_dir)
     record = read_trainer_state(step_dir)
     family = record['model_family']
     header = model_header(family, dataclasses.asdict(model_config_object(family, record['model_config'])))

@@ -144,3 +144,14 @@ def test_export_continues_llmc_state_exactly(tmp_path, capsys):
         capsys, 'export', step_dir, '--format', 'llmc-run', '--output', tmp_path / 'llmc'
     )
     assert code == 2 and 'pass --force' in err and ours.read_bytes() == before
+
+
+@pytest.mark.parametrize('fmt, output', [('llmc-run', 'run'), ('infinitrain', 'checkpoint_step_000001')])
+def test_export_of_a_folder_that_is_no_checkpoint_says_so(tmp_path, capsys, fmt, output):
+    (tmp_path / 'notes').mkdir()
+    code = ckpt.main(['export', str(tmp_path / 'notes'), '--format', fmt, '--output', str(tmp_path / output)])
+    err = capsys.readouterr().err
+    assert code != 0 and len(err.strip().splitlines()) == 1, err
+    assert f'{tmp_path / "notes"}: expected a checkpoint_step_NNNNNN directory' in err
+    assert 'found a directory that is not a checkpoint' in err and 'damaged' not in err
+    assert not (tmp_path / output).exists()
