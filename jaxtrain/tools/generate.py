@@ -167,7 +167,15 @@ def _run_tokenizer(checkpoint: str) -> str:
     from jaxtrain.checkpoint.trainer_state import read_trainer_state
 
     named = read_trainer_state(_resolve_step_dir(checkpoint)).get('training_config', {}).get('tokenizer', '')
-    return named if named and Path(named).is_file() else ''
+    if named and not Path(named).is_file():
+        # Decoding goes on without it, so the text printed is not the run's: say so, once.
+        print(
+            f'{program_name(PROG)}: note: the tokenizer the run named, {named}, is not there; decoding '
+            'without it (pass --tokenizer FILE to decode as the run did)',
+            file=sys.stderr,
+        )
+        return ''
+    return named
 
 
 def load_tokenizer(args, family: str, config):

@@ -199,3 +199,5 @@ def test_a_checkpoint_decodes_with_its_runs_tokenizer(model_files, tmp_path, cap
     tokenizer.unlink()  # moved away since: the built-in byte tokenizer decodes instead, no error
     code, fallback, err = _run(capsys, *greedy)
     assert code == 0, err
+    note = f'note: the tokenizer the run named, {tokenizer}, is not there; decoding without it'
+    assert [line for line in err.splitlines() if note in line and '--tokenizer FILE' in line], err
