@@ -34,11 +34,19 @@ def main():
     parser.add_argument('--batch_size', type=int, default=2, help='sequences per step; default 2')
     parser.add_argument('--sequence_length', type=int, default=256, help='tokens per sequence; default 256')
     parser.add_argument('--steps', type=int, default=3, help='timed steps per plan; default 3')
-    parser.add_argument('--scan_layers', default='true', choices=('true', 'false'), help='default true')
+    parser.add_argument(
+        '--scan_layers',
+        default='true',
+        choices=('true', 'false'),
+        help='scan over the layers (true) or unroll them (false), as the trainer\'s key; default true',
+    )
     parser.add_argument(
         '--plans', default=','.join(PLANS), help=f'comma-separated, of {", ".join(PLANS)}; default all'
     )
     args = parser.parse_args()
+    unknown = [name for name in args.plans.split(',') if name not in PLANS]
+    if unknown:
+        parser.error(f'--plans: expected names of {", ".join(PLANS)}, found {", ".join(unknown)}')
 
     from configs import gpt2
     from jaxtrain.tools.bench_measure import build
