@@ -120,6 +120,12 @@ def check_config(config):
             f'keep_best: expected save_steps to be a multiple of val_loss_every {config.val_loss_every} (a '
             f'checkpoint is ranked by the validation loss at its step), found save_steps {config.save_steps}'
         )
+    if config.keep_best and config.checkpoint_format == 'llmc':
+        problems.append(
+            'keep_best: expected a checkpoint format whose steps record their validation loss, found '
+            '--checkpoint_format llmc (llm.c\'s run folder has no place for it); drop --keep_best or save '
+            'as orbax'
+        )
     if config.wandb_project and importlib.util.find_spec('wandb') is None:
         problems.append(
             f"wandb_project: expected the wandb package to log to {config.wandb_project!r}, found it not "

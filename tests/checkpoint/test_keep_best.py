@@ -78,3 +78,10 @@ def test_keep_best_needs_validation_at_the_save_steps():
         ValueError, match='keep_best: expected save_steps to be a multiple of val_loss_every 3'
     ):
         check_config(load_config('gpt2', keep_best=2, save_steps=4, val_loss_every=3))
+
+    with pytest.raises(ValueError, match=r'keep_best: .* found --checkpoint_format llmc .*drop --keep_best'):
+        check_config(
+            load_config(
+                'gpt2', keep_best=2, save_steps=2, val_loss_every=2, checkpoint_format='llmc', shuffle='llmc'
+            )
+        )
