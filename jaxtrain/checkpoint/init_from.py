@@ -5,7 +5,7 @@ PATH is any kind `ckpt ls` knows, or an HF folder:
 - a jaxtrain (Orbax) checkpoint_step_NNNNNN directory, or a checkpoint root (its newest committed step);
 - an InfiniTrain step directory (HEAD model.ckpt, PR model.bin / model.pth, rank_* subdirectories);
 - a Hugging Face GPT2LMHeadModel / LlamaForCausalLM folder (config.json + model.safetensors);
-- an llm.c model file.
+- an llm.c model file, or an llm.c run folder (train_gpt2cu -o DIR: its newest committed step's model).
 
 The run's model is the one its flags name (--model); the weights must fit it, tensor for tensor.
 A mismatch is refused with every difference listed. GPT-2 files that hold V rows of wte (InfiniTrain's
@@ -49,6 +49,7 @@ def _orbax_step(path: Path) -> Path | None:
 def read_init_weights(path: str) -> tuple[str, dict, str]:
     """(model family, params as a NumPy tree, what they are) of PATH."""
     import llmc_io
+    from llmc_io import llmc_run
     from llmc_io.hf import is_hf_folder, load_hf
 
     from jaxtrain.checkpoint.formats import infinitrain as it
@@ -66,6 +67,12 @@ def read_init_weights(path: str) -> tuple[str, dict, str]:
             f'init_from: {where}: expected a checkpoint step directory, a checkpoint root, a Hugging Face '
             'folder or an llm.c file, found nothing there'
         )
+    if llmc_run.is_run_dir(where):  # its newest committed step's model file
+        from jaxtrain.checkpoint.formats.llmc_run import locate
+
+        run_dir, step = locate(where)
+        header, params = llmc_io.load_model(llmc_run.model_path(run_dir, step))
+        return _family_of(header), params, f'llm.c run folder {run_dir}, step {step}'
     kind = it.detect_kind(where)
     if kind is not None:
         read = it.read_checkpoint(where, None, with_optimizer=False)
@@ -74,7 +81,7 @@ def read_init_weights(path: str) -> tuple[str, dict, str]:
     if step_dir is None:
         raise layout.CheckpointError(
             f'init_from: {where}: expected a checkpoint step directory, a checkpoint root with a committed '
-            'step, or a Hugging Face folder (config.json), found none of them'
+            'step, an llm.c run folder or a Hugging Face folder (config.json), found none of them'
         )
     state = read_trainer_state(step_dir)
     if state.get('lora'):

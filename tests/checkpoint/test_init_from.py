@@ -65,7 +65,7 @@ def _start_from(root, common, source, name, **overrides):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('source', ['orbax step', 'orbax root', 'infinitrain', 'hf'])
+@pytest.mark.parametrize('source', ['orbax step', 'orbax root', 'infinitrain', 'hf', 'llmc run'])
 def test_weights_only_from_any_kind(trained, source, capsys):
     import jax
 
@@ -76,7 +76,13 @@ def test_weights_only_from_any_kind(trained, source, capsys):
         'orbax root': root / 'orbax',
         'infinitrain': root / 'infinitrain' / 'checkpoint_step_000003',
         'hf': root / 'hf',
+        'llmc run': root / 'llmc_run',
     }[source]
+    if source == 'llmc run' and not path.exists():  # train_gpt2cu's layout: model_%08d.bin, DONE_%08d
+        path.mkdir()
+        step3 = str(root / 'orbax' / 'checkpoint_step_000003')
+        assert ckpt.main(['export', step3, '--output', str(path / 'model_00000003.bin')]) == 0
+        (path / 'DONE_00000003').touch()
     if source == 'hf' and not path.exists():
         assert (
             ckpt.main(
