@@ -165,19 +165,28 @@ SOURCE_FOLDERS = ('jaxtrain', 'llmc_io', 'configs', 'launch', 'bench', 'build_su
 SOURCE_SUFFIXES = ('.py', '.sh', '.sbatch', '.c', '.toml', '')
 # Top-level folders of a checkout that hold no source: prose, and what runs and tools leave.
 NOT_SOURCE = {
-    *('docs', '.git', '.venv', 'build', 'ck', 'runs'),
+    *('docs', '.git', '.venv', 'venv', 'build', 'ck', 'runs'),
     *('.cache', '.pytest_cache', '.ruff_cache', '.peers'),
 }
 
 
+def _holds_code(folder: Path) -> bool:
+    return any(p.suffix in ('.py', '.sh', '.sbatch', '.c') for p in folder.rglob('*'))
+
+
 def test_every_folder_of_source_is_read_for_citations():
-    """A new top-level folder is either read by the check below or named above as no source."""
+    """A new top-level folder of code is either read by the check below or named above as no source
+    (folders of logs, data or models that README's commands leave in a checkout hold no code)."""
     folders = {
         path.name
         for path in REPO.iterdir()
-        if path.is_dir() and path.name not in NOT_SOURCE and not path.name.endswith('.egg-info')
+        if path.is_dir()
+        and path.name not in NOT_SOURCE
+        and not path.name.endswith('.egg-info')
+        and path.name not in SOURCE_FOLDERS
+        and _holds_code(path)
     }
-    assert folders - set(SOURCE_FOLDERS) == set()
+    assert folders == set()
 
 
 def test_the_citation_pattern_tells_history_from_prose():
