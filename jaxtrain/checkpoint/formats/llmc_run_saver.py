@@ -24,13 +24,18 @@ from llmc_io.llmc_state import LLMCState, state_path, tree_to_flat
 
 
 def refuse_unless_llmc_run(config) -> None:
-    """What train_gpt2cu can continue: GPT-2, AdamW, llm.c's order, one process."""
+    """What train_gpt2cu can continue: GPT-2, AdamW with its moments saved, llm.c's order, one process."""
     for key, want in (('model_family', 'gpt2'), ('optimizer', 'adamw'), ('shuffle', 'llmc')):
         if config.get(key) != want:
             raise CheckpointError(
                 f'checkpoint_format llmc: {key}: expected {want!r} (what train_gpt2cu continues), found '
                 f'{config.get(key)!r}; pass --{key} {want} or save as orbax'
             )
+    if not config.get('save_optimizer_state', True):
+        raise CheckpointError(
+            "checkpoint_format llmc: save_optimizer_state: expected true (llm.c's state file holds AdamW's "
+            'm and v), found false; pass --save_optimizer_state true or save as orbax'
+        )
     if jax.process_count() > 1:
         raise CheckpointError(
             f'checkpoint_format llmc: saves from one process only, found {jax.process_count()}; save as '
