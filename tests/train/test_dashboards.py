@@ -67,6 +67,12 @@ def test_flops_per_token_and_peaks():
     assert training_flops_per_token('gpt2', d12, 1024) == 855_383_040 == gpt2_flops_per_token(d12, 1024)
     assert peak_flops_per_device('NVIDIA H200', 'bfloat16') == 989.4e12
     assert peak_flops_per_device('NVIDIA H100 PCIe', 'float32') == 378e12
+    # The first name contained wins: L40 and L40S are not the L4 (data sheets: dense bf16 181, 362, 121).
+    assert [peak_flops_per_device(f'NVIDIA {n}', 'bfloat16') for n in ('L40', 'L40S', 'L4')] == [
+        181e12,
+        362e12,
+        121e12,
+    ]
     assert peak_flops_per_device('cpu', 'bfloat16') is None
     assert peak_flops_per_device('cpu', 'float32', override_tflops=2.5) == 2.5e12
 
