@@ -52,7 +52,7 @@ def test_a_file_as_metrics_dir_is_one_line_and_changes_nothing(tmp_path, under):
     assert result.code == 1 and len(result.error_lines) == 1, result.err
     line = result.error_lines[0]
     assert f'metrics_dir: {metrics_dir}: expected a directory' in line, line
-    assert f'found {tmp_path / "metrics"} is a file' in line and 'Errno' not in line, line
+    assert f'found that {tmp_path / "metrics"} is a file' in line and 'Errno' not in line, line
     assert tree_digest(tmp_path) == before
 
 
