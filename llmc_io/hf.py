@@ -291,8 +291,10 @@ def _llama3_from_hf(config: dict, tensors: dict, where) -> tuple[LLaMA3Header, d
     F, T = get("intermediate_size"), get("max_position_embeddings")
     if C % N or N % K:
         raise LLMCFormatError(
-            where, "config.json num_attention_heads / num_key_value_heads",
-            f"heads dividing hidden_size {C} and a multiple of the key/value heads", f"{N} / {K}",
+            where,
+            "config.json num_attention_heads / num_key_value_heads",
+            f"heads dividing hidden_size {C} and a multiple of the key/value heads",
+            f"{N} / {K}",
         )
     if config.get("head_dim") not in (None, C // N):
         raise LLMCFormatError(

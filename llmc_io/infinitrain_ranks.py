@@ -171,7 +171,10 @@ def read_step(
     if state.cp_size not in (None, 1):
         # PR 181 adds a CP axis to the rank layout and shards ZeRO over DP x CP; neither is modelled here
         raise LLMCFormatError(
-            ranks[0] / TRAINER_STATE, "cp_size", "1 (no context parallelism)", str(state.cp_size),
+            ranks[0] / TRAINER_STATE,
+            "cp_size",
+            "1 (no context parallelism)",
+            str(state.cp_size),
             "rank directories of a context-parallel run are not read; resume it in InfiniTrain with cp 1 "
             "and save again",
         )

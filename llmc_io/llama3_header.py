@@ -186,5 +186,3 @@ class LLaMA3Header:
                 )
             )
         return found
-
-

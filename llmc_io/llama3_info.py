@@ -306,5 +306,3 @@ def _truncated_candidate(
             f"{implied}; check the ffn_dim_multiplier override",
         )
     return _Candidate(LAYOUT_INFINITRAIN, header, expected_size=expected_size), header
-
-

@@ -53,7 +53,10 @@ def read_lora_weights(path) -> list[tuple[str, np.ndarray]]:
         size = np.dtype(dtype).itemsize * count
         if offset + size > len(data):
             raise LLMCFormatError(
-                path, field, f'{size} more bytes at offset {offset}', f'the file ends at {len(data)}',
+                path,
+                field,
+                f'{size} more bytes at offset {offset}',
+                f'the file ends at {len(data)}',
                 'the file is truncated',
             )
         values = np.frombuffer(data, dtype, count, offset)

@@ -11,7 +11,8 @@ from pathlib import Path
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 if '--xla_force_host_platform_device_count' not in os.environ.get('XLA_FLAGS', ''):
     os.environ['XLA_FLAGS'] = (
-        os.environ.get('XLA_FLAGS', '') + ' --xla_force_host_platform_device_count=8'
+        os.environ.get('XLA_FLAGS', '')
+        + ' --xla_force_host_platform_device_count=8'
         # 8 fake devices on 2 busy cores can keep a collective waiting past XLA's default 40 s,
         # which aborts the whole test process; a starved CI machine is not a deadlock.
         + ' --xla_cpu_collective_call_terminate_timeout_seconds=600'

@@ -137,8 +137,7 @@ class RootLock:
             if self._take_over(holder):
                 self._hold()
                 return (
-                    f'checkpoint_dir: took over the stale lock {self.path} of {_describe(holder)} '
-                    f'({reason})'
+                    f'checkpoint_dir: took over the stale lock {self.path} of {_describe(holder)} ({reason})'
                 )
         raise self._refusal(self._read() or {})
 

@@ -238,6 +238,7 @@ KEYS = (
     ),
 )
 
+
 def base_config(model_family: str) -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict({key: default for key, default, _ in KEYS})
     config.model_family = model_family

@@ -27,8 +27,12 @@ def train_stream(config, geometry, vocab_size: int, pattern: str) -> TokenStream
     common = dict(name='train', model_family=config.model_family)
     if config.get('shuffle', 'none') == 'llmc':
         return LLMCShuffledStream(
-            pattern, geometry.tokens_per_step, config.sequence_length, vocab_size,
-            accumulation=geometry.accumulation, **common,
+            pattern,
+            geometry.tokens_per_step,
+            config.sequence_length,
+            vocab_size,
+            accumulation=geometry.accumulation,
+            **common,
         )
     return TokenStream(pattern, geometry.tokens_per_step, config.sequence_length, vocab_size, **common)
 

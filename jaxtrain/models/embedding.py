@@ -92,9 +92,7 @@ def _segment_sum_by_sort(rows_NxC, ids_N, num_segments: int):
 
     _, handed_on_RxC = jax.lax.associative_scan(combine, (continues_R, running_RxSxC[:, -1]))
     # What block r receives: the hand-on of block r-1 when it ended in r's first id.
-    received_RxC = jnp.where(
-        (tail_ids_R[:-1] == ids_RxS[1:, 0])[:, None], handed_on_RxC[:-1], 0.0
-    )
+    received_RxC = jnp.where((tail_ids_R[:-1] == ids_RxS[1:, 0])[:, None], handed_on_RxC[:-1], 0.0)
     received_RxC = jnp.concatenate([jnp.zeros((1, C), jnp.float32), received_RxC])
     first_run_RxS = ids_RxS == ids_RxS[:, :1]
     running_NxC = (running_RxSxC + jnp.where(first_run_RxS[:, :, None], received_RxC[:, None], 0.0)).reshape(

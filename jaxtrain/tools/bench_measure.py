@@ -49,7 +49,6 @@ class Settings:
     profile_steps: int = 0
 
 
-
 def measure_matmul_flops(size: int) -> dict:
     """FLOP/s of a bf16 size^3 matmul on the first device, two ways.
 
@@ -356,5 +355,3 @@ def run_benchmark(config, settings: Settings, deterministic: bool) -> dict:
 
 
 # --- the printed block ------------------------------------------------------------------------
-
-

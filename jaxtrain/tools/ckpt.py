@@ -179,7 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         topology.add_argument(f'--{flag}', type=int, default=1, metavar='N', help=f'{upstream}; default 1')
     topology.add_argument(
-        '--zero_stage', type=int, default=0, choices=(0, 1, 2),
+        '--zero_stage',
+        type=int,
+        default=0,
+        choices=(0, 1, 2),
         help="upstream's --zero_stage: 1 or 2 shard Adam's state over the --ddp ranks; default 0",
     )
     topology.add_argument(

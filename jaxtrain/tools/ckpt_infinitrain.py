@@ -314,7 +314,11 @@ def verify(step_dir):
 def topology_from_args(args) -> Topology | None:
     """The multi-GPU layout export's flags name, None for one GPU; refused with any format but infinitrain."""
     topology = Topology(
-        ddp=args.ddp, tp=args.tp, pp=args.pp, vpp=args.vpp, sequence_parallel=args.sequence_parallel,
+        ddp=args.ddp,
+        tp=args.tp,
+        pp=args.pp,
+        vpp=args.vpp,
+        sequence_parallel=args.sequence_parallel,
         zero_stage=args.zero_stage,
     )
     if topology == Topology():

@@ -52,6 +52,7 @@ from jaxtrain.tools.loss_logs import (
 from jaxtrain.tools.command_line import program_name, reader_gone
 from jaxtrain.tools.loss_report import format_report, to_json, write_plot
 
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=program_name("python -m jaxtrain.compare_loss"),

@@ -10,6 +10,12 @@ A resumed run appends to the same directory without duplicating steps: its write
 TensorBoard's purge marker at the first step it will write (tensorboardX's purge_step, a
 SessionLog START event), so readers drop what an earlier, interrupted run wrote from that step
 on. Only process 0 writes.
+
+W&B keeps its own step, which only rises: a row for an earlier step (a checkpoint's commit time
+arrives after later steps were logged) would be dropped. So every W&B row carries the training
+step as the metric `step`, the x-axis of every tag (define_metric), and W&B's own step just counts
+rows. A resumed run is a new W&B run unless WANDB_RUN_ID and WANDB_RESUME=allow name the old one;
+either way its curves continue from its first step.
 """
 
 from __future__ import annotations
@@ -33,6 +39,9 @@ SCALAR_TAGS = {
     'save_commit_s': 'checkpoint/save_commit_s',
     'restore_s': 'checkpoint/restore_s',
 }
+
+# The W&B metric holding the training step, every tag's x-axis (module docstring).
+WANDB_STEP = 'step'
 
 
 def scalars_of(row: dict) -> dict[str, float]:
@@ -82,6 +91,8 @@ class Dashboards:
             self.wandb_run = wandb.init(
                 project=config.wandb_project, dir=config.tensorboard_dir or config.metrics_dir or None
             )
+            self.wandb_run.define_metric(WANDB_STEP)
+            self.wandb_run.define_metric('*', step_metric=WANDB_STEP)
 
     def write_config(self, record: dict) -> None:
         if self.tensorboard is not None:
@@ -100,10 +111,11 @@ class Dashboards:
             for tag, value in scalars.items():
                 self.tensorboard.add_scalar(tag, value, global_step=step)
         if self.wandb_run is not None:
-            self.wandb_run.log(scalars, step=step)
+            self.wandb_run.log({WANDB_STEP: step, **scalars})
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
+        """`failed`: the run is ending on an exception; W&B marks the run failed (exit code 1)."""
         if self.tensorboard is not None:
             self.tensorboard.close()
         if self.wandb_run is not None:
-            self.wandb_run.finish()
+            self.wandb_run.finish(exit_code=1 if failed else 0)

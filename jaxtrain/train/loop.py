@@ -72,6 +72,16 @@ def run(config) -> int:
 
 def _run(config) -> int:
     log = RunLog(config.metrics_dir)
+    try:
+        return _train(config, log)
+    except BaseException:
+        log.failed = True
+        raise
+    finally:
+        log.close()  # a second close does nothing: the loop closes it before its summary
+
+
+def _train(config, log: RunLog) -> int:
     parts = build_trainer(config)  # mesh, geometry, model, optimizer, state, jitted steps
     geometry, schedule = parts.geometry, parts.schedule
     stream, val_stream = open_run_streams(config, geometry, parts.setup.model_config.vocab_size)
@@ -205,6 +215,9 @@ def _run(config) -> int:
                 break
         if config.lora_save_path:  # InfiniTrain's --lora_save_path: its file, after training
             log.info(save_lora_weights(config.lora_save_path, state.params))
+    except BaseException:
+        log.failed = True  # the dashboards mark the run failed, not finished
+        raise
     finally:
         try:
             saver.close()  # with the handler still installed: a signal now waits for the write

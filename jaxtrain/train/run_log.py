@@ -68,6 +68,7 @@ class RunLog:
         self.metrics_file = None
         self.log_dir = log_dir
         self.dashboards = None  # train/dashboards.py, attached once the run knows its first step
+        self.failed = False  # set when the run ends on an exception
         if log_dir and self.is_main:
             directory = create_output_directory('metrics_dir', log_dir)
             # An append log, not rewritten per row: each row goes out whole in one flushed write.
@@ -129,7 +130,11 @@ class RunLog:
             self.dashboards.record(row)
 
     def close(self):
+        """Closes the log and the dashboards; a second call does nothing (the loop closes the log
+        before its summary, the caller again in case setting the run up raised)."""
         if self.metrics_file:
             self.metrics_file.close()
+            self.metrics_file = None
         if self.dashboards is not None:
-            self.dashboards.close()
+            self.dashboards.close(failed=self.failed)
+            self.dashboards = None

@@ -22,10 +22,23 @@ def _declared(protocol) -> set[str]:
 
 def test_the_protocols_declare_what_the_run_uses():
     assert _declared(ckpt_format.CheckpointFormat) >= {
-        'name', 'title', 'owns', 'committed_steps', 'open', 'read_record', 'restore_into'
+        'name',
+        'title',
+        'owns',
+        'committed_steps',
+        'open',
+        'read_record',
+        'restore_into',
     }
     assert _declared(ckpt_format.RunCheckpointer) >= {
-        'root', 'set_aside', 'step_dir', 'refuse_later_steps', 'save', 'wait', 'close', 'abort_notice'
+        'root',
+        'set_aside',
+        'step_dir',
+        'refuse_later_steps',
+        'save',
+        'wait',
+        'close',
+        'abort_notice',
     }
 
 

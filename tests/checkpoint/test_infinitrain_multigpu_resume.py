@@ -43,7 +43,14 @@ def test_resume_from_a_multi_gpu_layout_matches_the_real_resume(tmp_path, folder
     step = real / folder / 'a' / 'checkpoint_step_000010'
     family, model, adam, t = saved_step_tensors(step)
     split = write_run(
-        tmp_path / 'split' / 'checkpoint_step_000010', family, model, adam, t, step=10, consumed=10, lr=0.01,
+        tmp_path / 'split' / 'checkpoint_step_000010',
+        family,
+        model,
+        adam,
+        t,
+        step=10,
+        consumed=10,
+        lr=0.01,
         **saved,
     )
     config = load_config(

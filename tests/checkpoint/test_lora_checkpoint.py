@@ -41,8 +41,11 @@ def runs(tmp_path_factory):
         **LORA,
     )
     full = load_config(
-        'gpt2', checkpoint_dir=str(root / 'full'), metrics_dir=str(root / 'm1'),
-        lora_save_path=str(root / 'adapters.bin'), **common,
+        'gpt2',
+        checkpoint_dir=str(root / 'full'),
+        metrics_dir=str(root / 'm1'),
+        lora_save_path=str(root / 'adapters.bin'),
+        **common,
     )
     code, full_losses, out = train(full)
     assert code == 0, out
@@ -56,8 +59,13 @@ def runs(tmp_path_factory):
     code, resumed_losses, resumed_out = train(resumed)
     assert code == 0, resumed_out
     return dict(
-        root=root, model=model, common=common, full_losses=full_losses,
-        resumed_losses=resumed_losses, resumed_out=resumed_out, out=out,
+        root=root,
+        model=model,
+        common=common,
+        full_losses=full_losses,
+        resumed_losses=resumed_losses,
+        resumed_out=resumed_out,
+        out=out,
     )
 
 
@@ -80,9 +88,7 @@ def test_checkpoint_holds_adapters_and_names_the_base(runs):
         '/'.join(str(k.key) for k in p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]
     )
     # c_proj selects both attn.c_proj and mlp.c_proj, as InfiniTrain's suffix match does.
-    assert names == [
-        f'h/{m}/lora_{w}' for m in ('attn/c_attn', 'attn/c_proj', 'mlp/c_proj') for w in 'AB'
-    ]
+    assert names == [f'h/{m}/lora_{w}' for m in ('attn/c_attn', 'attn/c_proj', 'mlp/c_proj') for w in 'AB']
     L, C, r = 2, 32, 8
     assert params['h']['attn']['c_attn']['lora_A'].shape == (L, r, C)
     assert params['h']['attn']['c_attn']['lora_B'].shape == (L, 3 * C, r)
@@ -219,8 +225,13 @@ def test_lora_checkpoint_of_small_is_over_10x_smaller_than_a_full_one(tmp_path):
     from jaxtrain.models.gpt2 import VARIANTS
 
     config = load_config(
-        'gpt2', 'small', input_bin=random_shard(tmp_path / 'train.bin'), num_iteration=1, save_steps=1,
-        checkpoint_dir=str(tmp_path / 'ck'), lora_rank=8,
+        'gpt2',
+        'small',
+        input_bin=random_shard(tmp_path / 'train.bin'),
+        num_iteration=1,
+        save_steps=1,
+        checkpoint_dir=str(tmp_path / 'ck'),
+        lora_rank=8,
     )
     code, _, out = train(config)
     assert code == 0, out
@@ -257,18 +268,28 @@ def test_llama3_export_merge_lora(tmp_path, capsys):
     from jaxtrain.models.setup import setup_model
 
     model = tiny_llmc_model(tmp_path / 'llama.bin', 'llama3')
-    config = load_config('llama3', llmc_filepath=model, lora_rank=4, lora_alpha=8.0,
-                         lora_target_modules='c_attn,c_proj,c_fc,c_fc2')
+    config = load_config(
+        'llama3',
+        llmc_filepath=model,
+        lora_rank=4,
+        lora_alpha=8.0,
+        lora_target_modules='c_attn,c_proj,c_fc,c_fc2',
+    )
     setup = setup_model(config)
     rng = np.random.default_rng(0)
     adapters = jax.tree.map(
         lambda x: (0.05 * rng.standard_normal(x.shape)).astype(np.float32), setup.lora_params
     )
     record = {
-        'step': 1, 'data_position': 1, 'model_family': 'llama3',
-        'model_config': dataclasses.asdict(setup.model_config), 'training_config': config.to_dict(),
-        'llmc_file': model, 'llmc_sha256': hashlib.sha256(Path(model).read_bytes()).hexdigest(),
-        'has_optimizer_state': False, 'lora': lora_record(setup, count_parameters(adapters)),
+        'step': 1,
+        'data_position': 1,
+        'model_family': 'llama3',
+        'model_config': dataclasses.asdict(setup.model_config),
+        'training_config': config.to_dict(),
+        'llmc_file': model,
+        'llmc_sha256': hashlib.sha256(Path(model).read_bytes()).hexdigest(),
+        'has_optimizer_state': False,
+        'lora': lora_record(setup, count_parameters(adapters)),
     }
     checkpointer = Checkpointer(str(tmp_path / 'ck'), keep_latest=0, keep_every=0)
     checkpointer.save(1, jax.device_put(adapters), None, jax.random.key_data(jax.random.PRNGKey(0)), record)

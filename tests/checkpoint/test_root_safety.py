@@ -117,10 +117,7 @@ def test_a_read_only_checkpoint_dir_is_named(tmp_path):
         pytest.skip('no unshare')
     mount = tmp_path / 'ro'
     mount.mkdir()
-    script = (
-        f'mount -t tmpfs -o size=64k,ro tmpfs {mount} || exit 99\n'
-        f'{sys.executable} -c "$0" {mount}/ck'
-    )
+    script = f'mount -t tmpfs -o size=64k,ro tmpfs {mount} || exit 99\n{sys.executable} -c "$0" {mount}/ck'
     done = subprocess.run(
         ['unshare', '--user', '--map-root-user', '--mount', 'sh', '-c', script, _PROBE_READ_ONLY],
         capture_output=True,

@@ -26,7 +26,9 @@ def test_relative_config_path_works_from_another_directory(tmp_path, monkeypatch
 def test_resolution_prefers_the_working_directory_and_keeps_unknown_paths(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert resolve_config_argument(['p', '--config', 'configs/llama3.py:tiny']) == [
-        'p', '--config', f'{REPO}/configs/llama3.py:tiny'
+        'p',
+        '--config',
+        f'{REPO}/configs/llama3.py:tiny',
     ]
     (tmp_path / 'configs').mkdir()
     (tmp_path / 'configs' / 'gpt2.py').write_text('# a local config wins')

@@ -30,10 +30,16 @@ def files(tmp_path_factory):
             dict(sequence_length=256, total_batch_size=1024),
             'sequence_length: expected at most the model max_seq_len 128',
         ),
-        (dict(num_devices=2, mesh_tensor=2, sequence_parallel=True, sequence_length=63, total_batch_size=252),
-         'sequence_length: expected a multiple of the tensor size 2 with sequence_parallel, found 63'),
-        (dict(num_devices=2, pipeline_parallel=2, zero_stage=1, total_batch_size=512),
-         'pipeline_parallel 2 with --zero_stage: not supported yet'),
+        (
+            dict(
+                num_devices=2, mesh_tensor=2, sequence_parallel=True, sequence_length=63, total_batch_size=252
+            ),
+            'sequence_length: expected a multiple of the tensor size 2 with sequence_parallel, found 63',
+        ),
+        (
+            dict(num_devices=2, pipeline_parallel=2, zero_stage=1, total_batch_size=512),
+            'pipeline_parallel 2 with --zero_stage: not supported yet',
+        ),
         (dict(num_devices=2, mesh_data=3), 'mesh: expected mesh_data × mesh_fsdp × mesh_tensor = 2 devices'),
         (dict(model='nonesuch', llmc_filepath=''), "model: expected one of"),
     ],
@@ -51,9 +57,20 @@ def test_a_run_that_does_not_fit_creates_nothing(files, tmp_path):
     found it only after both existed)."""
     metrics, checkpoints = tmp_path / 'metrics', tmp_path / 'ck'
     result = run_cli(
-        '--llmc_filepath', files['llmc_filepath'], '--input_bin', files['input_bin'],
-        '--sequence_length', 256, '--total_batch_size', 1024,
-        '--metrics_dir', metrics, '--checkpoint_dir', checkpoints, '--save_steps', 1,
+        '--llmc_filepath',
+        files['llmc_filepath'],
+        '--input_bin',
+        files['input_bin'],
+        '--sequence_length',
+        256,
+        '--total_batch_size',
+        1024,
+        '--metrics_dir',
+        metrics,
+        '--checkpoint_dir',
+        checkpoints,
+        '--save_steps',
+        1,
     )
     assert result.code == 1 and result.error_lines == [
         'error: sequence_length: expected at most the model max_seq_len 128, found 256 '
@@ -68,8 +85,10 @@ def test_train_does_not_validate():
         path.name
         for path in sorted((REPO / 'jaxtrain' / 'train').glob('*.py'))
         if any(
-            isinstance(node, ast.Name) and node.id == 'check_config'
-            or isinstance(node, ast.ImportFrom) and node.module == 'jaxtrain.config.checks'
+            isinstance(node, ast.Name)
+            and node.id == 'check_config'
+            or isinstance(node, ast.ImportFrom)
+            and node.module == 'jaxtrain.config.checks'
             for node in ast.walk(ast.parse(path.read_text()))
         )
     ]

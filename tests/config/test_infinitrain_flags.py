@@ -224,7 +224,8 @@ def test_nthread_per_process_and_tensor_parallel_shape_the_mesh(files):
     """InfiniTrain: DP = nthread_per_process / tensor_parallel; the step line says so."""
     result = run_cli(
         *_gpt2(files, '--nthread_per_process', 4, '--tensor_parallel', 2, '--batch_size', 2),
-        '--num_iteration', 1,
+        '--num_iteration',
+        1,
         num_devices=None,
     )
     assert result.code == 0, result.err

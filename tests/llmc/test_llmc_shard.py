@@ -27,8 +27,24 @@ def test_text_becomes_byte_ids_after_each_documents_start(tmp_path, family, caps
     (tmp_path / 'one.txt').write_bytes(b'A!\n')
     (tmp_path / 'two.txt').write_bytes(b' A')
     out = tmp_path / 'out' / 'mine'
-    assert main(['shard', str(tmp_path / 'one.txt'), str(tmp_path / 'two.txt'), '--family', family,
-                 '--output', str(out), '--shard_tokens', '4', '--val_tokens', '2']) == 0
+    assert (
+        main(
+            [
+                'shard',
+                str(tmp_path / 'one.txt'),
+                str(tmp_path / 'two.txt'),
+                '--family',
+                family,
+                '--output',
+                str(out),
+                '--shard_tokens',
+                '4',
+                '--val_tokens',
+                '2',
+            ]
+        )
+        == 0
+    )
     start = KINDS[family][3]
     names = ['mine_val_000000.bin', 'mine_train_000001.bin', 'mine_train_000002.bin']
     assert sorted(p.name for p in (tmp_path / 'out').iterdir()) == sorted(names)
@@ -41,21 +57,73 @@ def test_text_becomes_byte_ids_after_each_documents_start(tmp_path, family, caps
 def test_u16_to_u32_and_back_keeps_the_ids(tmp_path):
     ids = np.array([0, 7, 50256, 65535, 3], np.int64)
     np.save(tmp_path / 'ids.npy', ids)
-    assert main(['shard', str(tmp_path / 'ids.npy'), '--from', 'ids', '--family', 'gpt2',
-                 '--output', str(tmp_path / 'g')]) == 0
+    assert (
+        main(
+            [
+                'shard',
+                str(tmp_path / 'ids.npy'),
+                '--from',
+                'ids',
+                '--family',
+                'gpt2',
+                '--output',
+                str(tmp_path / 'g'),
+            ]
+        )
+        == 0
+    )
     assert read_shard(tmp_path / 'g_train_000000.bin', 'gpt2').tolist() == ids.tolist()
-    assert main(['shard', str(tmp_path / 'g_train_*.bin'), '--from', 'shard', '--family', 'llama3',
-                 '--output', str(tmp_path / 'l')]) == 0
+    assert (
+        main(
+            [
+                'shard',
+                str(tmp_path / 'g_train_*.bin'),
+                '--from',
+                'shard',
+                '--family',
+                'llama3',
+                '--output',
+                str(tmp_path / 'l'),
+            ]
+        )
+        == 0
+    )
     assert read_shard(tmp_path / 'l_train_000000.bin', 'llama3').tolist() == ids.tolist()
-    assert main(['shard', str(tmp_path / 'l_train_000000.bin'), '--from', 'shard', '--family', 'gpt2',
-                 '--output', str(tmp_path / 'back')]) == 0
+    assert (
+        main(
+            [
+                'shard',
+                str(tmp_path / 'l_train_000000.bin'),
+                '--from',
+                'shard',
+                '--family',
+                'gpt2',
+                '--output',
+                str(tmp_path / 'back'),
+            ]
+        )
+        == 0
+    )
     assert read_shard(tmp_path / 'back_train_000000.bin', 'gpt2').tolist() == ids.tolist()
 
 
 def test_an_id_too_large_for_uint16_is_refused_and_nothing_written(tmp_path, capsys):
     np.save(tmp_path / 'ids.npy', np.array([5, 128000, 6]))
-    assert main(['shard', str(tmp_path / 'ids.npy'), '--from', 'ids', '--family', 'gpt2',
-                 '--output', str(tmp_path / 'g')]) == 2
+    assert (
+        main(
+            [
+                'shard',
+                str(tmp_path / 'ids.npy'),
+                '--from',
+                'ids',
+                '--family',
+                'gpt2',
+                '--output',
+                str(tmp_path / 'g'),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert err.count('\n') == 0
     assert 'ids.npy: token 1: expected an id in [0, 65535] for a gpt2 shard, found 128000' in err

@@ -131,8 +131,11 @@ def test_a_damaged_file_is_one_line(model, tmp_path):
     good = tmp_path / 'good.bin'
     infinitrain_save_lora_weights(good, infinitrain_state_dict(2, DEFAULT_MODULES, SHAPES, rank=8))
     data = good.read_bytes()
-    cases = {'truncated.bin': (data[:-5], 'truncated'), 'magic.bin': (b'XXXX' + data[4:], 'magic'),
-             'version.bin': (data[:4] + struct.pack('<I', 2) + data[8:], 'version')}
+    cases = {
+        'truncated.bin': (data[:-5], 'truncated'),
+        'magic.bin': (b'XXXX' + data[4:], 'magic'),
+        'version.bin': (data[:4] + struct.pack('<I', 2) + data[8:], 'version'),
+    }
     for name, (content, says) in cases.items():
         (tmp_path / name).write_bytes(content)
         with pytest.raises(ValueError) as error:

@@ -130,7 +130,12 @@ def test_unrolled_layers_trace_distinct_cudnn_scales(monkeypatch, deterministic,
         cls = GPT2
     else:  # grouped queries: 4 query heads over 2 key/value heads
         config = LLaMA3Config(
-            max_seq_len=8, vocab_size=30, num_layers=4, num_heads=4, num_kv_heads=2, channels=16,
+            max_seq_len=8,
+            vocab_size=30,
+            num_layers=4,
+            num_heads=4,
+            num_kv_heads=2,
+            channels=16,
             multiple_of=8,
         )
         cls = LLaMA3

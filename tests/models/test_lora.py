@@ -45,10 +45,18 @@ def test_init_is_kaiming_uniform_a_sqrt5_and_zero_b():
     L, rank, n_in, n_out = 2, 8, 300, 40
     abstract = {
         'h': {
-            'attn': {'c_attn': {'lora_A': jax.ShapeDtypeStruct((L, rank, n_in), jnp.float32),
-                                'lora_B': jax.ShapeDtypeStruct((L, n_out, rank), jnp.float32)}},
-            'mlp': {'c_proj': {'lora_A': jax.ShapeDtypeStruct((L, rank, n_in), jnp.float32),
-                               'lora_B': jax.ShapeDtypeStruct((L, n_out, rank), jnp.float32)}},
+            'attn': {
+                'c_attn': {
+                    'lora_A': jax.ShapeDtypeStruct((L, rank, n_in), jnp.float32),
+                    'lora_B': jax.ShapeDtypeStruct((L, n_out, rank), jnp.float32),
+                }
+            },
+            'mlp': {
+                'c_proj': {
+                    'lora_A': jax.ShapeDtypeStruct((L, rank, n_in), jnp.float32),
+                    'lora_B': jax.ShapeDtypeStruct((L, n_out, rank), jnp.float32),
+                }
+            },
         }
     }
     params = init_lora_params(abstract, seed=42)

@@ -82,8 +82,9 @@ def test_the_runs_tokenizer_is_written_beside_config_json(tmp_path, capsys, kind
             r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
             r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
         )
-        expected = tiktoken.Encoding('t', pat_str=pattern, mergeable_ranks=ranks,
-                                     special_tokens={}).encode_ordinary(text)
+        expected = tiktoken.Encoding(
+            't', pat_str=pattern, mergeable_ranks=ranks, special_tokens={}
+        ).encode_ordinary(text)
     else:
         reference = tokenizers.Tokenizer.from_file(str(source))
         reference.encode_special_tokens = True
@@ -119,6 +120,8 @@ def test_a_tokenizer_the_run_named_but_gone_is_one_line(tmp_path, capsys):
     assert ckpt.main(['export', str(step), '--format', 'hf', '--output', str(tmp_path / 'hf')]) == 2
     err = capsys.readouterr().err
     assert err.count('\n') == 1
-    assert ('--tokenizer: /gone/t.json: expected the tokenizer file the run named, found nothing there; '
-            'pass --tokenizer with its new path') in err
+    assert (
+        '--tokenizer: /gone/t.json: expected the tokenizer file the run named, found nothing there; '
+        'pass --tokenizer with its new path'
+    ) in err
     assert not (tmp_path / 'hf').exists()

@@ -336,8 +336,7 @@ def test_verify_checks_shapes_against_the_model_config(runs, tmp_path, capsys):
     assert code == 1
     assert (
         'params/h/attn/c_attn/kernel: expected shape (3, 32, 96) float32 for the model config, found '
-        '(2, 32, 96) float32'
-        in result['problems']
+        '(2, 32, 96) float32' in result['problems']
     )
     assert not any('checksum' in p for p in result['problems'])
 

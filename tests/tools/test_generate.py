@@ -174,8 +174,9 @@ def test_bpe_tokenizer_encodes_the_prompt_and_decodes_the_sample(tmp_path, capsy
     pieces = [f'<{i}>'.encode() for i in range(512)]
     header = struct.pack('<256i', *([20240328, 2, 512, 0] + [0] * 252))
     (tmp_path / 'ids.bin').write_bytes(header + b''.join(bytes([len(p)]) + p for p in pieces))
-    code, out, err = _run(capsys, *greedy, '--tokenizer_bin', tmp_path / 'ids.bin',
-                          '--prompt_ids', ','.join(map(str, ids)))
+    code, out, err = _run(
+        capsys, *greedy, '--tokenizer_bin', tmp_path / 'ids.bin', '--prompt_ids', ','.join(map(str, ids))
+    )
     assert code == 0, err
     sampled = [int(i) for i in re.findall(r'<(\d+)>', out.split('--- sample 1/1\n')[1].split('\n---')[0])]
     assert sampled[: len(ids)] == ids and len(sampled) == len(ids) + 8
@@ -187,8 +188,9 @@ def test_a_checkpoint_decodes_with_its_runs_tokenizer(model_files, tmp_path, cap
 
     root, params = model_files
     tokenizer = train_bpe(tmp_path / 'tokenizer.json', 'gpt2', vocab_size=512)
-    write_checkpoint(tmp_path / 'ck', 3, 'gpt2', HEADER, params,
-                     training_config={'tokenizer': str(tokenizer)})
+    write_checkpoint(
+        tmp_path / 'ck', 3, 'gpt2', HEADER, params, training_config={'tokenizer': str(tokenizer)}
+    )
     greedy = ['--checkpoint', tmp_path / 'ck', '--temperature', 0, '--max_new_tokens', 6, '--prompt', 'def ']
     code, named, err = _run(capsys, *greedy, '--tokenizer', tokenizer)
     assert code == 0, err

@@ -3,7 +3,8 @@
 The event files are read back with TensorBoard's own reader (EventAccumulator), and every scalar
 is compared with what the run printed (InfiniTrain's step lines, the val lines) or recorded
 (metrics.jsonl); MFU is recomputed here from the model's shape by the PaLM count, written out
-from FORMATS.md's GPT-2 parameter count. W&B is a fake module that records its calls.
+from FORMATS.md's GPT-2 parameter count. W&B is a fake module that records its calls, and, where
+the wandb package is installed, the real one offline, its `.wandb` file read back record by record.
 """
 
 import importlib.machinery
@@ -12,6 +13,7 @@ import json
 import re
 import sys
 import types
+from pathlib import Path
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -38,11 +40,14 @@ def fake_wandb():
             self.config = types.SimpleNamespace(update=lambda values, **_: self.recorded.update(values))
             self.recorded = {}
 
-        def log(self, values, step):
-            self.logged.append((step, dict(values)))
+        def define_metric(self, name, step_metric=None):
+            self.step_metric = step_metric or getattr(self, 'step_metric', None)
 
-        def finish(self):
-            self.finished = True
+        def log(self, values):
+            self.logged.append(dict(values))
+
+        def finish(self, exit_code=0):
+            self.finished, self.exit_code = exit_code == 0, exit_code
 
     def init(**kwargs):
         module.runs.append(Run(**kwargs))
@@ -169,7 +174,8 @@ def test_tensorboard_curves_match_the_step_lines_across_a_resume(tmp_path, monke
 
     (run,) = wandb.runs  # only the first run asked for W&B
     assert run.init['project'] == 'curves' and run.recorded['config']['num_iteration'] == 6 and run.finished
-    logged_loss = {step: values['train/loss'] for step, values in run.logged if 'train/loss' in values}
+    assert run.step_metric == 'step'
+    logged_loss = {values['step']: values['train/loss'] for values in run.logged if 'train/loss' in values}
     assert sorted(logged_loss) == list(range(1, 7))
     assert all(logged_loss[s] == pytest.approx(scalars['train/loss'][s]) for s in (1, 2, 3))
 
@@ -195,3 +201,137 @@ def test_wandb_missing_is_one_line_before_anything_runs(tmp_path, monkeypatch):
         "wandb (or pip install 'jaxtrain[wandb]'), or drop --wandb_project"
     ) in str(raised.value)
     assert not (tmp_path / 'm').exists()
+
+
+def test_a_run_that_raises_after_wandb_started_finishes_it_failed(tmp_path, monkeypatch):
+    from jaxtrain.train import loop
+
+    wandb = fake_wandb()
+    monkeypatch.setitem(sys.modules, 'wandb', wandb)
+
+    def refuse(*_, **__):  # as a checkpoint_dir the run may not write to is refused
+        raise ValueError('refused')
+
+    monkeypatch.setattr(loop, 'RunSaver', refuse)
+    config = load_config(
+        'gpt2', input_bin=random_shard(tmp_path / 'train.bin', vocab=50257), wandb_project='p'
+    )
+    with pytest.raises(ValueError, match='refused'):
+        train(config)
+    (run,) = wandb.runs
+    assert run.exit_code == 1
+
+
+# docs/dashboards.md's table: metrics.jsonl key -> tag.
+DOCUMENTED_TAGS = {
+    'loss': 'train/loss',
+    'lr': 'train/lr',
+    'grad_norm': 'train/grad_norm',
+    'val_loss': 'val/loss',
+    'step_ms': 'perf/step_ms',
+    'tokens_per_s': 'perf/tokens_per_s',
+    'save_blocked_s': 'checkpoint/save_blocked_s',
+    'save_snapshot_s': 'checkpoint/save_snapshot_s',
+    'save_commit_s': 'checkpoint/save_commit_s',
+    'restore_s': 'checkpoint/restore_s',
+}
+
+
+def wandb_curves(run_root):
+    """{tag: {training step: value}} of the offline W&B run under run_root, and its records."""
+    from wandb_offline_records import item_values, of_type, wandb_records
+
+    records = wandb_records(run_root)
+    curves = {}
+    for history in of_type(records, 'history'):
+        row = item_values(history.item)
+        for tag, value in row.items():
+            if not tag.startswith('_') and tag != 'step':
+                assert row['step'] not in curves.setdefault(tag, {}), (tag, row)  # each step once
+                curves[tag][row['step']] = value
+    return curves, records
+
+
+@pytest.mark.slow
+def test_real_wandb_offline_logs_what_metrics_jsonl_holds_across_a_resume(tmp_path, monkeypatch):
+    pytest.importorskip('wandb')
+    from jaxtrain.checkpoint.layout import CheckpointError
+    from wandb_offline_records import item_values, of_type, wandb_records
+
+    monkeypatch.setenv('WANDB_MODE', 'offline')
+    monkeypatch.setenv('WANDB_SILENT', 'true')
+    common = dict(
+        input_bin=random_shard(tmp_path / 'train.bin', vocab=50257),
+        input_val_bin=random_shard(tmp_path / 'val.bin', vocab=50257, seed=1),
+        val_loss_every=2,
+        val_max_steps=1,
+        save_steps=2,
+        wandb_project='offline-check',
+    )
+    resume = dict(num_iteration=5, resume_from=str(tmp_path / 'ck1' / 'checkpoint_step_000002'))
+    runs = [
+        load_config(
+            'gpt2',
+            num_iteration=4,
+            metrics_dir=str(tmp_path / 'm1'),
+            checkpoint_dir=str(tmp_path / 'ck1'),
+            **common,
+        ),
+        load_config(
+            'gpt2', metrics_dir=str(tmp_path / 'm2'), checkpoint_dir=str(tmp_path / 'ck2'), **resume, **common
+        ),
+    ]
+    for config, first_step in zip(runs, (1, 3)):
+        code, _, out = train(config)
+        assert code == 0, out
+        curves, records = wandb_curves(config.metrics_dir)
+        expected = {}
+        for line in (Path(config.metrics_dir) / 'metrics.jsonl').read_text().splitlines():
+            row = json.loads(line)
+            for key, tag in DOCUMENTED_TAGS.items():
+                if key in row:
+                    expected.setdefault(tag, {})[row['step']] = row[key]
+        # Every scalar metrics.jsonl holds, at its step and to the bit, and nothing else: a
+        # checkpoint's commit time, recorded after later steps, is there too.
+        assert {t: c for t, c in curves.items() if t in expected} == expected
+        assert set(curves) - set(expected) <= {'perf/mfu', 'perf/sample_s'}
+        assert sorted(curves['train/loss']) == list(range(first_step, config.num_iteration + 1))
+        for match in STEP_LINE.finditer(out):
+            step, loss, lr = int(match[1]), float(match[2]), float(match[3])
+            assert curves['train/loss'][step] == pytest.approx(loss, abs=5e-7)
+            assert curves['train/lr'][step] == pytest.approx(lr, rel=5e-3)
+        (run,) = of_type(records, 'run')
+        assert run.project == 'offline-check'
+        config_items = item_values(of_type(records, 'config')[-1].update)
+        assert config_items['config']['num_iteration'] == config.num_iteration
+        assert config_items['config']['resume_from'] == config.resume_from
+        assert [exit.exit_code for exit in of_type(records, 'exit')] == [0]
+    assert list(curves['checkpoint/restore_s']) == [2]
+
+    # Refused after W&B started (ck1 holds a step after 2): the W&B run ends, marked failed.
+    refused = load_config(
+        'gpt2', metrics_dir=str(tmp_path / 'm3'), checkpoint_dir=str(tmp_path / 'ck1'), **resume, **common
+    )
+    with pytest.raises(CheckpointError):
+        train(refused)
+    assert [exit.exit_code for exit in of_type(wandb_records(tmp_path / 'm3'), 'exit')] == [1]
+
+
+def test_real_wandb_marks_a_run_that_raised_failed(tmp_path, monkeypatch):
+    pytest.importorskip('wandb')
+    from jaxtrain.train.dashboards import Dashboards
+    from wandb_offline_records import item_values, of_type, wandb_records
+
+    monkeypatch.setenv('WANDB_MODE', 'offline')
+    monkeypatch.setenv('WANDB_SILENT', 'true')
+    config = load_config('gpt2', wandb_project='p', metrics_dir=str(tmp_path / 'm'))
+    dashboards = Dashboards(config, first_step=0)
+    dashboards.record({'step': 1, 'loss': 2.5})
+    dashboards.close(failed=True)
+    records = wandb_records(tmp_path / 'm')
+    assert [exit.exit_code for exit in of_type(records, 'exit')] == [1]
+    (history,) = of_type(records, 'history')
+    assert {k: v for k, v in item_values(history.item).items() if not k.startswith('_')} == {
+        'step': 1,
+        'train/loss': 2.5,
+    }

@@ -20,8 +20,15 @@ def test_step_time_is_the_wall_clock_between_steps_saves_included(tmp_path):
     takes seconds on a CPU) falls inside one gap: that step's line must hold it too."""
     metrics = tmp_path / 'metrics'
     result = run_cli(
-        *_files(tmp_path), '--num_iteration', 6, '--save_steps', 2, '--checkpoint_dir', tmp_path / 'ck',
-        '--metrics_dir', metrics,
+        *_files(tmp_path),
+        '--num_iteration',
+        6,
+        '--save_steps',
+        2,
+        '--checkpoint_dir',
+        tmp_path / 'ck',
+        '--metrics_dir',
+        metrics,
     )
     assert result.code == 0, result.err
     rows = [json.loads(line) for line in (metrics / 'metrics.jsonl').read_text().splitlines()]
@@ -44,8 +51,15 @@ def test_non_finite_loss_found_one_step_late_is_never_saved(tmp_path):
     loss is NaN) is saved: nothing is committed."""
     root = tmp_path / 'ck'
     result = run_cli(
-        *_files(tmp_path), '--learning_rate', 1e30, '--num_iteration', 5, '--save_steps', 3,
-        '--checkpoint_dir', root,
+        *_files(tmp_path),
+        '--learning_rate',
+        1e30,
+        '--num_iteration',
+        5,
+        '--save_steps',
+        3,
+        '--checkpoint_dir',
+        root,
     )
     assert result.code == 1, result.err
     assert len(result.error_lines) == 1 and 'step 2: loss is nan' in result.error_lines[0], result.err
@@ -58,8 +72,17 @@ def test_a_non_finite_save_step_drops_its_snapshot(tmp_path):
     the loop reads the loss (train/loop.py), and is dropped when the check stops the run."""
     root, metrics = tmp_path / 'ck', tmp_path / 'metrics'
     result = run_cli(
-        *_files(tmp_path), '--learning_rate', 1e30, '--num_iteration', 5, '--save_steps', 2,
-        '--checkpoint_dir', root, '--metrics_dir', metrics,
+        *_files(tmp_path),
+        '--learning_rate',
+        1e30,
+        '--num_iteration',
+        5,
+        '--save_steps',
+        2,
+        '--checkpoint_dir',
+        root,
+        '--metrics_dir',
+        metrics,
     )
     assert result.code == 1, result.err
     assert len(result.error_lines) == 1 and 'step 2: loss is nan' in result.error_lines[0], result.err

@@ -49,10 +49,23 @@ def test_a_root_turned_read_only_ends_the_run_in_one_line(tmp_path):
     wrapper.write_text(READ_ONLY_FROM_STEP_4)
     root = tmp_path / 'ck'
     command = [
-        sys.executable, wrapper, f'--config={REPO / "configs/gpt2.py"}', '--num_devices', 1,
-        '--input_bin', random_shard(tmp_path / 'train.bin'),
-        '--llmc_filepath', tiny_llmc_model(tmp_path / 'm.bin'),
-        '--sample_every', 0, '--num_iteration', 8, '--save_steps', 2, '--checkpoint_dir', root,
+        sys.executable,
+        wrapper,
+        f'--config={REPO / "configs/gpt2.py"}',
+        '--num_devices',
+        1,
+        '--input_bin',
+        random_shard(tmp_path / 'train.bin'),
+        '--llmc_filepath',
+        tiny_llmc_model(tmp_path / 'm.bin'),
+        '--sample_every',
+        0,
+        '--num_iteration',
+        8,
+        '--save_steps',
+        2,
+        '--checkpoint_dir',
+        root,
     ]
     env = dict(os.environ, XLA_FLAGS='', PYTHONPATH=str(REPO))
     # Before, the process outlived this timeout by far (Orbax waits 1200 s).
@@ -62,7 +75,11 @@ def test_a_root_turned_read_only_ends_the_run_in_one_line(tmp_path):
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, done.stderr[-3000:]
     assert lines[0].startswith(f'error: checkpoint_dir: {root}: could not save checkpoint_step_000004: ')
-    for fragment in ('Read-only file system', 'checkpoint_step_000002 and earlier are intact',
-                     'a --checkpoint_dir on a writable file system', '--resume_from latest'):
+    for fragment in (
+        'Read-only file system',
+        'checkpoint_step_000002 and earlier are intact',
+        'a --checkpoint_dir on a writable file system',
+        '--resume_from latest',
+    ):
         assert fragment in lines[0], lines[0]
     assert layout.committed_steps(root) == [2]

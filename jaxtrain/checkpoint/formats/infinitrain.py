@@ -243,7 +243,13 @@ def _read_ranks(step_dir, ranks, expected_shapes, with_optimizer, vpp, run_pipel
         moments = names.moments_to_trees(ranks[0] / FILES[HEAD_KIND][1], merged.optimizer, shapes)
     notices = list(merged.state.notices) + merged.notices
     return InfiniTrainCheckpoint(
-        ranks[0], HEAD_KIND, names.family_of(merged.model), params, moments, merged.state, len(ranks),
+        ranks[0],
+        HEAD_KIND,
+        names.family_of(merged.model),
+        params,
+        moments,
+        merged.state,
+        len(ranks),
         notices,
         merged.topology,
     )
@@ -298,12 +304,18 @@ def write_checkpoint(
     final_dir = Path(final_dir)
     if topology is not None and topology.world > 1 and kind != HEAD_KIND:
         raise LLMCFormatError(
-            final_dir, '--format', f'{HEAD_KIND} for a multi-GPU topology', kind,
+            final_dir,
+            '--format',
+            f'{HEAD_KIND} for a multi-GPU topology',
+            kind,
             'rank directories are written as HEAD (b24d92f) files only',
         )
     if final_dir.exists() and not replace:
         raise LLMCFormatError(
-            final_dir, 'directory', 'a step directory to create', 'one already there',
+            final_dir,
+            'directory',
+            'a step directory to create',
+            'one already there',
             'it is left as it is; move it away, or choose another directory',
         )
     final_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -340,9 +352,7 @@ def _write_files(tmp: Path, kind, family, params, header, moments, state, extra_
         )
     if moments is not None:
         mu, nu, t = moments
-        write_state_dict(
-            tmp / opt_name, names.trees_to_moments(family, mu, nu, t, vocab, kind == HEAD_KIND)
-        )
+        write_state_dict(tmp / opt_name, names.trees_to_moments(family, mu, nu, t, vocab, kind == HEAD_KIND))
     for name, payload in (extra_files or {}).items():
         (tmp / name).write_bytes(payload)
     if state.jaxtrain is not None:  # lets resume and `ckpt verify` prove these are the files we wrote

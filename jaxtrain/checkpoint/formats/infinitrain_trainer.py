@@ -88,7 +88,10 @@ def read_step_dir(
         messages=messages,
         # the saved run's layout, for the [CKPT] Load done line (ckpt_lines.py)
         infinitrain_sizes={
-            'ddp': state.ddp_size, 'tp': state.tp_size, 'sp': state.sp_size, 'cp': state.cp_size,
+            'ddp': state.ddp_size,
+            'tp': state.tp_size,
+            'sp': state.sp_size,
+            'cp': state.cp_size,
             'pp': state.pp_size,
         },
     )
