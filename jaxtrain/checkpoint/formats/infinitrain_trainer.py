@@ -54,8 +54,25 @@ def _to_device(like, value):
     return jax.device_put(np.asarray(value, dtype=like.dtype), like.sharding)
 
 
-def _put_tree(like_tree, numpy_tree):
+def put_tree(like_tree, numpy_tree):
+    """numpy_tree on the device, with like_tree's dtypes and shardings."""
     return jax.tree.map(_to_device, like_tree, numpy_tree)
+
+
+def with_adam_moments(opt_like, mu, nu, adam_count: int, schedule_count: int):
+    """opt_like with saved Adam moments (mu, nu trees of NumPy arrays) and counts put in: the
+    Adam state's count is the saved t, any schedule's count the step the run continues from."""
+
+    def restore(node):
+        if _is_adam(node):
+            return optax.ScaleByAdamState(
+                count=_to_device(node.count, adam_count), mu=put_tree(node.mu, mu), nu=put_tree(node.nu, nu)
+            )
+        if _is_schedule(node):
+            return optax.ScaleByScheduleState(count=_to_device(node.count, schedule_count))
+        return node
+
+    return jax.tree.map(restore, opt_like, is_leaf=lambda n: _is_adam(n) or _is_schedule(n))
 
 
 def expected_shapes(params_like) -> dict:
@@ -108,7 +125,7 @@ def read_step_dir(
             state.data_batch_idx, batches_per_step, ckpt.path / it.TRAINER_STATE
         )
     record.setdefault('rng', None)
-    params = _put_tree(params_like, ckpt.params)
+    params = put_tree(params_like, ckpt.params)
     opt_state = None
     live_adam = adam_states(opt_like)
     if ckpt.moments is not None and not live_adam:
@@ -126,18 +143,7 @@ def read_step_dir(
         if saved and saved.lower() != optimizer:  # e.g. Adam's moments continued by adamw
             messages.append(f'resume: {path} was trained with {saved}; its m, v, t continue in {optimizer}')
         mu, nu, t = ckpt.moments
-        step = state.global_step
-
-        def restore(node):
-            if _is_adam(node):
-                return optax.ScaleByAdamState(
-                    count=_to_device(node.count, t), mu=_put_tree(node.mu, mu), nu=_put_tree(node.nu, nu)
-                )
-            if _is_schedule(node):
-                return optax.ScaleByScheduleState(count=_to_device(node.count, step))
-            return node
-
-        opt_state = jax.tree.map(restore, opt_like, is_leaf=lambda n: _is_adam(n) or _is_schedule(n))
+        opt_state = with_adam_moments(opt_like, mu, nu, adam_count=t, schedule_count=state.global_step)
     return params, opt_state, record
 
 

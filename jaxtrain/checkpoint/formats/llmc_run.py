@@ -17,11 +17,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import jax
 import numpy as np
-import optax
 
 from jaxtrain.checkpoint.format import Resumed
+from jaxtrain.checkpoint.formats.infinitrain_trainer import adam_states, put_tree, with_adam_moments
 from jaxtrain.checkpoint.layout import CheckpointError
 from jaxtrain.parallel import sharding
 from llmc_io import llmc_run
@@ -111,35 +110,15 @@ def check_loader(state_path, state, stream, step: int) -> None:
             )
 
 
-def _put(like, value):
-    return jax.device_put(np.asarray(value, dtype=like.dtype), like.sharding)
-
-
-def _put_tree(like_tree, numpy_tree):
-    return jax.tree.map(_put, like_tree, numpy_tree)
-
-
 def optimizer_state(opt_like, m_tree, v_tree, step: int):
     """The run's optax state with llm.c's AdamW moments and the schedule at `step`."""
-    adam = lambda n: isinstance(n, optax.ScaleByAdamState)
-    schedule = lambda n: isinstance(n, optax.ScaleByScheduleState)
-    found = [n for n in jax.tree.leaves(opt_like, is_leaf=adam) if adam(n)]
+    found = adam_states(opt_like)
     if len(found) != 1:
         raise CheckpointError(
             f'optimizer: expected adamw to continue an llm.c run (its state is AdamW m and v), '
             f'found an optimizer with {len(found)} Adam states; pass --optimizer adamw'
         )
-
-    def restore(node):
-        if adam(node):
-            return optax.ScaleByAdamState(
-                count=_put(node.count, step), mu=_put_tree(node.mu, m_tree), nu=_put_tree(node.nu, v_tree)
-            )
-        if schedule(node):
-            return optax.ScaleByScheduleState(count=_put(node.count, step))
-        return node
-
-    return jax.tree.map(restore, opt_like, is_leaf=lambda n: adam(n) or schedule(n))
+    return with_adam_moments(opt_like, m_tree, v_tree, adam_count=step, schedule_count=step)
 
 
 class LLMCRunFormat:
@@ -206,7 +185,7 @@ class LLMCRunFormat:
             import llmc_io
 
             weights = llmc_io.load_gpt2(ckpt.model_path)[1]
-        params = _put_tree(state.params, weights)
+        params = put_tree(state.params, weights)
         opt_state = optimizer_state(
             state.opt_state, flat_to_tree(s.m, ckpt.header), flat_to_tree(s.v, ckpt.header), step
         )
