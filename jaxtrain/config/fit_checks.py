@@ -21,6 +21,11 @@ def check_fit(config) -> None:
         data_parallel=data_parallel,
     )
     model_config = model_config_for(config)
+    if config.get('fused_adamw', False) and len(devices) > 1:
+        raise ValueError(
+            f'fused_adamw: expected one device (XLA cannot split a Pallas call over a mesh), found '
+            f'{len(devices)}; pass --num_devices 1 or drop --fused_adamw'
+        )
     if config.sequence_parallel and config.sequence_length % sizes['tensor']:
         raise ValueError(
             f"sequence_length: expected a multiple of the tensor size {sizes['tensor']} with "

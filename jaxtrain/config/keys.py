@@ -166,6 +166,13 @@ KEYS = (
     ('eps', 1e-8, 'Adam epsilon'),
     ('weight_decay', 0.0, 'AdamW decoupled weight decay, on tensors of 2+ dimensions only'),
     ('grad_clip', 0.0, 'global-norm gradient clipping (0 = off, as in InfiniTrain)'),
+    (
+        'fused_adamw',
+        False,
+        'adamw | adam: clip, moments, decay and update in fused Pallas kernels instead of XLA\'s fusions '
+        '(one device; the same optimizer state; optax\'s arithmetic up to FMA contraction; off a GPU '
+        'Pallas\' interpreter runs them, slowly: for tests)',
+    ),
     ('seed', 42, 'seed of the random init and the training rng'),
     (
         'precision_check',

@@ -6,10 +6,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from flax import nnx
 
+from jaxtrain.config.checks import check_config
+from jaxtrain.models.gpt2 import GPT2, GPT2Config
 from jaxtrain.optim import adamw_kernel
 from jaxtrain.optim.fused_adamw import FusedAdam, apply_gradients
-from jaxtrain.optim.optimizer import decay_mask
+from jaxtrain.optim.optimizer import build_optimizer, decay_mask
+from jaxtrain.train.step import TrainState, make_train_step
+from trainer_runs import load_config, random_shard, train
 
 B1, B2, EPS = 0.9, 0.95, 1e-8
 # Shapes off the kernel's block (256 in these tests): partial last blocks, a tensor smaller than
@@ -148,6 +153,21 @@ def test_runs_are_bitwise_identical_and_state_keeps_optax_layout():
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_weight_decay_only_where_the_mask_says_and_adam_has_none():
+    # Zero gradients, so the update is the decay alone: matrices shrink by lr·wd, the rest stay.
+    params = {'kernel': jnp.ones((3, 3)), 'bias': jnp.ones((3,))}
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    for optimizer, shrunk in (('adamw', 1 - 0.1 * 0.5), ('adam', 1.0)):
+        config = load_config(
+            'gpt2', learning_rate=0.1, weight_decay=0.5, optimizer=optimizer, fused_adamw=True
+        )
+        tx, _ = build_optimizer(config)
+        assert isinstance(tx, FusedAdam)
+        new, _ = jax.jit(tx.apply_gradients)(zeros, tx.init(params), params)
+        np.testing.assert_allclose(new['kernel'], shrunk, rtol=1e-7)
+        np.testing.assert_array_equal(new['bias'], 1.0)
+
+
 def test_kernel_direct_single_tensor_matches_formula():
     # adam_update on its own, a tensor of three blocks and a bit, step 1: m = (1-b1) g,
     # v = (1-b2) g², and p' = p - lr·(g/(|g|+eps) + wd·p).
@@ -164,4 +184,74 @@ def test_kernel_direct_single_tensor_matches_formula():
     np.testing.assert_allclose(v, (1 - B2) * g64 * g64, rtol=1e-6)
     np.testing.assert_allclose(
         new_p, p64 - 0.01 * (g64 / (np.abs(g64) + EPS) + 0.1 * p64), rtol=1e-6, atol=1e-7
+    )
+
+
+CONFIG = GPT2Config(
+    max_seq_len=16, vocab_size=40, padded_vocab_size=48, num_layers=2, num_heads=2, channels=16
+)
+
+
+def test_train_step_with_the_key_follows_the_optax_step():
+    graphdef, state = nnx.split(GPT2(CONFIG, rngs=nnx.Rngs(0)), nnx.Param)
+    params = nnx.to_pure_dict(state)
+    tokens = np.random.default_rng(0).integers(0, CONFIG.vocab_size, (4, 9))
+    inputs, targets = tokens[None, :, :-1], tokens[None, :, 1:]
+    runs = {}
+    for fused in (False, True):
+        config = load_config('gpt2', learning_rate=1e-2, weight_decay=0.1, grad_clip=1.0, fused_adamw=fused)
+        tx, _ = build_optimizer(config)
+        step = jax.jit(make_train_step(graphdef, tx, CONFIG.vocab_size))
+        train_state = TrainState(
+            step=jnp.int32(0),
+            data_position=jnp.int32(0),
+            params=params,
+            opt_state=tx.init(params),
+            rng=jax.random.key_data(jax.random.PRNGKey(0)),
+        )
+        losses = []
+        for _ in range(3):
+            train_state, metrics = step(train_state, inputs, targets)
+            losses.append(float(metrics['loss']))
+        runs[fused] = losses, train_state
+    (plain_losses, plain), (fused_losses, fused) = runs[False], runs[True]
+    np.testing.assert_allclose(fused_losses, plain_losses, rtol=1e-6)
+    assert jax.tree.structure(fused.opt_state) == jax.tree.structure(plain.opt_state)
+    assert int(_adam_moments(fused.opt_state).count) == int(fused.step) == 3
+    # Adam divides by sqrt(v): where a gradient is near zero, an ulp of difference in it (from
+    # the FMA contractions above) moves that element by up to lr, so the weights agree to a
+    # small fraction of lr rather than to the ulp.
+    for a, b in zip(jax.tree.leaves(fused.params), jax.tree.leaves(plain.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-3 * 1e-2)
+
+
+def test_config_refuses_sgd_and_many_devices():
+    with pytest.raises(ValueError, match="fused_adamw: expected --optimizer adamw or adam .*found 'sgd'"):
+        check_config(load_config('gpt2', optimizer='sgd', fused_adamw=True))
+    with pytest.raises(ValueError, match='fused_adamw: expected one device .* found 2'):
+        check_config(load_config('gpt2', num_devices=2, fused_adamw=True))
+    check_config(load_config('gpt2', fused_adamw=True))
+
+
+@pytest.mark.slow
+def test_training_run_with_the_key_matches_one_without(tmp_path):
+    shard = random_shard(tmp_path / 'train.bin')
+    losses = {}
+    for fused in (False, True):
+        config = load_config(
+            'gpt2',
+            input_bin=shard,
+            num_iteration=5,
+            sample_every=0,
+            learning_rate=1e-3,
+            weight_decay=0.1,
+            grad_clip=1.0,
+            fused_adamw=fused,
+            metrics_dir=str(tmp_path / f'metrics-{fused}'),
+        )
+        code, losses[fused], _ = train(config)
+        assert code == 0
+    assert sorted(losses[True]) == sorted(losses[False]) == list(range(1, 6))
+    np.testing.assert_allclose(
+        [losses[True][s] for s in range(1, 6)], [losses[False][s] for s in range(1, 6)], rtol=1e-5
     )
