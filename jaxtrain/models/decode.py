@@ -96,7 +96,8 @@ def kth_largest(x_BxV, k: int):
     digits_256 = jnp.arange(256, dtype=jnp.uint32)
     for shift in (24, 16, 8, 0):
         thresholds_Bx256 = prefix_B[:, None] | (digits_256 << shift)[None]
-        counts_Bx256 = jnp.sum(keys_BxV[:, :, None] >= thresholds_Bx256[:, None, :], axis=1, dtype=jnp.int32)
+        # V minor: 256 row reductions, which XLA:GPU runs one warp or block per row.
+        counts_Bx256 = jnp.sum(keys_BxV[:, None, :] >= thresholds_Bx256[:, :, None], axis=2, dtype=jnp.int32)
         # Counts fall as the digit grows and digit 0 keeps the k of the prefix so far: the digits
         # that keep k are 0..d, and d is the next digit of the k-th largest key.
         digit_B = jnp.sum(counts_Bx256 >= k, axis=-1, dtype=jnp.int32) - 1
