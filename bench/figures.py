@@ -54,6 +54,16 @@ BENCH = [  # the step alone: python -m jaxtrain.bench with these
     f'--config.total_batch_size={TOKENS_PER_STEP}',
     '--config.scan_layers=false',
 ]
+DECODE = [  # python -m jaxtrain.generate with these, and --num_samples 1 or 16
+    '--model',
+    'd12',
+    '--dtype',
+    'bfloat16',
+    '--max_new_tokens',
+    '256',
+    '--warmup_runs',
+    '1',
+]
 LLAMA = [
     '--config=configs/llama3.py:llama3.2-1b',
     '--config.dtype=bfloat16',
@@ -341,6 +351,39 @@ def recompute(call: Call) -> None:
     call.record('recompute', {row['plan']: f"{row['peak_MiB']} MiB, {row['step_s']} s" for row in rows})
 
 
+def decode(call: Call) -> None:
+    """KV-cache decoding of GPT-2 124M (random weights) in bf16, 256 new tokens from EOT at generate's
+    sampling defaults: tokens/s of the run after a warm-up run, compilation excluded."""
+    values = {}
+    for batch in (1, 16):
+        result = call.out / f'decode_b{batch}.json'
+        command = [sys.executable, '-m', 'jaxtrain.generate', *DECODE, '--num_samples', str(batch)]
+        done = call.run(f'decode_b{batch}', [*command, '--json', str(result)])
+        if done.returncode or not result.exists():
+            raise RuntimeError(
+                f'decode_b{batch}: exit {done.returncode}; see {call.out / f"decode_b{batch}"}.txt'
+            )
+        timing = json.loads(result.read_text())
+        values[f'batch {batch} tok/s'] = round(timing['tokens_per_s'])
+        values[f'batch {batch} ms/token'] = round(timing['ms_per_new_token'], 3)
+    call.record('decode', values)
+
+
+def decode_variants(call: Call) -> None:
+    """The decoder's levers against each other (bench/decode_variants.py): a line per variant."""
+    rows_file = call.out / 'decode_variants.jsonl'
+    done = call.run(
+        'decode_variants', [sys.executable, 'bench/decode_variants.py', '--json', str(rows_file)], timeout=400
+    )
+    rows = [json.loads(line) for line in rows_file.read_text().splitlines()] if rows_file.exists() else []
+    if not rows:
+        raise RuntimeError(f'exit {done.returncode}; see {call.out / "decode_variants.txt"}')
+    call.record(
+        'decode_variants',
+        {f"{r['flags']}/{r['variant']}/b{r['batch']}": f"{r['tokens_per_s']:.0f} tok/s" for r in rows},
+    )
+
+
 # name -> (function, what it needs, what it measures)
 FIGURES = {
     'loop': (loop, 'gpu', 'the real training loop, fast mode: step lines and wall clock'),
@@ -358,6 +401,12 @@ FIGURES = {
     'two_gpus': (two_gpus, '2 gpus', 'data parallel on 2 GPUs against 1'),
     'pipeline': (pipeline, 'cpu', 'pipeline stages on fake CPU devices: memory per device and the bubble'),
     'recompute': (recompute, 'any', 'activation recompute plans: peak memory of the step and its time'),
+    'decode': (decode, 'gpu', 'KV-cache decoding, GPT-2 124M bf16, 256 new tokens: tok/s at batch 1 and 16'),
+    'decode_variants': (
+        decode_variants,
+        'gpu',
+        "the decoder's levers (unrolled layers, positions per step, CUDA graphs of loops): tok/s each",
+    ),
 }
 
 
