@@ -58,8 +58,7 @@ def _tanh_term(z):
     return jnp.tanh(_SQRT_2_OVER_PI * (z + _CUBIC * z * z * z))
 
 
-def _forward_kernel(pre_ref, bias_ref, out_ref):
-    rows, cols = FORWARD_ROWS, FORWARD_COLS
+def _forward_kernel(pre_ref, bias_ref, out_ref, *, rows: int, cols: int):
     at, col, mask = _tile(pre_ref, pl.program_id(0) * rows, rows, pl.program_id(1) * cols, cols)
     bias = plgpu.load(bias_ref.at[col], mask=col < pre_ref.shape[1], other=0.0).astype(jnp.float32)
     z = plgpu.load(pre_ref.at[at], mask=mask, other=0.0).astype(jnp.float32) + bias[None, :]
@@ -67,8 +66,7 @@ def _forward_kernel(pre_ref, bias_ref, out_ref):
     plgpu.store(out_ref.at[at], out.astype(out_ref.dtype), mask=mask)
 
 
-def _backward_kernel(pre_ref, bias_ref, dout_ref, dpre_ref, dbias_ref):
-    rows, cols, group = BACKWARD_ROWS, BACKWARD_COLS, BACKWARD_GROUP
+def _backward_kernel(pre_ref, bias_ref, dout_ref, dpre_ref, dbias_ref, *, rows: int, cols: int, group: int):
     N, F = pre_ref.shape
     program, col0 = pl.program_id(0), pl.program_id(1) * cols
     col = col0 + jnp.arange(cols)
@@ -98,8 +96,9 @@ def bias_gelu(pre, bias, interpret=None):
     interpret = _default_interpret(interpret)
     F = pre.shape[-1]
     N = math.prod(pre.shape[:-1])
+    # The tile sizes are bound here, not read inside the kernel: jax caches a kernel's trace.
     out = pl.pallas_call(
-        _forward_kernel,
+        functools.partial(_forward_kernel, rows=FORWARD_ROWS, cols=FORWARD_COLS),
         out_shape=jax.ShapeDtypeStruct((N, F), pre.dtype),
         grid=(pl.cdiv(N, FORWARD_ROWS), pl.cdiv(F, FORWARD_COLS)),
         compiler_params=plgpu.CompilerParams(num_warps=FORWARD_WARPS),
@@ -119,7 +118,7 @@ def _backward(interpret, saved, dout):
     N = math.prod(pre.shape[:-1])
     P = pl.cdiv(N, BACKWARD_ROWS * BACKWARD_GROUP)
     dpre, dbias_PF = pl.pallas_call(
-        _backward_kernel,
+        functools.partial(_backward_kernel, rows=BACKWARD_ROWS, cols=BACKWARD_COLS, group=BACKWARD_GROUP),
         out_shape=[
             jax.ShapeDtypeStruct((N, F), pre.dtype),
             jax.ShapeDtypeStruct((P * F,), jnp.float32),
