@@ -1,3 +1,52 @@
+# The PyTorch LLaMA-3 peer of jaxtrain's bench/figures.py (figure llama_peer).
+#
+# This is train_llama3.py from https://github.com/karpathy/llm.c at commit
+# f1e2ace651495b74ae22d45d1723443fd00ecd3a (the file as last changed in bd8c6045), MIT License:
+#
+#   Copyright (c) 2024 Andrej Karpathy
+#
+#   Permission is hereby granted, free of charge, to any person obtaining a copy of this software and
+#   associated documentation files (the "Software"), to deal in the Software without restriction,
+#   including without limitation the rights to use, copy, modify, merge, publish, distribute,
+#   sublicense, and/or sell copies of the Software, and to permit persons to whom the Software is
+#   furnished to do so, subject to the following conditions:
+#
+#   The above copyright notice and this permission notice shall be included in all copies or
+#   substantial portions of the Software.
+#
+#   THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR IMPLIED, INCLUDING BUT
+#   NOT LIMITED TO THE WARRANTIES OF MERCHANTABILITY, FITNESS FOR A PARTICULAR PURPOSE AND
+#   NONINFRINGEMENT. IN NO EVENT SHALL THE AUTHORS OR COPYRIGHT HOLDERS BE LIABLE FOR ANY CLAIM,
+#   DAMAGES OR OTHER LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR OTHERWISE, ARISING FROM, OUT
+#   OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE SOFTWARE.
+#
+# Changed from upstream, only where running offline from random weights of jaxtrain's
+# configs/llama3.py:llama3.2-1b shape, at full speed, needs it (each change is marked "peer:"):
+# - --model llama3.2-1b (L16, C2048, 32 query / 8 key-value heads, V 128256, SwiGLU hidden 8192 from
+#   ffn_dim_multiplier 1.4 and multiple_of 1024, untied lm_head as jaxtrain's, RoPE theta 500000
+#   with Llama-3.1 scaling): random weights (normal, std 0.02, as train_gpt2.py), built on the
+#   device, no Hugging Face or Meta checkpoint; --model tiny (jaxtrain's tiny shape) for a CPU check.
+# - tiktoken is imported only where a tokenizer is built (none is here: no sampling).
+# - freqs_cis is a (non-persistent) buffer, so it lives on the model's device.
+# - attention in training: --flash 1 (the default; upstream has no such flag and its config's False
+#   runs the manual attention, which builds the T x T scores) calls SDPA with is_causal=True (upstream's
+#   flash branch passes an explicit mask, which rules flash attention out) and shares the key/value
+#   heads through SDPA's enable_gqa instead of repeat_kv's copies (--sdpa_gqa 0 restores repeat_kv);
+#   --sdpa_backend picks the kernel (default flash: an error, not a silent fallback to a slower
+#   kernel, where flash cannot run).
+# - no KV cache is allocated for training (use_kv=False).
+# - the data loader converts the uint32 shard to int64 in NumPy (torch takes no uint32 arrays).
+# - a CPU is allowed for the random-init models (a smoke check; no autocast there).
+# - the end prints "pytorch-llama3 B=<B> median <ms> ms/step <tok/s> tok/s", the median of the
+#   steps after the first 5, in the line format of ../shared/peers/run_peers.sh's peers.
+# Everything else (torch.compile with coordinate descent tuning, fused AdamW, fp32 weights under
+# bf16 autocast, gradient clipping, fp32 logits and loss, the loop and its timing) is upstream's.
+#
+# usage (what figures.py runs, on a LLaMA-3 token shard of random ids):
+#   python bench/peers/train_llama3.py --model llama3.2-1b --input_bin SHARD --batch_size 4 \
+#     --sequence_length 2048 --total_batch_size 8192 --num_iterations 30 --compile 1 --tensorcores 1 \
+#     --dtype bfloat16 --overfit_single_batch 0
+
 """
 Reference code for LLaMA-3.1 training and inference.
 Will save the model weights into files, to be read from C as initialization.
@@ -49,8 +98,11 @@ from torch.distributed import init_process_group, destroy_process_group
 from torch.distributed.optim import ZeroRedundancyOptimizer
 import torch.distributed as dist
 
-import tiktoken
-from tiktoken.load import load_tiktoken_bpe
+try:  # peer: only a Tokenizer needs tiktoken, and the random-init models build none
+    import tiktoken
+    from tiktoken.load import load_tiktoken_bpe
+except ImportError:
+    tiktoken = load_tiktoken_bpe = None
 
 # -----------------------------------------------------------------------------
 # PyTorch nn.Module definitions for the LLaMA 3.x model
@@ -155,6 +207,7 @@ class CausalSelfAttention(nn.Module):
         self.hd = config.n_embd // config.n_head
         self.use_kv = config.use_kv
         self.flash = config.flash
+        self.sdpa_gqa = config.sdpa_gqa  # peer
 
         self.c_attn = nn.Linear(config.n_embd, (config.n_head + 2 * config.n_kv_head) * self.hd, bias=False)  # key, query, value projections
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)  # output projection
@@ -179,12 +232,18 @@ class CausalSelfAttention(nn.Module):
             k = self.cache_k[:B, : start_pos + T]
             v = self.cache_v[:B, : start_pos + T]
 
-        k = repeat_kv(k, self.n_rep)  # GQA <-- 2. difference compared to GPT-2
-        v = repeat_kv(v, self.n_rep)
+        # peer: in training (no mask), flash attention takes the causal mask as its own flag and, with
+        # enable_gqa, reads each key/value head for its query heads without repeat_kv's copies
+        native_gqa = self.flash and mask is None and self.sdpa_gqa
+        if not native_gqa:
+            k = repeat_kv(k, self.n_rep)  # GQA <-- 2. difference compared to GPT-2
+            v = repeat_kv(v, self.n_rep)
 
         q, k, v = map(lambda t: t.transpose(1, 2), (q, k, v))  # (B, NH, T, HD)
 
-        if self.flash:
+        if self.flash and mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=native_gqa)
+        elif self.flash:
             # flashattention
             # if T == 1 no need to mask, otherwise the function complains
             # scaled_dot_product_attention expects a mask where value of True indicates that the element should take part in attention
@@ -259,6 +318,7 @@ class LlamaConfig:
     max_gen_batch_size: int = 4
     use_kv: bool = True
     flash: bool = False  # use flashattention?
+    sdpa_gqa: bool = True  # peer: SDPA's enable_gqa (flash reads shared K/V heads) instead of repeat_kv
 
     def __init__(self, **kwargs):
         for k, v in kwargs.items():
@@ -285,12 +345,13 @@ class LLaMA(nn.Module):
         self.init_rng = torch.Generator()
         self.init_rng.manual_seed(42)
 
-        self.freqs_cis = precompute_freqs_cis(
+        # peer: a buffer, so that it lives on the model's device (not saved: it is computed)
+        self.register_buffer("freqs_cis", precompute_freqs_cis(
             config.n_embd // config.n_head,
             config.block_size * 2,
             config.rope_theta,
             config.use_scaled_rope,
-        )
+        ), persistent=False)
 
     def forward(self, idx, targets=None, return_logits=True, start_pos=0):
         _, t = idx.size()
@@ -300,7 +361,11 @@ class LLaMA(nn.Module):
         x = self.transformer.wte(idx) # token embeddings of shape (b, t, n_embd)
         freqs_cis = self.freqs_cis[start_pos:start_pos+t]
 
-        mask = torch.triu(torch.ones((t, t), device=next(self.parameters()).device, dtype=torch.bool), diagonal=1)
+        # peer: no mask where flash attention applies the causal one itself (training, from position 0)
+        if self.config.flash and start_pos == 0:
+            mask = None
+        else:
+            mask = torch.triu(torch.ones((t, t), device=next(self.parameters()).device, dtype=torch.bool), diagonal=1)
 
         for i, block in enumerate(self.transformer.h):
             x = block(x, freqs_cis, start_pos, mask)
@@ -320,6 +385,20 @@ class LLaMA(nn.Module):
             logits = None
 
         return logits, loss
+
+    @classmethod
+    def from_random_init(cls, model_args: LlamaConfig, device):
+        """peer: random weights of the given shape, built on the device (normal, std 0.02, as
+        train_gpt2.py's _init_weights; RMSNorm weights stay 1)"""
+        with torch.device(device):
+            model = LLaMA(model_args)
+        generator = torch.Generator(device=device)
+        generator.manual_seed(42)
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() >= 2:
+                    torch.nn.init.normal_(p, mean=0.0, std=0.02, generator=generator)
+        return model
 
     @staticmethod
     def adapt_llama_state_dict_keys(checkpoint, config: LlamaConfig):
@@ -820,7 +899,7 @@ class DistributedShardedDataLoader:
         B = self.B
         T = self.T
         buf = self.tokens[self.current_position : self.current_position+B*T+1]
-        buf = torch.tensor(buf, dtype=torch.long)
+        buf = torch.from_numpy(buf.astype(np.int64))  # peer: torch takes no uint32 arrays
         x = (buf[:-1]).view(B, T) # inputs
         y = (buf[1:]).view(B, T) # targets
         # advance the start pointer in current shard
@@ -925,6 +1004,20 @@ def write_state(model, x, y, logits, loss, filename):
     print(f"wrote {filename}")
 
 # -----------------------------------------------------------------------------
+# peer: random-init shapes, as jaxtrain's configs/llama3.py variants of the same names
+
+RANDOM_INIT_SHAPES = {
+    # LLaMA-3.2 1B's shape (jaxtrain's llama3.2-1b): SwiGLU hidden 4C -> 2/3 -> x1.4 -> up to 1024 = 8192
+    "llama3.2-1b": dict(version="3.2", block_size=8192, vocab_size=128256, n_layer=16, n_head=32, n_kv_head=8,
+                        n_embd=2048, ffn_dim_multiplier=1.4, multiple_of=1024, norm_eps=1e-5,
+                        rope_theta=500000.0, use_scaled_rope=True),
+    # jaxtrain's tiny: a CPU check of this file (hidden 4C -> 2/3 -> 170 -> up to 32 = 192)
+    "tiny": dict(version="3.2", block_size=256, vocab_size=128256, n_layer=2, n_head=4, n_kv_head=2,
+                 n_embd=64, ffn_dim_multiplier=1.0, multiple_of=32, norm_eps=1e-5,
+                 rope_theta=500000.0, use_scaled_rope=False),
+}
+
+# -----------------------------------------------------------------------------
 # int main
 
 def print0(*args, **kwargs):
@@ -946,7 +1039,7 @@ if __name__ == "__main__":
     parser.add_argument("--input_bin", type=str, default="dev/data/tinyshakespeare/tiny_shakespeare_val.bin", help="input .bin to train on")
     parser.add_argument("--input_val_bin", type=str, default="", help="input .bin to eval validation loss on")
     parser.add_argument("--output_dir", type=str, default="", help="output directory to which to write logs and checkpoints")
-    parser.add_argument("--model", type=str, default="meta-llama/Meta-Llama-3.1-8B", help="chose the llama model")
+    parser.add_argument("--model", type=str, default="meta-llama/Meta-Llama-3.1-8B", help="chose the llama model (peer: or llama3.2-1b|tiny, random init)")
     # token layout for each step of the optimization
     parser.add_argument("--batch_size", type=int, default=4, help="batch size, in units of #batch dimensions")
     parser.add_argument("--sequence_length", type=int, default=64, help="sequence length")
@@ -972,6 +1065,10 @@ if __name__ == "__main__":
     parser.add_argument("--device", type=str, default="", help="by default we autodetect, or set it here")
     parser.add_argument("--compile", type=int, default=0, help="torch.compile the model")
     parser.add_argument("--dtype", type=str, default="bfloat16", help="float32|float16|bfloat16")
+    # peer: attention kernels
+    parser.add_argument("--flash", type=int, default=1, help="SDPA (flash attention in training) or upstream's manual attention")
+    parser.add_argument("--sdpa_gqa", type=int, default=1, help="SDPA's enable_gqa (1) or repeat_kv's copies of K/V (0)")
+    parser.add_argument("--sdpa_backend", type=str, default="flash", help="flash|cudnn|efficient|auto (auto: PyTorch picks)")
     parser.add_argument("--zero_stage", type=int, default=0, help="zero redundancy optimizer stage (0/1/2/3)")
     # python -> C bridge
     parser.add_argument("--write_tensors", type=int, default=0, help="write tensors to disk")
@@ -981,7 +1078,9 @@ if __name__ == "__main__":
     B, T = args.batch_size, args.sequence_length
     assert 1 <= T <= 8192, "sequence length must be between 1 and 8192"
     assert args.dtype in {"float32", "float16", "bfloat16"}
-    assert args.model in {"meta-llama/Meta-Llama-3.1-8B"}  # only 8B base model supported for now
+    random_init = args.model in RANDOM_INIT_SHAPES  # peer
+    assert random_init or args.model in {"meta-llama/Meta-Llama-3.1-8B"}  # only 8B base model supported for now
+    assert args.sdpa_backend in {"flash", "cudnn", "efficient", "auto"}
 
     # create the logging directory if it does not exist
     logfile = None
@@ -1025,7 +1124,7 @@ if __name__ == "__main__":
             elif hasattr(torch.backends, "mps") and torch.backends.mps.is_available():
                 device = "mps"
     device_type = 'cuda' if 'cuda' in device else 'cpu'
-    assert device_type in {'cuda'}, "GPU required to run LLaMA 3"  # we need to load LLaMA as bf16 on CUDA
+    assert device_type in {'cuda'} or random_init, "GPU required to run LLaMA 3"  # we need to load LLaMA as bf16 on CUDA
     print(f"using device: {device}")
 
     # calculate gradient accumulation from the desired total batch size and the current run configuration
@@ -1050,7 +1149,12 @@ if __name__ == "__main__":
         torch.set_float32_matmul_precision('high')
 
     # init the model
-    if args.use_hf:
+    if random_init:  # peer
+        model = LLaMA.from_random_init(
+            LlamaConfig(**RANDOM_INIT_SHAPES[args.model], use_kv=False, flash=bool(args.flash), sdpa_gqa=bool(args.sdpa_gqa)),
+            device)
+        print0(f"random init {args.model}: {sum(p.numel() for p in model.parameters()):,} parameters")
+    elif args.use_hf:
         model = LLaMA.from_pretrained_llama3_hf(args.model)
     else:  # use Meta's checkpoint
         assert args.ckpt_dir is not None and os.path.exists(args.ckpt_dir), f"llama3 ckpt dir {args.ckpt_dir} does not exist"
@@ -1120,9 +1224,19 @@ if __name__ == "__main__":
         coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio)) # coeff starts at 1 and goes to 0
         return min_lr + coeff * (args.learning_rate - min_lr)
 
+    # peer: the chosen attention kernel or an error, never a silent fallback to a slower one
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                "efficient": SDPBackend.EFFICIENT_ATTENTION}
+    def attn_ctx():  # a fresh context manager each time: sdpa_kernel's can be entered once
+        return sdpa_kernel(backends[args.sdpa_backend]) if args.sdpa_backend in backends else nullcontext()
+    print0(f"attention: {'SDPA ' + args.sdpa_backend if args.flash else 'manual'}, "
+           f"{'enable_gqa' if args.sdpa_gqa else 'repeat_kv'}")
+
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     timings = []
+    step_ms = []  # peer: every step, for the median line
     norm = -1.0   # dummy value to print in inference-only mode
     for step in range(args.num_iterations + 1):
         t0 = time.time()
@@ -1201,7 +1315,7 @@ if __name__ == "__main__":
                 # context manager that bloats the code, so we just toggle this variable
                 model.require_backward_grad_sync = (micro_step == grad_accum_steps - 1)
             # forward pass
-            with ctx:
+            with ctx, attn_ctx():  # peer: attn_ctx
                 _, loss = model(x, y, return_logits=False)
                 # we have to scale the loss to account for gradient accumulation,
                 # because the gradients just add on each successive backward().
@@ -1240,6 +1354,8 @@ if __name__ == "__main__":
             with open(logfile, "a") as f:
                 f.write("s:%d trl:%f\n" % (step, lossf))
 
+        step_ms.append((t1 - t0) * 1000)  # peer
+
         # keep track of smooth timings, last 20 iterations
         if step > 0 and step > args.num_iterations - 20:
             timings.append(t1-t0)
@@ -1247,7 +1363,14 @@ if __name__ == "__main__":
     # print the average of the last 20 timings, to get something smooth-ish
     timings = timings[-20:]
     print0(f"final {len(timings)} iters avg: {np.mean(timings)*1000:.3f}ms")
-    print0(f"peak memory consumption: {torch.cuda.max_memory_allocated() // 1024 // 1024} MiB")
+    if device_type == "cuda":  # peer: a CPU run has no CUDA statistics
+        print0(f"peak memory consumption: {torch.cuda.max_memory_allocated() // 1024 // 1024} MiB")
+    # peer: run_peers.sh's line: the median of the steps after the first 5 (compilation, warm-up)
+    timed = sorted(step_ms[5:])
+    if timed:
+        ms = timed[(len(timed) - 1) // 2]
+        tokens_per_step = grad_accum_steps * ddp_world_size * B * T
+        print0(f"pytorch-llama3 B={B} median {ms:.2f} ms/step {tokens_per_step / ms * 1000:.0f} tok/s")
 
     # -------------------------------------------------------------------------
     # clean up nice
