@@ -180,16 +180,17 @@ def _rope_tables(config, length: int):
 
 
 def cast_to_compute_dtype(model: nnx.Module) -> None:
-    """Casts, in place, the variables that the model's projections and embeddings use in their
-    compute dtype (nnx.Linear's kernel and bias, a LoRA adapter's matrices, nnx.Embed's table),
-    which those layers would cast at every call anyway: their outputs are unchanged. Norm scales
-    stay fp32, as the norms compute in fp32."""
+    """Casts, in place, the weight matrices that the model's projections and embeddings use in
+    their compute dtype (nnx.Linear's kernel, a LoRA adapter's matrices, nnx.Embed's table), which
+    those layers would cast at every call anyway: their outputs are unchanged. Biases and norm
+    scales stay as they are: they are small, and some are read in fp32 (the norms, and the bias
+    that a fused bias + GELU kernel adds)."""
     for _, module in nnx.iter_modules(model):
         dtype = getattr(module, 'dtype', None)
         if not isinstance(module, (nnx.Linear, nnx.Embed)) or dtype is None:
             continue
         for name, variable in list(vars(module).items()):
-            if isinstance(variable, nnx.Variable) and jnp.issubdtype(variable[...].dtype, jnp.floating):
+            if isinstance(variable, nnx.Variable) and name != 'bias':
                 setattr(module, name, type(variable)(variable[...].astype(dtype)))
 
 
