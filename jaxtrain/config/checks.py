@@ -11,6 +11,7 @@ from jaxtrain.config.path_checks import path_problems
 from jaxtrain.models import cross_entropy_kernel
 from jaxtrain.models import recompute
 from jaxtrain.models.attention import IMPLEMENTATIONS
+from jaxtrain.models.gpt2 import FUSED_KERNELS
 from jaxtrain.optim.infinitrain_lr_schedule import STYLES
 from jaxtrain.optim.optimizer import (
     FUSED,
@@ -29,6 +30,7 @@ CHOICES = {
     'lr_decay_style': STYLES,
     'attention': IMPLEMENTATIONS,
     'cross_entropy': cross_entropy_kernel.IMPLEMENTATIONS,
+    'fused_kernels': FUSED_KERNELS,
     'deterministic': ('auto', 'true', 'false'),
     'device': ('auto', 'cpu', 'cuda'),
     'checkpoint_format': FORMAT_NAMES,

@@ -92,6 +92,12 @@ KEYS = (
         'auto | xla | pallas: the kernel of the loss and its gradient (auto: the fused Pallas kernel on '
         'one GPU in bf16; else XLA)',
     ),
+    (
+        'fused_kernels',
+        'none',
+        "none | layernorm | bias_gelu | all: GPT-2's residual add + LayerNorm and/or the MLP's bias + "
+        'GELU as Pallas kernels instead of XLA fusions (one GPU; deterministic)',
+    ),
     ('input_bin', '', "glob of llm.c token shards ('' = the built-in stdlib corpus, in the family's shards)"),
     (
         'shuffle',
