@@ -176,8 +176,7 @@ KEYS = (
         'fused_adamw',
         False,
         'adamw | adam: clip, moments, decay and update in fused Pallas kernels instead of XLA\'s fusions '
-        '(one device; the same optimizer state; optax\'s arithmetic up to FMA contraction; off a GPU '
-        'Pallas\' interpreter runs them, slowly: for tests)',
+        '(one GPU; the same optimizer state; optax\'s arithmetic up to FMA contraction)',
     ),
     ('seed', 42, 'seed of the random init and the training rng'),
     (

@@ -9,7 +9,8 @@ path: clipping, moments, bias correction, weight decay, learning rate and the pa
 update in one pass over each tensor, with the same arithmetic (bitwise on CPU, where Pallas
 interprets the kernel).
 
-One device only: XLA cannot split a Pallas call over a mesh (fit_checks refuses more).
+One GPU: XLA cannot split a Pallas call over a mesh, and off a GPU Pallas' interpreter runs
+the kernels slowly, so fit_checks refuses both (the tests set JAXTRAIN_PALLAS_INTERPRET=1).
 """
 
 import jax

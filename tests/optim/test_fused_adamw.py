@@ -8,6 +8,7 @@ import optax
 import pytest
 from flax import nnx
 
+from jaxtrain.config import fit_checks
 from jaxtrain.config.checks import check_config
 from jaxtrain.models.gpt2 import GPT2, GPT2Config
 from jaxtrain.optim import adamw_kernel
@@ -225,7 +226,10 @@ def test_train_step_with_the_key_follows_the_optax_step():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-3 * 1e-2)
 
 
-def test_config_refuses_sgd_and_many_devices():
+def test_config_refuses_sgd_many_devices_and_a_cpu(monkeypatch):
+    with pytest.raises(ValueError, match="fused_adamw: expected a GPU, found 'cpu'"):
+        check_config(load_config('gpt2', fused_adamw=True))
+    monkeypatch.setenv(fit_checks.INTERPRET_ENV, '1')  # Pallas' interpreter, as the tests run it
     with pytest.raises(ValueError, match="fused_adamw: expected --optimizer adamw or adam .*found 'sgd'"):
         check_config(load_config('gpt2', optimizer='sgd', fused_adamw=True))
     with pytest.raises(ValueError, match='fused_adamw: expected one device .* found 2'):
@@ -234,7 +238,8 @@ def test_config_refuses_sgd_and_many_devices():
 
 
 @pytest.mark.slow
-def test_training_run_with_the_key_matches_one_without(tmp_path):
+def test_training_run_with_the_key_matches_one_without(tmp_path, monkeypatch):
+    monkeypatch.setenv(fit_checks.INTERPRET_ENV, '1')
     shard = random_shard(tmp_path / 'train.bin')
     losses = {}
     for fused in (False, True):
