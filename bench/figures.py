@@ -7,6 +7,11 @@
 Each figure prints one line and appends its numbers to OUT_DIR/figures.jsonl; the runs' own logs
 and metrics stay under OUT_DIR. The GPU figures are GPT-2 124M (d12, random init), bf16, batch
 16 x 1024, no accumulation, unrolled layers, on a random llm.c token shard, as the peers run it.
+The llama figures are LLaMA-3.2 1B's shape (configs/llama3.py:llama3.2-1b, random init), bf16,
+batch 4 x 2048, no accumulation, unrolled layers, on a random LLaMA-3 token shard; their peer is
+llm.c's PyTorch train_llama3.py, patched to run offline (bench/peers/train_llama3.py, its header
+says how). MFU is the training log's everywhere: 6N + 12LTC FLOPs a token, N without the input
+embedding, against the data sheet's dense peak (docs/dashboards.md).
 
 The peers (llm.c's CUDA trainer with cuDNN, PyTorch's llm.c train_gpt2.py with torch.compile, and a
 plain 40-line JAX step) come from ../shared/peers, which the GPU machine does not see: copy it into
@@ -27,7 +32,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PEERS = REPO / '.peers'
 SHARD = Path('/tmp/jaxtrain_bench/train.bin')  # random GPT-2 tokens, written once
+LLAMA_SHARD = Path('/tmp/jaxtrain_bench/llama3_train.bin')  # random LLaMA-3 tokens, written once
 TOKENS_PER_STEP = 16 * 1024
+LLAMA_TOKENS_PER_STEP = 4 * 2048
+PEER_STEPS = 30  # the PyTorch peers' steps; their median leaves out the first 5
+PEER_PYTHON = 'python3'  # the PyTorch peers' interpreter, as run_peers.sh runs train_gpt2.py
 SKIP = 10  # steps left out of a loop's figures: compilation and warm-up
 GPT2 = [  # the loop: python -m jaxtrain.main with these
     '--config=configs/gpt2.py:d12',
@@ -54,21 +63,71 @@ BENCH = [  # the step alone: python -m jaxtrain.bench with these
     f'--config.total_batch_size={TOKENS_PER_STEP}',
     '--config.scan_layers=false',
 ]
-LLAMA = [
+DECODE = [  # python -m jaxtrain.generate with these, and --num_samples 1 or 16
+    '--model',
+    'd12',
+    '--dtype',
+    'bfloat16',
+    '--max_new_tokens',
+    '256',
+    '--warmup_runs',
+    '1',
+]
+LLAMA_LOOP = [  # LLaMA-3.2 1B's loop: python -m jaxtrain.main with these
+    '--config=configs/llama3.py:llama3.2-1b',
+    '--dtype',
+    'bfloat16',
+    '--batch_size',
+    '4',
+    '--sequence_length',
+    '2048',
+    '--total_batch_size',
+    str(LLAMA_TOKENS_PER_STEP),
+    '--scan_layers',
+    'false',
+    '--sample_every',
+    '0',
+    '--deterministic',
+    'false',
+]
+LLAMA = [  # its step alone: python -m jaxtrain.bench with these
     '--config=configs/llama3.py:llama3.2-1b',
     '--config.dtype=bfloat16',
     '--config.batch_size=4',
     '--config.sequence_length=2048',
-    '--config.total_batch_size=8192',
+    f'--config.total_batch_size={LLAMA_TOKENS_PER_STEP}',
     '--config.scan_layers=false',
+]
+LLAMA_PEER = [  # its PyTorch peer: python3 bench/peers/train_llama3.py with these
+    '--model',
+    'llama3.2-1b',
+    '--input_bin',
+    str(LLAMA_SHARD),
+    '--batch_size',
+    '4',
+    '--sequence_length',
+    '2048',
+    '--total_batch_size',
+    str(LLAMA_TOKENS_PER_STEP),
+    '--num_iterations',
+    str(PEER_STEPS),
+    '--compile',
+    '1',
+    '--tensorcores',
+    '1',
+    '--dtype',
+    'bfloat16',
+    '--overfit_single_batch',
+    '0',
 ]
 
 
 class Call:
     """One benchmark call: its output folder, its figures so far, and the peers' build."""
 
-    def __init__(self, out: Path, steps: int):
+    def __init__(self, out: Path, steps: int, device: str = 'cpu'):
         self.out, self.steps, self.found = out, steps, {}
+        self.device = device  # the GPU's name (nvidia-smi's), for the data sheet's peak
         self.build = None
 
     def run(self, name: str, command: list, timeout: int = 300, env=None) -> subprocess.CompletedProcess:
@@ -97,7 +156,7 @@ class Call:
             f.write(json.dumps({'figure': figure, **values}) + '\n')
         print(f'{figure}: ' + ', '.join(f'{k} {v}' for k, v in values.items()), flush=True)
 
-    def loop(self, name: str, *flags: str) -> dict:
+    def loop(self, name: str, *flags: str, model=GPT2, shard=SHARD, tokens=TOKENS_PER_STEP) -> dict:
         """The real training loop for self.steps steps; its figures from metrics.jsonl."""
         metrics = self.out / name
         done = self.run(
@@ -106,9 +165,9 @@ class Call:
                 sys.executable,
                 '-m',
                 'jaxtrain.main',
-                *GPT2,
+                *model,
                 '--input_bin',
-                str(SHARD),
+                str(shard),
                 '--num_iteration',
                 str(self.steps),
                 '--metrics_dir',
@@ -118,7 +177,7 @@ class Call:
         )
         if done.returncode:
             raise RuntimeError(f'{name}: exit {done.returncode}; see {self.out / name}.txt')
-        return loop_figures(metrics / 'metrics.jsonl')
+        return loop_figures(metrics / 'metrics.jsonl', tokens=tokens)
 
     def bench(self, name: str, *flags: str, env=None, timeout: int = 300) -> dict:
         """jaxtrain.bench's result (its --json) for the given flags."""
@@ -147,13 +206,36 @@ def loop_figures(path: Path, skip: int = SKIP, tokens: int = TOKENS_PER_STEP) ->
     after = [steps[s]['step_ms'] for s in sorted(steps) if s > skip]
     wall_ms = 1e3 * (steps[last]['time'] - steps[skip]['time']) / (last - skip)
     blocked = [1e3 * r['save_blocked_s'] for r in rows if 'save_blocked_s' in r]
+    # The loop's own MFU (train/mfu.py), absent where the device has no data-sheet peak.
+    mfu = [steps[s]['mfu'] for s in sorted(steps) if s > skip and 'mfu' in steps[s]]
     return {
         'median_step_ms': round(statistics.median(after), 3),
         'wall_ms_per_step': round(wall_ms, 3),
         'tokens_per_s': round(tokens / wall_ms * 1e3),
+        'MFU': round(statistics.median(mfu), 4) if len(mfu) == len(after) else None,
         'save_blocked_ms_max': round(max(blocked), 2) if blocked else None,
         'losses': [steps[s]['loss'] for s in sorted(steps)],
     }
+
+
+def peer_line(text: str, name: str) -> float | None:
+    """The median ms/step of a peer's line '<name> B=<B> median <ms> ms/step <tok/s> tok/s'."""
+    for line in text.splitlines():
+        if line.startswith(f'{name} B=') and ' median ' in line and 'ms/step' in line:
+            return float(line.split(' median ')[1].split()[0])
+    return None
+
+
+def llama_mfu(step_ms: float, device: str) -> float | None:
+    """MFU of a LLaMA-3.2 1B step of LLAMA_TOKENS_PER_STEP tokens on one device, by train/mfu.py."""
+    from jaxtrain.models.llama3 import VARIANTS
+    from jaxtrain.train.mfu import peak_flops_per_device, training_flops_per_token
+
+    peak = peak_flops_per_device(device, 'bfloat16')
+    if peak is None:
+        return None
+    flops = training_flops_per_token('llama3', VARIANTS['llama3.2-1b'], 2048) * LLAMA_TOKENS_PER_STEP
+    return flops / (step_ms / 1e3) / peak
 
 
 # --- the figures ----------------------------------------------------------------------------------
@@ -262,8 +344,47 @@ def profile(call: Call) -> None:
 
 
 def llama(call: Call) -> None:
-    r = call.bench('llama', *LLAMA, '--steps', '10')
-    call.record('llama', {'median_step_ms': round(r['median_step_ms'], 2), 'MFU': round(r['mfu'], 3)})
+    _write_shard(LLAMA_SHARD, 128256, 'llama3')
+    found = call.loop('llama', model=LLAMA_LOOP, shard=LLAMA_SHARD, tokens=LLAMA_TOKENS_PER_STEP)
+    call.record('llama', {k: v for k, v in found.items() if k not in ('losses', 'save_blocked_ms_max')})
+
+
+def llama_peer(call: Call) -> None:
+    """llm.c's PyTorch LLaMA-3 on the llama loop's shape and shard, python3 as run_peers.sh runs
+    train_gpt2.py. SDPA's enable_gqa under the flash kernel first; llm.c's repeat_kv if it fails."""
+    _write_shard(LLAMA_SHARD, 128256, 'llama3')
+    script = str(REPO / 'bench' / 'peers' / 'train_llama3.py')
+    for name, extra in (('llama_peer', []), ('llama_peer_repeat_kv', ['--sdpa_gqa', '0'])):
+        done = call.run(name, [PEER_PYTHON, script, *LLAMA_PEER, *extra], timeout=400)
+        ms = peer_line((call.out / f'{name}.txt').read_text(), 'pytorch-llama3')
+        if ms is not None:
+            break
+    else:
+        raise RuntimeError(f'exit {done.returncode}, no median line; see llama_peer.txt, {name}.txt')
+    mfu = llama_mfu(ms, call.device)
+    values = {
+        'median_step_ms': ms,
+        'tokens_per_s': round(LLAMA_TOKENS_PER_STEP / ms * 1e3),
+        'MFU': None if mfu is None else round(mfu, 4),
+        'attention': 'SDPA flash, ' + ('enable_gqa' if name == 'llama_peer' else 'repeat_kv'),
+    }
+    if 'llama' in call.found:
+        loop = call.found['llama']
+        values['loop vs pytorch (step lines)'] = round(ms / loop['median_step_ms'], 3)
+        values['loop vs pytorch (wall clock)'] = round(ms / loop['wall_ms_per_step'], 3)
+    call.record('llama_peer', values)
+
+
+def llama_profile(call: Call) -> None:
+    r = call.bench('llama_profile', *LLAMA, '--steps', '10', '--profile_steps', '3')
+    call.record(
+        'llama_profile',
+        {
+            'median_step_ms': round(r['median_step_ms'], 3),
+            'MFU': None if r['mfu'] is None else round(r['mfu'], 4),
+            'kernels': r.get('kernel_lines', []),
+        },
+    )
 
 
 def lora(call: Call) -> None:
@@ -341,9 +462,42 @@ def recompute(call: Call) -> None:
     call.record('recompute', {row['plan']: f"{row['peak_MiB']} MiB, {row['step_s']} s" for row in rows})
 
 
+def decode(call: Call) -> None:
+    """KV-cache decoding of GPT-2 124M (random weights) in bf16, 256 new tokens from EOT at generate's
+    sampling defaults: tokens/s of the run after a warm-up run, compilation excluded."""
+    values = {}
+    for batch in (1, 16):
+        result = call.out / f'decode_b{batch}.json'
+        command = [sys.executable, '-m', 'jaxtrain.generate', *DECODE, '--num_samples', str(batch)]
+        done = call.run(f'decode_b{batch}', [*command, '--json', str(result)])
+        if done.returncode or not result.exists():
+            raise RuntimeError(
+                f'decode_b{batch}: exit {done.returncode}; see {call.out / f"decode_b{batch}"}.txt'
+            )
+        timing = json.loads(result.read_text())
+        values[f'batch {batch} tok/s'] = round(timing['tokens_per_s'])
+        values[f'batch {batch} ms/token'] = round(timing['ms_per_new_token'], 3)
+    call.record('decode', values)
+
+
+def decode_variants(call: Call) -> None:
+    """The decoder's levers against each other (bench/decode_variants.py): a line per variant."""
+    rows_file = call.out / 'decode_variants.jsonl'
+    done = call.run(
+        'decode_variants', [sys.executable, 'bench/decode_variants.py', '--json', str(rows_file)], timeout=400
+    )
+    rows = [json.loads(line) for line in rows_file.read_text().splitlines()] if rows_file.exists() else []
+    if not rows:
+        raise RuntimeError(f'exit {done.returncode}; see {call.out / "decode_variants.txt"}')
+    call.record(
+        'decode_variants',
+        {f"{r['flags']}/{r['variant']}/b{r['batch']}": f"{r['tokens_per_s']:.0f} tok/s" for r in rows},
+    )
+
+
 # name -> (function, what it needs, what it measures)
 FIGURES = {
-    'loop': (loop, 'gpu', 'the real training loop, fast mode: step lines and wall clock'),
+    'loop': (loop, 'gpu', 'the real training loop, fast mode: step lines, wall clock, MFU'),
     'deterministic': (
         deterministic,
         'gpu',
@@ -353,11 +507,23 @@ FIGURES = {
     'peers': (peers, 'gpu', 'llm.c + cuDNN, PyTorch compile, plain JAX step; the loop against llm.c'),
     'profile': (profile, 'gpu', "the fast step's device time per kernel (jaxtrain.bench --profile_steps)"),
     'seed': (seed, 'gpu', 'bit-exact resume, deterministic: 100 steps saving every 20, resumed from 40'),
-    'llama': (llama, 'gpu', "LLaMA-3.2 1B's step and MFU (jaxtrain.bench)"),
+    'llama': (llama, 'gpu', "LLaMA-3.2 1B's real loop, B4 x T2048: step lines, wall clock, MFU"),
+    'llama_peer': (llama_peer, 'gpu', "llm.c's PyTorch LLaMA-3 on the same shape; the loop against it"),
+    'llama_profile': (
+        llama_profile,
+        'gpu',
+        "LLaMA-3.2 1B's step: device time per kernel, MFU (jaxtrain.bench --profile_steps)",
+    ),
     'lora': (lora, 'gpu', 'full fine-tuning against LoRA r=8: step time and checkpoint size'),
     'two_gpus': (two_gpus, '2 gpus', 'data parallel on 2 GPUs against 1'),
     'pipeline': (pipeline, 'cpu', 'pipeline stages on fake CPU devices: memory per device and the bubble'),
     'recompute': (recompute, 'any', 'activation recompute plans: peak memory of the step and its time'),
+    'decode': (decode, 'gpu', 'KV-cache decoding, GPT-2 124M bf16, 256 new tokens: tok/s at batch 1 and 16'),
+    'decode_variants': (
+        decode_variants,
+        'gpu',
+        "the decoder's levers (unrolled layers, positions per step, CUDA graphs of loops): tok/s each",
+    ),
 }
 
 
@@ -369,17 +535,18 @@ def _gpus() -> int:
     return sum(line.startswith('GPU ') for line in out.splitlines())
 
 
-def _write_shard():
-    """The random GPT-2 token shard every loop reads (llm.c's format, as the peers' data)."""
-    if SHARD.exists():
+def _write_shard(path: Path = SHARD, vocab: int = 50257, kind: str = 'gpt2'):
+    """A shard of 4M random ids below vocab (llm.c's format): GPT-2's, which every GPT-2 loop reads
+    as the peers' data, or LLaMA-3's (uint32) for the llama figures."""
+    if path.exists():
         return
     import numpy as np
 
     import llmc_io
 
-    SHARD.parent.mkdir(parents=True, exist_ok=True)
-    tokens = np.random.default_rng(0).integers(0, 50257, 4_000_000, dtype=np.uint16)
-    llmc_io.write_shard(SHARD, tokens)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    dtype = np.uint16 if kind == 'gpt2' else np.uint32
+    llmc_io.write_shard(path, np.random.default_rng(0).integers(0, vocab, 4_000_000, dtype=dtype), kind)
 
 
 def main(argv=None) -> int:
@@ -405,7 +572,6 @@ def main(argv=None) -> int:
         parser.error(f"--figures: expected names among {', '.join(FIGURES)}; found {', '.join(unknown)}")
     out = Path(args.out).absolute()
     out.mkdir(parents=True, exist_ok=True)
-    call = Call(out, args.steps)
     gpus = _gpus()
     device = (
         subprocess.run(
@@ -419,6 +585,7 @@ def main(argv=None) -> int:
         if gpus
         else ['cpu']
     )
+    call = Call(out, args.steps, device[0])
     call.record('call', {'date': datetime.date.today().isoformat(), 'device': f'{gpus or 1} x {device[0]}'})
     os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', '/tmp/jaxtrain_xla_cache')
     if 'peers' in chosen and PEERS.is_dir():

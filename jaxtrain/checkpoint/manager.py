@@ -42,6 +42,7 @@ from jaxtrain.checkpoint.layout import (
     step_dir_name,
 )
 from jaxtrain.checkpoint.orbax_threads import release_waiting_threads
+from jaxtrain.checkpoint.pinned_host_pool import grow_pinned_host_pool
 from jaxtrain.checkpoint.record_digest import with_digest
 from jaxtrain.checkpoint.write_errors import write_failure
 
@@ -182,6 +183,7 @@ class Checkpointer:
         self.blocking_saves = 0  # saves handed to Orbax on the loop's thread
         self.synchronous = False  # save() returns before the write is committed
         self._snapshot_bytes = None  # per device, measured at the first save
+        self.pinned_pool_seconds = 0.0  # prepare()'s growing of the pinned host pool
         self._snapshot_program = _snapshot  # prepare() swaps in one compiled ahead of time
         # The hand-off thread and Orbax's writers run Python beside the training loop; by
         # default a thread waits up to 5 ms for the GIL, which the loop would feel at every
@@ -211,11 +213,14 @@ class Checkpointer:
 
     def prepare(self, params, opt_state, rng):
         """Compiles the snapshot's program in the hand-off thread while training starts, so that
-        the first save does not wait for the compilation (0.4-0.8 s for GPT-2 124M on an H200).
-        Only the arrays' shapes, dtypes and shardings are used."""
+        the first save does not wait for the compilation (0.4-0.8 s for GPT-2 124M on an H200),
+        and on a GPU grows the pinned host pool that saves copy into (pinned_host_pool.py), so
+        that the first save does not stall the steps after it."""
         if jax.process_count() != 1:
             return  # those saves hand the live state to Orbax, no snapshot
         items = _items(params, opt_state, rng)
+        # Before the thread starts, so that nothing else runs on the device while it pins memory.
+        self.pinned_pool_seconds = grow_pinned_host_pool(items)
         shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), items)
         self._pending = self._handoff.submit(self._compile_snapshot, shapes)
 

@@ -11,8 +11,15 @@ from jaxtrain.config.path_checks import path_problems
 from jaxtrain.models import cross_entropy_kernel
 from jaxtrain.models import recompute
 from jaxtrain.models.attention import IMPLEMENTATIONS
+from jaxtrain.models.gpt2 import FUSED_KERNELS
 from jaxtrain.optim.infinitrain_lr_schedule import STYLES
-from jaxtrain.optim.optimizer import OPTIMIZERS, SCHEDULES, schedule_spec, spelled_with_infinitrain_flags
+from jaxtrain.optim.optimizer import (
+    FUSED,
+    OPTIMIZERS,
+    SCHEDULES,
+    schedule_spec,
+    spelled_with_infinitrain_flags,
+)
 from jaxtrain.train import precision_check
 
 CHOICES = {
@@ -23,6 +30,7 @@ CHOICES = {
     'lr_decay_style': STYLES,
     'attention': IMPLEMENTATIONS,
     'cross_entropy': cross_entropy_kernel.IMPLEMENTATIONS,
+    'fused_kernels': FUSED_KERNELS,
     'deterministic': ('auto', 'true', 'false'),
     'device': ('auto', 'cpu', 'cuda'),
     'checkpoint_format': FORMAT_NAMES,
@@ -96,6 +104,11 @@ def check_config(config):
             f'process_id: expected a value >= 0, or -1 (from the environment), found {config.process_id}'
         )
     problems += recompute.check(config)
+    if config.fused_adamw and config.optimizer not in FUSED:
+        problems.append(
+            f"fused_adamw: expected --optimizer {' or '.join(FUSED)} (the fused kernel is Adam's), found "
+            f'{config.optimizer!r}; drop --fused_adamw'
+        )
     if config.zero_stage not in (0, 1, 2, 3):
         problems.append(f'zero_stage: expected 0, 1, 2 or 3, found {config.zero_stage}')
     keep_every, save_steps = config.keep_every_steps, config.save_steps

@@ -3,6 +3,8 @@ the model's shape and the pipeline schedule. check_config runs this after the ke
 own checks, before anything is created or built, so a run that does not fit changes
 nothing. It reads the device count and the llm.c file's header only."""
 
+import os
+
 from jaxtrain.data.batch_geometry import batch_geometry
 from jaxtrain.data.mesh_default_batch import total_on_mesh
 from jaxtrain.models.setup import model_config_for
@@ -21,6 +23,10 @@ def check_fit(config) -> None:
         data_parallel=data_parallel,
     )
     model_config = model_config_for(config)
+    if config.get('fused_adamw', False):
+        check_fused_adamw(devices)
+    if config.fused_kernels != 'none':
+        check_fused_kernels(config, devices)
     if config.sequence_parallel and config.sequence_length % sizes['tensor']:
         raise ValueError(
             f"sequence_length: expected a multiple of the tensor size {sizes['tensor']} with "
@@ -51,6 +57,51 @@ def check_fit(config) -> None:
     check_pipeline(
         model_config.num_layers, stages, config.get('virtual_pipeline_parallel', 1), geometry.accumulation
     )
+
+
+# Lets a CPU run take --fused_kernels through Pallas' interpreter (slow): for tests of the loop.
+INTERPRET_ENV = 'JAXTRAIN_PALLAS_INTERPRET'
+
+
+def check_fused_adamw(devices) -> None:
+    """--fused_adamw (optim/fused_adamw.py): on one GPU (off one, Pallas' interpreter is for tests)."""
+    if len(devices) > 1:
+        raise ValueError(
+            f'fused_adamw: expected one device (XLA cannot split a Pallas call over a mesh), found '
+            f'{len(devices)}; pass --num_devices 1 or drop --fused_adamw'
+        )
+    if devices[0].platform != 'gpu' and os.environ.get(INTERPRET_ENV) != '1':
+        raise ValueError(f'fused_adamw: expected a GPU, found {devices[0].platform!r}; drop --fused_adamw')
+
+
+def check_fused_kernels(config, devices) -> None:
+    """--fused_kernels (models/layernorm_kernel.py, bias_gelu_kernel.py): GPT-2's, on one GPU."""
+    chosen = f'--fused_kernels {config.fused_kernels}'
+    if config.model_family != 'gpt2':
+        raise ValueError(
+            f"fused_kernels: expected none for {config.model_family} (the kernels are GPT-2's), found "
+            f'{config.fused_kernels}'
+        )
+    if len(devices) != 1:
+        raise ValueError(
+            f'fused_kernels: expected one device with {chosen} (XLA cannot split a Pallas call over a mesh), '
+            f'found {len(devices)}; pass --num_devices 1 or --fused_kernels none'
+        )
+    if devices[0].platform != 'gpu' and os.environ.get(INTERPRET_ENV) != '1':
+        raise ValueError(
+            f'fused_kernels: expected a GPU with {chosen}, found {devices[0].platform!r}; pass '
+            '--fused_kernels none'
+        )
+    if config.lora_rank > 0 and config.fused_kernels in ('bias_gelu', 'all'):
+        raise ValueError(
+            f'fused_kernels: expected --lora_rank 0 with {chosen} (the kernel takes the bias from a plain '
+            f"c_fc), found lora_rank {config.lora_rank}; pass --fused_kernels layernorm or none"
+        )
+    if config.precision_check and config.fused_kernels in ('layernorm', 'all'):
+        raise ValueError(
+            f"fused_kernels: expected no --precision_check with {chosen} (the fused blocks have no 'Block' "
+            'output to tap); pass --fused_kernels bias_gelu or none'
+        )
 
 
 def check_pipeline(num_layers: int, stages: int, virtual: int, microbatches: int) -> None:

@@ -92,6 +92,12 @@ KEYS = (
         'auto | xla | pallas: the kernel of the loss and its gradient (auto: the fused Pallas kernel on '
         'one GPU in bf16; else XLA)',
     ),
+    (
+        'fused_kernels',
+        'none',
+        "none | layernorm | bias_gelu | all: GPT-2's residual add + LayerNorm and/or the MLP's bias + "
+        'GELU as Pallas kernels instead of XLA fusions (one GPU; deterministic)',
+    ),
     ('input_bin', '', "glob of llm.c token shards ('' = the built-in stdlib corpus, in the family's shards)"),
     (
         'shuffle',
@@ -166,6 +172,12 @@ KEYS = (
     ('eps', 1e-8, 'Adam epsilon'),
     ('weight_decay', 0.0, 'AdamW decoupled weight decay, on tensors of 2+ dimensions only'),
     ('grad_clip', 0.0, 'global-norm gradient clipping (0 = off, as in InfiniTrain)'),
+    (
+        'fused_adamw',
+        False,
+        'adamw | adam: clip, moments, decay and update in fused Pallas kernels instead of XLA\'s fusions '
+        '(one GPU; the same optimizer state; optax\'s arithmetic up to FMA contraction)',
+    ),
     ('seed', 42, 'seed of the random init and the training rng'),
     (
         'precision_check',

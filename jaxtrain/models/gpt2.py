@@ -9,8 +9,10 @@ parameter and a resumed run cannot drift apart from an untied copy (InfiniTrain'
 
 The L blocks are created stacked (each parameter has a leading L axis, like llm.c's file
 layout) and applied with `lax.scan` (one compiled block) or unrolled (faster steps); see
-layer_stack.py. The training loss does not call the model: it takes `features` and
-`head_weight` into lm_head_loss.py, which never materialises the full logits.
+layer_stack.py. With `fused_kernels` the residual adds, LayerNorms and the MLP's bias + GELU
+run as Pallas kernels (layernorm_kernel.py, bias_gelu_kernel.py). The training loss does not
+call the model: it takes `features` and `head_weight` into lm_head_loss.py, which never
+materialises the full logits.
 """
 
 import dataclasses
@@ -18,16 +20,27 @@ import math
 
 import jax.numpy as jnp
 from flax import nnx
+from jax import lax
 
 from jaxtrain.models.attention import causal_attention
+from jaxtrain.models.bias_gelu_kernel import bias_gelu
 from jaxtrain.models.embedding import embedding_lookup
 from jaxtrain.models.gelu import gelu_tanh
 from jaxtrain.models.layer_stack import apply_blocks, stack_blocks
+from jaxtrain.models.layernorm_kernel import add_layernorm
 from jaxtrain.models.recompute import OFF, Recompute
 from jaxtrain.models.lora import linear
 from jaxtrain.models.precision_tap import tap  # no-op unless --precision_check
 from jaxtrain.models.qkv_split import split_qkv
 from jaxtrain.parallel.sequence_parallel import split_over_time  # no-op unless --sequence_parallel
+
+# --fused_kernels: which of the block's elementwise work runs as Pallas kernels instead of XLA's
+# fusions (one GPU only; config/fit_checks.py).
+FUSED_KERNELS = ('none', 'layernorm', 'bias_gelu', 'all')
+
+
+def _fuses(fused_kernels: str, kernel: str) -> bool:
+    return fused_kernels in (kernel, 'all')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,8 +115,9 @@ class CausalSelfAttention(nnx.Module):
 
 
 class MLP(nnx.Module):
-    def __init__(self, config: GPT2Config, dtype, rngs: nnx.Rngs, lora=None):
+    def __init__(self, config: GPT2Config, dtype, rngs: nnx.Rngs, lora=None, fused_gelu=False):
         C = config.channels
+        self.fused_gelu = fused_gelu
         proj_std = 0.02 / math.sqrt(2 * config.num_layers)
         self.c_fc = linear(lora, 'mlp.c_fc', C, 4 * C, kernel_init=_normal(0.02), dtype=dtype, rngs=rngs)
         self.c_proj = linear(
@@ -111,24 +125,51 @@ class MLP(nnx.Module):
         )
 
     def __call__(self, x_BxTxC):
-        return self.c_proj(gelu_tanh(self.c_fc(x_BxTxC)))
+        if not self.fused_gelu:
+            return self.c_proj(gelu_tanh(self.c_fc(x_BxTxC)))
+        # c_fc's matmul as nnx.Linear computes it, its bias left to the kernel (which adds it
+        # in fp32: c_fc is never a LoRALinear here, config/fit_checks.py).
+        fc = self.c_fc
+        x_BxTxC, kernel_Cx4C, _ = fc.promote_dtype((x_BxTxC, fc.kernel[...], None), dtype=fc.dtype)
+        contract = (((x_BxTxC.ndim - 1,), (0,)), ((), ()))
+        pre_BxTx4C = lax.dot_general(x_BxTxC, kernel_Cx4C, contract, precision=fc.precision)
+        return self.c_proj(bias_gelu(pre_BxTx4C, fc.bias[...]))
 
 
 class Block(nnx.Module):
-    def __init__(self, config: GPT2Config, dtype, attention: str, rngs: nnx.Rngs, lora=None):
+    def __init__(
+        self, config: GPT2Config, dtype, attention: str, rngs: nnx.Rngs, lora=None, fused_kernels='none'
+    ):
         C = config.channels
         # LayerNorm statistics in fp32 even in bf16 runs, as llm.c's kernels do.
         self.ln_1 = nnx.LayerNorm(C, epsilon=1e-5, dtype=jnp.float32, rngs=rngs)
         self.attn = CausalSelfAttention(config, dtype, attention, rngs, lora)
         self.ln_2 = nnx.LayerNorm(C, epsilon=1e-5, dtype=jnp.float32, rngs=rngs)
-        self.mlp = MLP(config, dtype, rngs, lora)
+        self.mlp = MLP(config, dtype, rngs, lora, fused_gelu=_fuses(fused_kernels, 'bias_gelu'))
         self.dtype = dtype
+        self.fused_layernorm = _fuses(fused_kernels, 'layernorm')
 
     def __call__(self, x_BxTxC):
+        if self.fused_layernorm:
+            return self._fused(x_BxTxC)
         attended = tap('CausalSelfAttention', self.attn(self.ln_1(x_BxTxC).astype(self.dtype)))
         x_BxTxC = split_over_time(x_BxTxC + attended)
         mixed = tap('MLP', self.mlp(self.ln_2(x_BxTxC).astype(self.dtype)))
         return tap('Block', split_over_time(x_BxTxC + mixed))
+
+    def _fused(self, carry):
+        """The block with each residual add fused into the LayerNorm that follows it.
+
+        carry is (x, pending): the residual stream and the previous block's MLP output, not yet
+        added. The add happens here, in ln_1's kernel, and this block's MLP output is handed on
+        the same way, to the next block's ln_1 or to ln_f (GPT2.features): every add then
+        shares a pass over memory with a LayerNorm. (One device only: no split_over_time.)
+        """
+        x_BxTxC, pending_BxTxC = carry
+        x_BxTxC, normed = add_layernorm(x_BxTxC, pending_BxTxC, self.ln_1.scale[...], self.ln_1.bias[...])
+        attended = tap('CausalSelfAttention', self.attn(normed))
+        x_BxTxC, normed = add_layernorm(x_BxTxC, attended, self.ln_2.scale[...], self.ln_2.bias[...])
+        return x_BxTxC, tap('MLP', self.mlp(normed))
 
 
 class GPT2(nnx.Module):
@@ -145,6 +186,7 @@ class GPT2(nnx.Module):
         deterministic: bool = True,
         recompute: Recompute = OFF,
         lora=None,  # a lora.LoRASpec: adapters on the projections it targets
+        fused_kernels: str = 'none',  # one of FUSED_KERNELS
         rngs: nnx.Rngs,
     ):
         self.config = config
@@ -155,7 +197,7 @@ class GPT2(nnx.Module):
         self.wpe = nnx.Embed(config.max_seq_len, C, embedding_init=_normal(0.02), dtype=dtype, rngs=rngs)
 
         self.h = stack_blocks(
-            config.num_layers, lambda rngs: Block(config, dtype, attention, rngs, lora), rngs
+            config.num_layers, lambda rngs: Block(config, dtype, attention, rngs, lora, fused_kernels), rngs
         )
         self.ln_f = nnx.LayerNorm(C, epsilon=1e-5, dtype=jnp.float32, rngs=rngs)
         self.dtype = dtype
@@ -163,6 +205,7 @@ class GPT2(nnx.Module):
         self.recompute = recompute  # which layers' activations are recomputed in the backward pass
         # Bitwise-reproducible gradients where a kernel choice decides it (the embedding's).
         self.deterministic = deterministic
+        self.fused_layernorm = _fuses(fused_kernels, 'layernorm')
 
     def features(self, tokens_BxT):
         """The final hidden states (after ln_f) in the compute dtype."""
@@ -172,14 +215,14 @@ class GPT2(nnx.Module):
         # Not nnx.Embed's gather: see embedding.py for the deterministic gradient. Positions
         # are a slice, whose gradient is a plain sum over the batch.
         x_BxTxC = embedding_lookup(self.wte.embedding[...], tokens_BxT, self.deterministic).astype(self.dtype)
-        x_BxTxC = x_BxTxC + self.wpe.embedding[:T].astype(self.dtype)[None]
-        x_BxTxC = apply_blocks(
-            self.h,
-            x_BxTxC,
-            scan=self.scan_layers,
-            distinct_attention=self.deterministic,
-            recompute=self.recompute,
-        )
+        positions_1xTxC = self.wpe.embedding[:T].astype(self.dtype)[None]
+        blocks = dict(scan=self.scan_layers, distinct_attention=self.deterministic, recompute=self.recompute)
+        if self.fused_layernorm:
+            # The position add is the first pending add (Block._fused), fused into ln_1's kernel.
+            carry = (x_BxTxC, jnp.broadcast_to(positions_1xTxC, x_BxTxC.shape))
+            x_BxTxC, pending_BxTxC = apply_blocks(self.h, carry, **blocks)
+            return add_layernorm(x_BxTxC, pending_BxTxC, self.ln_f.scale[...], self.ln_f.bias[...])[1]
+        x_BxTxC = apply_blocks(self.h, x_BxTxC + positions_1xTxC, **blocks)
         return self.ln_f(x_BxTxC).astype(self.dtype)
 
     def head_weight(self):

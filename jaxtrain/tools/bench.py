@@ -10,10 +10,12 @@ block: compile seconds, median ms/step, tokens/s, MFU, peak device memory, the f
 last timed loss. The command above is the shape of the GPU figures in BENCHMARKS.md
 (GPT-2 124M, bf16, batch 16 x 1024; llm.c's CUDA trainer runs it at about 471K tokens/s on an H200).
 
-MFU is llm.c's: flops_per_token(T) x tokens/s / (peak x devices), where the peak is
-measured in the same process by a bf16 matmul (8192^3 on GPU, 1024^3 on CPU), so a noisy
-shared machine moves both numbers together. The peak is the burst rate (about 790 TFLOP/s on an H200);
-the sustained rate (lower on an H200: power-limited) is printed beside it.
+MFU is the training log's (train/mfu.py, docs/dashboards.md): (6·N + 12·L·T·C) FLOPs per token,
+N without the input embedding, x tokens/s / (devices x the data sheet's dense peak for the dtype:
+989.4 TFLOP/s bf16 on an H200), so that it compares with the published MFU of other trainers. A
+device not in the table (a CPU) has none unless --peak_tflops is given. Beside it, a bf16 matmul
+(8192^3 on GPU, 1024^3 on CPU) measures what the device delivers today: its burst rate (about 790
+TFLOP/s on an H200) and its sustained rate (lower: power-limited), against the step's model TFLOP/s.
 
 --profile_steps N traces N more steps with jax.profiler after the timed phases and prints
 the device time per kernel and per kind (matmul, attention, fusion, copy).
@@ -72,7 +74,9 @@ _SAVE_DIR = flags.DEFINE_string(
     'save_dir', '', "where --save_every writes ('' = a temporary directory, deleted afterwards)"
 )
 _MATMUL_SIZE = flags.DEFINE_integer(
-    'matmul_size', 0, 'n of the n^3 bf16 matmul that measures peak FLOP/s (0 = 8192 on GPU, 1024 else)'
+    'matmul_size',
+    0,
+    "n of the n^3 bf16 matmul that shows the device's delivered FLOP/s (0 = 8192 on GPU, 1024 else)",
 )
 _JSON = flags.DEFINE_string('json', None, 'also write every number to this JSON file')
 _PROFILE_STEPS = flags.DEFINE_integer(
@@ -144,6 +148,10 @@ def summary(r: dict) -> str:
         else 'not reported by this backend'
     )
     steps = r['step_ms']
+    if r['mfu'] is None:
+        mfu = f"MFU unknown: no data-sheet peak for {r['device_kind']}, give --peak_tflops"
+    else:
+        mfu = f"MFU {100 * r['mfu']:.1f}% of {r['peak_flops_per_device'] / 1e12:.1f} TFLOP/s per device"
     lines = [
         f"command     {r['command']}",
         (
@@ -162,13 +170,13 @@ def summary(r: dict) -> str:
             f"{max(steps):.2f}) over {r['timed_steps']} steps after {r['warmup_steps']} warmup"
         ),
         (
-            f"throughput  {r['tokens_per_s']:,.0f} tokens/s | MFU {100 * r['mfu']:.1f}% "
-            f"({r['flops_per_token'] / 1e6:.1f} MFLOP/token, llm.c's count)"
+            f"throughput  {r['tokens_per_s']:,.0f} tokens/s | {mfu} | "
+            f"{r['flops_per_token'] / 1e6:.1f} MFLOP/token (6N + 12LTC)"
         ),
         (
-            f"peak        {r['peak_flops'] / 1e12:.2f} TFLOP/s per device, burst (bf16 {r['matmul_size']}^3 "
-            f"matmul); {r['sustained_flops'] / 1e12:.2f} sustained, of which this is "
-            f"{100 * r['mfu_of_sustained']:.1f}%"
+            f"matmul      the step's model FLOPs at {r['model_flops_per_s_per_device'] / 1e12:.4g} TFLOP/s "
+            f"per device; a bf16 {r['matmul_size']}^3 matmul at {r['matmul_burst_flops'] / 1e12:.4g} "
+            f"burst, {r['matmul_sustained_flops'] / 1e12:.4g} sustained"
         ),
         f'memory      {memory}',
         f"loss        first timed {r['first_loss']:.6f}, last timed {r['last_loss']:.6f}",
@@ -252,6 +260,10 @@ def compare_deterministic(argv: list[str]) -> dict:
     }
 
 
+def _mfu_text(r: dict) -> str:
+    return 'MFU unknown' if r['mfu'] is None else f"MFU {100 * r['mfu']:.1f}%"
+
+
 def compare_summary(c: dict) -> str:
     fast, det = c['fast'], c['deterministic']
     return '\n'.join(
@@ -259,12 +271,12 @@ def compare_summary(c: dict) -> str:
             f"jaxtrain.bench --compare_deterministic (same machine, fast first) | {c['command']}",
             (
                 f"  fast           {fast['median_step_ms']:.2f} ms/step  "
-                f"{fast['tokens_per_s']:,.0f} tokens/s  MFU {100 * fast['mfu']:.1f}%  "
+                f"{fast['tokens_per_s']:,.0f} tokens/s  {_mfu_text(fast)}  "
                 f"XLA_FLAGS={fast['xla_flags']!r}"
             ),
             (
                 f"  deterministic  {det['median_step_ms']:.2f} ms/step  "
-                f"{det['tokens_per_s']:,.0f} tokens/s  MFU {100 * det['mfu']:.1f}%  "
+                f"{det['tokens_per_s']:,.0f} tokens/s  {_mfu_text(det)}  "
                 f"XLA_FLAGS={det['xla_flags']!r}"
             ),
             (

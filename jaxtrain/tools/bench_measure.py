@@ -23,6 +23,7 @@ from jaxtrain.parallel import sharding
 from jaxtrain.models.setup import DTYPES
 from jaxtrain.models.attention import resolve_attention
 from jaxtrain.optim.optimizer import learning_rate_at
+from jaxtrain.train.mfu import MFUMeter, training_flops_per_token
 from jaxtrain.train.step import TrainState
 from jaxtrain.train.setup import TrainerSetup, build_trainer
 
@@ -50,7 +51,8 @@ class Settings:
 
 
 def measure_matmul_flops(size: int) -> dict:
-    """FLOP/s of a bf16 size^3 matmul on the first device, two ways.
+    """FLOP/s of a bf16 size^3 matmul on the first device, two ways: what the device delivers
+    today, beside the model's FLOP/s (MFU's peak is the data sheet's, train/mfu.py).
 
     burst: the median of short runs, each after a rest, as the H200's 790 TFLOP/s reference
     figure was measured; sustained: the median of the second half of a long back-to-back run. An H200
@@ -82,8 +84,8 @@ def measure_matmul_flops(size: int) -> dict:
     sustained = [sample() for _ in range(sustained_samples)][sustained_samples // 2 :]
     return {
         'matmul_size': size,
-        'peak_flops': statistics.median(burst),
-        'sustained_flops': statistics.median(sustained),
+        'matmul_burst_flops': statistics.median(burst),
+        'matmul_sustained_flops': statistics.median(sustained),
     }
 
 
@@ -321,7 +323,9 @@ def run_benchmark(config, settings: Settings, deterministic: bool) -> dict:
         'step_ms': [1e3 * s for s in plain.step_seconds],
         'median_step_ms': 1e3 * median_step,
         'tokens_per_s': geometry.tokens_per_step / median_step,
-        'flops_per_token': model_config.flops_per_token(config.sequence_length),
+        'flops_per_token': training_flops_per_token(
+            config.model_family, model_config, geometry.sequence_length
+        ),
         'peak_bytes_in_use': peak_bytes,
         'first_loss': plain.losses[0],
         'last_loss': plain.losses[-1],
@@ -344,13 +348,24 @@ def run_benchmark(config, settings: Settings, deterministic: bool) -> dict:
         result['kernel_calls_per_step'] = kernels.calls_per_step
         result['kernel_lines'] = kernels.lines()
 
-    # Peak FLOP/s last, with the training state gone: its buffers must not count in the
+    # MFU as the training log computes it: 6N + 12LTC per token against the data sheet's peak
+    # (None where the device has none in train/mfu.py's table and --peak_tflops is not given).
+    meter = MFUMeter(
+        config.model_family,
+        model_config,
+        geometry.sequence_length,
+        geometry.tokens_per_step,
+        devices,
+        config.dtype,
+        config.peak_tflops,
+    )
+    result['mfu'] = meter.of(median_step)
+    result['peak_flops_per_device'] = None if meter.peak_flops is None else meter.peak_flops / len(devices)
+    result['model_flops_per_s_per_device'] = result['flops_per_token'] * result['tokens_per_s'] / len(devices)
+    # The matmul last, with the training state gone: its buffers must not count in the
     # training memory peak, nor the state crowd the matmul.
     del state
     result.update(measure_matmul_flops(settings.matmul_size))
-    achieved = result['flops_per_token'] * result['tokens_per_s'] / len(devices)
-    result['mfu'] = achieved / result['peak_flops']
-    result['mfu_of_sustained'] = achieved / result['sustained_flops']
     return result
 
 

@@ -17,6 +17,7 @@ default corpus. Errors are one line, exit status 2.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -94,6 +95,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument('--seed', type=int, default=1337, help="sampling seed (1337, llm.c's sample rng)")
     parser.add_argument(
         '--dtype', choices=('float32', 'bfloat16'), default='float32', help='compute dtype (float32)'
+    )
+    parser.add_argument(
+        '--warmup_runs',
+        type=int,
+        default=0,
+        help='decode this many times first, untimed (the first run also sets up CUDA graphs) (0)',
+    )
+    parser.add_argument(
+        '--json',
+        default='',
+        metavar='FILE',
+        help="write the timing (tokens/s, seconds, compile seconds, batch, ...) to FILE as JSON ('' = none)",
     )
     parser.add_argument('--verbose', action='store_true', help='print a traceback with errors')
     return parser
@@ -219,6 +232,8 @@ def _check_args(args) -> None:
     for name in ('num_samples', 'max_new_tokens'):
         if getattr(args, name) < 1:
             raise ValueError(f'--{name}: expected at least 1, found {getattr(args, name)}')
+    if args.warmup_runs < 0:
+        raise ValueError(f'--warmup_runs: expected 0 or more, found {args.warmup_runs}')
     if args.top_k < 0:
         raise ValueError(f'--top_k: expected 0 (all) or more, found {args.top_k}')
 
@@ -240,6 +255,8 @@ def run(args) -> int:
             f'{config.max_seq_len} less the {len(prompt)} prompt tokens), found {args.max_new_tokens}'
         )
     decoder = Decoder(graphdef, config, batch_size=args.num_samples, length=length, top_k=args.top_k)
+    for _ in range(args.warmup_runs):
+        decoder.timed(params, prompt, jax.random.key(args.seed), args.temperature)
     tokens, seconds = decoder.timed(params, prompt, jax.random.key(args.seed), args.temperature)
     compile_seconds = decoder.compile_seconds
     print(f'{family} from {where}; prompt {len(prompt)} tokens; {args.max_new_tokens} new tokens per sample')
@@ -254,6 +271,20 @@ def run(args) -> int:
         f'decoded {new_tokens} new tokens in {seconds:.3f} s: {new_tokens / seconds:,.1f} tokens/s '
         f'(batch {args.num_samples}; compile {compile_seconds:.1f} s; {jax.devices()[0].platform})'
     )
+    if args.json:
+        timing = {
+            'family': family,
+            'batch': args.num_samples,
+            'new_tokens': new_tokens,
+            'seconds': seconds,
+            'tokens_per_s': new_tokens / seconds,
+            'ms_per_new_token': 1e3 * seconds / args.max_new_tokens,
+            'compile_s': compile_seconds,
+            'warmup_runs': args.warmup_runs,
+            'dtype': args.dtype,
+            'platform': jax.devices()[0].platform,
+        }
+        Path(args.json).write_text(json.dumps(timing) + '\n')
     return 0
 
 

@@ -12,6 +12,7 @@ from flax import nnx
 
 from jaxtrain.models.lm_head_loss import lm_head_cross_entropy
 from jaxtrain.models import precision_tap
+from jaxtrain.optim.fused_adamw import apply_gradients
 from jaxtrain.parallel import sequence_parallel
 
 
@@ -97,11 +98,11 @@ def make_train_step(
             )
             loss = loss / accumulation
             grads = jax.tree.map(lambda g: g / accumulation, grads)
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params, opt_state = apply_gradients(tx, grads, state.opt_state, state.params)
         new_state = state.replace(
             step=state.step + 1,
             data_position=state.data_position + 1,
-            params=optax.apply_updates(state.params, updates),
+            params=params,
             opt_state=opt_state,
         )
         metrics = {

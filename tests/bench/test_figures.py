@@ -1,6 +1,7 @@
 """bench/figures.py, the one benchmark entry point: a loop's figures are read from its
-metrics.jsonl as the numbers say (a file written here, with known times), the figures are
-listed, and an unknown figure is refused in one line."""
+metrics.jsonl as the numbers say (a file written here, with known times), a peer's from its
+median line, MFU by the log's count, the llama figure's loop runs a tiny LLaMA-3 on the shard it
+writes, the figures are listed, and an unknown figure is refused in one line."""
 
 import importlib.util
 import json
@@ -19,9 +20,11 @@ def figures():
     return module
 
 
-def _metrics(path: Path, step_ms: dict, times: dict, saves: dict) -> Path:
+def _metrics(path: Path, step_ms: dict, times: dict, saves: dict, mfu: dict | None = None) -> Path:
     rows = [
-        {'step': s, 'loss': 10.0 - s / 100, 'step_ms': step_ms[s], 'time': times[s]} for s in sorted(step_ms)
+        {'step': s, 'loss': 10.0 - s / 100, 'step_ms': step_ms[s], 'time': times[s]}
+        | ({'mfu': mfu[s]} if mfu else {})
+        for s in sorted(step_ms)
     ]
     rows += [{'step': s, 'save_blocked_s': b} for s, b in saves.items()]
     path.write_text(''.join(json.dumps(r) + '\n' for r in rows))
@@ -39,6 +42,55 @@ def test_a_loop_s_figures_come_from_its_records(figures, tmp_path):
     assert found['tokens_per_s'] == 163840
     assert found['save_blocked_ms_max'] == 0.9
     assert found['losses'] == [10.0 - s / 100 for s in range(1, 15)]
+    assert found['MFU'] is None  # no peak known: the records carry no mfu
+
+
+def test_a_loop_s_mfu_is_its_records_median(figures, tmp_path):
+    step_ms = {s: 900.0 if s <= 10 else [30.0, 31.0, 40.0][s - 11] for s in range(1, 14)}
+    mfu = {s: 0.6 * 30.0 / ms for s, ms in step_ms.items()}  # 60% at 30 ms
+    path = _metrics(tmp_path / 'metrics.jsonl', step_ms, {s: float(s) for s in step_ms}, {}, mfu)
+    assert figures.loop_figures(path, skip=10)['MFU'] == round(0.6 * 30 / 31, 4)
+
+
+def test_a_peer_s_median_line_and_the_llama_mfu(figures):
+    log = 'step   30/30 | train loss 11.7 | (130.10 ms | 62968 tok/s)\n'
+    log += 'pytorch-llama3 B=4 median 131.25 ms/step 62415 tok/s\n'
+    assert figures.peer_line(log, 'pytorch-llama3') == 131.25
+    assert figures.peer_line(log, 'llm.c+cuDNN') is None
+    # LLaMA-3.2 1B: 8,220,192,768 FLOPs a token (tests/train/test_dashboards.py writes it out),
+    # 8192 tokens a step, against an H200's 989.4 dense bf16 TFLOP/s.
+    assert figures.llama_mfu(129.7, 'NVIDIA H200') == pytest.approx(
+        8192 * 8_220_192_768 / 0.1297 / 989.4e12, rel=1e-12
+    )
+    assert figures.llama_mfu(129.7, 'cpu') is None
+
+
+@pytest.mark.slow
+def test_the_llama_figure_runs_the_loop_on_a_llama_shard(figures, tmp_path, monkeypatch):
+    """The llama figure's own code, on the tiny LLaMA-3 (CPU): the shard it writes is a LLaMA-3
+    shard the loop reads, and its MFU is the log's (a 0.5 TFLOP/s peak given)."""
+    tiny = ['--config=configs/llama3.py:tiny', '--batch_size', '2', '--sequence_length', '64']
+    tiny += ['--total_batch_size', '128', '--sample_every', '0', '--peak_tflops', '0.5']
+    monkeypatch.setattr(figures, 'LLAMA_LOOP', tiny)
+    # One CPU device: conftest.py's 8 fake devices would time the mesh, not the step.
+    monkeypatch.setenv('XLA_FLAGS', '')
+    monkeypatch.setenv('JAX_PLATFORMS', 'cpu')
+    monkeypatch.setattr(figures, 'LLAMA_TOKENS_PER_STEP', 128)
+    monkeypatch.setattr(figures, 'LLAMA_SHARD', tmp_path / 'llama3_train.bin')
+    call = figures.Call(tmp_path, 13)  # 3 timed steps: an odd median
+    figures.llama(call)
+
+    import llmc_io
+
+    assert llmc_io.shard_info(tmp_path / 'llama3_train.bin').kind == 'llama3'
+    found = call.found['llama']
+    assert found['median_step_ms'] > 0 and found['tokens_per_s'] > 0
+    # tiny: C 64, L 2, F 192, K·H 2·16, V 128256; N without wte: 2 layers of 64·(64 + 2·32) + 64²
+    # + 3·64·192 + 2·64, ln_f 64, lm_head 128256·64.
+    n = 2 * (64 * 128 + 64 * 64 + 3 * 64 * 192 + 2 * 64) + 64 + 128256 * 64
+    flops_per_step = (6 * n + 12 * 2 * 64 * 64) * 128
+    assert found['MFU'] == pytest.approx(flops_per_step / (found['median_step_ms'] / 1e3) / 0.5e12, rel=1e-2)
+    assert json.loads((tmp_path / 'figures.jsonl').read_text().splitlines()[-1])['figure'] == 'llama'
 
 
 def test_a_run_that_stopped_before_the_skipped_steps_is_refused(figures, tmp_path):
@@ -51,7 +103,8 @@ def test_every_figure_is_listed_with_what_it_needs(figures, capsys):
     assert figures.main(['--list']) == 0
     listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
     assert listed == list(figures.FIGURES)
-    assert {'loop', 'deterministic', 'saves', 'peers', 'seed', 'profile', 'llama', 'lora'} <= set(listed)
+    assert {'loop', 'deterministic', 'saves', 'peers', 'seed', 'profile', 'lora'} <= set(listed)
+    assert {'llama', 'llama_peer', 'llama_profile'} <= set(listed)
 
 
 def test_an_unknown_figure_is_refused(figures, tmp_path, capsys):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxtrain.models.decode import Decoder, sample_next
+from jaxtrain.models.decode import DecodeOptions, Decoder, kth_largest, sample_next
 from jaxtrain.models.gpt2 import GPT2
 from jaxtrain.models.llama3 import LLaMA3
 from test_models import GPT2_SMALL, LLAMA_SMALL, _logits, _model_and_params
@@ -71,6 +71,87 @@ def test_sample_next_matches_the_softmax_of_the_top_k():
     expected = np.where(kept, np.exp(logits[0] / 0.8), 0.0)
     np.testing.assert_allclose(counts, expected / expected.sum(), atol=0.015)
     assert int(sample_next(jnp.asarray(logits), jax.random.key(0), 0.0, 0)[0]) == 4
+
+
+# Each lever of the loop on its own, and all of them together against the default.
+VARIANTS = {
+    'scan': DecodeOptions(layers='scan', cast_params=False),
+    'three_positions_per_step': DecodeOptions(positions_per_step=3),
+    'select': DecodeOptions(top_k_method='select'),
+    'scan_select_two': DecodeOptions(layers='scan', positions_per_step=2, top_k_method='select'),
+}
+
+
+@pytest.mark.parametrize('cls, config', FAMILIES, ids=['gpt2', 'llama3'])
+@pytest.mark.parametrize('variant', VARIANTS)
+def test_every_variant_decodes_greedy_as_the_full_forward_and_samples_as_the_default(cls, config, variant):
+    """Greedy tokens equal the full forward pass's argmax in every row; sampled tokens (top-k, rows
+    differing) equal the default decoder's for the same key, so no variant changes the tokens."""
+    graphdef, params = _model_and_params(cls, config, seed=6)
+    length, prompt = 11, [4, 1, 6]
+    decoder = Decoder(graphdef, config, batch_size=3, length=length, top_k=5, options=VARIANTS[variant])
+    expected = _full_forward_greedy(graphdef, params, config, prompt, length)
+    assert decoder(params, prompt, jax.random.key(0), temperature=0.0).tolist() == [expected] * 3
+    default = Decoder(graphdef, config, batch_size=3, length=length, top_k=5)
+    sampled = default(params, prompt, jax.random.key(2), temperature=1.0)
+    assert len({tuple(row) for row in sampled.tolist()}) > 1
+    np.testing.assert_array_equal(decoder(params, prompt, jax.random.key(2), temperature=1.0), sampled)
+
+
+@pytest.mark.parametrize('cls, config', FAMILIES, ids=['gpt2', 'llama3'])
+def test_one_row_decodes_greedy_as_the_full_forward(cls, config):
+    graphdef, params = _model_and_params(cls, config, seed=8)
+    decoder = Decoder(graphdef, config, batch_size=1, length=10, top_k=0)
+    for prompt in ([2], [7, 3, 3, 1]):
+        expected = _full_forward_greedy(graphdef, params, config, prompt, 10)
+        assert decoder(params, prompt, jax.random.key(0), temperature=0.0).tolist() == [expected]
+
+
+@pytest.mark.parametrize('cls, config', FAMILIES, ids=['gpt2', 'llama3'])
+def test_bf16_weights_cast_before_the_loop_give_the_same_tokens(cls, config):
+    """In bf16 the projections and embeddings cast their fp32 params at every call; casting them once
+    before the loop leaves every logit as it was: the sampled tokens are equal."""
+    _, params = _model_and_params(cls, config, seed=7)
+    graphdef = nnx.split(
+        nnx.eval_shape(lambda: cls(config, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))), nnx.Param
+    )[0]
+    cast, left = (
+        Decoder(graphdef, config, batch_size=2, length=8, top_k=0, options=DecodeOptions(cast_params=c))(
+            params, [3], jax.random.key(5), temperature=1.0
+        )
+        for c in (True, False)
+    )
+    np.testing.assert_array_equal(cast, left)
+
+
+def test_kth_largest_is_numpys_kth_of_the_sorted_row():
+    """The radix select against NumPy's sort, with repeats, signed zeros, negatives, infinities and
+    bf16 inputs, for k from 1 to the whole row."""
+    rng = np.random.default_rng(0)
+    rows = np.concatenate(
+        [
+            rng.normal(0, 3, (3, 97)),
+            rng.integers(-3, 4, (2, 97)).astype(np.float64),  # many repeats
+            np.where(rng.random((2, 97)) < 0.5, -0.0, 0.0),
+            np.concatenate([[np.inf, -np.inf, 1e30, -1e-30], rng.normal(0, 1e-3, 93)])[None],
+        ]
+    ).astype(np.float32)
+    for k in (1, 2, 5, 40, 96, 97):
+        expected = np.sort(rows, axis=-1)[:, -k]
+        np.testing.assert_array_equal(np.asarray(kth_largest(jnp.asarray(rows), k)), expected)
+        np.testing.assert_array_equal(np.asarray(jax.lax.top_k(jnp.asarray(rows), k)[0][:, -1]), expected)
+    bf16 = jnp.asarray(rows[:3], jnp.bfloat16)
+    expected = np.sort(np.asarray(bf16, np.float32), axis=-1)[:, -7]
+    np.testing.assert_array_equal(np.asarray(kth_largest(bf16, 7)), expected)
+
+
+def test_bad_options_are_refused():
+    with pytest.raises(ValueError, match="decoding layers: expected one of unrolled, scan, found 'loop'"):
+        DecodeOptions(layers='loop')
+    with pytest.raises(ValueError, match='positions_per_step: expected at least 1, found 0'):
+        DecodeOptions(positions_per_step=0)
+    with pytest.raises(ValueError, match="top_k_method: expected one of sort, select, found 'heap'"):
+        DecodeOptions(top_k_method='heap')
 
 
 def test_bad_lengths_and_prompts():

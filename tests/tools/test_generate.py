@@ -2,6 +2,7 @@
 weights: greedy continuations against the NumPy reference forward pass (tests/numpy_reference.py),
 the built-in and a hand-made tokenizer, tokens/s, and one-line errors."""
 
+import json
 import re
 import struct
 import subprocess
@@ -98,6 +99,29 @@ def test_builtin_tokenizer_and_sampling(model_files, capsys):
     assert out.split('--- sample 1/1\n')[1].startswith('def ')
 
 
+def test_json_holds_the_timing_of_the_run_after_the_warmup(model_files, capsys, tmp_path):
+    root, _ = model_files
+    out_json = tmp_path / 'timing.json'
+    code, out, err = _run(
+        capsys,
+        *('--llmc_filepath', root / 'model.bin', '--max_new_tokens', 4, '--num_samples', 3),
+        *('--warmup_runs', 1, '--json', out_json),
+    )
+    assert code == 0, err
+    timing = json.loads(out_json.read_text())
+    assert (timing['family'], timing['batch'], timing['new_tokens'], timing['warmup_runs']) == (
+        'gpt2',
+        3,
+        12,
+        1,
+    )
+    assert timing['tokens_per_s'] == pytest.approx(12 / timing['seconds'])
+    assert timing['ms_per_new_token'] == pytest.approx(1e3 * timing['seconds'] / 4)
+    assert timing['compile_s'] > 0 and timing['platform'] == 'cpu'
+    printed = re.search(r'decoded 12 new tokens in [\d.]+ s: ([\d,.]+) tokens/s', out).group(1)
+    assert float(printed.replace(',', '')) == pytest.approx(timing['tokens_per_s'], abs=0.06)
+
+
 @pytest.mark.parametrize(
     'args, message',
     [
@@ -105,6 +129,7 @@ def test_builtin_tokenizer_and_sampling(model_files, capsys):
         (['--prompt_ids', '1,x'], '--prompt_ids: expected comma-separated integers'),
         (['--prompt_ids', '60000', '--max_new_tokens', 4], 'token ids: expected 0..50256, found 60000'),
         (['--num_samples', 0], '--num_samples: expected at least 1'),
+        (['--warmup_runs', -1], '--warmup_runs: expected 0 or more, found -1'),
     ],
 )
 def test_errors_are_one_line(model_files, capsys, args, message):

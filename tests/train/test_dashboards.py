@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from jaxtrain.train.mfu import peak_flops_per_device, training_flops_per_token
+from jaxtrain.train.mfu import MFUMeter, peak_flops_per_device, training_flops_per_token
 from jaxtrain.train.progress import Progress
 from trainer_runs import load_config, random_shard, train
 
@@ -66,10 +66,17 @@ def gpt2_flops_per_token(config, T):
 
 def test_flops_per_token_and_peaks():
     from jaxtrain.models.gpt2 import VARIANTS
+    from jaxtrain.models.llama3 import VARIANTS as LLAMA_VARIANTS
 
     d12 = VARIANTS['d12']
     # 124,475,904 parameters (FORMATS.md) less wpe's 1024·768: 6·123,689,472 + 12·12·1024·768.
     assert training_flops_per_token('gpt2', d12, 1024) == 855_383_040 == gpt2_flops_per_token(d12, 1024)
+    # LLaMA-3.2 1B (L16, C2048, 32/8 heads of 64, SwiGLU 8192, V 128256, untied head), N without wte:
+    # a layer's c_attn 2048·(2048 + 2·512) = 6,291,456, c_proj 2048² = 4,194,304, its SwiGLU
+    # 3·2048·8192 = 50,331,648 and two RMSNorms 4,096: 60,821,504, times 16 = 973,144,064; ln_f
+    # 2,048 and lm_head 128256·2048 = 262,668,288: N = 1,235,814,400. 6N = 7,414,886,400, and
+    # attention 12·16·2048·2048 = 805,306,368.
+    assert training_flops_per_token('llama3', LLAMA_VARIANTS['llama3.2-1b'], 2048) == 8_220_192_768
     assert peak_flops_per_device('NVIDIA H200', 'bfloat16') == 989.4e12
     assert peak_flops_per_device('NVIDIA H100 PCIe', 'float32') == 378e12
     # The first name contained wins: L40 and L40S are not the L4 (data sheets: dense bf16 181, 362, 121).
@@ -80,6 +87,23 @@ def test_flops_per_token_and_peaks():
     ]
     assert peak_flops_per_device('cpu', 'bfloat16') is None
     assert peak_flops_per_device('cpu', 'float32', override_tflops=2.5) == 2.5e12
+
+
+def test_mfu_of_a_step_on_an_h200():
+    from jaxtrain.models.llama3 import VARIANTS
+
+    # One H200, B4 x T2048 = 8192 tokens a step in 129.7 ms: 8192 · 8,220,192,768 FLOPs / 0.1297 s
+    # = 519.2 TFLOP/s of the data sheet's 989.4 dense bf16.
+    h200 = [types.SimpleNamespace(device_kind='NVIDIA H200')]
+    meter = MFUMeter('llama3', VARIANTS['llama3.2-1b'], 2048, 8192, h200, 'bfloat16')
+    assert meter.of(0.1297) == pytest.approx(8192 * 8_220_192_768 / 0.1297 / 989.4e12, rel=1e-12)
+    assert round(meter.of(0.1297), 4) == 0.5248
+    # Two of them on twice the tokens in the same time: the same MFU.
+    two = MFUMeter('llama3', VARIANTS['llama3.2-1b'], 2048, 16384, h200 * 2, 'bfloat16')
+    assert two.of(0.1297) == pytest.approx(meter.of(0.1297), rel=1e-12)
+    # --peak_tflops wins over the table.
+    given = MFUMeter('llama3', VARIANTS['llama3.2-1b'], 2048, 8192, h200, 'bfloat16', 500.0)
+    assert given.of(0.1297) == pytest.approx(8192 * 8_220_192_768 / 0.1297 / 500e12, rel=1e-12)
 
 
 def test_the_summary_gives_the_runs_mfu():

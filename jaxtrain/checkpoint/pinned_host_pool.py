@@ -1,0 +1,40 @@
+"""Grows the pinned host memory pool that GPU checkpoint copies use, before the first step.
+
+Orbax's save copies every array off the device into pinned host memory (a `jax.device_put` to
+memory kind 'pinned_host'). XLA's GPU client serves such buffers from a pool that grows on
+demand and keeps what it grew. The first save of a run therefore pins all of it: for GPT-2 124M
+with AdamW, 1.4 GB in cuMemHostAlloc calls that took 0.4-0.7 s on an H200 while holding the
+CUDA driver's lock, so the train step's launches waited behind them and the steps after the
+first save took 300-700 ms instead of 31 (a profiler trace shows cuMemHostAlloc under Orbax's
+transfer thread, and the train step's command-buffer update waiting). Later saves reuse the
+pool. Copying the state there once, before step 1, pays that cost where nothing waits on it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+
+
+def grow_pinned_host_pool(tree) -> float:
+    """Copies every array of `tree` (on one GPU) into pinned host memory at once and drops the
+    copies, so that the pool keeps room for a save of the same arrays. Blocks until done and
+    returns the seconds taken; 0.0 where Orbax would not use pinned memory (not a GPU, or
+    several processes, whose arrays are sharded across hosts) or the tree is not on one device."""
+    if jax.default_backend() != 'gpu' or jax.process_count() != 1:
+        return 0.0
+    leaves = [leaf for leaf in jax.tree.leaves(tree) if isinstance(leaf, jax.Array)]
+    devices = {device for leaf in leaves for device in leaf.devices()}
+    if len(devices) != 1:
+        return 0.0
+    (device,) = devices
+    if not any(memory.kind == 'pinned_host' for memory in device.addressable_memories()):
+        return 0.0
+    began = time.perf_counter()
+    pinned = jax.sharding.SingleDeviceSharding(device, memory_kind='pinned_host')
+    # All at once, as a save copies them: the pool must hold the whole state, not its largest array.
+    copies = jax.device_put(leaves, [pinned] * len(leaves))
+    jax.block_until_ready(copies)
+    del copies
+    return time.perf_counter() - began

@@ -1,0 +1,79 @@
+"""bench/decode_variants.py and the decode figures of bench/figures.py: the numbers each line
+reports are those of the runs it made (a tiny GPT-2 on CPU), every variant's tokens are checked
+against the first's, a bad plan is refused in one line, and the decode figure reads generate's
+--json."""
+
+import importlib.util
+import json
+import statistics
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f'bench_{name}', REPO / 'bench' / f'{name}.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope='module')
+def variants():
+    return _load('decode_variants')
+
+
+def test_a_process_measures_each_variant_at_each_batch(variants, tmp_path, capsys):
+    rows_file = tmp_path / 'rows.jsonl'
+    argv = ['--child', 'no_graphs:unrolled,scan_nocast,select_u4', '--model', 'tiny', '--dtype', 'float32']
+    assert variants.main([*argv, '--new_tokens', '3', '--batches', '2', '--json', str(rows_file)]) == 0
+    rows = [json.loads(line) for line in rows_file.read_text().splitlines()]
+    assert [(r['flags'], r['variant'], r['batch']) for r in rows] == [
+        ('no_graphs', name, 2) for name in ('unrolled', 'scan_nocast', 'select_u4')
+    ]
+    for row in rows:
+        assert row['same_tokens'] is True and len(row['runs_s']) == 3
+        assert row['seconds'] == statistics.median(row['runs_s'])
+        assert row['tokens_per_s'] == round(2 * 3 / row['seconds'], 1)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith('decode ')]
+    assert len(lines) == 3 and 'scan_nocast' in lines[1] and 'batch   2' in lines[1]
+
+
+def test_a_bad_plan_is_refused_in_one_line(variants, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        variants.main(['--plan', 'default:unrolled', 'turbo:unrolled'])
+    assert stopped.value.code == 2
+    assert "found 'turbo:unrolled'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="found 'default:fastest'"):
+        variants.parse_plan(['default:fastest'])
+    assert variants.parse_plan(variants.DEFAULT_PLAN)[0][0] == 'default'
+
+
+def test_the_decode_figure_reads_generates_json(tmp_path, capsys):
+    figures = _load('figures')
+    call = figures.Call(tmp_path, steps=0)
+    commands = []
+
+    def run(name, command, timeout=300, env=None):
+        commands.append(command)
+        batch = int(command[command.index('--num_samples') + 1])
+        seconds = 0.05 * (1 + batch / 16)
+        timing = {'tokens_per_s': batch * 256 / seconds, 'ms_per_new_token': 1e3 * seconds / 256}
+        Path(command[command.index('--json') + 1]).write_text(json.dumps(timing))
+        return subprocess.CompletedProcess(command, 0)
+
+    call.run = run
+    figures.decode(call)
+    assert call.found['decode'] == {
+        'batch 1 tok/s': 4819,
+        'batch 1 ms/token': 0.208,
+        'batch 16 tok/s': 40960,
+        'batch 16 ms/token': 0.391,
+    }
+    assert all(c[1:3] == ['-m', 'jaxtrain.generate'] for c in commands)
+    assert [c[c.index('--num_samples') + 1] for c in commands] == ['1', '16']
+    assert all('--warmup_runs' in c and 'bfloat16' in c and '256' in c for c in commands)
+    assert 'decode: batch 1 tok/s 4819' in capsys.readouterr().out

@@ -1,0 +1,100 @@
+"""--fused_kernels: GPT-2 with its residual adds, LayerNorms and bias + GELU as Pallas kernels
+(Pallas' interpreter on CPU) computes the loss and gradients of the model without them, and the
+key is refused where the kernels cannot run."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from tiny_models import tiny_config
+from trainer_runs import load_config
+
+from jaxtrain.config import fit_checks
+from jaxtrain.config.checks import check_config
+from jaxtrain.models.gpt2 import GPT2
+
+CONFIG = tiny_config('gpt2', max_seq_len=16, vocab_size=50, padded_vocab_size=64, channels=16)
+
+
+def _model(fused, dtype, scan):
+    model = GPT2(CONFIG, dtype=dtype, scan_layers=scan, fused_kernels=fused, rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(model, nnx.Param)
+    return graphdef, nnx.to_pure_dict(params)
+
+
+def _random_params(params, seed=0):
+    """Random values everywhere (norm scales and biases too) so no term can hide."""
+    rng = np.random.default_rng(seed)
+    return jax.tree.map(lambda x: jnp.asarray(rng.normal(0, 0.3, np.shape(x)), jnp.float32), params)
+
+
+def _loss_and_grads(graphdef, params, tokens, grads=True):
+    def loss(params):
+        logits = nnx.merge(graphdef, nnx.State(params))(tokens[:, :-1]).astype(jnp.float32)
+        logp = jax.nn.log_softmax(logits[..., : CONFIG.vocab_size])
+        return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
+
+    return jax.jit(jax.value_and_grad(loss) if grads else loss)(params)
+
+
+@pytest.mark.parametrize(
+    'fused, dtype, scan, loss_tol, grad_tol',
+    [
+        ('all', jnp.float32, True, 1e-6, 1e-5),
+        ('layernorm', jnp.float32, False, 1e-6, 1e-5),  # unrolled: the carry through a loop
+        ('bias_gelu', jnp.float32, True, 1e-6, 1e-5),
+        # bf16, the loss only: both round the same values to bf16 in slightly different places
+        # (the kernels compute pre + bias and the LayerNorm's gradient in fp32, rounding once)
+        ('all', jnp.bfloat16, True, 1e-3, None),
+    ],
+)
+def test_the_loss_and_gradients_are_the_unfused_models(fused, dtype, scan, loss_tol, grad_tol):
+    tokens = jnp.asarray(np.random.default_rng(1).integers(0, CONFIG.vocab_size, (2, 13)))
+    graphdef, params = _model('none', dtype, scan)
+    fused_graphdef, fused_params = _model(fused, dtype, scan)
+    assert jax.tree.structure(params) == jax.tree.structure(fused_params)  # one parameter tree
+    params = _random_params(params)
+    if grad_tol is None:
+        loss = _loss_and_grads(graphdef, params, tokens, grads=False)
+        fused_loss = _loss_and_grads(fused_graphdef, params, tokens, grads=False)
+        assert abs(float(fused_loss) - float(loss)) <= loss_tol * abs(float(loss))
+        return
+    loss, grads = _loss_and_grads(graphdef, params, tokens)
+    fused_loss, fused_grads = _loss_and_grads(fused_graphdef, params, tokens)
+    assert abs(float(fused_loss) - float(loss)) <= loss_tol * abs(float(loss))
+    for name, got, want in zip(
+        jax.tree_util.tree_flatten_with_path(grads)[0], jax.tree.leaves(fused_grads), jax.tree.leaves(grads)
+    ):
+        scale = float(np.abs(want).max()) or 1.0
+        np.testing.assert_allclose(
+            np.asarray(got), np.asarray(want), atol=grad_tol * scale, err_msg=str(name[0])
+        )
+
+
+@pytest.mark.parametrize(
+    'keys, message',
+    [
+        (dict(), "expected a GPU with --fused_kernels all, found 'cpu'"),
+        (dict(num_devices=2), 'expected one device with --fused_kernels all'),
+        (dict(lora_rank=4), 'expected --lora_rank 0 with --fused_kernels all'),
+        (dict(precision_check='level=1'), 'expected no --precision_check with --fused_kernels all'),
+    ],
+    ids=['cpu', 'devices', 'lora', 'precision-check'],
+)
+def test_refused_where_the_kernels_cannot_run(keys, message, monkeypatch):
+    if 'num_devices' in keys or 'lora_rank' in keys or 'precision_check' in keys:
+        monkeypatch.setenv(fit_checks.INTERPRET_ENV, '1')  # past the GPU check, to the one named
+    config = load_config('gpt2', fused_kernels='all', **keys)
+    with pytest.raises(ValueError, match=message) as error:
+        check_config(config)
+    assert str(error.value).startswith('fused_kernels: ')
+
+
+def test_refused_for_llama3_and_a_typo():
+    with pytest.raises(ValueError, match="fused_kernels: expected none for llama3 .*found layernorm"):
+        check_config(load_config('llama3', fused_kernels='layernorm'))
+    with pytest.raises(
+        ValueError, match="fused_kernels: expected one of none, layernorm, bias_gelu, all; found 'yes'"
+    ):
+        check_config(load_config('gpt2', fused_kernels='yes'))
