@@ -16,6 +16,8 @@ from jaxtrain.parallel import sharding
 from jaxtrain.train.setup import build_trainer
 from trainer_runs import load_config, tiny_llmc_model
 
+pytestmark = pytest.mark.slow  # four 8-device programs compiled and their runs compared
+
 
 @pytest.fixture(scope='module')
 def runs(tmp_path_factory):

@@ -14,6 +14,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_smoke_run_reports_speed_losses_and_checkpoint_costs(tmp_path):
     out = tmp_path / 'bench.json'
     # One CPU device: the 8 fake devices of conftest.py would time the mesh, not the step.

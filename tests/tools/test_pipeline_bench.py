@@ -3,8 +3,10 @@ partitioned program (jaxtrain/tools/pipeline_bench.py), on the 8 fake CPU device
 twice the stages each device holds half the layers' parameters and optimizer state and
 half the layers' work per tick, so its total falls.
 
-The 4-stage program is the one tests/parallel/test_pipeline.py trains (LLaMA-3, 8 layers,
+The 4-stage program is the one tests/train/test_pipeline.py trains (LLaMA-3, 8 layers,
 V = 2), so with the session's XLA cache only the 2-stage one is compiled here."""
+
+import pytest
 
 from jaxtrain.models.llama3 import LLaMA3Config
 from jaxtrain.tools.bench_measure import build
@@ -12,6 +14,7 @@ from jaxtrain.tools.pipeline_bench import compile_step, compiled_memory
 from trainer_runs import load_config, tiny_llmc_model
 
 
+@pytest.mark.slow  # two 8-layer pipelined programs compiled
 def test_memory_per_device_falls_as_stages_grow(tmp_path):
     model = tiny_llmc_model(tmp_path / 'model.bin', family='llama3', num_layers=8)
     memory = {}

@@ -104,6 +104,7 @@ def _crosscheck(folder, family: str, runs=('a.log',)):
         assert final.read_bytes() == (here / 'theirs/b/checkpoint_step_000020/lr_scheduler.ckpt').read_bytes()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('folder', ['lrs-gpt2'], indirect=True)
 def test_gpt2_runs_and_resumes_as_the_lr_scheduler_binary(folder):
     _crosscheck(folder, 'gpt2', runs=('a.log', 'l.log', 'n.log'))

@@ -57,6 +57,7 @@ def assert_close(losses, reference, steps, tolerance=TOLERANCE):
         assert abs(losses[step] - reference[step]) <= tolerance, (step, losses[step], reference[step])
 
 
+@pytest.mark.slow
 def test_pipeline_losses_equal_the_one_device_run(one_device, pipelined):
     root, losses, out = pipelined
     assert_close(losses, one_device, range(1, 5))
@@ -67,6 +68,7 @@ def test_pipeline_losses_equal_the_one_device_run(one_device, pipelined):
     assert topology['mesh'] == {'pipeline': 2, 'data': 1, 'fsdp': 2, 'tensor': 2}
 
 
+@pytest.mark.slow
 def test_resume_on_the_same_layout_is_bit_for_bit(files, pipelined, tmp_path):
     root, reference, _ = pipelined
     losses, out = train_named(
@@ -76,6 +78,7 @@ def test_resume_on_the_same_layout_is_bit_for_bit(files, pipelined, tmp_path):
     assert 'same topology (8 cpu device(s) in 1 process(es), mesh pipeline 2 × data 1' in out
 
 
+@pytest.mark.slow
 def test_resume_a_pipeline_checkpoint_on_one_device(files, one_device, pipelined, tmp_path):
     root, _, _ = pipelined
     losses, out = train_named(
@@ -88,6 +91,7 @@ def test_resume_a_pipeline_checkpoint_on_one_device(files, one_device, pipelined
     ) in out
 
 
+@pytest.mark.slow
 def test_one_device_llama3_checkpoint_continues_interleaved_on_4_stages(tmp_path):
     """8 layers in 4 stages × 2 chunks: stage 0 runs layers 0 and 4. The 1-device run saves
     at step 1; the pipelined run resumes there, so its step-3 loss follows its own step-2
