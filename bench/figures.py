@@ -506,6 +506,24 @@ def decode_variants(call: Call) -> None:
     )
 
 
+def fused_kernels(call: Call) -> None:
+    """--fused_kernels (the Pallas residual-add + LayerNorm and bias + GELU) against XLA's fusions:
+    each kernel alone at GPT-2 124M's shapes, then the real loop with and without them, fast and
+    deterministic (bench/fused_kernels.sh)."""
+    done = call.run(
+        'fused_kernels', ['bash', 'bench/fused_kernels.sh', str(call.out / 'fused_kernels')], timeout=420
+    )
+    lines = (call.out / 'fused_kernels.txt').read_text().splitlines()
+    found = [
+        line
+        for line in lines
+        if line.startswith(('micro add_layernorm best', 'micro bias_gelu best', 'loop '))
+    ]
+    if done.returncode or not any(line.startswith('loop ') for line in found):
+        raise RuntimeError(f'exit {done.returncode}; see {call.out / "fused_kernels.txt"}')
+    call.record('fused_kernels', {f'line {i + 1}': line for i, line in enumerate(found)})
+
+
 # name -> (function, what it needs, what it measures)
 FIGURES = {
     'loop': (loop, 'gpu', 'the real training loop, fast mode: step lines, wall clock, MFU'),
@@ -529,6 +547,11 @@ FIGURES = {
     'two_gpus': (two_gpus, '2 gpus', 'data parallel on 2 GPUs against 1'),
     'pipeline': (pipeline, 'cpu', 'pipeline stages on fake CPU devices: memory per device and the bubble'),
     'recompute': (recompute, 'any', 'activation recompute plans: peak memory of the step and its time'),
+    'fused_kernels': (
+        fused_kernels,
+        'gpu',
+        '--fused_kernels against XLA: each kernel alone, then the loop with and without them',
+    ),
     'decode': (decode, 'gpu', 'KV-cache decoding, GPT-2 124M bf16, 256 new tokens: tok/s at batch 1 and 16'),
     'decode_variants': (
         decode_variants,
