@@ -226,6 +226,21 @@ def peer_line(text: str, name: str) -> float | None:
     return None
 
 
+PLAIN_JAX = 'plain JAX step'  # plain_jax_step.py's line starts at 'B=', with no name
+
+
+def peer_steps(lines: list[str]) -> dict[str, float]:
+    """Each peer's median ms/step, by name, from lines '<name> B=<B> [<variant>] median <ms> ms/step
+    ...' (run_peers.sh's) or 'B=<B> <variant> median <ms> ms/step ...' (plain_jax_step.py's)."""
+    found = {}
+    for line in lines:
+        if ' median ' not in line or 'ms/step' not in line:
+            continue
+        name, rest = ('', line) if line.startswith('B=') else line.split(' B=', 1)
+        found[name or PLAIN_JAX] = float(rest.split(' median ')[1].split()[0])
+    return found
+
+
 def llama_mfu(step_ms: float, device: str) -> float | None:
     """MFU of a LLaMA-3.2 1B step of LLAMA_TOKENS_PER_STEP tokens on one device, by train/mfu.py."""
     from jaxtrain.models.llama3 import VARIANTS
@@ -249,11 +264,7 @@ def peers(call: Call) -> None:
     lines = (call.out / 'peers.txt').read_text().splitlines()
     plain = call.run('plain_jax_step', [sys.executable, str(PEERS / 'plain_jax_step.py'), '16'])
     lines += (call.out / 'plain_jax_step.txt').read_text().splitlines()
-    found = {}
-    for line in lines:
-        if ' median ' in line and 'ms/step' in line:
-            name, rest = line.split(' B=', 1)
-            found[name] = float(rest.split(' median ')[1].split()[0])
+    found = peer_steps(lines)
     if not found:
         raise RuntimeError(
             f'no peer reported a step (exit {done.returncode}, {plain.returncode}); see peers.txt'

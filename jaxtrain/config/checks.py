@@ -13,13 +13,7 @@ from jaxtrain.models import recompute
 from jaxtrain.models.attention import IMPLEMENTATIONS
 from jaxtrain.models.gpt2 import FUSED_KERNELS
 from jaxtrain.optim.infinitrain_lr_schedule import STYLES
-from jaxtrain.optim.optimizer import (
-    FUSED,
-    OPTIMIZERS,
-    SCHEDULES,
-    schedule_spec,
-    spelled_with_infinitrain_flags,
-)
+from jaxtrain.optim.optimizer import OPTIMIZERS, SCHEDULES, schedule_spec, spelled_with_infinitrain_flags
 from jaxtrain.train import precision_check
 
 CHOICES = {
@@ -104,11 +98,6 @@ def check_config(config):
             f'process_id: expected a value >= 0, or -1 (from the environment), found {config.process_id}'
         )
     problems += recompute.check(config)
-    if config.fused_adamw and config.optimizer not in FUSED:
-        problems.append(
-            f"fused_adamw: expected --optimizer {' or '.join(FUSED)} (the fused kernel is Adam's), found "
-            f'{config.optimizer!r}; drop --fused_adamw'
-        )
     if config.zero_stage not in (0, 1, 2, 3):
         problems.append(f'zero_stage: expected 0, 1, 2 or 3, found {config.zero_stage}')
     keep_every, save_steps = config.keep_every_steps, config.save_steps

@@ -23,8 +23,6 @@ def check_fit(config) -> None:
         data_parallel=data_parallel,
     )
     model_config = model_config_for(config)
-    if config.get('fused_adamw', False):
-        check_fused_adamw(devices)
     if config.fused_kernels != 'none':
         check_fused_kernels(config, devices)
     if config.sequence_parallel and config.sequence_length % sizes['tensor']:
@@ -61,17 +59,6 @@ def check_fit(config) -> None:
 
 # Lets a CPU run take --fused_kernels through Pallas' interpreter (slow): for tests of the loop.
 INTERPRET_ENV = 'JAXTRAIN_PALLAS_INTERPRET'
-
-
-def check_fused_adamw(devices) -> None:
-    """--fused_adamw (optim/fused_adamw.py): on one GPU (off one, Pallas' interpreter is for tests)."""
-    if len(devices) > 1:
-        raise ValueError(
-            f'fused_adamw: expected one device (XLA cannot split a Pallas call over a mesh), found '
-            f'{len(devices)}; pass --num_devices 1 or drop --fused_adamw'
-        )
-    if devices[0].platform != 'gpu' and os.environ.get(INTERPRET_ENV) != '1':
-        raise ValueError(f'fused_adamw: expected a GPU, found {devices[0].platform!r}; drop --fused_adamw')
 
 
 def check_fused_kernels(config, devices) -> None:

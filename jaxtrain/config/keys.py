@@ -172,12 +172,6 @@ KEYS = (
     ('eps', 1e-8, 'Adam epsilon'),
     ('weight_decay', 0.0, 'AdamW decoupled weight decay, on tensors of 2+ dimensions only'),
     ('grad_clip', 0.0, 'global-norm gradient clipping (0 = off, as in InfiniTrain)'),
-    (
-        'fused_adamw',
-        False,
-        'adamw | adam: clip, moments, decay and update in fused Pallas kernels instead of XLA\'s fusions '
-        '(one GPU; the same optimizer state; optax\'s arithmetic up to FMA contraction)',
-    ),
     ('seed', 42, 'seed of the random init and the training rng'),
     (
         'precision_check',

@@ -3,7 +3,6 @@
 AdamW follows llm.c: decoupled weight decay on tensors of two or more dimensions only
 (embeddings and matmul weights; never biases or norm scales), the update
 θ -= lr·(m̂/(√v̂+eps) + wd·θ). `adam` is InfiniTrain's LLaMA-3 optimizer, `sgd` its GPT-2 one.
-`--fused_adamw` applies adamw or adam with fused_adamw's Pallas kernels, on optax's state.
 """
 
 import jax
@@ -11,11 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxtrain.optim.fused_adamw import FusedAdam
 from jaxtrain.optim.infinitrain_lr_schedule import ScheduleSpec, learning_rates
 
 OPTIMIZERS = ('adamw', 'adam', 'sgd')
-FUSED = ('adamw', 'adam')  # the optimizers --fused_adamw applies with fused_adamw's kernel
 SCHEDULES = ('constant', 'cosine')
 # The two spellings of a schedule, each key with its default: jaxtrain's and InfiniTrain's (PR 151).
 OWN_SCHEDULE_KEYS = {'lr_schedule': 'constant', 'warmup_steps': 0, 'min_lr_ratio': 0.0}
@@ -167,15 +164,4 @@ def build_optimizer(config) -> tuple[optax.GradientTransformation, optax.Schedul
         raise ValueError(f"optimizer: expected one of {', '.join(OPTIMIZERS)}; found {config.optimizer!r}")
     if config.grad_clip > 0:
         tx = optax.chain(optax.clip_by_global_norm(config.grad_clip), tx)
-    if config.get('fused_adamw', False) and config.optimizer in FUSED:
-        tx = FusedAdam(
-            tx,
-            schedule,
-            b1=config.beta1,
-            b2=config.beta2,
-            eps=config.eps,
-            weight_decay=config.weight_decay if config.optimizer == 'adamw' else 0.0,
-            mask=decay_mask,
-            grad_clip=config.grad_clip,
-        )
     return tx, schedule

@@ -12,7 +12,6 @@ from flax import nnx
 
 from jaxtrain.models.lm_head_loss import lm_head_cross_entropy
 from jaxtrain.models import precision_tap
-from jaxtrain.optim.fused_adamw import apply_gradients
 from jaxtrain.parallel import sequence_parallel
 
 
@@ -98,11 +97,11 @@ def make_train_step(
             )
             loss = loss / accumulation
             grads = jax.tree.map(lambda g: g / accumulation, grads)
-        params, opt_state = apply_gradients(tx, grads, state.opt_state, state.params)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
         new_state = state.replace(
             step=state.step + 1,
             data_position=state.data_position + 1,
-            params=params,
+            params=optax.apply_updates(state.params, updates),
             opt_state=opt_state,
         )
         metrics = {

@@ -65,6 +65,40 @@ def test_a_peer_s_median_line_and_the_llama_mfu(figures):
     assert figures.llama_mfu(129.7, 'cpu') is None
 
 
+# The three peers' lines as they print them on the GPU: run_peers.sh's two, plain_jax_step.py's one.
+PEER_LINES = {
+    'peers': 'llm.c+cuDNN B=16 median 32.62 ms/step 502269 tok/s\n'
+    'pytorch-compile B=16 median 39.40 ms/step 415838 tok/s\n',
+    'plain_jax_step': 'B=16 unrolled median 35.79 ms/step  457,746 tok/s  loss 7.8277\n',
+}
+
+
+def test_the_peers_figure_reads_all_three_peers_lines(figures, tmp_path):
+    """The peers figure on the files its commands write (the lines above, after the command line
+    Call.run writes first), and the loop against llm.c from them."""
+
+    class Written(figures.Call):
+        def run(self, name, command, timeout=300, env=None):
+            (self.out / f'{name}.txt').write_text(' '.join(command) + '\n' + PEER_LINES[name])
+            return figures.subprocess.CompletedProcess(command, 0)
+
+    call = Written(tmp_path, steps=20)
+    call.build = figures.subprocess.Popen(['true'])
+    call.found['loop'] = {'median_step_ms': 31.0, 'wall_ms_per_step': 32.0}
+    figures.peers(call)
+    assert call.found['peers'] == {
+        'llm.c+cuDNN ms': 32.62,
+        'pytorch-compile ms': 39.40,
+        'plain JAX step ms': 35.79,
+    }
+    assert call.found['loop_vs_llmc'] == {
+        'step lines': round(32.62 / 31.0, 3),
+        'wall clock': round(32.62 / 32.0, 3),
+    }
+    written = [json.loads(line) for line in (tmp_path / 'figures.jsonl').read_text().splitlines()]
+    assert [w['figure'] for w in written] == ['peers', 'loop_vs_llmc']
+
+
 @pytest.mark.slow
 def test_the_llama_figure_runs_the_loop_on_a_llama_shard(figures, tmp_path, monkeypatch):
     """The llama figure's own code, on the tiny LLaMA-3 (CPU): the shard it writes is a LLaMA-3
