@@ -65,10 +65,6 @@ class GPT2Config:
         C, L = self.channels, self.num_layers
         return self.padded_vocab_size * C + self.max_seq_len * C + L * (12 * C * C + 13 * C) + 2 * C
 
-    def flops_per_token(self, seq_len: int) -> int:
-        """llm.c's count: 6N for the matmuls with the weights plus 6·L·C·T for attention."""
-        return 6 * self.num_parameters + 6 * self.num_layers * self.channels * seq_len
-
 
 VARIANTS = {
     # Tests and smoke runs: the real GPT-2 vocabulary so any GPT-2 shard fits.

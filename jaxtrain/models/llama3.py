@@ -70,9 +70,6 @@ class LLaMA3Config:
         per_layer = C + C * (C + 2 * kv) + C * C + C + 3 * C * F
         return 2 * self.vocab_size * C + L * per_layer + C
 
-    def flops_per_token(self, seq_len: int) -> int:
-        return 6 * self.num_parameters + 6 * self.num_layers * self.channels * seq_len
-
 
 VARIANTS = {
     # Tests and smoke runs: the real LLaMA-3 vocabulary so any LLaMA-3 shard fits.
