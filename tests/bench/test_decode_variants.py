@@ -26,6 +26,7 @@ def variants():
     return _load('decode_variants')
 
 
+@pytest.mark.slow  # a benchmark's measuring run: three decode programs compiled and timed
 def test_a_process_measures_each_variant_at_each_batch(variants, tmp_path, capsys):
     rows_file = tmp_path / 'rows.jsonl'
     argv = ['--child', 'no_graphs:unrolled,scan_nocast,select_u4', '--model', 'tiny', '--dtype', 'float32']
