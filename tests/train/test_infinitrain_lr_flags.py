@@ -101,6 +101,7 @@ def test_bad_flags_are_one_line_and_nothing_is_written(files, tmp_path, args, pa
     assert not ckpt.exists()
 
 
+@pytest.mark.slow  # two runs compared
 def test_two_spellings_train_the_same_run(files):
     """The trainer itself: --lr_schedule cosine --min_lr_ratio 0.5 and --lr_decay_style cosine --min_lr
     (half the lr) print the same lr column and the same losses."""

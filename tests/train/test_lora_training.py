@@ -70,6 +70,7 @@ def test_only_the_adapters_change(tmp_path, family):
     assert losses[2] < losses[0]
 
 
+@pytest.mark.slow  # three runs compared
 def test_rank_zero_is_the_plain_run_and_rank_eight_starts_from_it(tmp_path):
     model = tiny_llmc_model(tmp_path / 'model.bin')
     common = dict(llmc_filepath=model, learning_rate=1e-2)
