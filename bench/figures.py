@@ -509,9 +509,13 @@ def decode_variants(call: Call) -> None:
 def fused_kernels(call: Call) -> None:
     """--fused_kernels (the Pallas residual-add + LayerNorm and bias + GELU) against XLA's fusions:
     each kernel alone at GPT-2 124M's shapes, then the real loop with and without them, fast and
-    deterministic (bench/fused_kernels.sh)."""
+    deterministic (bench/fused_kernels.sh). Refused when the script failed, or any part of it did
+    (a line with FAILED), or it printed no loop line."""
     done = call.run(
-        'fused_kernels', ['bash', 'bench/fused_kernels.sh', str(call.out / 'fused_kernels')], timeout=420
+        'fused_kernels',
+        ['bash', 'bench/fused_kernels.sh', str(call.out / 'fused_kernels')],
+        timeout=420,
+        env={'PYTHON': sys.executable},
     )
     lines = (call.out / 'fused_kernels.txt').read_text().splitlines()
     found = [
@@ -519,8 +523,10 @@ def fused_kernels(call: Call) -> None:
         for line in lines
         if line.startswith(('micro add_layernorm best', 'micro bias_gelu best', 'loop '))
     ]
-    if done.returncode or not any(line.startswith('loop ') for line in found):
-        raise RuntimeError(f'exit {done.returncode}; see {call.out / "fused_kernels.txt"}')
+    failed = [line for line in lines if 'FAILED' in line]
+    if done.returncode or failed or not any(line.startswith('loop ') for line in found):
+        first = f': {failed[0]}' if failed else ''
+        raise RuntimeError(f'exit {done.returncode}{first}; see {call.out / "fused_kernels.txt"}')
     call.record('fused_kernels', {f'line {i + 1}': line for i, line in enumerate(found)})
 
 

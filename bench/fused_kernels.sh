@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
 # GPU check of the fused Pallas kernels (--fused_kernels; jaxtrain/models/layernorm_kernel.py,
-# bias_gelu_kernel.py). Run from the repository root (bench/figures.py --figures fused_kernels does) with
-#   export PYTHONPATH=$PWD/.site:$PWD;  bash bench/fused_kernels.sh [OUT]   (OUT default /tmp/fused_kernels)
-# About 3-4 min on an H200 (mostly the compiles of the real loop: 6 runs); GPU_LN_QUICK=1 leaves
-# out the two single-kernel runs (layernorm, bias_gelu), which come last. One line per result:
+# bias_gelu_kernel.py). Run from the repository root (bench/figures.py --figures fused_kernels does) as
+#   export PYTHONPATH=$PWD;  bash bench/fused_kernels.sh [OUT]      (OUT default /tmp/fused_kernels)
+# with $PYTHON the interpreter (default: python). About 3-4 min on an H200 (mostly the compiles of
+# the real loop: 6 runs); FUSED_KERNELS_QUICK=1 leaves out the two single-kernel runs (layernorm,
+# bias_gelu), which come last. One line per result:
 #   micro ...   kernel vs XLA at GPT-2 124M shapes (16384 x 768 / 3072, bf16), fwd and fwd+bwd,
 #               each Pallas tile config tried, the GPU-vs-XLA max error, a bitwise-repeat check
 #   loop ...    the real loop (d12 bf16 B16 T1024, unrolled), median step_ms from step 11 on,
 #               --fused_kernels none/all fast, none/all --deterministic true, layernorm/bias_gelu fast
 # Knobs for a CPU dry run of this script's logic (tests nothing about speed):
-#   GPU_LN_CPU=1  tiny shapes, tiny model, Pallas' interpreter (JAXTRAIN_PALLAS_INTERPRET=1)
-set -u
+#   FUSED_KERNELS_CPU=1  tiny shapes, tiny model, Pallas' interpreter (JAXTRAIN_PALLAS_INTERPRET=1)
+# A failed part prints a line with FAILED and makes the script exit 1 at the end.
+set -u -o pipefail
+PYTHON=${PYTHON:-python}
+FAILED=0
 OUT=${1:-/tmp/fused_kernels}
 mkdir -p "$OUT"
 START=$(date +%s)
-if [ "${GPU_LN_CPU:-0}" = 1 ]; then
+if [ "${FUSED_KERNELS_CPU:-0}" = 1 ]; then
   export JAXTRAIN_PALLAS_INTERPRET=1
   MODEL=(--config=configs/gpt2.py:tiny --batch_size 2 --sequence_length 64 --total_batch_size 128)
   STEPS=13
@@ -23,11 +27,11 @@ else
   MODEL=(--config=configs/gpt2.py:d12 --batch_size 16 --sequence_length 1024 --total_batch_size 16384)
   STEPS=60
   KINDS=(fast:none fast:all det:none det:all)
-  [ "${GPU_LN_QUICK:-0}" = 1 ] || KINDS+=(fast:layernorm fast:bias_gelu)
+  [ "${FUSED_KERNELS_QUICK:-0}" = 1 ] || KINDS+=(fast:layernorm fast:bias_gelu)
 fi
 
 echo "== micro-benchmarks ($(date +%T))"
-python - <<'PY' 2>&1 | grep -v -e '^WARNING' -e 'DeprecationWarning'
+"$PYTHON" - <<'PY' 2>&1 | { grep -v -e '^WARNING' -e 'DeprecationWarning' || true; }
 import os, time
 
 import jax
@@ -38,11 +42,12 @@ from jaxtrain.models import bias_gelu_kernel as bg
 from jaxtrain.models import layernorm_kernel as lnk
 from jaxtrain.models.gelu import gelu_tanh
 
-cpu = os.environ.get('GPU_LN_CPU') == '1'
+cpu = os.environ.get('FUSED_KERNELS_CPU') == '1'
 N, C = (256, 64) if cpu else (16384, 768)
 F = 4 * C
 REPS = 2 if cpu else 50
-print(f'micro backend {jax.default_backend()} {jax.devices()[0].device_kind}: N {N} C {C} F {F} bf16', flush=True)
+print(f'micro backend {jax.default_backend()} {jax.devices()[0].device_kind}: N {N} C {C} F {F} bf16',
+      flush=True)
 
 
 def timed(fn, *args):
@@ -108,13 +113,14 @@ best_f = None
 for rows, warps in [(1, 4), (2, 4), (4, 4), (8, 4), (8, 8), (16, 8)]:
     configure(lnk, FORWARD_ROWS=rows, FORWARD_WARPS=warps)
     ms = timed(jax.jit(lambda *a: lnk.add_layernorm(*a)), x, r, scale, bias)
-    print(f'micro add_layernorm pallas fwd rows {rows} warps {warps}: {ms:.4f} ms ({xla_f / ms:.2f}x xla)',
-          flush=True)
+    print(f'micro add_layernorm pallas fwd rows {rows} warps {warps}: {ms:.4f} ms '
+          f'({xla_f / ms:.2f}x xla)', flush=True)
     if best_f is None or ms < best_f[0]:
         best_f = (ms, rows, warps)
 configure(lnk, FORWARD_ROWS=best_f[1], FORWARD_WARPS=best_f[2])
 best_fb = None
-for rows, group, warps in [(1, 64, 4), (2, 32, 4), (4, 16, 4), (4, 32, 4), (8, 8, 8), (8, 16, 8), (16, 4, 8)]:
+for rows, group, warps in [(1, 64, 4), (2, 32, 4), (4, 16, 4), (4, 32, 4), (8, 8, 8), (8, 16, 8),
+                           (16, 4, 8)]:
     configure(lnk, BACKWARD_ROWS=rows, BACKWARD_GROUP=group, BACKWARD_WARPS=warps)
     run = both(lnk.add_layernorm)
     ms = timed(run, *args)
@@ -126,12 +132,13 @@ for rows, group, warps in [(1, 64, 4), (2, 32, 4), (4, 16, 4), (4, 32, 4), (8, 8
         best_fb = (ms, rows, group, warps)
 configure(lnk, BACKWARD_ROWS=best_fb[1], BACKWARD_GROUP=best_fb[2], BACKWARD_WARPS=best_fb[3])
 run = both(lnk.add_layernorm)
-print(f'micro add_layernorm best: fwd {best_f[0]:.4f} ms (rows, warps {best_f[1:]}), fwd+bwd {best_fb[0]:.4f} ms '
-      f'(rows, group, warps {best_fb[1:]}) = {xla_fb / best_fb[0]:.2f}x xla; bitwise repeat '
-      f'{same_bits(run(*args), run(*args))}', flush=True)
+print(f'micro add_layernorm best: fwd {best_f[0]:.4f} ms (rows, warps {best_f[1:]}), '
+      f'fwd+bwd {best_fb[0]:.4f} ms (rows, group, warps {best_fb[1:]}) = {xla_fb / best_fb[0]:.2f}x xla; '
+      f'bitwise repeat {same_bits(run(*args), run(*args))}', flush=True)
 
 # --- bias + GELU, alone and after c_fc's matmul (where XLA may fuse them into the GEMM) --------
-pre, dout, xin, w = bf(N, F), bf(N, F), bf(N, C), jnp.asarray(0.03 * rng.standard_normal((C, F)), jnp.bfloat16)
+pre, dout, xin = bf(N, F), bf(N, F), bf(N, C)
+w = jnp.asarray(0.03 * rng.standard_normal((C, F)), jnp.bfloat16)
 b = 0.1 * f32(F)
 xla_gelu = lambda pre, b: gelu_tanh(pre + b.astype(pre.dtype))  # nnx.Linear adds a bf16 bias
 
@@ -154,14 +161,14 @@ xla_f = timed(jax.jit(xla_gelu), pre, b)
 xla_fb = timed(grads_of(xla_gelu), pre, b, dout)
 xla_mm = timed(with_matmul(xla_gelu), xin, w, b, dout)
 want = grads_of(xla_gelu)(pre, b, dout)
-print(f'micro bias_gelu xla: fwd {xla_f:.4f} ms, fwd+bwd {xla_fb:.4f} ms, with c_fc matmul fwd+bwd {xla_mm:.4f} ms',
-      flush=True)
+print(f'micro bias_gelu xla: fwd {xla_f:.4f} ms, fwd+bwd {xla_fb:.4f} ms, '
+      f'with c_fc matmul fwd+bwd {xla_mm:.4f} ms', flush=True)
 best_f = None
 for rows, cols, warps in [(8, 512, 4), (16, 256, 4), (4, 1024, 4), (16, 512, 8), (32, 256, 8), (8, 1024, 8)]:
     configure(bg, FORWARD_ROWS=rows, FORWARD_COLS=cols, FORWARD_WARPS=warps)
     ms = timed(jax.jit(lambda *a: bg.bias_gelu(*a)), pre, b)
-    print(f'micro bias_gelu pallas fwd rows {rows} cols {cols} warps {warps}: {ms:.4f} ms ({xla_f / ms:.2f}x xla)',
-          flush=True)
+    print(f'micro bias_gelu pallas fwd rows {rows} cols {cols} warps {warps}: {ms:.4f} ms '
+          f'({xla_f / ms:.2f}x xla)', flush=True)
     if best_f is None or ms < best_f[0]:
         best_f = (ms, rows, cols, warps)
 configure(bg, FORWARD_ROWS=best_f[1], FORWARD_COLS=best_f[2], FORWARD_WARPS=best_f[3])
@@ -181,18 +188,25 @@ configure(bg, BACKWARD_ROWS=best_fb[1], BACKWARD_COLS=best_fb[2], BACKWARD_GROUP
           BACKWARD_WARPS=best_fb[4])
 mm = timed(with_matmul(bg.bias_gelu), xin, w, b, dout)
 run = grads_of(bg.bias_gelu)
-print(f'micro bias_gelu best: fwd {best_f[0]:.4f} ms (rows, cols, warps {best_f[1:]}), fwd+bwd {best_fb[0]:.4f} ms '
-      f'(rows, cols, group, warps {best_fb[1:]}) = {xla_fb / best_fb[0]:.2f}x xla; with c_fc matmul {mm:.4f} ms '
-      f'= {xla_mm / mm:.2f}x xla; bitwise repeat {same_bits(run(pre, b, dout), run(pre, b, dout))}', flush=True)
+print(f'micro bias_gelu best: fwd {best_f[0]:.4f} ms (rows, cols, warps {best_f[1:]}), '
+      f'fwd+bwd {best_fb[0]:.4f} ms (rows, cols, group, warps {best_fb[1:]}) = '
+      f'{xla_fb / best_fb[0]:.2f}x xla; with c_fc matmul {mm:.4f} ms = {xla_mm / mm:.2f}x xla; '
+      f'bitwise repeat {same_bits(run(pre, b, dout), run(pre, b, dout))}', flush=True)
 PY
+rc=$?
+if [ $rc -ne 0 ]; then
+  echo "micro FAILED (exit $rc)"; FAILED=1
+fi
 echo "micro done in $(( $(date +%s) - START )) s"
 
-python -c 'import sys; sys.path.insert(0, "."); from bench.figures import _write_shard; _write_shard()' || {
-  echo "FAILED: could not write /tmp/jaxtrain_bench/train.bin"; exit 1; }
+WRITE_SHARD='import sys; sys.path.insert(0, "."); from bench.figures import _write_shard; _write_shard()'
+if ! "$PYTHON" -c "$WRITE_SHARD"; then
+  echo "FAILED: could not write /tmp/jaxtrain_bench/train.bin"; exit 1
+fi
 
 # median step_ms from step 11 on, the last loss, from a run's metrics.jsonl
 summary() {
-  python - "$1" <<'PY'
+  "$PYTHON" - "$1" <<'PY'
 import json, statistics, sys
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
 steps = {r['step']: r for r in rows if 'step_ms' in r and 'loss' in r}
@@ -205,14 +219,19 @@ PY
 
 loop() {  # loop NAME DETERMINISTIC FUSED
   local name=$1 began=$(date +%s)
-  python -m jaxtrain.main "${MODEL[@]}" --dtype bfloat16 --scan_layers false --sample_every 0 \
+  "$PYTHON" -m jaxtrain.main "${MODEL[@]}" --dtype bfloat16 --scan_layers false --sample_every 0 \
     --deterministic "$2" --fused_kernels "$3" --input_bin /tmp/jaxtrain_bench/train.bin \
     --num_iteration "$STEPS" --metrics_dir "$OUT/$name" > "$OUT/$name.txt" 2>&1
   local rc=$?
   if [ $rc -ne 0 ] || [ ! -s "$OUT/$name/metrics.jsonl" ]; then
-    echo "loop $name: FAILED (exit $rc); last lines of $OUT/$name.txt:"; tail -5 "$OUT/$name.txt"; return
+    echo "loop $name: FAILED (exit $rc); last lines of $OUT/$name.txt:"; tail -5 "$OUT/$name.txt"
+    FAILED=1; return
   fi
-  echo "loop $name (deterministic $2, fused_kernels $3): $(summary "$OUT/$name/metrics.jsonl"); $(( $(date +%s) - began )) s"
+  local figures
+  if ! figures=$(summary "$OUT/$name/metrics.jsonl"); then
+    echo "loop $name: FAILED (no step_ms in $OUT/$name/metrics.jsonl)"; FAILED=1; return
+  fi
+  echo "loop $name (deterministic $2, fused_kernels $3): $figures; $(( $(date +%s) - began )) s"
 }
 
 echo "== real loop ($(date +%T))"
@@ -221,3 +240,4 @@ for kind in "${KINDS[@]}"; do
   loop "$mode-$fused" "$([ "$mode" = det ] && echo true || echo false)" "$fused"
 done
 echo "== done in $(( $(date +%s) - START )) s; logs and metrics under $OUT"
+[ "$FAILED" = 0 ] || { echo "FAILED: see the lines above"; exit 1; }

@@ -1,7 +1,8 @@
 """bench/figures.py, the one benchmark entry point: a loop's figures are read from its
 metrics.jsonl as the numbers say (a file written here, with known times), a peer's from its
 median line, MFU by the log's count, the llama figure's loop runs a tiny LLaMA-3 on the shard it
-writes, the figures are listed, and an unknown figure is refused in one line."""
+writes, the fused_kernels figure refuses any failed part of its script, the figures are listed, and
+an unknown figure is refused in one line."""
 
 import importlib.util
 import json
@@ -97,6 +98,49 @@ def test_the_peers_figure_reads_all_three_peers_lines(figures, tmp_path):
     }
     written = [json.loads(line) for line in (tmp_path / 'figures.jsonl').read_text().splitlines()]
     assert [w['figure'] for w in written] == ['peers', 'loop_vs_llmc']
+
+
+# bench/fused_kernels.sh's lines as it prints them: a kernel's best, a loop that ran, one that failed.
+MICRO_BEST = 'micro add_layernorm best: fwd 0.0600 ms (rows, warps (4, 4)), fwd+bwd 0.2000 ms = 1.30x xla\n'
+LOOP_RAN = 'loop fast-all (deterministic false, fused_kernels all): median step_ms 31.000 over steps 11-60\n'
+LOOP_FAILED = 'loop det-all: FAILED (exit 1); last lines of /tmp/fused_kernels/det-all.txt:\n'
+
+
+def _fused_kernels_call(figures, tmp_path, printed: str, returncode: int):
+    """A Call whose run writes what the script would have printed and exits with returncode; it
+    keeps the env it was given."""
+
+    class Written(figures.Call):
+        def run(self, name, command, timeout=300, env=None):
+            self.env = env
+            (self.out / f'{name}.txt').write_text(' '.join(command) + '\n' + printed)
+            return figures.subprocess.CompletedProcess(command, returncode)
+
+    return Written(tmp_path, steps=20)
+
+
+def test_the_fused_kernels_figure_records_the_script_s_lines(figures, tmp_path):
+    call = _fused_kernels_call(figures, tmp_path, MICRO_BEST + 'micro done in 9 s\n' + LOOP_RAN, 0)
+    figures.fused_kernels(call)
+    assert call.found['fused_kernels'] == {'line 1': MICRO_BEST.strip(), 'line 2': LOOP_RAN.strip()}
+    assert call.env == {'PYTHON': figures.sys.executable}  # the script runs this interpreter
+
+
+@pytest.mark.parametrize(
+    'printed, returncode, why',
+    [
+        (MICRO_BEST + LOOP_RAN + LOOP_FAILED, 0, 'det-all: FAILED'),  # a failed loop still starts 'loop '
+        (MICRO_BEST + LOOP_RAN + LOOP_FAILED + 'FAILED: see the lines above\n', 1, 'exit 1'),
+        ('micro FAILED (exit 1)\n' + LOOP_RAN, 0, 'micro FAILED'),  # the micro-benchmark crashed
+        (MICRO_BEST + LOOP_RAN, 1, 'exit 1'),
+        (MICRO_BEST, 0, 'exit 0'),  # no loop line at all
+    ],
+)
+def test_the_fused_kernels_figure_refuses_a_failure(figures, tmp_path, printed, returncode, why):
+    call = _fused_kernels_call(figures, tmp_path, printed, returncode)
+    with pytest.raises(RuntimeError, match=why):
+        figures.fused_kernels(call)
+    assert 'fused_kernels' not in call.found
 
 
 @pytest.mark.slow
