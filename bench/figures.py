@@ -231,12 +231,18 @@ PLAIN_JAX = 'plain JAX step'  # plain_jax_step.py's line starts at 'B=', with no
 
 def peer_steps(lines: list[str]) -> dict[str, float]:
     """Each peer's median ms/step, by name, from lines '<name> B=<B> [<variant>] median <ms> ms/step
-    ...' (run_peers.sh's) or 'B=<B> <variant> median <ms> ms/step ...' (plain_jax_step.py's)."""
+    ...' (run_peers.sh's) or 'B=<B> <variant> median <ms> ms/step ...' (plain_jax_step.py's); other
+    lines, such as a log line that happens to say 'median' and 'ms/step', are skipped."""
     found = {}
     for line in lines:
         if ' median ' not in line or 'ms/step' not in line:
             continue
-        name, rest = ('', line) if line.startswith('B=') else line.split(' B=', 1)
+        if line.startswith('B='):
+            name, rest = '', line
+        elif ' B=' in line:
+            name, rest = line.split(' B=', 1)
+        else:
+            continue
         found[name or PLAIN_JAX] = float(rest.split(' median ')[1].split()[0])
     return found
 

@@ -100,6 +100,15 @@ def test_the_peers_figure_reads_all_three_peers_lines(figures, tmp_path):
     assert [w['figure'] for w in written] == ['peers', 'loop_vs_llmc']
 
 
+def test_a_median_line_without_a_batch_is_not_a_peer_s(figures):
+    lines = [
+        'llm.c+cuDNN B=16 median 32.62 ms/step 502269 tok/s',
+        'warm-up done; median of 10 ms/step so far',  # says 'median' and 'ms/step', names no B=
+        'B=16 unrolled median 35.79 ms/step  457,746 tok/s  loss 7.8277',
+    ]
+    assert figures.peer_steps(lines) == {'llm.c+cuDNN': 32.62, figures.PLAIN_JAX: 35.79}
+
+
 # bench/fused_kernels.sh's lines as it prints them: a kernel's best, a loop that ran, one that failed.
 MICRO_BEST = 'micro add_layernorm best: fwd 0.0600 ms (rows, warps (4, 4)), fwd+bwd 0.2000 ms = 1.30x xla\n'
 LOOP_RAN = 'loop fast-all (deterministic false, fused_kernels all): median step_ms 31.000 over steps 11-60\n'
