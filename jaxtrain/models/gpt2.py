@@ -29,7 +29,7 @@ from jaxtrain.models.gelu import gelu_tanh
 from jaxtrain.models.layer_stack import apply_blocks, stack_blocks
 from jaxtrain.models.layernorm_kernel import add_layernorm
 from jaxtrain.models.recompute import OFF, Recompute
-from jaxtrain.models.lora import linear
+from jaxtrain.models.lora import LoRALinear, linear
 from jaxtrain.models.precision_tap import tap  # no-op unless --precision_check
 from jaxtrain.models.qkv_split import split_qkv
 from jaxtrain.parallel.sequence_parallel import split_over_time  # no-op unless --sequence_parallel
@@ -119,12 +119,19 @@ class MLP(nnx.Module):
         self.c_proj = linear(
             lora, 'mlp.c_proj', 4 * C, C, kernel_init=_normal(proj_std), dtype=dtype, rngs=rngs
         )
+        if fused_gelu and isinstance(self.c_fc, LoRALinear):
+            # __call__ computes c_fc's matmul itself, from the base kernel: the adapters would be
+            # silently dropped. config/fit_checks.py refuses the flags; this guards other callers.
+            raise ValueError(
+                'fused_kernels: expected a plain mlp.c_fc with the bias_gelu kernel, found a LoRA '
+                'adapter on it; pass --fused_kernels layernorm or none'
+            )
 
     def __call__(self, x_BxTxC):
         if not self.fused_gelu:
             return self.c_proj(gelu_tanh(self.c_fc(x_BxTxC)))
         # c_fc's matmul as nnx.Linear computes it, its bias left to the kernel (which adds it
-        # in fp32: c_fc is never a LoRALinear here, config/fit_checks.py).
+        # in fp32: c_fc is never a LoRALinear here, __init__ refuses one).
         fc = self.c_fc
         x_BxTxC, kernel_Cx4C, _ = fc.promote_dtype((x_BxTxC, fc.kernel[...], None), dtype=fc.dtype)
         contract = (((x_BxTxC.ndim - 1,), (0,)), ((), ()))

@@ -1,6 +1,7 @@
 """--fused_kernels: GPT-2 with its residual adds, LayerNorms and bias + GELU as Pallas kernels
-(Pallas' interpreter on CPU) computes the loss and gradients of the model without them, and the
-key is refused where the kernels cannot run."""
+(Pallas' interpreter on CPU) computes the loss and gradients of the model without them, and the key
+is refused where the kernels cannot run (a LoRA
+adapter on c_fc by the model itself too)."""
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +13,8 @@ from trainer_runs import load_config
 
 from jaxtrain.config import fit_checks
 from jaxtrain.config.checks import check_config
-from jaxtrain.models.gpt2 import GPT2
+from jaxtrain.models.gpt2 import GPT2, MLP
+from jaxtrain.models.lora import LoRASpec
 
 CONFIG = tiny_config('gpt2', max_seq_len=16, vocab_size=50, padded_vocab_size=64, channels=16)
 
@@ -70,6 +72,17 @@ def test_the_loss_and_gradients_are_the_unfused_models(fused, dtype, scan, loss_
         np.testing.assert_allclose(
             np.asarray(got), np.asarray(want), atol=grad_tol * scale, err_msg=str(name[0])
         )
+
+
+def test_the_model_refuses_a_lora_c_fc_with_the_bias_gelu_kernel():
+    """The kernel path computes c_fc's matmul from the base kernel alone: adapters on c_fc would
+    be dropped without a word, so the model refuses them (adapters elsewhere are kept)."""
+    lora = LoRASpec(rank=2, alpha=4.0, targets=('c_fc',), modules=('mlp.c_fc',))
+    with pytest.raises(ValueError, match='fused_kernels: expected a plain mlp.c_fc'):
+        MLP(CONFIG, jnp.float32, nnx.Rngs(0), lora=lora, fused_gelu=True)
+    MLP(CONFIG, jnp.float32, nnx.Rngs(0), lora=lora, fused_gelu=False)
+    other = LoRASpec(rank=2, alpha=4.0, targets=('c_proj',), modules=('mlp.c_proj',))
+    MLP(CONFIG, jnp.float32, nnx.Rngs(0), lora=other, fused_gelu=True)
 
 
 @pytest.mark.parametrize(
