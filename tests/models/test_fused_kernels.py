@@ -1,6 +1,6 @@
 """--fused_kernels: GPT-2 with its residual adds, LayerNorms and bias + GELU as Pallas kernels
-(Pallas' interpreter on CPU) computes the loss and gradients of the model without them, and the key
-is refused where the kernels cannot run (a LoRA
+(Pallas' interpreter on CPU) computes the loss and gradients of the model without them, the key
+reaches the model through setup_model, and it is refused where the kernels cannot run (a LoRA
 adapter on c_fc by the model itself too)."""
 
 import jax
@@ -13,8 +13,10 @@ from trainer_runs import load_config
 
 from jaxtrain.config import fit_checks
 from jaxtrain.config.checks import check_config
+from jaxtrain.models import gpt2
 from jaxtrain.models.gpt2 import GPT2, MLP
 from jaxtrain.models.lora import LoRASpec
+from jaxtrain.models.setup import setup_model
 
 CONFIG = tiny_config('gpt2', max_seq_len=16, vocab_size=50, padded_vocab_size=64, channels=16)
 
@@ -72,6 +74,40 @@ def test_the_loss_and_gradients_are_the_unfused_models(fused, dtype, scan, loss_
         np.testing.assert_allclose(
             np.asarray(got), np.asarray(want), atol=grad_tol * scale, err_msg=str(name[0])
         )
+
+
+@pytest.mark.parametrize('scan', [False, True], ids=['unrolled', 'scanned'])
+def test_setup_model_builds_the_fused_model_from_the_config(scan, monkeypatch):
+    """The real path, config to model: fused_kernels 'all' gives the 'none' model's loss, and
+    through the kernels (counted where gpt2.py calls them), so a setup that dropped the key fails."""
+    monkeypatch.setenv(fit_checks.INTERPRET_ENV, '1')  # the kernels on CPU, through the interpreter
+    calls = {'add_layernorm': 0, 'bias_gelu': 0}
+
+    def counted(name, kernel):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return kernel(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(gpt2, 'add_layernorm', counted('add_layernorm', gpt2.add_layernorm))
+    monkeypatch.setattr(gpt2, 'bias_gelu', counted('bias_gelu', gpt2.bias_gelu))
+    tokens = jnp.asarray(np.random.default_rng(2).integers(0, 50257, (2, 17)))
+
+    def loss_of(fused):
+        config = load_config('gpt2', fused_kernels=fused, scan_layers=scan)
+        check_config(config)
+        setup = setup_model(config)
+        model = nnx.merge(setup.graphdef, nnx.State(jax.tree.map(jnp.asarray, setup.params)))
+        logits = jax.jit(lambda t: model(t).astype(jnp.float32))(tokens[:, :-1])
+        logp = jax.nn.log_softmax(logits[..., :50257])
+        return float(-jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)))
+
+    want = loss_of('none')
+    assert calls == {'add_layernorm': 0, 'bias_gelu': 0}
+    got = loss_of('all')
+    assert calls['add_layernorm'] > 0 and calls['bias_gelu'] > 0
+    assert got == pytest.approx(want, rel=1e-6)
 
 
 def test_the_model_refuses_a_lora_c_fc_with_the_bias_gelu_kernel():
