@@ -28,7 +28,7 @@ import time
 import jax
 import numpy as np
 
-from jaxtrain.models.decode import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, Decoder
+from jaxtrain.models.decode import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DecodeOptions, Decoder
 
 # Folded into the training rng first, so that the sampling keys are a stream of their own.
 SAMPLE_STREAM = 0x5A3D1E
@@ -96,8 +96,17 @@ class TrainingSampler:
             raise ValueError(
                 f'text_length: expected at least 2 (the start token and one more), found {length}'
             )
+        # The decoder's layers as the run's: a scan_layers run compiles one block (CPU's default,
+        # where unrolling deep models costs seconds of compile), an unrolled run the fast straight line.
+        layers = DecodeOptions(layers='scan' if config.scan_layers else 'unrolled')
         self.decoder = Decoder(
-            graphdef, model_config, batch_size=1, length=length, top_k=DEFAULT_TOP_K, out_sharding=replicated
+            graphdef,
+            model_config,
+            batch_size=1,
+            length=length,
+            top_k=DEFAULT_TOP_K,
+            out_sharding=replicated,
+            options=layers,
         )
 
     def due(self, step: int) -> bool:

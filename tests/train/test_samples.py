@@ -1,7 +1,8 @@
 """Samples during training (train/samples.py): a run resumed from a checkpoint prints the same
 samples as the uninterrupted run; the sampled tokens are checked against the NumPy reference
 (tests/numpy_reference.py) on the checkpointed params; sample time is logged on its own; when
-samples are due; bad tokenizer files are one line before training starts."""
+samples are due; bad tokenizer files are one line before training starts; the sampler's decoder
+runs the layers as the run does (scanned or unrolled)."""
 
 import json
 import re
@@ -86,6 +87,7 @@ def _config(family='gpt2', **overrides):
         text_length=64,
         num_iteration=25,
         input_bin='x',
+        scan_layers=True,
     )
     base.update(overrides)
     base['model_family'] = family
@@ -127,6 +129,29 @@ def test_bad_tokenizer_files_are_one_line(tmp_path):
         TrainingSampler(_config(tokenizer_bin=small), graphdef, model_config, 5, True)
     with pytest.raises(ValueError, match='samples start from EOT 50256, which a vocab_size of 512 lacks'):
         TrainingSampler(_config(), graphdef, model_config, 5, True)
+
+
+def test_the_sampler_decodes_the_layers_as_the_run_runs_them(tmp_path):
+    """A scan_layers run samples with the layers in a scan (one block compiled), an unrolled run
+    unrolled; the tokens are the same either way."""
+    import llmc_io
+    from flax import nnx
+
+    from jaxtrain.models.gpt2 import GPT2, GPT2Config
+
+    header, params = llmc_io.load_model(tiny_llmc_model(tmp_path / 'model.bin'))
+    fields = GPT2Config.__dataclass_fields__
+    model_config = GPT2Config(**{k: v for k, v in vars(header).items() if k in fields})
+    graphdef, _ = nnx.split(nnx.eval_shape(lambda: GPT2(model_config, rngs=nnx.Rngs(0))), nnx.Param)
+    tokenizer = tokenizer_file(tmp_path / 'tok.bin')
+    params, key = jax.tree.map(np.asarray, params), np.array([0, 42], np.uint32)
+    tokens = {}
+    for scan in (True, False):
+        config = _config(tokenizer_bin=tokenizer, text_length=8, scan_layers=scan)
+        sampler = TrainingSampler(config, graphdef, model_config, 5, True)
+        assert sampler.decoder.options.layers == ('scan' if scan else 'unrolled')
+        tokens[scan] = sampler.sample(params, key, 5)['tokens']
+    assert tokens[True] == tokens[False] and len(tokens[True]) == 8
 
 
 @pytest.mark.parametrize('family', ['gpt2', 'llama3'])
