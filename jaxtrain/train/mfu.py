@@ -22,8 +22,8 @@ from __future__ import annotations
 # so the longer names come first.
 PEAK_TFLOPS = (
     ('H100 PCIe', (756.0, 378.0)),
+    ('GH200', (989.4, 494.7)),  # before 'H200', which its name contains
     ('H200', (989.4, 494.7)),
-    ('GH200', (989.4, 494.7)),
     ('H100', (989.4, 494.7)),
     ('H800', (989.4, 494.7)),
     ('B200', (2250.0, 1100.0)),
@@ -53,14 +53,23 @@ def training_flops_per_token(family: str, model_config, seq_len: int) -> int:
     return 6 * non_embedding_parameters(family, model_config) + 12 * L * seq_len * C
 
 
+def peak_row(device_kind: str) -> str | None:
+    """The PEAK_TFLOPS name that device_kind matches (the first it contains); None if none."""
+    for name, _ in PEAK_TFLOPS:
+        if name.lower() in device_kind.lower():
+            return name
+    return None
+
+
 def peak_flops_per_device(device_kind: str, dtype: str, override_tflops: float = 0.0) -> float | None:
     """FLOP/s of one device: --peak_tflops when given, else the table's; None when not known."""
     if override_tflops > 0:
         return override_tflops * 1e12
-    for name, (bf16, fp32) in PEAK_TFLOPS:
-        if name.lower() in device_kind.lower():
-            return (bf16 if dtype == 'bfloat16' else fp32) * 1e12
-    return None
+    name = peak_row(device_kind)
+    if name is None:
+        return None
+    bf16, fp32 = dict(PEAK_TFLOPS)[name]
+    return (bf16 if dtype == 'bfloat16' else fp32) * 1e12
 
 
 class MFUMeter:

@@ -18,7 +18,13 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from jaxtrain.train.mfu import MFUMeter, peak_flops_per_device, training_flops_per_token
+from jaxtrain.train.mfu import (
+    PEAK_TFLOPS,
+    MFUMeter,
+    peak_flops_per_device,
+    peak_row,
+    training_flops_per_token,
+)
 from jaxtrain.train.progress import Progress
 from trainer_runs import load_config, random_shard, train
 
@@ -87,6 +93,15 @@ def test_flops_per_token_and_peaks():
     ]
     assert peak_flops_per_device('cpu', 'bfloat16') is None
     assert peak_flops_per_device('cpu', 'float32', override_tflops=2.5) == 2.5e12
+
+
+def test_each_device_picks_its_own_row_of_the_peaks():
+    # jax's device_kind names the whole part: a GH200 contains 'H200', an L40S 'L40' and 'L4'.
+    assert peak_row('NVIDIA GH200 480GB') == 'GH200'
+    assert peak_row('NVIDIA H200') == 'H200'
+    for name, _ in PEAK_TFLOPS:
+        assert peak_row(f'NVIDIA {name} 80GB') == name
+    assert peak_row('cpu') is None
 
 
 def test_mfu_of_a_step_on_an_h200():
