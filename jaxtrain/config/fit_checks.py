@@ -28,12 +28,13 @@ def check_fit(config) -> None:
     if config.sequence_parallel and config.sequence_length % sizes['tensor']:
         raise ValueError(
             f"sequence_length: expected a multiple of the tensor size {sizes['tensor']} with "
-            f'sequence_parallel, found {config.sequence_length}'
+            f'sequence_parallel, found {config.sequence_length}; pass a --sequence_length that '
+            f"{sizes['tensor']} divides, or a smaller --mesh_tensor"
         )
     if config.sequence_length > model_config.max_seq_len:
         raise ValueError(
             f'sequence_length: expected at most the model max_seq_len {model_config.max_seq_len}, '
-            f'found {config.sequence_length}'
+            f'found {config.sequence_length}; pass --sequence_length {model_config.max_seq_len} or less'
         )
     stages = sizes[mesh_lib.PIPELINE]
     if stages > 1:  # the pipeline's schedule (train/pipeline.py) has none of these yet
@@ -67,7 +68,7 @@ def check_fused_kernels(config, devices) -> None:
     if config.model_family != 'gpt2':
         raise ValueError(
             f"fused_kernels: expected none for {config.model_family} (the kernels are GPT-2's), found "
-            f'{config.fused_kernels}'
+            f'{config.fused_kernels}; pass --fused_kernels none'
         )
     if len(devices) != 1:
         raise ValueError(
@@ -94,7 +95,10 @@ def check_fused_kernels(config, devices) -> None:
 def check_pipeline(num_layers: int, stages: int, virtual: int, microbatches: int) -> None:
     """Refuses a pipeline the schedule (train/pipeline.py) cannot run, in one line naming the flag."""
     if virtual < 1:
-        raise ValueError(f'virtual_pipeline_parallel: expected a positive number of chunks, found {virtual}')
+        raise ValueError(
+            f'virtual_pipeline_parallel: expected a positive number of chunks, found {virtual}; '
+            'pass 1 or more'
+        )
     if stages == 1 and virtual > 1:
         raise ValueError(
             f'virtual_pipeline_parallel: expected 1 without pipeline stages (pipeline_parallel 1), found '

@@ -28,13 +28,15 @@ def files(tmp_path_factory):
     [
         (
             dict(sequence_length=256, total_batch_size=1024),
-            'sequence_length: expected at most the model max_seq_len 128',
+            'sequence_length: expected at most the model max_seq_len 128, found 256; '
+            'pass --sequence_length 128 or less',
         ),
         (
             dict(
                 num_devices=2, mesh_tensor=2, sequence_parallel=True, sequence_length=63, total_batch_size=252
             ),
-            'sequence_length: expected a multiple of the tensor size 2 with sequence_parallel, found 63',
+            'sequence_length: expected a multiple of the tensor size 2 with sequence_parallel, found 63; '
+            'pass a --sequence_length that 2 divides, or a smaller --mesh_tensor',
         ),
         (
             dict(num_devices=2, pipeline_parallel=2, zero_stage=1, total_batch_size=512),
@@ -73,8 +75,8 @@ def test_a_run_that_does_not_fit_creates_nothing(files, tmp_path):
         1,
     )
     assert result.code == 1 and result.error_lines == [
-        'error: sequence_length: expected at most the model max_seq_len 128, found 256 '
-        '(ValueError; --verbose for a traceback)'
+        'error: sequence_length: expected at most the model max_seq_len 128, found 256; '
+        'pass --sequence_length 128 or less (ValueError; --verbose for a traceback)'
     ]
     assert not metrics.exists() and not checkpoints.exists()
 
@@ -93,3 +95,12 @@ def test_train_does_not_validate():
         )
     ]
     assert callers == []
+
+
+def test_a_pipeline_of_no_chunks_is_refused_with_a_remedy():
+    from jaxtrain.config.fit_checks import check_pipeline
+
+    want = 'virtual_pipeline_parallel: expected a positive number of chunks, found 0; pass 1 or more'
+    with pytest.raises(ValueError) as error:
+        check_pipeline(num_layers=4, stages=1, virtual=0, microbatches=1)
+    assert str(error.value) == want

@@ -141,7 +141,10 @@ def test_refused_where_the_kernels_cannot_run(keys, message, monkeypatch):
 
 
 def test_refused_for_llama3_and_a_typo():
-    with pytest.raises(ValueError, match="fused_kernels: expected none for llama3 .*found layernorm"):
+    with pytest.raises(
+        ValueError,
+        match="fused_kernels: expected none for llama3 .*found layernorm; pass --fused_kernels none$",
+    ):
         check_config(load_config('llama3', fused_kernels='layernorm'))
     with pytest.raises(
         ValueError, match="fused_kernels: expected one of none, layernorm, bias_gelu, all; found 'yes'"
