@@ -180,7 +180,9 @@ def _train(config, log: RunLog) -> int:
             log.info(f'data: epoch {epoch} begins (the stream wrapped to its start after step {done})')
 
     progress = Progress(step, config.num_iteration, geometry.tokens_per_step, log.info)  # + compiling line
-    saver.prepare(state)
+    saves_line = saver.prepare(state)
+    if saves_line:
+        log.info(saves_line)
     try:
         batch = device_batch(data_position) if step < config.num_iteration else None
         while step < config.num_iteration:

@@ -128,10 +128,12 @@ class RunSaver:
         )
         return scheduled or stopping
 
-    def prepare(self, state):
-        """Before step 1: the snapshot's program compiles in the background (Checkpointer.prepare)."""
+    def prepare(self, state) -> str | None:
+        """Before step 1: the snapshot's program compiles in the background (Checkpointer.prepare).
+        Returns the checkpointer's start line (what it pinned for the saves), or None."""
         if self.saving:
-            self.checkpointer.prepare(*self._saved_parts(state))
+            return self.checkpointer.prepare(*self._saved_parts(state))
+        return None
 
     def snapshot(self, state):
         """The save's first half, which the loop calls before it waits for the step: the state

@@ -119,6 +119,39 @@ def test_two_stage_save_from_a_prepared_program_keeps_the_snapshot_time_values(t
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize('pinned_s', [0.72, 0.0])
+def test_prepare_grows_the_pinned_pool_with_the_saved_items(tmp_path, monkeypatch, pinned_s):
+    """prepare() hands grow_pinned_host_pool every array a save copies (params, the optimizer
+    state, the rng), and returns the start line that says so; no line where nothing was pinned
+    (a CPU, where the real function returns 0.0)."""
+    grown = []
+
+    def grow(tree):
+        grown.append(tree)
+        return pinned_s
+
+    monkeypatch.setattr(ckpt_manager, 'grow_pinned_host_pool', grow)
+    _, params, opt_state = _state()
+    checkpointer = ckpt_manager.Checkpointer(str(tmp_path), keep_latest=0, keep_every=0)
+    line = checkpointer.prepare(params, opt_state, RNG)
+    checkpointer.close()
+    (tree,) = grown
+    assert set(tree) == {'params', 'opt_state', 'rng'}
+    for got, want in zip(
+        jax.tree.leaves((tree['params'], tree['opt_state'])), jax.tree.leaves((params, opt_state))
+    ):
+        assert got is want  # the live arrays themselves, as a save copies them
+    np.testing.assert_array_equal(tree['rng'], RNG)
+    # 16 fp32 params, Adam's two moments of them and its int32 count, the rng's two uint32 words.
+    nbytes = 16 * 4 * 3 + 4 + 2 * 4
+    if pinned_s:
+        assert (
+            line == f'saves: pinned {nbytes / 2**30:.2f} GiB of host memory for checkpoint copies in 0.72 s'
+        )
+    else:
+        assert line is None
+
+
 def test_a_snapshot_never_saved_writes_nothing(tmp_path):
     # A step found non-finite after its snapshot was taken: the run stops, the copy is dropped.
     _, params, opt_state = _state()

@@ -1,10 +1,12 @@
 """The banner names where the weights come from: the random init (with its seed) or the
 llm.c file on a fresh start, the checkpoint after a resume; it names the optimizer, its betas,
-weight decay and schedule; config.json beside metrics.jsonl records the whole resolved run."""
+weight decay and schedule; config.json beside metrics.jsonl records the whole resolved run; a
+run that pinned host memory for its saves says so once among its start lines."""
 
 import json
 
 from jaxtrain.checkpoint import layout
+from jaxtrain.checkpoint import manager as ckpt_manager
 from trainer_runs import load_config, random_shard, tiny_llmc_model, train
 
 
@@ -22,12 +24,31 @@ def test_banner_names_the_checkpoint_after_a_resume(tmp_path):
     code, _, out = train(load_config('gpt2', num_iteration=1, save_steps=1, **files))
     assert code == 0, out
     assert _model_line(out).endswith(f"weights: llm.c file {files['llmc_filepath']}")
+    assert 'saves: pinned' not in out  # a CPU run pins nothing
     step_dir = (tmp_path / 'ck').absolute() / layout.step_dir_name(1)
     code, _, out = train(load_config('gpt2', num_iteration=2, save_steps=1, resume_from='latest', **files))
     assert code == 0, out
     line = _model_line(out)
     assert line.endswith(f'weights: checkpoint {step_dir}'), line
     assert 'random init' not in line and files['llmc_filepath'] not in line
+
+
+def test_a_run_that_pinned_memory_for_its_saves_says_so_once(tmp_path, monkeypatch):
+    """Where Checkpointer.prepare pinned host memory (a GPU: 0.72 s here, given), the run prints
+    what and how long among its start lines, before step 1."""
+    monkeypatch.setattr(ckpt_manager, 'grow_pinned_host_pool', lambda tree: 0.72)
+    files = dict(
+        input_bin=random_shard(tmp_path / 'train.bin'),
+        llmc_filepath=tiny_llmc_model(tmp_path / 'model.bin'),
+        checkpoint_dir=str(tmp_path / 'ck'),
+    )
+    code, _, out = train(load_config('gpt2', num_iteration=2, save_steps=1, **files))
+    assert code == 0, out
+    lines = out.splitlines()
+    [pinned] = [i for i, line in enumerate(lines) if line.startswith('saves: pinned ')]
+    assert lines[pinned].endswith(' GiB of host memory for checkpoint copies in 0.72 s'), lines[pinned]
+    first_step = next(i for i, line in enumerate(lines) if line.startswith('step '))
+    assert pinned < first_step
 
 
 def test_banner_names_the_seed_of_a_random_init(tmp_path):
