@@ -36,17 +36,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # numpy_reference, tra
 @pytest.fixture(autouse=True)
 def _xla_optimized(request):
     """For a test marked xla_optimized: XLA's optimizations on, and no program compiled without
-    them taken from JAX's in-memory caches."""
+    them taken from JAX's in-memory caches. Module-scoped fixtures have compiled before this
+    runs, so what such a test compares against is what they built unoptimized."""
     if request.node.get_closest_marker('xla_optimized') is None:
         yield
         return
     import jax
 
+    before = jax.config.read('jax_disable_most_optimizations')
     jax.clear_caches()
     jax.config.update('jax_disable_most_optimizations', False)
     try:
         yield
     finally:
-        unoptimized = os.environ['JAX_DISABLE_MOST_OPTIMIZATIONS'] == '1'
-        jax.config.update('jax_disable_most_optimizations', unoptimized)
+        jax.config.update('jax_disable_most_optimizations', before)
         jax.clear_caches()

@@ -10,7 +10,7 @@ block: compile seconds, median ms/step, tokens/s, MFU, peak device memory, the f
 last timed loss. The command above is the shape of the GPU figures in BENCHMARKS.md
 (GPT-2 124M, bf16, batch 16 x 1024; llm.c's CUDA trainer runs it at about 471K tokens/s on an H200).
 
-MFU is the training log's (train/mfu.py, docs/dashboards.md): (6·N + 12·L·T·C) FLOPs per token,
+MFU is the training log's (docs/dashboards.md): (6·N + 12·L·T·C) FLOPs per token,
 N without the input embedding, x tokens/s / (devices x the data sheet's dense peak for the dtype:
 989.4 TFLOP/s bf16 on an H200), so that it compares with the published MFU of other trainers. A
 device not in the table (a CPU) has none unless --peak_tflops is given. Beside it, a bf16 matmul
