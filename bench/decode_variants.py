@@ -111,7 +111,7 @@ def measure(args, flags: str, variants: list[str]) -> int:
                 'variant': name,
                 'batch': batch,
                 'tokens_per_s': round(batch * args.new_tokens / seconds, 1),
-                'ms_per_token': round(1e3 * seconds / args.new_tokens, 4),
+                'ms_per_position': round(1e3 * seconds / args.new_tokens, 4),
                 'seconds': seconds,  # the median of runs_s
                 'runs_s': times,
                 'compile_s': round(decoder.compile_seconds, 1),
@@ -120,7 +120,7 @@ def measure(args, flags: str, variants: list[str]) -> int:
             }
             print(
                 f'decode {flags:20s} {name:16s} batch {batch:3d}: {row["tokens_per_s"]:>10,.0f} tok/s '
-                f'({row["ms_per_token"]:.3f} ms/position; runs {", ".join(f"{t:.3f}" for t in times)} s; '
+                f'({row["ms_per_position"]:.3f} ms/position; runs {", ".join(f"{t:.3f}" for t in times)} s; '
                 f'compile {row["compile_s"]} s; {time.perf_counter() - began:.0f} s in all)'
                 + ('' if same else '  TOKENS DIFFER from the first variant'),
                 flush=True,

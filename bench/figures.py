@@ -493,7 +493,7 @@ def decode(call: Call) -> None:
             )
         timing = json.loads(result.read_text())
         values[f'batch {batch} tok/s'] = round(timing['tokens_per_s'])
-        values[f'batch {batch} ms/token'] = round(timing['ms_per_new_token'], 3)
+        values[f'batch {batch} ms/position'] = round(timing['ms_per_position'], 3)
     call.record('decode', values)
 
 

@@ -278,7 +278,7 @@ def run(args) -> int:
             'new_tokens': new_tokens,
             'seconds': seconds,
             'tokens_per_s': new_tokens / seconds,
-            'ms_per_new_token': 1e3 * seconds / args.max_new_tokens,
+            'ms_per_position': 1e3 * seconds / args.max_new_tokens,  # a loop step, all rows
             'compile_s': compile_seconds,
             'warmup_runs': args.warmup_runs,
             'dtype': args.dtype,

@@ -62,7 +62,7 @@ def test_the_decode_figure_reads_generates_json(tmp_path, capsys):
         commands.append(command)
         batch = int(command[command.index('--num_samples') + 1])
         seconds = 0.05 * (1 + batch / 16)
-        timing = {'tokens_per_s': batch * 256 / seconds, 'ms_per_new_token': 1e3 * seconds / 256}
+        timing = {'tokens_per_s': batch * 256 / seconds, 'ms_per_position': 1e3 * seconds / 256}
         Path(command[command.index('--json') + 1]).write_text(json.dumps(timing))
         return subprocess.CompletedProcess(command, 0)
 
@@ -70,9 +70,9 @@ def test_the_decode_figure_reads_generates_json(tmp_path, capsys):
     figures.decode(call)
     assert call.found['decode'] == {
         'batch 1 tok/s': 4819,
-        'batch 1 ms/token': 0.208,
+        'batch 1 ms/position': 0.208,
         'batch 16 tok/s': 40960,
-        'batch 16 ms/token': 0.391,
+        'batch 16 ms/position': 0.391,
     }
     assert all(c[1:3] == ['-m', 'jaxtrain.generate'] for c in commands)
     assert [c[c.index('--num_samples') + 1] for c in commands] == ['1', '16']

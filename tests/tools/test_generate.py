@@ -99,24 +99,39 @@ def test_builtin_tokenizer_and_sampling(model_files, capsys):
     assert out.split('--- sample 1/1\n')[1].startswith('def ')
 
 
-def test_json_holds_the_timing_of_the_run_after_the_warmup(model_files, capsys, tmp_path):
+@pytest.mark.parametrize('warmup_runs', [1, 2])
+def test_json_holds_the_timing_of_the_run_after_the_warmup(
+    model_files, capsys, tmp_path, monkeypatch, warmup_runs
+):
+    from jaxtrain.models.decode import Decoder
+
+    timed_calls = []
+    real_timed = Decoder.timed
+
+    def counted(self, *args, **kwargs):
+        timed_calls.append(args)
+        return real_timed(self, *args, **kwargs)
+
+    monkeypatch.setattr(Decoder, 'timed', counted)
     root, _ = model_files
     out_json = tmp_path / 'timing.json'
     code, out, err = _run(
         capsys,
         *('--llmc_filepath', root / 'model.bin', '--max_new_tokens', 4, '--num_samples', 3),
-        *('--warmup_runs', 1, '--json', out_json),
+        *('--warmup_runs', warmup_runs, '--json', out_json),
     )
     assert code == 0, err
+    assert len(timed_calls) == warmup_runs + 1  # the warm-ups, then the run that is timed
     timing = json.loads(out_json.read_text())
     assert (timing['family'], timing['batch'], timing['new_tokens'], timing['warmup_runs']) == (
         'gpt2',
         3,
         12,
-        1,
+        warmup_runs,
     )
     assert timing['tokens_per_s'] == pytest.approx(12 / timing['seconds'])
-    assert timing['ms_per_new_token'] == pytest.approx(1e3 * timing['seconds'] / 4)
+    # A position is a step of the loop, every row's token at once: 4 of them, not 12 tokens.
+    assert timing['ms_per_position'] == pytest.approx(1e3 * timing['seconds'] / 4)
     assert timing['compile_s'] > 0 and timing['platform'] == 'cpu'
     printed = re.search(r'decoded 12 new tokens in [\d.]+ s: ([\d,.]+) tokens/s', out).group(1)
     assert float(printed.replace(',', '')) == pytest.approx(timing['tokens_per_s'], abs=0.06)
