@@ -13,6 +13,10 @@ from jaxtrain.models.llama3 import LLaMA3
 from test_models import GPT2_SMALL, LLAMA_SMALL, _logits, _model_and_params
 
 FAMILIES = [(GPT2, GPT2_SMALL), (LLaMA3, LLAMA_SMALL)]
+# One length (the models' whole context) and few (batch size, top_k) pairs across the tests: each new
+# combination is a decoder and a full forward pass to compile, most of this file's time.
+LENGTH = GPT2_SMALL.max_seq_len
+assert LLAMA_SMALL.max_seq_len == LENGTH
 
 
 def _full_forward_greedy(graphdef, params, config, prompt, length):
@@ -32,11 +36,11 @@ def _full_forward_greedy(graphdef, params, config, prompt, length):
 @pytest.mark.parametrize('cls, config', FAMILIES, ids=['gpt2', 'llama3'])
 def test_greedy_equals_full_forward_argmax_and_compiles_once(cls, config):
     graphdef, params = _model_and_params(cls, config, seed=3)
-    decoder = Decoder(graphdef, config, batch_size=2, length=config.max_seq_len, top_k=0)
+    decoder = Decoder(graphdef, config, batch_size=2, length=LENGTH, top_k=0)
     for prompt in ([1], [5, 7, 2]):
         got = decoder(params, prompt, jax.random.key(0), temperature=0.0)
-        expected = _full_forward_greedy(graphdef, params, config, prompt, config.max_seq_len)
-        assert got.shape == (2, config.max_seq_len)
+        expected = _full_forward_greedy(graphdef, params, config, prompt, LENGTH)
+        assert got.shape == (2, LENGTH)
         assert got[0].tolist() == expected and got[1].tolist() == expected
     # Another prompt length, seed and temperature reuse the first trace: nothing per token or per call.
     decoder(params, [3, 3, 3, 3], jax.random.key(9), temperature=0.7)
@@ -46,15 +50,15 @@ def test_greedy_equals_full_forward_argmax_and_compiles_once(cls, config):
 @pytest.mark.parametrize('cls, config', FAMILIES, ids=['gpt2', 'llama3'])
 def test_top_k_samples_stay_in_the_full_forward_top_k(cls, config):
     graphdef, params = _model_and_params(cls, config, seed=4)
-    k = 3
-    decoder = Decoder(graphdef, config, batch_size=4, length=12, top_k=k)
+    k = 5  # the sampling decoder of the variants' test below: one compile for both
+    decoder = Decoder(graphdef, config, batch_size=3, length=LENGTH, top_k=k)
     prompt = [2, 9]
     tokens = decoder(params, prompt, jax.random.key(1), temperature=1.0)
     assert (tokens[:, :2] == prompt).all()
     logits = _logits(graphdef, params, tokens)[..., : config.vocab_size]  # teacher-forced on the samples
-    for t in range(len(prompt), 12):
+    for t in range(len(prompt), LENGTH):
         top = np.argsort(logits[:, t - 1], axis=-1)[:, -k:]
-        assert all(tokens[b, t] in top[b] for b in range(4))
+        assert all(tokens[b, t] in top[b] for b in range(3))
     # Rows differ (each its own draw), and a seed repeats exactly.
     assert len({tuple(row) for row in tokens.tolist()}) > 1
     np.testing.assert_array_equal(tokens, decoder(params, prompt, jax.random.key(1), temperature=1.0))
@@ -88,7 +92,7 @@ def test_every_variant_decodes_greedy_as_the_full_forward_and_samples_as_the_def
     """Greedy tokens equal the full forward pass's argmax in every row; sampled tokens (top-k, rows
     differing) equal the default decoder's for the same key, so no variant changes the tokens."""
     graphdef, params = _model_and_params(cls, config, seed=6)
-    length, prompt = 11, [4, 1, 6]
+    length, prompt = LENGTH, [4, 1, 6]
     decoder = Decoder(graphdef, config, batch_size=3, length=length, top_k=5, options=VARIANTS[variant])
     expected = _full_forward_greedy(graphdef, params, config, prompt, length)
     assert decoder(params, prompt, jax.random.key(0), temperature=0.0).tolist() == [expected] * 3
@@ -101,9 +105,9 @@ def test_every_variant_decodes_greedy_as_the_full_forward_and_samples_as_the_def
 @pytest.mark.parametrize('cls, config', FAMILIES, ids=['gpt2', 'llama3'])
 def test_one_row_decodes_greedy_as_the_full_forward(cls, config):
     graphdef, params = _model_and_params(cls, config, seed=8)
-    decoder = Decoder(graphdef, config, batch_size=1, length=10, top_k=0)
+    decoder = Decoder(graphdef, config, batch_size=1, length=LENGTH, top_k=0)
     for prompt in ([2], [7, 3, 3, 1]):
-        expected = _full_forward_greedy(graphdef, params, config, prompt, 10)
+        expected = _full_forward_greedy(graphdef, params, config, prompt, LENGTH)
         assert decoder(params, prompt, jax.random.key(0), temperature=0.0).tolist() == [expected]
 
 
@@ -179,9 +183,9 @@ def test_decoding_under_the_trainers_mesh_gives_the_same_tokens():
     mesh = jax.make_mesh((2, 2, 2), ('data', 'fsdp', 'tensor'), axis_types=(AxisType.Auto,) * 3)
     placed = sharding.put_global(params, sharding.parameter_shardings(params, mesh))
     assert any('tensor' in str(leaf.sharding.spec) for leaf in jax.tree.leaves(placed))
-    plain = Decoder(graphdef, config, batch_size=2, length=10, top_k=0)
+    plain = Decoder(graphdef, config, batch_size=2, length=LENGTH, top_k=0)
     replicated = NamedSharding(mesh, P())
-    sharded = Decoder(graphdef, config, batch_size=2, length=10, top_k=0, out_sharding=replicated)
+    sharded = Decoder(graphdef, config, batch_size=2, length=LENGTH, top_k=0, out_sharding=replicated)
     np.testing.assert_array_equal(
         sharded(placed, [1, 2], jax.random.key(0), 0.0), plain(params, [1, 2], jax.random.key(0), 0.0)
     )
