@@ -124,16 +124,22 @@ def test_recompute_gives_the_same_loss_and_gradients(family, scan, plan):
     _, params = _model_and_params(cls, config)
     tokens = jnp.asarray(np.random.default_rng(3).integers(0, config.vocab_size, (2, 9)))
 
-    def loss_and_grads(recompute):
+    def loss_and_jaxpr(recompute, scan):
         model_def, _ = nnx.split(
-            cls(config, rngs=nnx.Rngs(0), scan_layers=scan, recompute=recompute), nnx.Param
+            nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0), scan_layers=scan, recompute=recompute)),
+            nnx.Param,
         )
         loss = lambda p: jnp.sum(nnx.merge(model_def, nnx.State(p))(tokens) ** 2)
-        p = jax.tree.map(jnp.asarray, params)
-        return jax.value_and_grad(loss)(p), jax.make_jaxpr(loss)(p).jaxpr
+        return loss, jax.make_jaxpr(loss)(p).jaxpr
 
-    (want_loss, want_grads), plain = loss_and_grads(Recompute())
-    (got_loss, got_grads), jaxpr = loss_and_grads(plan)
+    # Jitted, one program each: run eagerly, every op and region compiled on its own. The reference
+    # is the unrolled model without recompute for both layouts (test_models.py pins scanned to
+    # unrolled), so the families' two references compile once for the five cases.
+    p = jax.tree.map(jnp.asarray, params)
+    _, plain = loss_and_jaxpr(Recompute(), scan)
+    want_loss, want_grads = jax.jit(jax.value_and_grad(loss_and_jaxpr(Recompute(), False)[0]))(p)
+    loss, jaxpr = loss_and_jaxpr(plan, scan)
+    got_loss, got_grads = jax.jit(jax.value_and_grad(loss))(p)
     assert _count_regions(plain) == 0
     regions = _regions(config.num_layers, plan)
     if scan:  # one region per scan over groups (its body is traced once)
