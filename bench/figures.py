@@ -498,13 +498,15 @@ def decode(call: Call) -> None:
 
 
 def decode_variants(call: Call) -> None:
-    """The decoder's levers against each other (bench/decode_variants.py): a line per variant."""
+    """The decoder's levers against each other (bench/decode_variants.py): a line per variant.
+    Refused when the script failed: a process that crashed, or a variant whose tokens differ from
+    those it must equal."""
     rows_file = call.out / 'decode_variants.jsonl'
     done = call.run(
         'decode_variants', [sys.executable, 'bench/decode_variants.py', '--json', str(rows_file)], timeout=400
     )
     rows = [json.loads(line) for line in rows_file.read_text().splitlines()] if rows_file.exists() else []
-    if not rows:
+    if done.returncode or not rows:
         raise RuntimeError(f'exit {done.returncode}; see {call.out / "decode_variants.txt"}')
     call.record(
         'decode_variants',

@@ -52,7 +52,9 @@ TOP_K_METHODS = ('sort', 'select')
 
 @dataclasses.dataclass(frozen=True)
 class DecodeOptions:
-    """How the loop is compiled; each choice gives the same tokens for the same key.
+    """How the loop is compiled; each choice gives the same tokens for the same key, except that
+    in bfloat16 cast_params may round differently (XLA fuses the casts into their users
+    differently) and so sample other tokens (bench/decode_variants.py checks both).
 
     layers: 'unrolled' runs the L blocks as straight-line code, each layer's params and cache
       arrays its own; 'scan' runs one compiled block in a lax.scan over the stacked params and a
@@ -198,7 +200,8 @@ class Decoder:
     """Generates `length` positions for `batch_size` rows; compiled on first use, then reused.
     out_sharding: a replicated sharding on the params' mesh (the trainer passes its own): the prompt,
     key and temperature are placed there and the tokens come out there; None: jit's choice.
-    options: how the loop is compiled (DecodeOptions); the tokens do not depend on it.
+    options: how the loop is compiled (DecodeOptions); the tokens do not depend on it (but see
+      cast_params in bfloat16).
 
     decoder(params, prompt_ids, key, temperature) -> (B, length) int32 tokens, the prompt first.
     `trace_count` counts how often the loop body was traced (1 after any number of calls).

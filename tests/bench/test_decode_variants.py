@@ -1,7 +1,8 @@
 """bench/decode_variants.py and the decode figures of bench/figures.py: the numbers each line
-reports are those of the runs it made (a tiny GPT-2 on CPU), every variant's tokens are checked
-against the first's, a bad plan is refused in one line, and the decode figure reads generate's
---json."""
+reports are those of the runs it made (a tiny GPT-2 on CPU), a variant whose tokens differ from
+those it must equal fails the process (and only such a one: weights cast at another point may
+round differently in bf16), a bad plan is refused in one line, the decode figure reads generate's
+--json, and the decode_variants figure refuses a failed script."""
 
 import importlib.util
 import json
@@ -9,6 +10,7 @@ import statistics
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,11 +38,74 @@ def test_a_process_measures_each_variant_at_each_batch(variants, tmp_path, capsy
         ('no_graphs', name, 2) for name in ('unrolled', 'scan_nocast', 'select_u4')
     ]
     for row in rows:
-        assert row['same_tokens'] is True and len(row['runs_s']) == 3
+        assert row['same_tokens'] is True and row['compared_with'] == 'unrolled'  # fp32: one kind
+        assert len(row['runs_s']) == 3
         assert row['seconds'] == statistics.median(row['runs_s'])
         assert row['tokens_per_s'] == round(2 * 3 / row['seconds'], 1)
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith('decode ')]
     assert len(lines) == 3 and 'scan_nocast' in lines[1] and 'batch   2' in lines[1]
+
+
+class _FakeDecoder:
+    """Decoder's interface, no compiling: the tokens of a variant are those `tokens_of` gives its
+    DecodeOptions (the same for every row and position)."""
+
+    tokens_of = None
+
+    def __init__(self, graphdef, config, *, batch_size, length, top_k, options):
+        self.batch_size, self.length, self.options = batch_size, length, options
+        self.compile_seconds = 0.0
+
+    def timed(self, params, prompt, key, temperature):
+        return np.full((self.batch_size, self.length), type(self).tokens_of(self.options), np.int32), 0.01
+
+
+@pytest.mark.parametrize(
+    'dtype, tokens_of, code, differing',
+    [
+        # bf16: the weights cast inside the loop round otherwise; the rest match their own kind.
+        ('bfloat16', lambda o: 1 if o.cast_params else 2, 0, []),
+        # positions_per_step changes how the loop is compiled, never the tokens.
+        ('bfloat16', lambda o: o.positions_per_step, 1, ['unrolled_u4']),
+        # float32: the casts do nothing, so every variant must give the first's tokens.
+        ('float32', lambda o: 1 if o.cast_params else 2, 1, ['scan_nocast', 'unrolled_nocast']),
+    ],
+    ids=['bf16-cast-point', 'bf16-unroll', 'fp32-cast-point'],
+)
+def test_only_a_variant_that_must_match_fails_the_process(
+    variants, monkeypatch, tmp_path, capsys, dtype, tokens_of, code, differing
+):
+    from jaxtrain.models import decode
+
+    monkeypatch.setattr(_FakeDecoder, 'tokens_of', staticmethod(tokens_of))
+    monkeypatch.setattr(decode, 'Decoder', _FakeDecoder)
+    rows_file = tmp_path / 'rows.jsonl'
+    argv = ['--child', 'default:unrolled,scan_nocast,unrolled_u4,unrolled_nocast', '--model', 'tiny']
+    argv += ['--dtype', dtype, '--new_tokens', '3', '--batches', '1', '--json', str(rows_file)]
+    assert variants.main(argv) == code
+    rows = [json.loads(line) for line in rows_file.read_text().splitlines()]
+    assert [r['variant'] for r in rows if not r['same_tokens']] == differing
+    if dtype == 'bfloat16':
+        assert [r['compared_with'] for r in rows] == ['unrolled', 'scan_nocast', 'unrolled', 'scan_nocast']
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[2] for line in lines if 'TOKENS DIFFER' in line] == differing
+
+
+def test_the_decode_variants_figure_refuses_a_failed_script(tmp_path):
+    """Rows were written, but the script exited 1 (a variant's tokens differed): no figure."""
+    figures = _load('figures')
+    call = figures.Call(tmp_path, steps=0)
+
+    def run(name, command, timeout=300, env=None):
+        row = {'flags': 'default', 'variant': 'unrolled', 'batch': 1, 'tokens_per_s': 900.0}
+        Path(command[command.index('--json') + 1]).write_text(json.dumps(row) + '\n')
+        (tmp_path / f'{name}.txt').write_text('decode default unrolled_u4 ... TOKENS DIFFER from unrolled\n')
+        return subprocess.CompletedProcess(command, 1)
+
+    call.run = run
+    with pytest.raises(RuntimeError, match='exit 1'):
+        figures.decode_variants(call)
+    assert 'decode_variants' not in call.found
 
 
 def test_a_bad_plan_is_refused_in_one_line(variants, capsys):
