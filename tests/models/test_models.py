@@ -19,6 +19,12 @@ LLAMA_SMALL = tiny_config(
 )
 
 
+# Every forward pass here runs eagerly (op by op) on tokens of this one shape, so that each op
+# compiles once for the file: a new shape compiles them all again.
+TOKENS_SHAPE = (2, 16)
+assert GPT2_SMALL.max_seq_len == LLAMA_SMALL.max_seq_len == TOKENS_SHAPE[1]
+
+
 def _randomize(params, seed):
     """Random values everywhere (biases and norm scales too) so no term can hide."""
     leaves, treedef = jax.tree.flatten(params)
@@ -33,13 +39,17 @@ def _model_and_params(cls, config, seed=0):
     return graphdef, params
 
 
+def _unrolled_graphdef(cls, config):
+    return nnx.split(nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0), scan_layers=False)), nnx.Param)[0]
+
+
 def _logits(graphdef, params, tokens):
     return np.asarray(nnx.merge(graphdef, nnx.State(jax.tree.map(jnp.asarray, params)))(jnp.asarray(tokens)))
 
 
 def test_gpt2_logits_match_numpy_reference():
     graphdef, params = _model_and_params(GPT2, GPT2_SMALL)
-    tokens = np.random.default_rng(1).integers(0, GPT2_SMALL.vocab_size, (3, 12))
+    tokens = np.random.default_rng(1).integers(0, GPT2_SMALL.vocab_size, TOKENS_SHAPE)
     expected = ref.gpt2_logits(params, GPT2_SMALL.num_heads, tokens)
     np.testing.assert_allclose(_logits(graphdef, params, tokens), expected, atol=1e-5, rtol=1e-5)
 
@@ -47,7 +57,7 @@ def test_gpt2_logits_match_numpy_reference():
 def test_gpt2_head_is_tied_to_wte():
     graphdef, params = _model_and_params(GPT2, GPT2_SMALL)
     assert 'lm_head' not in params and set(params) == {'wte', 'wpe', 'h', 'ln_f'}
-    tokens = np.zeros((1, 4), np.int64)
+    tokens = np.zeros(TOKENS_SHAPE, np.int64)
     bumped = jax.tree.map(np.copy, params)
     bumped['wte']['embedding'][7] += 1.0  # an unused token's row still changes its logit
     diff = _logits(graphdef, bumped, tokens) - _logits(graphdef, params, tokens)
@@ -56,8 +66,9 @@ def test_gpt2_head_is_tied_to_wte():
 
 
 def test_gpt2_random_init_padding_rows_are_zero():
-    _, state = nnx.split(GPT2(GPT2_SMALL, rngs=nnx.Rngs(3)), nnx.Param)
-    wte = np.asarray(nnx.to_pure_dict(state)['wte']['embedding'])
+    # Jitted: an eager init runs op by op (seconds on CPU); the random draws are the same.
+    init = jax.jit(lambda: nnx.to_pure_dict(nnx.split(GPT2(GPT2_SMALL, rngs=nnx.Rngs(3)), nnx.Param)[1]))
+    wte = np.asarray(init()['wte']['embedding'])
     assert wte.shape == (64, 16)
     assert not wte[GPT2_SMALL.vocab_size :].any() and wte[: GPT2_SMALL.vocab_size].std() > 0.01
 
@@ -72,7 +83,7 @@ def test_gpt2_parameter_count_matches_llmc_formula():
 def test_llama3_logits_match_numpy_reference(use_scaled_rope):
     config = dataclasses.replace(LLAMA_SMALL, use_scaled_rope=use_scaled_rope, rope_theta=500000.0)
     graphdef, params = _model_and_params(LLaMA3, config)
-    tokens = np.random.default_rng(2).integers(0, config.vocab_size, (2, 16))
+    tokens = np.random.default_rng(2).integers(0, config.vocab_size, TOKENS_SHAPE)
     expected = ref.llama3_logits(
         params,
         config.num_heads,
@@ -144,9 +155,9 @@ def test_gqa_query_heads_share_kv_heads_in_order():
 @pytest.mark.parametrize('cls,config', [(GPT2, GPT2_SMALL), (LLaMA3, LLAMA_SMALL)])
 def test_causality_future_tokens_do_not_change_past_logits(cls, config):
     graphdef, params = _model_and_params(cls, config)
-    tokens = np.random.default_rng(4).integers(0, config.vocab_size, (1, 10))
+    tokens = np.random.default_rng(4).integers(0, config.vocab_size, TOKENS_SHAPE)
     changed = tokens.copy()
-    changed[0, 6:] = (changed[0, 6:] + 1) % config.vocab_size
+    changed[:, 6:] = (changed[:, 6:] + 1) % config.vocab_size
     a, b = _logits(graphdef, params, tokens), _logits(graphdef, params, changed)
     np.testing.assert_array_equal(a[:, :6], b[:, :6])
     assert np.abs(a[:, 6:] - b[:, 6:]).max() > 1e-4
@@ -155,9 +166,9 @@ def test_causality_future_tokens_do_not_change_past_logits(cls, config):
 @pytest.mark.parametrize('cls,config', [(GPT2, GPT2_SMALL), (LLaMA3, LLAMA_SMALL)])
 def test_unrolled_layers_give_the_same_logits(cls, config):
     graphdef, params = _model_and_params(cls, config)
-    tokens = np.random.default_rng(6).integers(0, config.vocab_size, (2, 9))
+    tokens = np.random.default_rng(6).integers(0, config.vocab_size, TOKENS_SHAPE)
     expected = _logits(graphdef, params, tokens)
-    unrolled_def, _ = nnx.split(cls(config, rngs=nnx.Rngs(0), scan_layers=False), nnx.Param)
+    unrolled_def = _unrolled_graphdef(cls, config)
     np.testing.assert_allclose(_logits(unrolled_def, params, tokens), expected, atol=1e-6, rtol=1e-6)
 
 
@@ -176,12 +187,12 @@ def test_unrolled_gradients_equal_those_of_indexing_each_layer_bitwise(cls, conf
         return x
 
     graphdef, params = _model_and_params(cls, config)
-    unrolled_def, _ = nnx.split(cls(config, rngs=nnx.Rngs(0), scan_layers=False), nnx.Param)
+    unrolled_def = _unrolled_graphdef(cls, config)
     tokens = jnp.asarray(np.random.default_rng(7).integers(0, config.vocab_size, (2, 9)))
 
-    def grads():
+    def grads():  # jitted, as a user's run: eagerly, every op compiled with XLA's optimizations costs seconds
         loss = lambda p: jnp.sum(nnx.merge(unrolled_def, nnx.State(p))(tokens) ** 2)  # noqa: E731
-        return jax.grad(loss)(jax.tree.map(jnp.asarray, params))
+        return jax.jit(jax.grad(loss))(jax.tree.map(jnp.asarray, params))
 
     split = grads()
     monkeypatch.setattr(layer_stack, 'apply_blocks', indexed)
