@@ -22,6 +22,28 @@ def files(tmp_path_factory):
     }
 
 
+@pytest.fixture(scope='module')
+def saved(files, tmp_path_factory):
+    """Runs trained once for the tests that only read their checkpoints or copy them: 'step1'
+    (one step, saved), 'step2' (two, saved at 2) and 'params_only' (step2 without optimizer state).
+    Each run costs seconds of CPU."""
+    root = tmp_path_factory.mktemp('saved')
+    runs = {
+        'step1': dict(num_iteration=1, save_steps=1),
+        'step2': dict(num_iteration=2, save_steps=2),
+        'params_only': dict(num_iteration=2, save_steps=2, save_optimizer_state=False),
+    }
+    for name, overrides in runs.items():
+        code, _, out = train(config(files, root, name, **overrides))
+        assert code == 0, out
+    return root
+
+
+def copy_of(saved, name, tmp_path):
+    """tmp_path/'ck': a copy of the saved run `name`'s checkpoints, for a test that changes them."""
+    return shutil.copytree(saved / name, tmp_path / 'ck')
+
+
 def config(files, tmp_path, name, **overrides):
     settings = dict(
         files,
@@ -59,9 +81,8 @@ def test_last_step_is_saved(files, tmp_path):
     assert steps_in(tmp_path / 'ck') == [5, 7]
 
 
-def test_checkpoint_contents(files, tmp_path):
-    train(config(files, tmp_path, 'ck', num_iteration=2, save_steps=2, save_optimizer_state=False))
-    step_dir = tmp_path / 'ck' / 'checkpoint_step_000002'
+def test_checkpoint_contents(files, saved):
+    step_dir = saved / 'params_only' / 'checkpoint_step_000002'
     state = json.loads((step_dir / 'trainer_state' / 'metadata').read_text())
     assert state['step'] == 2 and state['data_position'] == 2
     assert state['model_config']['vocab_size'] == 512 and state['model_family'] == 'gpt2'
@@ -71,13 +92,9 @@ def test_checkpoint_contents(files, tmp_path):
     assert state['topology']['device_count'] == 1 and state['versions']['jax'] == jax.__version__
 
 
-def test_params_only_checkpoint_resumes_with_fresh_moments(files, tmp_path):
-    train(config(files, tmp_path, 'a', num_iteration=2, save_steps=2, save_optimizer_state=False))
-    code, losses, out = train(
-        config(
-            files, tmp_path, 'b', num_iteration=4, resume_from=str(tmp_path / 'a' / 'checkpoint_step_000002')
-        )
-    )
+def test_params_only_checkpoint_resumes_with_fresh_moments(files, saved, tmp_path):
+    resume_from = str(saved / 'params_only' / 'checkpoint_step_000002')
+    code, losses, out = train(config(files, tmp_path, 'b', num_iteration=4, resume_from=resume_from))
     assert code == 0 and sorted(losses) == [3, 4]
     assert out.count('fresh optimizer moments') == 1
 
@@ -107,9 +124,8 @@ def test_latest_with_no_checkpoint_starts_fresh_with_notice(files, tmp_path):
     assert 'no committed checkpoint' in out and 'starting fresh' in out
 
 
-def test_incompatible_checkpoint_lists_every_field(files, tmp_path):
-    train(config(files, tmp_path, 'a', num_iteration=1, save_steps=1))
-    step_dir = str(tmp_path / 'a' / 'checkpoint_step_000001')
+def test_incompatible_checkpoint_lists_every_field(files, saved, tmp_path):
+    step_dir = str(saved / 'step1' / 'checkpoint_step_000001')
     other_model = tiny_llmc_model(tmp_path / 'other.bin', vocab=256)
     with pytest.raises(ckpt_layout.CheckpointError) as error:
         train(
@@ -136,8 +152,7 @@ def test_incompatible_checkpoint_lists_every_field(files, tmp_path):
     assert '\n' not in message
 
 
-def test_allowed_changes_are_reported(files, tmp_path):
-    train(config(files, tmp_path, 'a', num_iteration=1, save_steps=1))
+def test_allowed_changes_are_reported(files, saved, tmp_path):
     code, _, out = train(
         config(
             files,
@@ -145,7 +160,7 @@ def test_allowed_changes_are_reported(files, tmp_path):
             'b',
             num_iteration=2,
             learning_rate=5e-4,
-            resume_from=str(tmp_path / 'a' / 'checkpoint_step_000001'),
+            resume_from=str(saved / 'step1' / 'checkpoint_step_000001'),
         )
     )
     assert code == 0
@@ -174,15 +189,14 @@ def test_resume_into_dir_with_later_steps_is_refused_then_overwritten(files, tmp
     assert code == 0 and steps_in(tmp_path / 'ck') == [2, 3]
 
 
-def test_fresh_run_into_used_dir_is_refused(files, tmp_path):
-    train(config(files, tmp_path, 'ck', num_iteration=2, save_steps=2))
+def test_fresh_run_into_used_dir_is_refused(files, saved, tmp_path):
+    copy_of(saved, 'step2', tmp_path)
     with pytest.raises(ckpt_layout.CheckpointError, match='expected no checkpoints after step 0'):
         train(config(files, tmp_path, 'ck', num_iteration=2, save_steps=2))
 
 
-def test_uncommitted_save_is_never_latest_and_is_cleaned(files, tmp_path):
-    train(config(files, tmp_path, 'ck', num_iteration=2, save_steps=2))
-    root = tmp_path / 'ck'
+def test_uncommitted_save_is_never_latest_and_is_cleaned(files, saved, tmp_path):
+    root = copy_of(saved, 'step2', tmp_path)
     # What a save killed half-way leaves: Orbax's temporary directory, never renamed.
     partial = root / 'checkpoint_step_000003.orbax-checkpoint-tmp-1234'
     shutil.copytree(root / 'checkpoint_step_000002', partial)
@@ -194,9 +208,8 @@ def test_uncommitted_save_is_never_latest_and_is_cleaned(files, tmp_path):
     assert not partial.exists() and steps_in(root) == [2, 3]
 
 
-def test_corrupted_tensor_fails_its_checksum_naming_it(files, tmp_path):
-    train(config(files, tmp_path, 'ck', num_iteration=2, save_steps=2))
-    step_dir = tmp_path / 'ck' / 'checkpoint_step_000002'
+def test_corrupted_tensor_fails_its_checksum_naming_it(files, saved, tmp_path):
+    step_dir = copy_of(saved, 'step2', tmp_path) / 'checkpoint_step_000002'
     params = ocp.StandardCheckpointer().restore(step_dir / 'params')
     params['h']['mlp']['c_fc']['kernel'] = np.asarray(params['h']['mlp']['c_fc']['kernel']).copy()
     params['h']['mlp']['c_fc']['kernel'][0, 1, 2] += 1e-3
@@ -211,12 +224,12 @@ def test_corrupted_tensor_fails_its_checksum_naming_it(files, tmp_path):
     'resume_from,expected',
     [
         ('{tmp}/nowhere', 'found nothing there'),
-        ('{tmp}/ck', 'found a checkpoint root holding checkpoint_step_000001'),
+        ('{saved}/step1', 'found a checkpoint root holding checkpoint_step_000001'),
         ('{tmp}/not-a-checkpoint', 'not a checkpoint'),
     ],
 )
-def test_bad_resume_paths(files, tmp_path, resume_from, expected):
-    train(config(files, tmp_path, 'ck', num_iteration=1, save_steps=1))
+def test_bad_resume_paths(files, saved, tmp_path, resume_from, expected):
     (tmp_path / 'not-a-checkpoint').mkdir()
+    resume_from = resume_from.format(tmp=tmp_path, saved=saved)
     with pytest.raises(ckpt_layout.CheckpointError, match=expected):
-        train(config(files, tmp_path, 'b', num_iteration=2, resume_from=resume_from.format(tmp=tmp_path)))
+        train(config(files, tmp_path, 'b', num_iteration=2, resume_from=resume_from))
