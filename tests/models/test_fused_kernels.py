@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 from tiny_models import tiny_config
-from trainer_runs import load_config
+from trainer_runs import load_config, tiny_llmc_model
 
 from jaxtrain.config import fit_checks
 from jaxtrain.config.checks import check_config
@@ -76,8 +76,15 @@ def test_the_loss_and_gradients_are_the_unfused_models(fused, dtype, scan, loss_
         )
 
 
+@pytest.fixture(scope='module')
+def model_file(tmp_path_factory):
+    """A 512-id llm.c model file: the default tiny config's 50257-id vocabulary costs seconds per
+    model here, and the fused path does not depend on it."""
+    return tiny_llmc_model(tmp_path_factory.mktemp('fused') / 'gpt2.bin', vocab=512)
+
+
 @pytest.mark.parametrize('scan', [False, True], ids=['unrolled', 'scanned'])
-def test_setup_model_builds_the_fused_model_from_the_config(scan, monkeypatch):
+def test_setup_model_builds_the_fused_model_from_the_config(scan, model_file, monkeypatch):
     """The real path, config to model: fused_kernels 'all' gives the 'none' model's loss, and
     through the kernels (counted where gpt2.py calls them), so a setup that dropped the key fails."""
     monkeypatch.setenv(fit_checks.INTERPRET_ENV, '1')  # the kernels on CPU, through the interpreter
@@ -92,15 +99,15 @@ def test_setup_model_builds_the_fused_model_from_the_config(scan, monkeypatch):
 
     monkeypatch.setattr(gpt2, 'add_layernorm', counted('add_layernorm', gpt2.add_layernorm))
     monkeypatch.setattr(gpt2, 'bias_gelu', counted('bias_gelu', gpt2.bias_gelu))
-    tokens = jnp.asarray(np.random.default_rng(2).integers(0, 50257, (2, 17)))
+    tokens = jnp.asarray(np.random.default_rng(2).integers(0, 512, (2, 17)))
 
     def loss_of(fused):
-        config = load_config('gpt2', fused_kernels=fused, scan_layers=scan)
+        config = load_config('gpt2', fused_kernels=fused, scan_layers=scan, llmc_filepath=model_file)
         check_config(config)
         setup = setup_model(config)
         model = nnx.merge(setup.graphdef, nnx.State(jax.tree.map(jnp.asarray, setup.params)))
         logits = jax.jit(lambda t: model(t).astype(jnp.float32))(tokens[:, :-1])
-        logp = jax.nn.log_softmax(logits[..., :50257])
+        logp = jax.nn.log_softmax(logits[..., :512])
         return float(-jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)))
 
     want = loss_of('none')
