@@ -72,6 +72,22 @@ def files(tmp_path_factory):
     }
 
 
+# PR 151's flags for the runs below that need some: one schedule (its table is a constant of the
+# compiled step), so that their runs of six steps share one program.
+PR151_SCHEDULE = (
+    '--learning_rate',
+    1e-3,
+    '--lr_decay_style',
+    'linear',
+    '--min_lr',
+    1e-4,
+    '--lr_warmup_iters',
+    2,
+    '--lr_warmup_init',
+    2e-4,
+)
+
+
 def _train(files, *args):
     return ['--llmc_filepath', files['model'], '--input_bin', files['shard'], '--num_iteration', 6, *args]
 
@@ -227,17 +243,7 @@ def test_our_lr_scheduler_generation_saves_verifies_exports_and_resumes(files, t
     from llmc_io.infinitrain_lr_scheduler import read_lr_scheduler
     from llmc_io.infinitrain_state import read_trainer_state
 
-    schedule = (
-        '--lr_decay_style',
-        'linear',
-        '--min_lr',
-        1e-4,
-        '--lr_warmup_iters',
-        2,
-        '--lr_warmup_init',
-        2e-4,
-    )
-    common = _train(files, '--learning_rate', 1e-3, '--checkpoint_format', 'infinitrain', *schedule)
+    common = _train(files, '--checkpoint_format', 'infinitrain', *PR151_SCHEDULE)
     full = run_cli(*common, '--checkpoint_dir', tmp_path / 'full', '--save_steps', 3)
     assert full.code == 0, full.err
     spec = ScheduleSpec('linear', 1e-3, min_lr=1e-4, warmup_iters=2, warmup_init=2e-4, decay_iters=6)
@@ -359,11 +365,15 @@ def test_upstreams_checks_apply_only_to_its_spelling():
 
 def test_an_orbax_resume_prints_pr_151s_load_done_line(files, tmp_path):
     """The binary decides the line: with PR 151's flags `Load done` has no last_lr, whatever the source."""
-    common = _train(
-        files, '--lr_decay_style', 'linear', '--checkpoint_dir', tmp_path / 'ck', '--save_steps', 3
+    common = _train(files, *PR151_SCHEDULE, '--save_steps', 3)
+    assert run_cli(*common, '--checkpoint_dir', tmp_path / 'ck').code == 0
+    result = run_cli(
+        *common,
+        '--checkpoint_dir',
+        tmp_path / 'resumed',
+        '--resume_from',
+        tmp_path / 'ck/checkpoint_step_000003',
     )
-    assert run_cli(*common, '--num_iteration', 3).code == 0
-    result = run_cli(*common, '--resume_from', tmp_path / 'ck/checkpoint_step_000003')
     assert result.code == 0, result.err
     line = next(line for line in result.out.splitlines() if line.startswith('[CKPT] Load done'))
     assert line == '[CKPT] Load done: global_step=3, consumed_batches =3, topology(ddp,tp,sp,pp)=(1,1,1,1)'
