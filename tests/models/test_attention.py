@@ -97,7 +97,10 @@ def test_power_of_two_scaled_queries_give_the_same_bits(index):
 
     def forward_and_grads(index):
         loss = lambda q, k, v: jnp.sum(attend(q, k, v, index).astype(jnp.float32) * do)
-        return attend(q, k, v, index), jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+        # Jitted, as a user's run: eagerly, each op compiles with XLA's optimizations on its own.
+        return jax.jit(lambda q, k, v: (attend(q, k, v, index), jax.grad(loss, argnums=(0, 1, 2))(q, k, v)))(
+            q, k, v
+        )
 
     plain = forward_and_grads(None)
     scaled = forward_and_grads(index)
@@ -141,7 +144,7 @@ def test_unrolled_layers_trace_distinct_cudnn_scales(monkeypatch, deterministic,
         )
         cls = LLaMA3
     options = dict(dtype=jnp.bfloat16, attention='cudnn', scan_layers=False, deterministic=deterministic)
-    model = cls(config, **options, rngs=nnx.Rngs(0))
-    model(jnp.zeros((1, 8), jnp.int32))
+    # Traced only (what records the scales): an eager init and forward compile every op.
+    jax.eval_shape(lambda: cls(config, **options, rngs=nnx.Rngs(0))(jnp.zeros((1, 8), jnp.int32)))
     H = 4
     assert seen == [2.0**-e / np.sqrt(H) for e in ((0, 1, -1, 2) if deterministic else (0, 0, 0, 0))]
