@@ -22,7 +22,10 @@ CONFIG = tiny_config('gpt2', max_seq_len=16, vocab_size=50, padded_vocab_size=64
 
 
 def _model(fused, dtype, scan):
-    model = GPT2(CONFIG, dtype=dtype, scan_layers=scan, fused_kernels=fused, rngs=nnx.Rngs(0))
+    # The shapes alone (_random_params replaces every value): an eager init runs op by op.
+    model = nnx.eval_shape(
+        lambda: GPT2(CONFIG, dtype=dtype, scan_layers=scan, fused_kernels=fused, rngs=nnx.Rngs(0))
+    )
     graphdef, params = nnx.split(model, nnx.Param)
     return graphdef, nnx.to_pure_dict(params)
 
@@ -30,7 +33,7 @@ def _model(fused, dtype, scan):
 def _random_params(params, seed=0):
     """Random values everywhere (norm scales and biases too) so no term can hide."""
     rng = np.random.default_rng(seed)
-    return jax.tree.map(lambda x: jnp.asarray(rng.normal(0, 0.3, np.shape(x)), jnp.float32), params)
+    return jax.tree.map(lambda x: jnp.asarray(rng.normal(0, 0.3, x.shape), jnp.float32), params)
 
 
 def _loss_and_grads(graphdef, params, tokens, grads=True):
