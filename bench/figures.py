@@ -38,31 +38,44 @@ LLAMA_TOKENS_PER_STEP = 4 * 2048
 PEER_STEPS = 30  # the PyTorch peers' steps; their median leaves out the first 5
 PEER_PYTHON = 'python3'  # the PyTorch peers' interpreter, as run_peers.sh runs train_gpt2.py
 SKIP = 10  # steps left out of a loop's figures: compilation and warm-up
-GPT2 = [  # the loop: python -m jaxtrain.main with these
-    '--config=configs/gpt2.py:d12',
-    '--dtype',
-    'bfloat16',
-    '--batch_size',
-    '16',
-    '--sequence_length',
-    '1024',
-    '--total_batch_size',
-    str(TOKENS_PER_STEP),
-    '--scan_layers',
-    'false',
-    '--sample_every',
-    '0',
-    '--deterministic',
-    'false',
-]
-BENCH = [  # the step alone: python -m jaxtrain.bench with these
-    '--config=configs/gpt2.py:d12',
-    '--config.dtype=bfloat16',
-    '--config.batch_size=16',
-    '--config.sequence_length=1024',
-    f'--config.total_batch_size={TOKENS_PER_STEP}',
-    '--config.scan_layers=false',
-]
+
+
+def _loop_flags(config: str, batch: int, sequence: int) -> list:
+    """python -m jaxtrain.main's flags for a figure's loop: bf16, unrolled layers, no samples,
+    fast mode, one micro-step a step."""
+    return [
+        f'--config={config}',
+        '--dtype',
+        'bfloat16',
+        '--batch_size',
+        str(batch),
+        '--sequence_length',
+        str(sequence),
+        '--total_batch_size',
+        str(batch * sequence),
+        '--scan_layers',
+        'false',
+        '--sample_every',
+        '0',
+        '--deterministic',
+        'false',
+    ]
+
+
+def _step_flags(config: str, batch: int, sequence: int) -> list:
+    """python -m jaxtrain.bench's flags for the same step alone."""
+    return [
+        f'--config={config}',
+        '--config.dtype=bfloat16',
+        f'--config.batch_size={batch}',
+        f'--config.sequence_length={sequence}',
+        f'--config.total_batch_size={batch * sequence}',
+        '--config.scan_layers=false',
+    ]
+
+
+GPT2 = _loop_flags('configs/gpt2.py:d12', 16, 1024)  # the loop
+BENCH = _step_flags('configs/gpt2.py:d12', 16, 1024)  # its step alone
 DECODE = [  # python -m jaxtrain.generate with these, and --num_samples 1 or 16
     '--model',
     'd12',
@@ -73,31 +86,8 @@ DECODE = [  # python -m jaxtrain.generate with these, and --num_samples 1 or 16
     '--warmup_runs',
     '1',
 ]
-LLAMA_LOOP = [  # LLaMA-3.2 1B's loop: python -m jaxtrain.main with these
-    '--config=configs/llama3.py:llama3.2-1b',
-    '--dtype',
-    'bfloat16',
-    '--batch_size',
-    '4',
-    '--sequence_length',
-    '2048',
-    '--total_batch_size',
-    str(LLAMA_TOKENS_PER_STEP),
-    '--scan_layers',
-    'false',
-    '--sample_every',
-    '0',
-    '--deterministic',
-    'false',
-]
-LLAMA = [  # its step alone: python -m jaxtrain.bench with these
-    '--config=configs/llama3.py:llama3.2-1b',
-    '--config.dtype=bfloat16',
-    '--config.batch_size=4',
-    '--config.sequence_length=2048',
-    f'--config.total_batch_size={LLAMA_TOKENS_PER_STEP}',
-    '--config.scan_layers=false',
-]
+LLAMA_LOOP = _loop_flags('configs/llama3.py:llama3.2-1b', 4, 2048)  # LLaMA-3.2 1B's loop
+LLAMA = _step_flags('configs/llama3.py:llama3.2-1b', 4, 2048)  # its step alone
 LLAMA_PEER = [  # its PyTorch peer: python3 bench/peers/train_llama3.py with these
     '--model',
     'llama3.2-1b',
