@@ -182,7 +182,7 @@ class Checkpointer:
         self._pending = None  # the Future of the last hand-off to Orbax
         self.blocking_saves = 0  # saves handed to Orbax on the loop's thread
         self.synchronous = False  # save() returns before the write is committed
-        self._snapshot_bytes = None  # per device, measured at the first save
+        self._snapshot_bytes = None  # per device, measured by prepare() or the first save
         self._snapshot_program = _snapshot  # prepare() swaps in one compiled ahead of time
         # The hand-off thread and Orbax's writers run Python beside the training loop; by
         # default a thread waits up to 5 ms for the GIL, which the loop would feel at every
@@ -223,9 +223,10 @@ class Checkpointer:
         pinned_s = grow_pinned_host_pool(items)
         shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), items)
         self._pending = self._handoff.submit(self._compile_snapshot, shapes)
+        self._snapshot_bytes = _bytes_per_device(items)  # what snapshot() would measure at the first save
         if pinned_s <= 0:
             return None
-        gib = sum(leaf.nbytes for leaf in jax.tree.leaves(items)) / 2**30
+        gib = sum(self._snapshot_bytes.values()) / 2**30
         return f'saves: pinned {gib:.2f} GiB of host memory for checkpoint copies in {pinned_s:.2f} s'
 
     def _compile_snapshot(self, shapes):
