@@ -11,10 +11,36 @@ for them at exit. The run had already reported the failure and then seemed to ha
 Once the save has failed nothing of it can be committed any more, so each waiting thread is
 cancelled and the signals it waits for are set: it wakes, sees itself cancelled, and returns
 without doing its work.
+
+A thread already past its wait (writing the metadata, say) is cancelled through its asyncio task
+instead, and its run() lets asyncio.CancelledError escape: that is a BaseException, and run()
+catches only Exception. Python would print its traceback after the run's one-line error, so the
+threads released here end quietly when that is all they raise; anything else still prints.
 """
 
+import asyncio
+import concurrent.futures
 import threading
 import warnings
+import weakref
+
+_released: 'weakref.WeakSet[threading.Thread]' = weakref.WeakSet()
+_CANCELLED = (asyncio.CancelledError, concurrent.futures.CancelledError)
+
+
+def _install_quiet_cancellation() -> None:
+    """Wraps threading.excepthook once, so that the threads cancelled here end quietly."""
+    previous = threading.excepthook
+    if getattr(previous, 'quiet_for_released', False):
+        return
+
+    def hook(args):
+        if args.thread in _released and issubclass(args.exc_type, _CANCELLED):
+            return
+        previous(args)
+
+    hook.quiet_for_released = True
+    threading.excepthook = hook
 
 
 def release_waiting_threads() -> int:
@@ -28,10 +54,12 @@ def release_waiting_threads() -> int:
         return 0
     # Their work, never started, is left as coroutine objects that Python would name at exit.
     warnings.filterwarnings('ignore', message='coroutine .* was never awaited', category=RuntimeWarning)
+    _install_quiet_cancellation()
     released = 0
     for thread in threading.enumerate():
         if not (isinstance(thread, thread_class) and thread.is_alive()):
             continue
+        _released.add(thread)
         try:
             thread.cancel()
             future.set_signals(thread._receive_signals, operation_id=thread._operation_id)
