@@ -44,8 +44,16 @@ def test_accumulated_step_equals_one_big_step():
     big_state, big = step(state, inputs[None], targets[None])  # 1 micro-step of 4 rows
     acc_state, acc = step(state, inputs.reshape(2, 2, 8), targets.reshape(2, 2, 8))  # 2 of 2 rows
     assert float(acc['loss']) == pytest.approx(float(big['loss']), rel=1e-6)
-    for a, b in zip(jax.tree.leaves(acc_state.params), jax.tree.leaves(big_state.params)):
-        np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5)
+    # The gradients, as AdamW's first moment holds them ((1 - b1)·g after one step), agree to
+    # rounding. The parameters only to a thousandth of the step: a gradient near AdamW's eps
+    # turns a rounding difference into an update anywhere between 0 and lr.
+    acc_mu = optax.tree_utils.tree_get(acc_state.opt_state, 'mu')
+    big_mu = optax.tree_utils.tree_get(big_state.opt_state, 'mu')
+    assert len(jax.tree.leaves(acc_mu)) == len(jax.tree.leaves(acc_state.params))
+    for a, b in zip(jax.tree.leaves(acc_mu), jax.tree.leaves(big_mu), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-9, rtol=1e-4)
+    for a, b in zip(jax.tree.leaves(acc_state.params), jax.tree.leaves(big_state.params), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
     assert int(acc_state.step) == int(big_state.step) == 1
     assert int(acc_state.data_position) == 1
 
