@@ -311,6 +311,21 @@ def saves(call: Call) -> None:
     call.record('saves', values)
 
 
+def save_trace(call: Call) -> None:
+    """The saves loop traced from its second save (step 40) to step 43: the device time per kernel of
+    those steps, and the trace (TensorBoard's profile plugin, Perfetto) to see what a save costs them."""
+    root = Path('/dev/shm/jaxtrain_bench_ck' if Path('/dev/shm').is_dir() else call.out / 'ck')
+    trace = call.out / 'save_trace'
+    call.loop(
+        'save_trace',
+        *('--checkpoint_dir', str(root), '--save_steps', '20', '--max_checkpoint_keep', '2'),
+        *('--trace_steps', '40-43', '--trace_dir', str(trace)),
+    )
+    subprocess.run(['rm', '-rf', str(root)], check=False)
+    lines = (call.out / 'save_trace.txt').read_text().splitlines()
+    call.record('save_trace', {'trace': str(trace), 'lines': [x for x in lines if x.startswith('trace: ')]})
+
+
 def seed(call: Call) -> None:
     """Bit-exact resume in the deterministic mode: 100 steps saving every 20, resumed from 40."""
     work = call.out / 'seed'
@@ -539,6 +554,11 @@ FIGURES = {
     'saves': (saves, 'gpu', 'the loop saving every 20 steps into /dev/shm, keeping 2: ratio to no saves'),
     'peers': (peers, 'gpu', 'llm.c + cuDNN, PyTorch compile, plain JAX step; the loop against llm.c'),
     'profile': (profile, 'gpu', "the fast step's device time per kernel (jaxtrain.bench --profile_steps)"),
+    'save_trace': (
+        save_trace,
+        'gpu',
+        'the saves loop traced over steps 40-43 (a save and the steps after it): kernels, trace files',
+    ),
     'seed': (seed, 'gpu', 'bit-exact resume, deterministic: 100 steps saving every 20, resumed from 40'),
     'llama': (llama, 'gpu', "LLaMA-3.2 1B's real loop, B4 x T2048: step lines, wall clock, MFU"),
     'llama_peer': (llama_peer, 'gpu', "llm.c's PyTorch LLaMA-3 on the same shape; the loop against it"),

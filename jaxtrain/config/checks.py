@@ -14,7 +14,7 @@ from jaxtrain.models.attention import IMPLEMENTATIONS
 from jaxtrain.models.gpt2 import FUSED_KERNELS
 from jaxtrain.optim.infinitrain_lr_schedule import STYLES
 from jaxtrain.optim.optimizer import OPTIMIZERS, SCHEDULES, schedule_spec, spelled_with_infinitrain_flags
-from jaxtrain.train import precision_check
+from jaxtrain.train import precision_check, step_trace
 
 CHOICES = {
     'model_family': ('gpt2', 'llama3'),
@@ -149,6 +149,7 @@ def check_config(config):
             'checkpoint_dir: expected a directory because save_steps/save_every_minutes is set; '
             'found none. Pass --checkpoint_dir DIR.'
         )
+    problems += _trace_problems(config)
     problems += path_problems(config)
     if problems:
         raise ValueError('; '.join(_first_per_key(problems)))
@@ -178,6 +179,32 @@ def _range_problems(config) -> list[str]:
     if config.val_max_steps < 1:
         problems.append(
             f'val_max_steps: expected at least 1 batch per evaluation, found {config.val_max_steps}'
+        )
+    return problems
+
+
+def _trace_problems(config) -> list[str]:
+    if not config.trace_steps:
+        if config.trace_dir:
+            return [
+                f'trace_steps: expected the steps to trace into --trace_dir {config.trace_dir}, found none; '
+                'pass --trace_steps FIRST-LAST (e.g. 41-43)'
+            ]
+        return []
+    problems = []
+    try:
+        _, last = step_trace.parse_steps(config.trace_steps)
+        if last > config.num_iteration:
+            problems.append(
+                f'trace_steps: expected steps the run reaches (num_iteration {config.num_iteration}), found '
+                f'{config.trace_steps}'
+            )
+    except ValueError as e:
+        problems.append(str(e))
+    if not config.trace_dir:
+        problems.append(
+            f'trace_dir: expected a directory for the trace of --trace_steps {config.trace_steps}; '
+            'found none. Pass --trace_dir DIR.'
         )
     return problems
 

@@ -192,6 +192,13 @@ KEYS = (
         0.0,
         "peak dense TFLOP/s of one device for MFU (0 = the device's data-sheet value for the dtype)",
     ),
+    (
+        'trace_steps',
+        '',
+        "steps to trace with jax.profiler, FIRST-LAST (e.g. 41-43) or one step; the log then gives their "
+        "device time per kernel ('' = none)",
+    ),
+    ('trace_dir', '', "directory for trace_steps' trace (TensorBoard's profile plugin, Perfetto)"),
     ('checkpoint_dir', '', 'root of this run\'s checkpoints (checkpoint_step_NNNNNN/ inside)'),
     ('save_steps', 0, 'save every N steps (0 = never); the last step is saved whenever saving is on'),
     ('max_checkpoint_keep', 3, "keep the newest K checkpoints (InfiniTrain's 3; 0 = keep all)"),

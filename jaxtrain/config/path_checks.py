@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 # Keys naming a directory the run creates or fills.
-DIRECTORY_KEYS = ('checkpoint_dir', 'metrics_dir', 'tensorboard_dir')
+DIRECTORY_KEYS = ('checkpoint_dir', 'metrics_dir', 'tensorboard_dir', 'trace_dir')
 # Keys naming files: a glob of shards, or one file.
 SHARD_GLOB_KEYS = ('input_bin', 'input_val_bin')
 FILE_KEYS = ('llmc_filepath',)

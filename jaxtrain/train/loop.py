@@ -31,6 +31,7 @@ from jaxtrain.train.run_log import RunLog
 from jaxtrain.train.samples import make_sampler
 from jaxtrain.train.saving import RunSaver
 from jaxtrain.train.setup import build_trainer
+from jaxtrain.train.step_trace import StepTrace
 from jaxtrain.train.stop_signal import StopRequest
 
 
@@ -183,9 +184,13 @@ def _train(config, log: RunLog) -> int:
     saves_line = saver.prepare(state)
     if saves_line:
         log.info(saves_line)
+    trace = StepTrace(
+        config.trace_steps, config.trace_dir, log.info, jax.process_index(), jax.process_count()
+    )
     try:
         batch = device_batch(data_position) if step < config.num_iteration else None
         while step < config.num_iteration:
+            trace.before_step(step + 1, state)
             state, metrics = parts.train_step(state, *batch)
             step, data_position = step + 1, data_position + 1
             if step < config.num_iteration:
@@ -215,10 +220,12 @@ def _train(config, log: RunLog) -> int:
                 del snapshot  # the background hand-off holds it until Orbax has copied it
             if stopping:
                 break
+        trace.finish(state, step)
         if config.lora_save_path:  # InfiniTrain's --lora_save_path: its file, after training
             log.info(save_lora_weights(config.lora_save_path, state.params))
     except BaseException:
         log.failed = True  # the dashboards mark the run failed, not finished
+        trace.abandon()
         raise
     finally:
         try:
