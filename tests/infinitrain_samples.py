@@ -4,9 +4,12 @@ Every `.gz` is gunzipped into a temporary copy of the tree (the READMEs list bot
 files exactly as the C++ binary wrote them. Tests that use this skip only when the folder is absent.
 """
 
+import atexit
+import functools
 import gzip
 import re
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -33,6 +36,16 @@ def unpack(dest: Path) -> Path:
         else:
             shutil.copyfile(src, out)
     return dest
+
+
+@functools.cache
+def unpacked() -> Path:
+    """One unpacked copy of the sample tree per test process, for tests that only read it (a copy to
+    damage goes to the test's own tmp_path): gunzipping the 280 MB again per module costs a second
+    of CPU each time."""
+    root = Path(tempfile.mkdtemp(prefix='infinitrain-samples-'))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    return unpack(root / 'tree')
 
 
 def listed_md5s(folder: str) -> dict[str, str]:

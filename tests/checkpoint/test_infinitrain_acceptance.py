@@ -1,27 +1,23 @@
-"""The seed's acceptance experiment with InfiniTrain-format checkpoints, as real processes: train 100 steps
-saving every 20 with --checkpoint_format infinitrain (HEAD files) or infinitrain-bin (PR files), resume a
-second run from step 40 with InfiniTrain's own flag spelling (--load / --resume_from), and InfiniTrain's loss
-comparison of steps 41-100 finds zero difference; the two step-100 checkpoints diff identical.
-One case per format, covering GPT-2 fp32 (SGD, no optimizer file) and LLaMA-3 bf16 (Adam)."""
-
-import os
-import subprocess
-import sys
+"""The seed's acceptance experiment with InfiniTrain-format checkpoints: train 100 steps saving every 20
+with --checkpoint_format infinitrain (HEAD files) or infinitrain-bin (PR files), resume a second run from
+step 40 with InfiniTrain's own flag spelling (--load / --resume_from), and InfiniTrain's loss comparison of
+steps 41-100 finds zero difference; the two step-100 checkpoints diff identical.
+One case per format, covering GPT-2 fp32 (SGD, no optimizer file) and LLaMA-3 bf16 (Adam).
+The command lines go through the trainer's entry point in this process (cli_runs.run_cli), on one device
+as a user's CPU run has; the experiment as real processes is tests/train/test_seed_experiment.py's."""
 
 import pytest
 
 from jaxtrain.checkpoint.formats import infinitrain as it
-from cli_runs import assert_resumed_run_matches, seed_experiment_setup
+from cli_runs import assert_resumed_run_matches, run_cli, seed_experiment_setup
 
 pytestmark = pytest.mark.slow
 
 
 def _run(config_file, *args, log):
-    command = [sys.executable, '-m', 'jaxtrain.main', f'--config={config_file}', *map(str, args)]
-    env = dict(os.environ, XLA_FLAGS='')  # one CPU device, as a user would run it
-    return subprocess.run(
-        command, stdout=log, stderr=subprocess.STDOUT, env=env, text=True, timeout=900
-    ).returncode
+    result = run_cli(*args, config=config_file)  # one device, as a user's CPU run has
+    log.write(result.out + result.err)
+    return result.code
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import llmc_io
-from infinitrain_samples import SAMPLES, needs_samples, unpack
+from infinitrain_samples import SAMPLES, needs_samples, unpacked
 from jaxtrain.checkpoint.formats import infinitrain as it
 from llmc_io import LLMCFormatError
 from llmc_io.infinitrain_state import InfiniTrainState
@@ -19,10 +19,10 @@ from llmc_io.tensors import tree_leaves
 
 
 @pytest.fixture(scope='module')
-def real(tmp_path_factory):
+def real():
     if not SAMPLES.is_dir():
         pytest.skip(f'{SAMPLES} absent')
-    return unpack(tmp_path_factory.mktemp('real'))
+    return unpacked()  # read only: a test damages its own copy
 
 
 def _equal(a, b):

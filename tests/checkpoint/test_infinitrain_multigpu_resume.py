@@ -12,7 +12,7 @@ import re
 import pytest
 
 from infinitrain_rank_fixtures import write_run
-from infinitrain_samples import SAMPLES, run_keys, saved_step_tensors, unpack
+from infinitrain_samples import SAMPLES, run_keys, saved_step_tensors, unpacked
 from trainer_runs import load_config, train
 
 pytestmark = pytest.mark.slow
@@ -31,15 +31,22 @@ CASES = [
         {'tp': 2, 'pp': 2, 'sequence_parallel': True},
         {'num_devices': 4, 'mesh_tensor': 4, 'mesh_fsdp': 1, 'mesh_data': 1},
     ),
-    ('head-llama3', {'pp': 2}, {'num_devices': 2, 'mesh_tensor': 2, 'mesh_fsdp': 1, 'mesh_data': 1}),
+    pytest.param(
+        'head-llama3',
+        {'pp': 2},
+        {'num_devices': 2, 'mesh_tensor': 2, 'mesh_fsdp': 1, 'mesh_data': 1},
+        # Compared with the binary's log, not with a program compiled here: XLA's optimizations (fusing
+        # the 128256-token logits' elementwise work) make these steps several times cheaper.
+        marks=pytest.mark.xla_optimized,
+    ),
 ]
 
 
-@pytest.mark.parametrize('folder,saved,mesh', CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize('folder,saved,mesh', CASES, ids=['head-gpt2', 'head-llama3'])
 def test_resume_from_a_multi_gpu_layout_matches_the_real_resume(tmp_path, folder, saved, mesh):
     if not SAMPLES.is_dir():
         pytest.skip(f'{SAMPLES} absent')
-    real = unpack(tmp_path / 'real')
+    real = unpacked()
     step = real / folder / 'a' / 'checkpoint_step_000010'
     family, model, adam, t = saved_step_tensors(step)
     split = write_run(

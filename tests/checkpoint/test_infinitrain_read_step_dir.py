@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from infinitrain_samples import SAMPLES, unpack
+from infinitrain_samples import SAMPLES, unpacked
 from jaxtrain.checkpoint.formats.infinitrain_trainer import adam_states, read_step_dir
 from jaxtrain.train.setup import build_trainer
 from llmc_io import LLMCFormatError
@@ -17,10 +17,10 @@ from trainer_runs import load_config
 
 
 @pytest.fixture(scope='module')
-def real(tmp_path_factory):
+def real():
     if not SAMPLES.is_dir():
         pytest.skip(f'{SAMPLES} absent')
-    return unpack(tmp_path_factory.mktemp('real'))
+    return unpacked()  # read only: a test damages its own copy
 
 
 def _config(real, family, **overrides):

@@ -15,7 +15,7 @@ import re
 import numpy as np
 import pytest
 
-from infinitrain_samples import SAMPLES, run_keys, unpack
+from infinitrain_samples import SAMPLES, run_keys, unpacked
 from jaxtrain.checkpoint.formats import infinitrain as it
 from jaxtrain.checkpoint.formats.infinitrain_trainer import model_header
 from llmc_io.infinitrain_state import PR, InfiniTrainState
@@ -106,15 +106,19 @@ def _log_losses(path):
     return {int(m.group(1)): float(m.group(2)) for m in found if m}
 
 
-def test_resume_from_the_real_binarys_checkpoints(tmp_path):
+# (folder, run that saved step 10, log of the real resume from it); pr-gpt2/p is the pth format.
+REAL_RESUMES = {
+    'gpt2': [('head-gpt2', 'a', 'b.log'), ('pr-gpt2', 'a', 'b.log'), ('pr-gpt2', 'p', 'q.log')],
+    'llama3': [('head-llama3', 'a', 'b.log'), ('pr-llama3', 'a', 'b.log')],
+}
+
+
+def _resume_the_real_binarys_checkpoints(family, tmp_path):
     if not SAMPLES.is_dir():
         pytest.skip(f'{SAMPLES} absent')
-    real = unpack(tmp_path / 'real')
+    real = unpacked()
     worst = {}
-    # (folder, run that saved step 10, log of the real resume from it); pr-gpt2/p is the pth format.
-    runs = [(f, 'a', 'b.log') for f in ('head-gpt2', 'pr-gpt2', 'head-llama3', 'pr-llama3')]
-    for folder, saved, log in runs + [('pr-gpt2', 'p', 'q.log')]:
-        family = 'gpt2' if 'gpt2' in folder else 'llama3'
+    for folder, saved, log in REAL_RESUMES[family]:
         config = load_config(
             family,
             **run_keys(real, folder),
@@ -128,3 +132,14 @@ def test_resume_from_the_real_binarys_checkpoints(tmp_path):
         assert sorted(losses) == sorted(reference) == list(range(11, 21))
         worst[folder, saved] = max(abs(losses[s] - reference[s]) for s in reference)
     assert max(worst.values()) < 1e-5, worst
+
+
+def test_resume_from_the_real_binarys_gpt2_checkpoints(tmp_path):
+    _resume_the_real_binarys_checkpoints('gpt2', tmp_path)
+
+
+# Compared with the binary's log, not with a program compiled here: XLA's optimizations (fusing the
+# 128256-token logits' elementwise work) make these steps several times cheaper.
+@pytest.mark.xla_optimized
+def test_resume_from_the_real_binarys_llama3_checkpoints(tmp_path):
+    _resume_the_real_binarys_checkpoints('llama3', tmp_path)

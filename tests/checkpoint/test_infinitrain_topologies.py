@@ -13,7 +13,7 @@ import shutil
 import numpy as np
 import pytest
 from infinitrain_rank_fixtures import write_run
-from infinitrain_samples import needs_samples, saved_step_tensors, unpack
+from infinitrain_samples import needs_samples, saved_step_tensors, unpacked
 
 from jaxtrain.checkpoint.formats import infinitrain as it
 from llmc_io import infinitrain_layout as layout
@@ -50,8 +50,8 @@ SYNTHETIC_TOPOLOGIES = [  # LLaMA-3 with 4 layers and 2 key/value heads: TP with
 
 
 @pytest.fixture(scope='module')
-def real(tmp_path_factory):
-    return unpack(tmp_path_factory.mktemp('real'))
+def real():
+    return unpacked()  # read only: a test damages its own copy
 
 
 def _sample(real, folder):

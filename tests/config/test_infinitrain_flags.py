@@ -167,6 +167,7 @@ def test_every_flag_another_issue_built_is_now_its_own_config_key():
     assert set(LATER_VALUES) <= keys, sorted(set(LATER_VALUES) - keys)
 
 
+@pytest.mark.slow  # trains
 def test_upstream_defaults_of_every_flag_run(files):
     """InfiniTrain's defaults spelled out, every flag at once (the bool ones bare or with a
     value, as gflags takes them): the run trains."""
@@ -194,6 +195,7 @@ def test_save_and_save_interval_must_come_together(files, tmp_path):
     assert not (tmp_path / 'ck').exists()
 
 
+@pytest.mark.slow  # trains
 def test_checkpoint_format_spellings_write_infinitrain_files(files, tmp_path):
     """Upstream's spellings pick our InfiniTrain writers: pth (f9cb65b's CKPT state dicts) writes
     HEAD's model.ckpt, and the PR branch's --use_llmc_checkpoint_io the llm.c model.bin."""
@@ -220,6 +222,7 @@ def test_device_cuda_without_a_gpu_is_an_error(files):
     assert 'expected a CUDA GPU for --device cuda, found JAX on cpu' in result.err
 
 
+@pytest.mark.slow  # trains
 def test_nthread_per_process_and_tensor_parallel_shape_the_mesh(files):
     """InfiniTrain: DP = nthread_per_process / tensor_parallel; the step line says so."""
     result = run_cli(
@@ -250,6 +253,7 @@ def test_upstream_model_names_are_the_openai_and_llmc_sizes():
     assert (config.ffn_dim_multiplier, config.multiple_of, config.rope_theta) == (1.5, 256, 500000.0)
 
 
+@pytest.mark.slow  # trains
 def test_no_save_optim_of_older_builds_keeps_the_optimizer_file_out(files, tmp_path):
     """c82cbe8's --no_save_optim true is --save_optimizer_state false: Checkpoint::Save writes no
     optimizer file (`if (!no_save_optim)`); false (its default) writes one."""

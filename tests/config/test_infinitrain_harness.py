@@ -225,12 +225,18 @@ def test_upstream_command_is_built_as_the_harness_builds_it():
 FAST_IDS = {'ckpt_no_resume', 'ckpt_resume'}  # basic 1's command: test_infinitrain_crosscheck.py
 
 
-def test_harness_rows_run_or_are_refused_on_one_line(files, tmp_path):
-    """Every row that is refused (cheap: nothing is built), and the GPT-2 runs of the
-    checkpoint pair; slow: test_every_harness_row_through_both_models."""
-    rows = [row for row in upstream.TEST_GROUPS if row[1] in FAST_IDS or refusal_expected(row[2])]
-    fast = [row for row in rows if not refusal_expected(row[2])]
-    run_rows([row for row in rows if refusal_expected(row[2])], ['gpt2', 'llama3'], files, tmp_path)
+def test_harness_rows_are_refused_on_one_line(files, tmp_path):
+    """Every row that is refused (cheap: nothing is built); the rows that train:
+    test_the_checkpoint_rows_run_and_resume, and every one in test_every_harness_row_through_both_models."""
+    refused = [row for row in upstream.TEST_GROUPS if refusal_expected(row[2])]
+    assert refused
+    run_rows(refused, ['gpt2', 'llama3'], files, tmp_path)
+
+
+@pytest.mark.slow  # two trainings
+def test_the_checkpoint_rows_run_and_resume(files, tmp_path):
+    """The GPT-2 runs of the checkpoint pair: saved as the harness keeps them, resumed, in agreement."""
+    fast = [row for row in upstream.TEST_GROUPS if row[1] in FAST_IDS and not refusal_expected(row[2])]
     log_dir = run_rows(fast, ['gpt2'], files, tmp_path)
     check_resumed_runs_agree(log_dir)
     saved = sorted(p.name for p in (tmp_path / 'ckpt' / 'no_resume' / 'gpt2' / 'no_resume').iterdir())

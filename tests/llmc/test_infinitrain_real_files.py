@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import llmc_io
-from infinitrain_samples import FOLDERS, SAMPLES, listed_md5s, needs_samples, step_dirs, unpack
+from infinitrain_samples import FOLDERS, SAMPLES, listed_md5s, needs_samples, step_dirs, unpacked
 from llmc_io import infinitrain_layout as layout
 from llmc_io import infinitrain_names as names
 from llmc_io.infinitrain_state import CONFIG_DEFAULTS, read_trainer_state, render_trainer_state
@@ -37,8 +37,8 @@ BEST_LOSS = {
 
 
 @pytest.fixture(scope='module')
-def real(tmp_path_factory):
-    return unpack(tmp_path_factory.mktemp('infinitrain'))
+def real():
+    return unpacked()  # read only: a test damages its own copy
 
 
 @pytest.mark.parametrize('folder', FOLDERS)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from infinitrain_samples import SAMPLES, needs_samples, step_dirs, unpack
+from infinitrain_samples import SAMPLES, needs_samples, step_dirs, unpacked
 from jaxtrain.tools import ckpt
 from trainer_runs import load_config, random_shard, tiny_llmc_model, train
 
@@ -24,10 +24,10 @@ def run_tool(capsys, *argv):
 
 
 @pytest.fixture(scope='module')
-def real(tmp_path_factory):
+def real():
     if not SAMPLES.is_dir():
         pytest.skip(f'{SAMPLES} absent')
-    return unpack(tmp_path_factory.mktemp('real'))
+    return unpacked()  # read only: a test damages its own copy
 
 
 @needs_samples
@@ -54,7 +54,7 @@ def test_every_sample_is_listed_shown_and_verified(real, capsys):
 
 
 @needs_samples
-def test_lr_scheduler_generation_shows_its_scheduler_file(real, capsys):
+def test_lr_scheduler_generation_shows_its_scheduler_file(real, tmp_path, capsys):
     """PR 151's directories: no last_lr in trainer_state.json; show prints lr_scheduler.ckpt's entries and the
     next step's lr (b.log's step-11 lr, 7.52e-02), verify checks the file against the step."""
     d = real / 'lrs-gpt2/a/checkpoint_step_000010'
@@ -70,7 +70,7 @@ def test_lr_scheduler_generation_shows_its_scheduler_file(real, capsys):
     assert code == 0 and 'lr_scheduler.ckpt: 9 entries, last_step 10' in out
     import shutil
 
-    moved = real.parent / 'lrs_wrong_step' / 'checkpoint_step_000020'
+    moved = tmp_path / 'lrs_wrong_step' / 'checkpoint_step_000020'
     shutil.copytree(d, moved)
     shutil.copy(real / 'lrs-gpt2/a/checkpoint_step_000020/lr_scheduler.ckpt', moved / 'lr_scheduler.ckpt')
     code, out, err = run_tool(capsys, 'verify', moved)
@@ -115,6 +115,7 @@ def test_damaged_sample_is_one_line(real, tmp_path, capsys):
     assert code == 2 and len(err.strip().splitlines()) == 1 and 'model.ckpt' in err
 
 
+@pytest.mark.slow  # two trainings
 def test_orbax_and_infinitrain_checkpoints_of_one_state_diff_identical(tmp_path, capsys):
     files = dict(
         input_bin=random_shard(tmp_path / 'train.bin'), llmc_filepath=tiny_llmc_model(tmp_path / 'model.bin')

@@ -99,6 +99,43 @@ def _one_error_line(result, *parts):
         assert part in result.error_lines[0], result.error_lines[0]
 
 
+@pytest.fixture(scope='module')
+def pr151_run(files, tmp_path_factory):
+    """(root, result, command line) of one run with PR 151's schedule flags saving InfiniTrain files at
+    steps 3 and 6 under root/full, which several tests below read."""
+    root = tmp_path_factory.mktemp('pr151')
+    common = _train(files, '--checkpoint_format', 'infinitrain', *PR151_SCHEDULE)
+    result = run_cli(*common, '--checkpoint_dir', root / 'full', '--save_steps', 3)
+    assert result.code == 0, result.err
+    return root, result, common
+
+
+# A cosine schedule with upstream's warmup, saved by default as Orbax, at steps 3 and 6.
+COSINE_ORBAX = (
+    '--learning_rate',
+    1e-3,
+    '--lr_decay_style',
+    'cosine',
+    '--min_lr',
+    1e-4,
+    '--lr_warmup_iters',
+    2,
+    '--lr_warmup_init',
+    2e-4,
+    '--save_steps',
+    3,
+)
+
+
+@pytest.fixture(scope='module')
+def cosine_orbax_run(files, tmp_path_factory):
+    """The Orbax root of one run with COSINE_ORBAX's flags."""
+    root = tmp_path_factory.mktemp('cosine') / 'orbax'
+    result = run_cli(*_train(files, *COSINE_ORBAX), '--checkpoint_dir', root)
+    assert result.code == 0, result.err
+    return root
+
+
 @pytest.mark.parametrize(
     'args, parts',
     [
@@ -233,7 +270,8 @@ def test_a_damaged_scheduler_file_is_refused(lrs_gpt2, damage, part):
     assert tree_digest(lrs_gpt2) == before and not (lrs_gpt2 / 'b').exists()
 
 
-def test_our_lr_scheduler_generation_saves_verifies_exports_and_resumes(files, tmp_path, capsys):
+@pytest.mark.slow  # two runs
+def test_our_lr_scheduler_generation_saves_verifies_exports_and_resumes(pr151_run, tmp_path, capsys):
     """A run with InfiniTrain's flags saving --checkpoint_format infinitrain: lr_scheduler.ckpt is the
     scheduler's state at the step (checked against the replay, whose bytes equal the binary's files);
     `ckpt verify` covers it by sha256; export to HEAD puts its lr in last_lr; a resume from step 3
@@ -243,18 +281,16 @@ def test_our_lr_scheduler_generation_saves_verifies_exports_and_resumes(files, t
     from llmc_io.infinitrain_lr_scheduler import read_lr_scheduler
     from llmc_io.infinitrain_state import read_trainer_state
 
-    common = _train(files, '--checkpoint_format', 'infinitrain', *PR151_SCHEDULE)
-    full = run_cli(*common, '--checkpoint_dir', tmp_path / 'full', '--save_steps', 3)
-    assert full.code == 0, full.err
+    run_root, full, common = pr151_run
     spec = ScheduleSpec('linear', 1e-3, min_lr=1e-4, warmup_iters=2, warmup_init=2e-4, decay_iters=6)
     for step in (3, 6):
-        step_dir = tmp_path / 'full' / f'checkpoint_step_{step:06d}'
+        step_dir = run_root / 'full' / f'checkpoint_step_{step:06d}'
         saved = read_lr_scheduler(step_dir / 'lr_scheduler.ckpt')
         assert saved == state_at(spec, step)
         state = read_trainer_state(step_dir / 'trainer_state.json')
         assert state.generation == 'lrs' and state.last_lr is None
         assert 'lr_scheduler.ckpt' in state.jaxtrain['sha256']
-    step3 = tmp_path / 'full' / 'checkpoint_step_000003'
+    step3 = run_root / 'full' / 'checkpoint_step_000003'
     assert ckpt.main(['verify', str(step3)]) == 0
     assert 'sha256 of 3 files' in capsys.readouterr().out
     assert (
@@ -277,10 +313,11 @@ def test_our_lr_scheduler_generation_saves_verifies_exports_and_resumes(files, t
     steps = lambda out: {int(m[1]): m.groups()[1:] for m in map(STEP_LR.search, out.splitlines()) if m}
     assert steps(resumed.out) == {k: v for k, v in steps(full.out).items() if k > 3}
     assert (tmp_path / 'resumed/checkpoint_step_000006/lr_scheduler.ckpt').read_bytes() == (
-        tmp_path / 'full/checkpoint_step_000006/lr_scheduler.ckpt'
+        run_root / 'full/checkpoint_step_000006/lr_scheduler.ckpt'
     ).read_bytes()
 
 
+@pytest.mark.slow  # two runs
 def test_infinitrain_lrs_names_the_generation_for_a_constant_schedule(files, tmp_path):
     """Upstream master with no schedule flags runs a constant LambdaLR and saves it; so does
     --checkpoint_format infinitrain-lrs. Plain infinitrain stays HEAD's layout (last_lr, no file)."""
@@ -316,7 +353,8 @@ def test_infinitrain_lrs_refuses_llmc_warmup_before_training(files, tmp_path):
     assert not root.exists()
 
 
-def test_export_infinitrain_lrs_from_orbax_and_from_infinitrain(files, tmp_path, capsys):
+@pytest.mark.slow  # a run
+def test_export_infinitrain_lrs_from_orbax_and_from_infinitrain(cosine_orbax_run, tmp_path, capsys):
     """ckpt export --format infinitrain-lrs: from an Orbax step, the scheduler state its recorded flags
     give at the step; from an InfiniTrain step, its own file, byte for byte."""
     from jaxtrain.optim.infinitrain_lr_schedule import ScheduleSpec, state_at
@@ -324,27 +362,9 @@ def test_export_infinitrain_lrs_from_orbax_and_from_infinitrain(files, tmp_path,
     from llmc_io.infinitrain_lr_scheduler import render_lr_scheduler
     from llmc_io.infinitrain_state import read_trainer_state
 
-    schedule = (
-        '--lr_decay_style',
-        'cosine',
-        '--min_lr',
-        1e-4,
-        '--lr_warmup_iters',
-        2,
-        '--lr_warmup_init',
-        2e-4,
-    )
-    result = run_cli(
-        *_train(files, '--learning_rate', 1e-3, *schedule),
-        '--checkpoint_dir',
-        tmp_path / 'orbax',
-        '--save_steps',
-        3,
-    )
-    assert result.code == 0, result.err
     spec = ScheduleSpec('cosine', 1e-3, min_lr=1e-4, warmup_iters=2, warmup_init=2e-4, decay_iters=6)
     first = tmp_path / 'lrs' / 'checkpoint_step_000003'
-    args = ['export', str(tmp_path / 'orbax/checkpoint_step_000003'), '--format', 'infinitrain-lrs']
+    args = ['export', str(cosine_orbax_run / 'checkpoint_step_000003'), '--format', 'infinitrain-lrs']
     assert ckpt.main([*args, '--output', str(first)]) == 0, capsys.readouterr()
     assert (first / 'lr_scheduler.ckpt').read_bytes() == render_lr_scheduler(state_at(spec, 3))
     assert read_trainer_state(first / 'trainer_state.json').generation == 'lrs'
@@ -363,39 +383,29 @@ def test_upstreams_checks_apply_only_to_its_spelling():
         check_config(load_config(learning_rate=0.0, lr_decay_style='cosine'))
 
 
-def test_an_orbax_resume_prints_pr_151s_load_done_line(files, tmp_path):
+@pytest.mark.slow  # two runs
+def test_an_orbax_resume_prints_pr_151s_load_done_line(files, cosine_orbax_run, tmp_path):
     """The binary decides the line: with PR 151's flags `Load done` has no last_lr, whatever the source."""
-    common = _train(files, *PR151_SCHEDULE, '--save_steps', 3)
-    assert run_cli(*common, '--checkpoint_dir', tmp_path / 'ck').code == 0
     result = run_cli(
-        *common,
+        *_train(files, *COSINE_ORBAX),
         '--checkpoint_dir',
         tmp_path / 'resumed',
         '--resume_from',
-        tmp_path / 'ck/checkpoint_step_000003',
+        cosine_orbax_run / 'checkpoint_step_000003',
     )
     assert result.code == 0, result.err
     line = next(line for line in result.out.splitlines() if line.startswith('[CKPT] Load done'))
     assert line == '[CKPT] Load done: global_step=3, consumed_batches =3, topology(ddp,tp,sp,pp)=(1,1,1,1)'
 
 
-def test_export_infinitrain_lrs_as_rank_directories(files, tmp_path, capsys):
+@pytest.mark.slow  # a run
+def test_export_infinitrain_lrs_as_rank_directories(pr151_run, tmp_path, capsys):
     """Upstream saves per rank, so every rank_NNNNNN/ of a multi-GPU export carries the same
     lr_scheduler.ckpt; reading it back takes rank 0's."""
     from jaxtrain.tools import ckpt
     from llmc_io.infinitrain_state import read_trainer_state
 
-    result = run_cli(
-        *_train(files, '--lr_decay_style', 'cosine', '--lr_warmup_iters', 2),
-        '--checkpoint_dir',
-        tmp_path / 'ck',
-        '--save_steps',
-        3,
-        '--checkpoint_format',
-        'infinitrain',
-    )
-    assert result.code == 0, result.err
-    source = tmp_path / 'ck/checkpoint_step_000003'
+    source = pr151_run[0] / 'full/checkpoint_step_000003'  # a warmup of 2 steps, then the decay
     out = tmp_path / 'ranks/checkpoint_step_000003'
     args = ['export', str(source), '--format', 'infinitrain-lrs', '--ddp', '2', '--output', str(out)]
     assert ckpt.main(args) == 0, capsys.readouterr()
