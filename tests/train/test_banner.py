@@ -5,6 +5,8 @@ run that pinned host memory for its saves says so once among its start lines."""
 
 import json
 
+import pytest
+
 from jaxtrain.checkpoint import layout
 from jaxtrain.checkpoint import manager as ckpt_manager
 from trainer_runs import load_config, random_shard, tiny_llmc_model, train
@@ -15,59 +17,71 @@ def _model_line(out: str) -> str:
     return line
 
 
-def test_banner_names_the_checkpoint_after_a_resume(tmp_path):
+@pytest.fixture(scope='module')
+def fresh_then_resumed(tmp_path_factory):
+    """A 1-step run from the llm.c file saving step 1, then a run resuming it to step 2 where
+    Checkpointer.prepare pinned host memory (a GPU: 0.72 s here, given). Returns (the llm.c
+    file, step 1's directory, the two runs' stdout)."""
+    tmp_path = tmp_path_factory.mktemp('banner')
     files = dict(
         input_bin=random_shard(tmp_path / 'train.bin'),
         llmc_filepath=tiny_llmc_model(tmp_path / 'model.bin'),
         checkpoint_dir=str(tmp_path / 'ck'),
     )
-    code, _, out = train(load_config('gpt2', num_iteration=1, save_steps=1, **files))
-    assert code == 0, out
-    assert _model_line(out).endswith(f"weights: llm.c file {files['llmc_filepath']}")
-    assert 'saves: pinned' not in out  # a CPU run pins nothing
+    code, _, fresh = train(load_config('gpt2', num_iteration=1, save_steps=1, **files))
+    assert code == 0, fresh
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ckpt_manager, 'grow_pinned_host_pool', lambda tree: 0.72)
+        config = load_config('gpt2', num_iteration=2, save_steps=1, resume_from='latest', **files)
+        code, _, resumed = train(config)
+    assert code == 0, resumed
     step_dir = (tmp_path / 'ck').absolute() / layout.step_dir_name(1)
-    code, _, out = train(load_config('gpt2', num_iteration=2, save_steps=1, resume_from='latest', **files))
-    assert code == 0, out
-    line = _model_line(out)
+    return files['llmc_filepath'], step_dir, fresh, resumed
+
+
+def test_banner_names_the_checkpoint_after_a_resume(fresh_then_resumed):
+    model_file, step_dir, fresh, resumed = fresh_then_resumed
+    assert _model_line(fresh).endswith(f'weights: llm.c file {model_file}')
+    assert 'saves: pinned' not in fresh  # a CPU run pins nothing
+    line = _model_line(resumed)
     assert line.endswith(f'weights: checkpoint {step_dir}'), line
-    assert 'random init' not in line and files['llmc_filepath'] not in line
+    assert 'random init' not in line and model_file not in line
 
 
-def test_a_run_that_pinned_memory_for_its_saves_says_so_once(tmp_path, monkeypatch):
-    """Where Checkpointer.prepare pinned host memory (a GPU: 0.72 s here, given), the run prints
-    what and how long among its start lines, before step 1."""
-    monkeypatch.setattr(ckpt_manager, 'grow_pinned_host_pool', lambda tree: 0.72)
-    files = dict(
-        input_bin=random_shard(tmp_path / 'train.bin'),
-        llmc_filepath=tiny_llmc_model(tmp_path / 'model.bin'),
-        checkpoint_dir=str(tmp_path / 'ck'),
-    )
-    code, _, out = train(load_config('gpt2', num_iteration=2, save_steps=1, **files))
-    assert code == 0, out
-    lines = out.splitlines()
+def test_a_run_that_pinned_memory_for_its_saves_says_so_once(fresh_then_resumed):
+    """Where Checkpointer.prepare pinned host memory, the run prints what and how long among
+    its start lines, before its first step."""
+    lines = fresh_then_resumed[-1].splitlines()
     [pinned] = [i for i, line in enumerate(lines) if line.startswith('saves: pinned ')]
     assert lines[pinned].endswith(' GiB of host memory for checkpoint copies in 0.72 s'), lines[pinned]
     first_step = next(i for i, line in enumerate(lines) if line.startswith('step '))
     assert pinned < first_step
 
 
-def test_banner_names_the_seed_of_a_random_init(tmp_path):
-    config = load_config('gpt2', num_iteration=0, seed=7, input_bin=random_shard(tmp_path / 'train.bin'))
+@pytest.fixture(scope='module')
+def random_init_run(tmp_path_factory):
+    """One step of the tiny variant from a random init of seed 7, with AdamW's options and a
+    cosine schedule given: its config, stdout and metrics_dir."""
+    tmp_path = tmp_path_factory.mktemp('random_init')
+    metrics = tmp_path / 'm'
+    config = load_config(
+        'gpt2', num_iteration=1, seed=7, input_bin=random_shard(tmp_path / 'train.bin'),
+        metrics_dir=str(metrics), beta2=0.99, weight_decay=0.1, grad_clip=1.0, lr_schedule='cosine',
+        warmup_steps=2, min_lr_ratio=0.1, learning_rate=3e-4,
+    )  # fmt: skip
     config.model = 'tiny'
     code, _, out = train(config)
     assert code == 0, out
+    return config, out, metrics
+
+
+def test_banner_names_the_seed_of_a_random_init(random_init_run):
+    _, out, _ = random_init_run
     assert _model_line(out).endswith('weights: random init (seed 7)')
 
 
-def test_banner_names_the_optimizer_and_config_json_records_the_run(tmp_path):
-    metrics = tmp_path / 'm'
-    config = load_config(
-        'gpt2', num_iteration=1, input_bin=random_shard(tmp_path / 'train.bin'), metrics_dir=str(metrics),
-        beta2=0.99, weight_decay=0.1, grad_clip=1.0, lr_schedule='cosine', warmup_steps=2, min_lr_ratio=0.1,
-        learning_rate=3e-4,
-    )  # fmt: skip
-    code, _, out = train(config)
-    assert code == 0, out
+def test_banner_names_the_optimizer_and_config_json_records_the_run(random_init_run):
+    config, out, metrics = random_init_run
     [line] = [line for line in out.splitlines() if line.startswith('optimizer: ')]
     assert line == (
         "optimizer: adamw | lr 3.00e-04, cosine, after llm.c's linear warmup of 2 steps to 0.1 x lr at step 1"

@@ -26,7 +26,8 @@ from jaxtrain.train.mfu import (
     training_flops_per_token,
 )
 from jaxtrain.train.progress import Progress
-from trainer_runs import load_config, random_shard, train
+import llmc_io
+from trainer_runs import load_config, random_shard, tiny_llmc_model, train
 
 STEP_LINE = re.compile(
     r'step\s+(\d+)/\d+ \| train loss ([\d.]+) \| lr ([\d.e+-]+) \| \(([\d.]+) ms \| (\d+) tok/s'
@@ -136,9 +137,11 @@ def test_the_summary_gives_the_runs_mfu():
 def test_tensorboard_curves_match_the_step_lines_across_a_resume(tmp_path, monkeypatch):
     wandb = fake_wandb()
     monkeypatch.setitem(sys.modules, 'wandb', wandb)
+    model = tiny_llmc_model(tmp_path / 'model.bin')
     common = dict(
-        input_bin=random_shard(tmp_path / 'train.bin', vocab=50257),
-        input_val_bin=random_shard(tmp_path / 'val.bin', vocab=50257, seed=1),
+        input_bin=random_shard(tmp_path / 'train.bin'),
+        input_val_bin=random_shard(tmp_path / 'val.bin', seed=1),
+        llmc_filepath=model,
         val_loss_every=2,
         val_max_steps=1,
         save_steps=3,
@@ -198,7 +201,7 @@ def test_tensorboard_curves_match_the_step_lines_across_a_resume(tmp_path, monke
         row = recorded[step]
         assert scalars['train/grad_norm'][step] == pytest.approx(row['grad_norm'], rel=1e-6)
         # MFU from the model's shape: FLOPs of the step over its time at 0.5 TFLOP/s on one device.
-        flops = gpt2_flops_per_token(first_model(first), first.sequence_length) * 256
+        flops = gpt2_flops_per_token(llmc_io.load_model(model)[0], first.sequence_length) * 256
         assert row['mfu'] == pytest.approx(flops / (row['step_ms'] / 1e3 * 0.5e12), rel=1e-6)
         assert scalars['perf/mfu'][step] == pytest.approx(row['mfu'], rel=1e-6)
     assert {s: pytest.approx(v, abs=5e-7) for s, v in val.items()} == scalars['val/loss']
@@ -217,12 +220,6 @@ def test_tensorboard_curves_match_the_step_lines_across_a_resume(tmp_path, monke
     logged_loss = {values['step']: values['train/loss'] for values in run.logged if 'train/loss' in values}
     assert sorted(logged_loss) == list(range(1, 7))
     assert all(logged_loss[s] == pytest.approx(scalars['train/loss'][s]) for s in (1, 2, 3))
-
-
-def first_model(config):
-    from jaxtrain.models.gpt2 import VARIANTS
-
-    return VARIANTS[config.model]
 
 
 def test_wandb_missing_is_one_line_before_anything_runs(tmp_path, monkeypatch):
@@ -300,8 +297,9 @@ def test_real_wandb_offline_logs_what_metrics_jsonl_holds_across_a_resume(tmp_pa
     monkeypatch.setenv('WANDB_MODE', 'offline')
     monkeypatch.setenv('WANDB_SILENT', 'true')
     common = dict(
-        input_bin=random_shard(tmp_path / 'train.bin', vocab=50257),
-        input_val_bin=random_shard(tmp_path / 'val.bin', vocab=50257, seed=1),
+        input_bin=random_shard(tmp_path / 'train.bin'),
+        input_val_bin=random_shard(tmp_path / 'val.bin', seed=1),
+        llmc_filepath=tiny_llmc_model(tmp_path / 'model.bin'),
         val_loss_every=2,
         val_max_steps=1,
         save_steps=2,

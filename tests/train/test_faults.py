@@ -5,9 +5,10 @@ losses equal the uninterrupted run's bit for bit, and every stop says why in one
 SIGTERM and SIGINT have their own test (test_seed_experiment.py). A kill series is one
 sequence of real trainer processes (start, kill, resume latest, kill again, ...); each is
 started while the one before trains, with its imports done, and released once that one is
-dead, so the sequence costs about 3 s a kill instead of 6. The default run kills at five of
-the twenty moments, a quarter chosen by rotation (KILL_ROTATION_ENV); the `heavy` test
-kills at all twenty.
+dead, so the sequence costs about 3 s a kill instead of 6; the run that finishes it and the
+uninterrupted run it is compared with are killed by nothing and run in the test's process.
+The default run kills at five of the twenty moments, a quarter chosen by rotation
+(KILL_ROTATION_ENV); the `heavy` test kills at all twenty.
 """
 
 import json
@@ -236,7 +237,10 @@ def kill_and_resume_at(moments, tmp_path, trainers, which: str):
     model = tiny_llmc_model(tmp_path / 'model.bin')
     root, metrics = tmp_path / 'ck', tmp_path / 'metrics' / 'metrics.jsonl'
     common = ['--input_bin', shard, '--llmc_filepath', model, '--learning_rate', 1e-3]
-    reference = trainers(*common, '--num_iteration', FINAL_STEP, '--metrics_dir', tmp_path / 'reference')
+    # The uninterrupted run is not about kills: in this process, on one device as the trainer
+    # processes have (their losses match it to the bit, test_seed_experiment.py's SIGTERM test).
+    reference = run_cli(*common, '--num_iteration', FINAL_STEP, '--metrics_dir', tmp_path / 'reference')
+    assert reference.code == 0, reference.err[-3000:]
     resuming = ['--checkpoint_dir', root, '--resume_from', 'latest', '--metrics_dir', metrics.parent]
     sequence = [*common, *resuming, '--save_steps', 1, '--max_checkpoint_keep', 3]
 
@@ -247,11 +251,11 @@ def kill_and_resume_at(moments, tmp_path, trainers, which: str):
         resumed = committed[-1] if committed else None
         rows_before = len(logged_losses(metrics))
         run.release()
-        # The last run trains to the end: fewer saves make it quicker, and save_steps may change.
-        last = ['--save_steps', 8] if number == len(moments) else []
-        following = trainers(
-            *sequence, '--num_iteration', FINAL_STEP, *last, release_file=tmp_path / f'go-{number + 1}'
-        )
+        following = None
+        if number < len(moments):
+            following = trainers(
+                *sequence, '--num_iteration', FINAL_STEP, release_file=tmp_path / f'go-{number + 1}'
+            )
         if _wait_for(moment, run, root, metrics, rows_before, resumed or 0):
             run.kill()
             seconds = round(time.monotonic() - run.released_at, 2)
@@ -268,14 +272,14 @@ def kill_and_resume_at(moments, tmp_path, trainers, which: str):
                 assert 'no committed checkpoint' in output and 'starting fresh' in output, output[-3000:]
         run = following
 
-    # The last run is left alone: it resumes the newest commit and trains to the end.
+    # The last run is left alone: it resumes the newest commit and trains to the end. It is
+    # killed by nothing, so it runs in this process; fewer saves make it quicker, and save_steps
+    # may change.
     committed = ckpt_layout.committed_steps(root)
     assert committed and committed[-1] < FINAL_STEP, committed
-    run.release()
-    assert run.wait() == 0, run.output()[-3000:]
-    final_output = run.output()
-    assert _restored_step(final_output, root) == committed[-1], final_output[-3000:]
-    assert reference.wait() == 0, reference.output()[-3000:]
+    final = run_cli(*sequence, '--num_iteration', FINAL_STEP, '--save_steps', 8)
+    assert final.code == 0, final.out[-3000:] + final.err[-3000:]
+    assert _restored_step(final.out, root) == committed[-1], final.out[-3000:]
 
     expected = dict(logged_losses(tmp_path / 'reference' / 'metrics.jsonl'))
     assert sorted(expected) == list(range(1, FINAL_STEP + 1))
@@ -425,6 +429,19 @@ def tiny_files(tmp_path_factory):
     return ['--input_bin', shard, '--llmc_filepath', model, '--learning_rate', 1e-3]
 
 
+@pytest.fixture(scope='module')
+def saved_step_2(tiny_files, tmp_path_factory):
+    """A 2-step run in its own directory that saved step 2 to the relative checkpoint_dir
+    `ck`; a test that writes to it works on a copy."""
+    work = tmp_path_factory.mktemp('step_2')
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(work)
+        result = run_cli(*tiny_files, '--num_iteration', 2, '--save_steps', 2, '--checkpoint_dir', 'ck')
+    assert result.code == 0, result.err
+    assert ckpt_layout.committed_steps(work / 'ck') == [2]
+    return work
+
+
 def _step_params_finite(step_dir: Path) -> bool:
     params = ocp.StandardCheckpointer().restore(step_dir / 'params')
     return all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
@@ -447,9 +464,9 @@ def test_non_finite_loss_stops_naming_step_and_last_checkpoint(tiny_files, tmp_p
     assert ckpt_tool.main(['verify', str(root / 'checkpoint_step_000001')]) == 0
 
 
-def test_non_finite_loss_after_resume_names_the_checkpoint_resumed(tiny_files, tmp_path):
+def test_non_finite_loss_after_resume_names_the_checkpoint_resumed(tiny_files, saved_step_2, tmp_path):
     root = tmp_path / 'ck'
-    assert run_cli(*tiny_files, '--num_iteration', 2, '--save_steps', 2, '--checkpoint_dir', root).code == 0
+    shutil.copytree(saved_step_2 / 'ck', root)
     resuming = ['--checkpoint_dir', root, '--resume_from', 'latest', '--max_checkpoint_keep', 1]
     result = run_cli(
         *tiny_files, '--learning_rate', 1e30, '--num_iteration', 9, '--save_steps', 100, *resuming
@@ -464,17 +481,18 @@ def test_non_finite_loss_after_resume_names_the_checkpoint_resumed(tiny_files, t
 
 
 @pytest.mark.parametrize('resume_from', ['ck/checkpoint_step_000002', 'latest'])
-def test_relative_checkpoint_paths_resume(tiny_files, tmp_path, monkeypatch, resume_from):
-    """The README's own seed commands use relative paths."""
+def test_relative_checkpoint_paths_resume(tiny_files, saved_step_2, tmp_path, monkeypatch, resume_from):
+    """The README's own seed commands use relative paths: a run saves to a relative
+    checkpoint_dir (saved_step_2) and another, started where it ran, resumes from it."""
+    shutil.copytree(saved_step_2 / 'ck', tmp_path / 'ck')  # each resume saves step 3 into its own copy
     monkeypatch.chdir(tmp_path)
-    assert run_cli(*tiny_files, '--num_iteration', 2, '--save_steps', 2, '--checkpoint_dir', 'ck').code == 0
     resuming = ['--checkpoint_dir', 'ck', '--resume_from', resume_from]
     result = run_cli(*tiny_files, '--num_iteration', 3, '--save_steps', 1, *resuming)
     assert result.code == 0, result.err
     assert 'restored step 2' in result.out
+    assert ckpt_layout.committed_steps(tmp_path / 'ck') == [2, 3]
 
 
-def test_relative_path_for_the_checkpoint_tool(tiny_files, tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    assert run_cli(*tiny_files, '--num_iteration', 1, '--save_steps', 1, '--checkpoint_dir', 'ck').code == 0
-    assert ckpt_tool.main(['verify', 'ck/checkpoint_step_000001']) == 0, capsys.readouterr()
+def test_relative_path_for_the_checkpoint_tool(saved_step_2, monkeypatch, capsys):
+    monkeypatch.chdir(saved_step_2)
+    assert ckpt_tool.main(['verify', 'ck/checkpoint_step_000002']) == 0, capsys.readouterr()

@@ -88,7 +88,7 @@ def test_an_infinitrain_run_reports_its_saves_as_they_are(tmp_path):
     config = load_config(
         'gpt2',
         input_bin=random_shard(tmp_path / 'train.bin'),
-        llmc_filepath=tiny_llmc_model(tmp_path / 'model.bin', num_layers=1),
+        llmc_filepath=tiny_llmc_model(tmp_path / 'model.bin'),
         checkpoint_dir=str(root),
         checkpoint_format='infinitrain',
         num_iteration=4,
@@ -112,7 +112,7 @@ def test_a_checkpoint_dir_without_save_steps_says_it_saves_nothing(tmp_path):
     config = load_config(
         'gpt2',
         input_bin=random_shard(tmp_path / 'train.bin'),
-        llmc_filepath=tiny_llmc_model(tmp_path / 'model.bin', num_layers=1),
+        llmc_filepath=tiny_llmc_model(tmp_path / 'model.bin'),
         checkpoint_dir=str(tmp_path / 'ck'),
         num_iteration=1,
         sample_every=0,

@@ -1,8 +1,8 @@
-"""The seed's acceptance experiment, verbatim, as real processes: train 100 steps saving
-every 20, resume a second run from step 40, and InfiniTrain's loss comparison of steps
-41-100 finds zero difference; then SIGTERM and an exact resume. (GPT-2 fp32: README's seed
-block, run by tests/test_readme.py; kill -9 during saves: test_faults.py; bf16 and
-accumulation in both families: test_resume_exact.py.)"""
+"""The seed's acceptance experiment, verbatim, through the trainer's command line: train 100
+steps saving every 20, resume a second run from step 40, and InfiniTrain's loss comparison of
+steps 41-100 finds zero difference; then SIGTERM to a real trainer process and an exact resume.
+(GPT-2 fp32: README's seed block, run by tests/test_readme.py; kill -9 during saves:
+test_faults.py; bf16 and accumulation in both families: test_resume_exact.py.)"""
 
 import os
 import signal
@@ -14,7 +14,7 @@ import time
 import pytest
 
 from jaxtrain.checkpoint import layout as ckpt_layout
-from cli_runs import assert_resumed_run_matches, seed_experiment_setup
+from cli_runs import assert_resumed_run_matches, run_cli, seed_experiment_setup
 from trainer_runs import random_shard, tiny_llmc_model
 
 pytestmark = pytest.mark.slow
@@ -32,25 +32,27 @@ def trainer(config_file, *args, log=None):
 
 
 # GPT-2 in fp32 is README's own seed block, which tests/test_readme.py runs as written and holds to
-# the same checks; running it here as well would train the same 160 steps twice.
+# the same checks; running it here as well would train the same 160 steps twice. The two runs are
+# the commands' own (main.entry_point, one device, as a trainer process has) in this process: what
+# is checked is the resume, which a process boundary does not change (the signal test below and
+# test_faults.py's kill test start real processes).
 @pytest.mark.parametrize('family,dtype', [('llama3', 'bfloat16')])
 def test_seed_commands_match_from_step_41(tmp_path, family, dtype):
     common, log_name = seed_experiment_setup(tmp_path, family, dtype)
     config_file = f'configs/{family}.py'
-    with open(tmp_path / 'base' / log_name, 'w') as log:
-        first = trainer(config_file, *common, '--checkpoint_dir', tmp_path / 'ck' / 'noresume', log=log)
-        assert first.wait(timeout=600) == 0
-    with open(tmp_path / 'test' / log_name, 'w') as log:
-        second = trainer(
-            config_file,
-            *common,
-            '--checkpoint_dir',
-            tmp_path / 'ck' / 'resumefrom40',
-            '--resume_from',
-            tmp_path / 'ck' / 'noresume' / 'checkpoint_step_000040',
-            log=log,
-        )
-        assert second.wait(timeout=600) == 0
+    first = run_cli(*common, '--checkpoint_dir', tmp_path / 'ck' / 'noresume', config=config_file)
+    (tmp_path / 'base' / log_name).write_text(first.out + first.err)
+    assert first.code == 0, first.err
+    second = run_cli(
+        *common,
+        '--checkpoint_dir',
+        tmp_path / 'ck' / 'resumefrom40',
+        '--resume_from',
+        tmp_path / 'ck' / 'noresume' / 'checkpoint_step_000040',
+        config=config_file,
+    )
+    (tmp_path / 'test' / log_name).write_text(second.out + second.err)
+    assert second.code == 0, second.err
     assert ckpt_layout.committed_steps(tmp_path / 'ck' / 'noresume') == [20, 40, 60, 80, 100]
     assert ckpt_layout.committed_steps(tmp_path / 'ck' / 'resumefrom40') == [60, 80, 100]
     assert_resumed_run_matches(
@@ -109,9 +111,10 @@ def test_sigterm_saves_current_step_and_resume_is_exact(tmp_path):
     stopped_at = saved[0]
     assert max(_losses(tmp_path / 'm1' / 'metrics.jsonl')) == stopped_at
 
+    # The resume and the uninterrupted run are not about signals: in this process (one device,
+    # as the trainer process had), compiled as that process compiled.
     end = stopped_at + 3
-    resumed = trainer(
-        'configs/gpt2.py',
+    resumed = run_cli(
         *common,
         '--num_iteration',
         end,
@@ -122,11 +125,15 @@ def test_sigterm_saves_current_step_and_resume_is_exact(tmp_path):
         '--metrics_dir',
         tmp_path / 'm2',
     )
-    full = trainer('configs/gpt2.py', *common, '--num_iteration', end, '--metrics_dir', tmp_path / 'm3')
-    assert resumed.wait(timeout=300) == 0 and full.wait(timeout=300) == 0
+    assert resumed.code == 0, resumed.err
+    full = run_cli(*common, '--num_iteration', end, '--metrics_dir', tmp_path / 'm3')
+    assert full.code == 0, full.err
     resumed_losses, full_losses = (
         _losses(tmp_path / 'm2' / 'metrics.jsonl'),
         _losses(tmp_path / 'm3' / 'metrics.jsonl'),
     )
     assert sorted(resumed_losses) == list(range(stopped_at + 1, end + 1))
     assert all(resumed_losses[s] == full_losses[s] for s in resumed_losses)
+    # The signalled process's own steps are the uninterrupted run's too.
+    signalled = _losses(tmp_path / 'm1' / 'metrics.jsonl')
+    assert all(signalled[s] == full_losses[s] for s in signalled)
