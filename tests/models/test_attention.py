@@ -81,9 +81,11 @@ def test_unusable_combinations_are_refused_with_the_way_out(monkeypatch):
         resolve_attention('flash', jnp.bfloat16)
 
 
+INDICES = (None, 0, 1, 2, 5, 30)
+
+
 @pytest.mark.xla_optimized  # bitwise equality of two programs, as a user's run compiles them
-@pytest.mark.parametrize('index', [None, 0, 1, 2, 5, 30])
-def test_power_of_two_scaled_queries_give_the_same_bits(index):
+def test_power_of_two_scaled_queries_give_the_same_bits():
     # What makes unrolled deterministic cuDNN calls distinct must not change a bit of the
     # attention or its gradients; checked with XLA's attention, whose arithmetic is plain.
     from jaxtrain.models.attention import scaled_queries
@@ -95,17 +97,20 @@ def test_power_of_two_scaled_queries_give_the_same_bits(index):
         q, scale = scaled_queries(q, index)
         return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True, implementation='xla')
 
-    def forward_and_grads(index):
-        loss = lambda q, k, v: jnp.sum(attend(q, k, v, index).astype(jnp.float32) * do)
-        # Jitted, as a user's run: eagerly, each op compiles with XLA's optimizations on its own.
-        return jax.jit(lambda q, k, v: (attend(q, k, v, index), jax.grad(loss, argnums=(0, 1, 2))(q, k, v)))(
-            q, k, v
-        )
+    def forward_and_grads(q, k, v, index):
+        loss = lambda q, k, v: jnp.sum(attend(q, k, v, index).astype(jnp.float32) * do)  # noqa: E731
+        return attend(q, k, v, index), jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
 
-    plain = forward_and_grads(None)
-    scaled = forward_and_grads(index)
-    for got, want in zip(jax.tree.leaves(scaled), jax.tree.leaves(plain)):
-        np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+    # The plain call and every index in one jitted program, as a user's run: eagerly, each op
+    # compiles with XLA's optimizations on its own (and one program per index is a compile each).
+    plain, *scaled = jax.jit(lambda q, k, v: [forward_and_grads(q, k, v, i) for i in (None, *INDICES)])(
+        q, k, v
+    )
+    for index, each in zip(INDICES, scaled, strict=True):
+        for got, want in zip(jax.tree.leaves(each), jax.tree.leaves(plain), strict=True):
+            np.testing.assert_array_equal(
+                np.asarray(got, np.float32), np.asarray(want, np.float32), err_msg=f'index {index}'
+            )
 
 
 @pytest.mark.parametrize('family', ['gpt2', 'llama3'])

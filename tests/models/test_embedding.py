@@ -60,14 +60,21 @@ def test_scatter_and_sorted_gradients_agree_in_a_model():
     )
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, 30, (2, 8)))
 
-    def wte_grad(deterministic):
-        def grad():
-            model = GPT2(config, deterministic=deterministic, rngs=nnx.Rngs(0))
-            graphdef, params = nnx.split(model, nnx.Param)
-            loss = lambda p: jnp.sum(nnx.merge(graphdef, p)(tokens) ** 2)
-            return jax.grad(loss)(params)['wte']['embedding'][...]
+    # The shapes alone, then random values from NumPy: an init (eager or in the jitted program)
+    # costs more to compile than the gradient itself.
+    abstract = nnx.eval_shape(lambda: GPT2(config, rngs=nnx.Rngs(0)))
+    rng = np.random.default_rng(1)
+    params = jax.tree.map(
+        lambda x: jnp.asarray(rng.normal(0, 0.3, x.shape), jnp.float32),
+        nnx.to_pure_dict(nnx.split(abstract, nnx.Param)[1]),
+    )
 
-        return jax.jit(grad)()  # one program, init included: eagerly, every op compiles on its own
+    def wte_grad(deterministic):
+        graphdef = nnx.split(
+            nnx.eval_shape(lambda: GPT2(config, deterministic=deterministic, rngs=nnx.Rngs(0))), nnx.Param
+        )[0]
+        loss = lambda p: jnp.sum(nnx.merge(graphdef, nnx.State(p))(tokens) ** 2)  # noqa: E731
+        return jax.jit(jax.grad(loss))(params)['wte']['embedding']  # one program: eagerly, op by op
 
     np.testing.assert_allclose(wte_grad(True), wte_grad(False), rtol=1e-5, atol=1e-6)
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 from test_models import _model_and_params, tiny_config
-from trainer_runs import load_config
+from trainer_runs import load_config, tiny_llmc_model
 
 from jaxtrain.models.gpt2 import GPT2
 from jaxtrain.models.llama3 import LLaMA3
@@ -83,14 +83,15 @@ def test_flags_map_as_set_activation_recompute_config_does():
     )
 
 
+# Three layers: a uniform group of 2 leaves a ragged group of 1, and block 2 leaves layer 2 plain.
 CONFIGS = {
     'gpt2': (
         GPT2,
-        tiny_config('gpt2', max_seq_len=16, vocab_size=50, padded_vocab_size=64, channels=16, num_layers=5),
+        tiny_config('gpt2', max_seq_len=16, vocab_size=50, padded_vocab_size=64, channels=16, num_layers=3),
     ),
     'llama3': (
         LLaMA3,
-        tiny_config('llama3', max_seq_len=16, vocab_size=48, channels=16, multiple_of=8, num_layers=5),
+        tiny_config('llama3', max_seq_len=16, vocab_size=48, channels=16, multiple_of=8, num_layers=3),
     ),
 }
 
@@ -153,11 +154,14 @@ def test_recompute_gives_the_same_loss_and_gradients(family, scan, plan):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-6)
 
 
-def test_the_flags_reach_the_model():
+def test_the_flags_reach_the_model(tmp_path):
     from jaxtrain.models.setup import setup_model
 
+    # A 512-id llm.c file: the default config's 50257-id vocabulary costs seconds to initialise.
+    model = tiny_llmc_model(tmp_path / 'gpt2.bin')
+
     def model_of(**keys):
-        setup = setup_model(load_config('gpt2', **keys))
+        setup = setup_model(load_config('gpt2', llmc_filepath=model, **keys))
         return nnx.merge(setup.graphdef, nnx.State(jax.tree.map(jnp.asarray, setup.params)))
 
     on = model_of(activation_recompute=True, recompute_method='uniform', recompute_num_layers=2)
