@@ -10,7 +10,7 @@ from flax import nnx
 from jaxtrain.models.decode import DecodeOptions, Decoder, kth_largest, sample_next
 from jaxtrain.models.gpt2 import GPT2
 from jaxtrain.models.llama3 import LLaMA3
-from test_models import GPT2_SMALL, LLAMA_SMALL, _logits, _model_and_params
+from test_models import GPT2_SMALL, LLAMA_SMALL, _forward, _logits, _model_and_params
 
 FAMILIES = [(GPT2, GPT2_SMALL), (LLaMA3, LLAMA_SMALL)]
 # One length (the models' whole context) and few (batch size, top_k) pairs across the tests: each new
@@ -23,7 +23,7 @@ def _full_forward_greedy(graphdef, params, config, prompt, length):
     """Argmax of a full forward pass over the prefix, one new token at a time. The input is padded to
     `length` so that one compilation serves every prefix: the model is causal, so the logits at t
     do not see the padding after it."""
-    forward = jax.jit(lambda p, tokens: nnx.merge(graphdef, nnx.State(p))(tokens))
+    forward = _forward(graphdef)  # one jitted forward pass per model, shared by the tests
     params = jax.tree.map(jnp.asarray, params)
     tokens = np.zeros((1, length), np.int32)
     tokens[0, : len(prompt)] = prompt
@@ -67,7 +67,8 @@ def test_top_k_samples_stay_in_the_full_forward_top_k(cls, config):
 def test_sample_next_matches_the_softmax_of_the_top_k():
     """Frequencies of 20k draws against softmax(top-k logits / temperature) computed in NumPy."""
     logits = np.array([[2.0, 1.0, 0.5, -1.0, 3.0]], np.float32)
-    draws = jax.vmap(lambda key: sample_next(jnp.asarray(logits), key, 0.8, 3))(
+    # Jitted: eagerly, each batched op dispatches and compiles on its own.
+    draws = jax.jit(jax.vmap(lambda key: sample_next(jnp.asarray(logits), key, 0.8, 3)))(
         jax.random.split(jax.random.key(0), 20000)
     )
     counts = np.bincount(np.asarray(draws).reshape(-1), minlength=5) / 20000
@@ -149,13 +150,15 @@ def test_kth_largest_is_numpys_kth_of_the_sorted_row():
             np.concatenate([[np.inf, -np.inf, 1e30, -1e-30], rng.normal(0, 1e-3, 93)])[None],
         ]
     ).astype(np.float32)
+    # One program for every k (k a traced argument): eagerly, each op dispatches and compiles on its own.
+    kth = jax.jit(kth_largest)
     for k in (1, 2, 5, 40, 96, 97):
         expected = np.sort(rows, axis=-1)[:, -k]
-        np.testing.assert_array_equal(np.asarray(kth_largest(jnp.asarray(rows), k)), expected)
+        np.testing.assert_array_equal(np.asarray(kth(jnp.asarray(rows), k)), expected)
         np.testing.assert_array_equal(np.asarray(jax.lax.top_k(jnp.asarray(rows), k)[0][:, -1]), expected)
     bf16 = jnp.asarray(rows[:3], jnp.bfloat16)
     expected = np.sort(np.asarray(bf16, np.float32), axis=-1)[:, -7]
-    np.testing.assert_array_equal(np.asarray(kth_largest(bf16, 7)), expected)
+    np.testing.assert_array_equal(np.asarray(kth(bf16, 7)), expected)
 
 
 def test_bad_options_are_refused():

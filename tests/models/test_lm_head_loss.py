@@ -59,8 +59,11 @@ def test_loss_and_gradients_match_plain_autodiff(vocab_axis, chunk_bytes, kernel
 
 def test_cotangent_scales_the_gradients():
     h, w, targets, V = _inputs(seed=1)
-    grads = jax.grad(lambda h, w: 3.0 * lm_head_cross_entropy(h, w, targets, V, 0), argnums=(0, 1))(h, w)
-    plain = jax.grad(lambda h, w: 3.0 * _plain_loss(h, w, targets, V, 0), argnums=(0, 1))(h, w)
+    # Jitted: eagerly, each op dispatches and compiles on its own.
+    grads = jax.jit(jax.grad(lambda h, w: 3.0 * lm_head_cross_entropy(h, w, targets, V, 0), argnums=(0, 1)))(
+        h, w
+    )
+    plain = jax.jit(jax.grad(lambda h, w: 3.0 * _plain_loss(h, w, targets, V, 0), argnums=(0, 1)))(h, w)
     for a, b in zip(grads, plain):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
@@ -68,9 +71,12 @@ def test_cotangent_scales_the_gradients():
 def test_bf16_hidden_states_give_bf16_dh_and_fp32_dw():
     h, w, targets, V = _inputs(seed=2)
     h16 = h.astype(jnp.bfloat16)
-    loss, (dh, dw) = jax.value_and_grad(lm_head_cross_entropy, argnums=(0, 1))(h16, w, targets, V, 0)
+    # Jitted (V and the vocabulary axis static): eagerly, each op dispatches and compiles on its own.
+    fused = jax.jit(jax.value_and_grad(lm_head_cross_entropy, argnums=(0, 1)), static_argnums=(3, 4))
+    loss, (dh, dw) = fused(h16, w, targets, V, 0)
     assert dh.dtype == jnp.bfloat16 and dw.dtype == jnp.float32
-    plain_loss, (_, plain_dw) = jax.value_and_grad(_plain_loss, argnums=(0, 1))(h16, w, targets, V, 0)
+    plain = jax.jit(jax.value_and_grad(_plain_loss, argnums=(0, 1)), static_argnums=(3, 4))
+    plain_loss, (_, plain_dw) = plain(h16, w, targets, V, 0)
     assert float(loss) == pytest.approx(float(plain_loss), rel=1e-3)
     np.testing.assert_allclose(np.asarray(dw), np.asarray(plain_dw), rtol=0.05, atol=2e-3)
 

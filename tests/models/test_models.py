@@ -1,6 +1,7 @@
 """The Flax models against the independent NumPy reference (tests/numpy_reference.py)."""
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -19,8 +20,8 @@ LLAMA_SMALL = tiny_config(
 )
 
 
-# Every forward pass here runs eagerly (op by op) on tokens of this one shape, so that each op
-# compiles once for the file: a new shape compiles them all again.
+# Every forward pass here is one jitted program per model (_forward) on tokens of this one shape,
+# so that each model compiles once for the file: a new shape compiles it again.
 TOKENS_SHAPE = (2, 16)
 assert GPT2_SMALL.max_seq_len == LLAMA_SMALL.max_seq_len == TOKENS_SHAPE[1]
 
@@ -43,8 +44,14 @@ def _unrolled_graphdef(cls, config):
     return nnx.split(nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0), scan_layers=False)), nnx.Param)[0]
 
 
+@functools.cache
+def _forward(graphdef):
+    """One jitted forward pass per model (graphdef): eagerly, every op dispatches and compiles on its own."""
+    return jax.jit(lambda params, tokens: nnx.merge(graphdef, nnx.State(params))(tokens))
+
+
 def _logits(graphdef, params, tokens):
-    return np.asarray(nnx.merge(graphdef, nnx.State(jax.tree.map(jnp.asarray, params)))(jnp.asarray(tokens)))
+    return np.asarray(_forward(graphdef)(jax.tree.map(jnp.asarray, params), jnp.asarray(tokens)))
 
 
 def test_gpt2_logits_match_numpy_reference():
@@ -145,10 +152,11 @@ def test_gqa_query_heads_share_kv_heads_in_order():
     q = rng.normal(size=(1, 5, 4, 8)).astype(np.float32)
     k = rng.normal(size=(1, 5, 2, 8)).astype(np.float32)
     v = rng.normal(size=(1, 5, 2, 8)).astype(np.float32)
-    out = np.asarray(causal_attention(q, k, v, 'xla'))
-    repeated = np.asarray(causal_attention(q, np.repeat(k, 2, axis=2), np.repeat(v, 2, axis=2), 'xla'))
+    attend = jax.jit(causal_attention, static_argnums=3)  # eagerly, op by op, costs 3 times the compiles
+    out = np.asarray(attend(q, k, v, 'xla'))
+    repeated = np.asarray(attend(q, np.repeat(k, 2, axis=2), np.repeat(v, 2, axis=2), 'xla'))
     np.testing.assert_allclose(out, repeated, atol=1e-6)
-    single = np.asarray(causal_attention(q[:, :, 3:4], k[:, :, 1:2], v[:, :, 1:2], 'xla'))
+    single = np.asarray(attend(q[:, :, 3:4], k[:, :, 1:2], v[:, :, 1:2], 'xla'))
     np.testing.assert_allclose(out[:, :, 3:4], single, atol=1e-6)
 
 
