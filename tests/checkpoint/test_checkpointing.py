@@ -24,24 +24,35 @@ def files(tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def saved(files, tmp_path_factory):
-    """Runs trained once for the tests that only read their checkpoints or copy them: 'step1'
-    (one step, saved), 'step2' (two, saved at 2) and 'params_only' (step2 without optimizer state).
-    Each run costs seconds of CPU."""
+    """Runs trained once for the tests that only read their checkpoints or copy them: 'full'
+    (four steps, saved at 2 and 4; its losses are the uninterrupted run a resume must repeat) and
+    'params_only' (two steps, saved at 2 without optimizer state). Each run costs seconds of CPU."""
     root = tmp_path_factory.mktemp('saved')
     runs = {
-        'step1': dict(num_iteration=1, save_steps=1),
-        'step2': dict(num_iteration=2, save_steps=2),
+        'full': dict(num_iteration=4, save_steps=2),
         'params_only': dict(num_iteration=2, save_steps=2, save_optimizer_state=False),
     }
     for name, overrides in runs.items():
-        code, _, out = train(config(files, root, name, **overrides))
+        code, losses, out = train(config(files, root, name, **overrides))
         assert code == 0, out
+        assert sorted(losses) == list(range(1, overrides['num_iteration'] + 1))
+        (root / f'{name}-losses.json').write_text(json.dumps(losses))
+    assert steps_in(root / 'full') == [2, 4]
     return root
 
 
-def copy_of(saved, name, tmp_path):
-    """tmp_path/'ck': a copy of the saved run `name`'s checkpoints, for a test that changes them."""
-    return shutil.copytree(saved / name, tmp_path / 'ck')
+def full_losses(saved) -> dict[int, float]:
+    return {int(step): loss for step, loss in json.loads((saved / 'full-losses.json').read_text()).items()}
+
+
+def copy_of(saved, name, tmp_path, upto=None):
+    """tmp_path/'ck': a copy of the saved run `name`'s checkpoints, for a test that changes them;
+    with `upto`, only its steps up to that one (what a run stopped after that step left)."""
+    root = shutil.copytree(saved / name, tmp_path / 'ck')
+    for step in steps_in(root):
+        if upto is not None and step > upto:
+            shutil.rmtree(root / f'checkpoint_step_{step:06d}')
+    return root
 
 
 def config(files, tmp_path, name, **overrides):
@@ -62,23 +73,23 @@ def steps_in(path):
 def test_rotation_keeps_newest_k_and_every_multiple(files, tmp_path):
     code, _, _ = train(
         config(
-            files, tmp_path, 'ck', num_iteration=11, save_steps=2, max_checkpoint_keep=2, keep_every_steps=4
+            files, tmp_path, 'ck', num_iteration=7, save_steps=2, max_checkpoint_keep=2, keep_every_steps=4
         )
     )
     assert code == 0
-    # newest two (10, 11: the last step is always saved) plus multiples of 4 (4, 8)
-    assert steps_in(tmp_path / 'ck') == [4, 8, 10, 11]
+    # newest two (6, 7: the last step is always saved) plus multiples of 4 (4); 2 rotated out
+    assert steps_in(tmp_path / 'ck') == [4, 6, 7]
 
 
 def test_save_steps_zero_writes_nothing(files, tmp_path):
-    code, losses, _ = train(config(files, tmp_path, 'ck', num_iteration=3, save_steps=0))
-    assert code == 0 and len(losses) == 3
+    code, losses, _ = train(config(files, tmp_path, 'ck', num_iteration=2, save_steps=0))
+    assert code == 0 and len(losses) == 2
     assert steps_in(tmp_path / 'ck') == []
 
 
 def test_last_step_is_saved(files, tmp_path):
-    assert train(config(files, tmp_path, 'ck', num_iteration=7, save_steps=5))[0] == 0
-    assert steps_in(tmp_path / 'ck') == [5, 7]
+    assert train(config(files, tmp_path, 'ck', num_iteration=3, save_steps=2))[0] == 0
+    assert steps_in(tmp_path / 'ck') == [2, 3]
 
 
 def test_checkpoint_contents(files, saved):
@@ -99,23 +110,23 @@ def test_params_only_checkpoint_resumes_with_fresh_moments(files, saved, tmp_pat
     assert out.count('fresh optimizer moments') == 1
 
 
-def test_latest_resumes_in_place_and_matches_uninterrupted(files, tmp_path):
-    _, full, _ = train(config(files, tmp_path, 'full', num_iteration=6, save_steps=3))
-    train(config(files, tmp_path, 'ck', num_iteration=3, save_steps=3))
+def test_latest_resumes_in_place_and_matches_uninterrupted(files, saved, tmp_path):
+    copy_of(saved, 'full', tmp_path, upto=2)  # the full run's root as a run stopped after step 2 left it
     code, resumed, out = train(
         config(
             files,
             tmp_path,
             'ck',
-            num_iteration=6,
-            save_steps=3,
+            num_iteration=4,
+            save_steps=2,
             resume_from='latest',
             metrics_dir=str(tmp_path / 'resumed-metrics'),
         )
     )
-    assert code == 0 and 'restored step 3' in out
-    assert [resumed[s] for s in (4, 5, 6)] == [full[s] for s in (4, 5, 6)]
-    assert steps_in(tmp_path / 'ck') == [3, 6]
+    full = full_losses(saved)
+    assert code == 0 and 'restored step 2' in out
+    assert sorted(resumed) == [3, 4] and [resumed[s] for s in (3, 4)] == [full[s] for s in (3, 4)]
+    assert steps_in(tmp_path / 'ck') == [2, 4]
 
 
 def test_latest_with_no_checkpoint_starts_fresh_with_notice(files, tmp_path):
@@ -125,7 +136,7 @@ def test_latest_with_no_checkpoint_starts_fresh_with_notice(files, tmp_path):
 
 
 def test_incompatible_checkpoint_lists_every_field(files, saved, tmp_path):
-    step_dir = str(saved / 'step1' / 'checkpoint_step_000001')
+    step_dir = str(saved / 'full' / 'checkpoint_step_000002')
     other_model = tiny_llmc_model(tmp_path / 'other.bin', vocab=256)
     with pytest.raises(ckpt_layout.CheckpointError) as error:
         train(
@@ -158,18 +169,18 @@ def test_allowed_changes_are_reported(files, saved, tmp_path):
             files,
             tmp_path,
             'b',
-            num_iteration=2,
+            num_iteration=3,
             learning_rate=5e-4,
-            resume_from=str(saved / 'step1' / 'checkpoint_step_000001'),
+            resume_from=str(saved / 'full' / 'checkpoint_step_000002'),
         )
     )
     assert code == 0
     assert 'learning_rate: checkpoint 0.001, now 0.0005' in out
-    assert 'num_iteration: checkpoint 1, now 2' in out
+    assert 'num_iteration: checkpoint 4, now 3' in out
 
 
-def test_resume_into_dir_with_later_steps_is_refused_then_overwritten(files, tmp_path):
-    train(config(files, tmp_path, 'ck', num_iteration=4, save_steps=2))
+def test_resume_into_dir_with_later_steps_is_refused_then_overwritten(files, saved, tmp_path):
+    copy_of(saved, 'full', tmp_path)  # steps 2 and 4
     early = str(tmp_path / 'ck' / 'checkpoint_step_000002')
     with pytest.raises(ckpt_layout.CheckpointError, match='checkpoint_step_000004') as error:
         train(config(files, tmp_path, 'ck', num_iteration=4, save_steps=2, resume_from=early))
@@ -190,13 +201,13 @@ def test_resume_into_dir_with_later_steps_is_refused_then_overwritten(files, tmp
 
 
 def test_fresh_run_into_used_dir_is_refused(files, saved, tmp_path):
-    copy_of(saved, 'step2', tmp_path)
+    copy_of(saved, 'full', tmp_path)
     with pytest.raises(ckpt_layout.CheckpointError, match='expected no checkpoints after step 0'):
         train(config(files, tmp_path, 'ck', num_iteration=2, save_steps=2))
 
 
 def test_uncommitted_save_is_never_latest_and_is_cleaned(files, saved, tmp_path):
-    root = copy_of(saved, 'step2', tmp_path)
+    root = copy_of(saved, 'full', tmp_path, upto=2)
     # What a save killed half-way leaves: Orbax's temporary directory, never renamed.
     partial = root / 'checkpoint_step_000003.orbax-checkpoint-tmp-1234'
     shutil.copytree(root / 'checkpoint_step_000002', partial)
@@ -209,7 +220,7 @@ def test_uncommitted_save_is_never_latest_and_is_cleaned(files, saved, tmp_path)
 
 
 def test_corrupted_tensor_fails_its_checksum_naming_it(files, saved, tmp_path):
-    step_dir = copy_of(saved, 'step2', tmp_path) / 'checkpoint_step_000002'
+    step_dir = copy_of(saved, 'full', tmp_path) / 'checkpoint_step_000002'
     params = ocp.StandardCheckpointer().restore(step_dir / 'params')
     params['h']['mlp']['c_fc']['kernel'] = np.asarray(params['h']['mlp']['c_fc']['kernel']).copy()
     params['h']['mlp']['c_fc']['kernel'][0, 1, 2] += 1e-3
@@ -224,7 +235,7 @@ def test_corrupted_tensor_fails_its_checksum_naming_it(files, saved, tmp_path):
     'resume_from,expected',
     [
         ('{tmp}/nowhere', 'found nothing there'),
-        ('{saved}/step1', 'found a checkpoint root holding checkpoint_step_000001'),
+        ('{saved}/params_only', 'found a checkpoint root holding checkpoint_step_000002'),
         ('{tmp}/not-a-checkpoint', 'not a checkpoint'),
     ],
 )
