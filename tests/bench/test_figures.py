@@ -4,6 +4,7 @@ median line, MFU by the log's count, the llama figure's loop runs a tiny LLaMA-3
 writes, the fused_kernels figure refuses any failed part of its script, the figures are listed, and
 an unknown figure is refused in one line."""
 
+import functools
 import importlib.util
 import json
 from pathlib import Path
@@ -156,15 +157,20 @@ def test_the_fused_kernels_figure_refuses_a_failure(figures, tmp_path, printed, 
 def test_the_llama_figure_runs_the_loop_on_a_llama_shard(figures, tmp_path, monkeypatch):
     """The llama figure's own code, on the tiny LLaMA-3 (CPU): the shard it writes is a LLaMA-3
     shard the loop reads, and its MFU is the log's (a 0.5 TFLOP/s peak given)."""
-    tiny = ['--config=configs/llama3.py:tiny', '--batch_size', '2', '--sequence_length', '64']
-    tiny += ['--total_batch_size', '128', '--sample_every', '0', '--peak_tflops', '0.5']
+    tiny = ['--config=configs/llama3.py:tiny', '--batch_size', '1', '--sequence_length', '32']
+    tiny += ['--total_batch_size', '32', '--sample_every', '0', '--peak_tflops', '0.5']
     monkeypatch.setattr(figures, 'LLAMA_LOOP', tiny)
     # One CPU device: conftest.py's 8 fake devices would time the mesh, not the step.
     monkeypatch.setenv('XLA_FLAGS', '')
     monkeypatch.setenv('JAX_PLATFORMS', 'cpu')
-    monkeypatch.setattr(figures, 'LLAMA_TOKENS_PER_STEP', 128)
+    # 16M parameters (LLaMA-3's vocabulary) run cheaper compiled with XLA's optimizations, and the
+    # run is compared with nothing compiled in this process.
+    monkeypatch.setenv('JAX_DISABLE_MOST_OPTIMIZATIONS', '0')
+    monkeypatch.setattr(figures, 'LLAMA_TOKENS_PER_STEP', 32)
     monkeypatch.setattr(figures, 'LLAMA_SHARD', tmp_path / 'llama3_train.bin')
-    call = figures.Call(tmp_path, 13)  # 3 timed steps: an odd median
+    # 2 steps skipped instead of 10 (test_a_loop_s_figures_come_from_its_records covers the skip).
+    monkeypatch.setattr(figures, 'loop_figures', functools.partial(figures.loop_figures, skip=2))
+    call = figures.Call(tmp_path, 5)  # 3 timed steps: an odd median
     figures.llama(call)
 
     import llmc_io
@@ -173,9 +179,9 @@ def test_the_llama_figure_runs_the_loop_on_a_llama_shard(figures, tmp_path, monk
     found = call.found['llama']
     assert found['median_step_ms'] > 0 and found['tokens_per_s'] > 0
     # tiny: C 64, L 2, F 192, K·H 2·16, V 128256; N without wte: 2 layers of 64·(64 + 2·32) + 64²
-    # + 3·64·192 + 2·64, ln_f 64, lm_head 128256·64.
+    # + 3·64·192 + 2·64, ln_f 64, lm_head 128256·64; T 32, 32 tokens a step.
     n = 2 * (64 * 128 + 64 * 64 + 3 * 64 * 192 + 2 * 64) + 64 + 128256 * 64
-    flops_per_step = (6 * n + 12 * 2 * 64 * 64) * 128
+    flops_per_step = (6 * n + 12 * 2 * 64 * 32) * 32
     assert found['MFU'] == pytest.approx(flops_per_step / (found['median_step_ms'] / 1e3) / 0.5e12, rel=1e-2)
     assert json.loads((tmp_path / 'figures.jsonl').read_text().splitlines()[-1])['figure'] == 'llama'
 
