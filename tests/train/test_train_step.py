@@ -1,5 +1,6 @@
 """The jitted train step on its own: accumulation, learning, and the optimizer's llm.c rules."""
 
+import functools
 import math
 
 import jax
@@ -19,10 +20,13 @@ CONFIG = GPT2Config(
 )
 
 
-def _setup(**overrides):
+@functools.cache
+def _setup():
+    """The jitted step and its first state, built once for the file: the tests share the
+    model's init and the step's compile (its arrays are immutable, nothing is donated)."""
     graphdef, state = nnx.split(GPT2(CONFIG, rngs=nnx.Rngs(0)), nnx.Param)
     params = nnx.to_pure_dict(state)
-    tx, _ = build_optimizer(load_config('gpt2', learning_rate=1e-2, **overrides))
+    tx, _ = build_optimizer(load_config('gpt2', learning_rate=1e-2))
     train_state = TrainState(
         step=jnp.int32(0),
         data_position=jnp.int32(0),
