@@ -156,9 +156,10 @@ def test_the_fused_kernels_figure_refuses_a_failure(figures, tmp_path, printed, 
 @pytest.mark.slow
 def test_the_llama_figure_runs_the_loop_on_a_llama_shard(figures, tmp_path, monkeypatch):
     """The llama figure's own code, on the tiny LLaMA-3 (CPU): the shard it writes is a LLaMA-3
-    shard the loop reads, and its MFU is the log's (a 0.5 TFLOP/s peak given)."""
+    shard the loop reads, and its MFU is the log's (a 0.05 TFLOP/s peak given)."""
     tiny = ['--config=configs/llama3.py:tiny', '--batch_size', '1', '--sequence_length', '32']
-    tiny += ['--total_batch_size', '32', '--sample_every', '0', '--peak_tflops', '0.5']
+    # A 0.05 TFLOP/s peak keeps MFU large enough that its rounding to 4 decimals stays inside 1%.
+    tiny += ['--total_batch_size', '32', '--sample_every', '0', '--peak_tflops', '0.05']
     monkeypatch.setattr(figures, 'LLAMA_LOOP', tiny)
     # One CPU device: conftest.py's 8 fake devices would time the mesh, not the step.
     monkeypatch.setenv('XLA_FLAGS', '')
@@ -182,7 +183,7 @@ def test_the_llama_figure_runs_the_loop_on_a_llama_shard(figures, tmp_path, monk
     # + 3·64·192 + 2·64, ln_f 64, lm_head 128256·64; T 32, 32 tokens a step.
     n = 2 * (64 * 128 + 64 * 64 + 3 * 64 * 192 + 2 * 64) + 64 + 128256 * 64
     flops_per_step = (6 * n + 12 * 2 * 64 * 32) * 32
-    assert found['MFU'] == pytest.approx(flops_per_step / (found['median_step_ms'] / 1e3) / 0.5e12, rel=1e-2)
+    assert found['MFU'] == pytest.approx(flops_per_step / (found['median_step_ms'] / 1e3) / 0.05e12, rel=1e-2)
     assert json.loads((tmp_path / 'figures.jsonl').read_text().splitlines()[-1])['figure'] == 'llama'
 
 
