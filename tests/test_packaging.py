@@ -3,6 +3,7 @@ jaxtrain.configs), and an install of it, away from the checkout, resolves `--con
 from another directory and runs. The expectations are the tree itself (setuptools' own package
 finder) and the wheel's file list as pip builds it."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -48,6 +49,11 @@ def test_a_wheel_install_runs_the_default_config_from_another_directory(tmp_path
     elsewhere = tmp_path / 'elsewhere'
     elsewhere.mkdir()
     env = {'PATH': '/usr/bin:/bin', 'PYTHONPATH': str(site), 'XLA_FLAGS': '', 'HOME': str(tmp_path)}
+    # The session's compilation cache and settings (tests/conftest.py), which say nothing about
+    # where jaxtrain is imported from: the second run finds the first one's train step compiled.
+    for key in ('JAX_PLATFORMS', 'JAX_COMPILATION_CACHE_DIR', 'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS',
+                'JAX_DISABLE_MOST_OPTIMIZATIONS'):  # fmt: skip
+        env[key] = os.environ[key]
     where = subprocess.run([sys.executable, '-c', 'import jaxtrain; print(jaxtrain.__file__)'],
                            cwd=elsewhere, env=env, capture_output=True, text=True)  # fmt: skip
     assert where.stdout.startswith(str(site)), where  # the installed copy, not the checkout

@@ -20,7 +20,7 @@ import sys
 import pytest
 
 from jaxtrain.checkpoint.layout import committed_steps
-from readme_commands import MULTIPROCESS_TEST, needs, readme_commands
+from readme_commands import MULTIPROCESS_TEST, needs, readme_commands, trains_the_default_model
 from trainer_runs import REPO, random_shard, tiny_llmc_model
 
 # docs/ files whose commands no other test runs: most need GPUs, SLURM or real weights, and are
@@ -34,6 +34,8 @@ def test_the_readme_has_commands_and_each_is_classified():
     assert len(README_COMMANDS) >= 5
     runnable = [c for c in README_COMMANDS if needs(c) is None]
     assert any('jaxtrain.main' in c.text for c in runnable)
+    # The first-screen command is the one that runs with XLA's optimizations (a 16M model).
+    assert [c.line for c in COMMANDS if trains_the_default_model(c)] == [13]
     # The CPU launcher line (README or docs/) is the launch tests/parallel/test_multiprocess.py makes.
     launcher_lines = [c for c in COMMANDS if c.text.startswith('launch/local_multiprocess.sh')]
     assert all(needs(c) == MULTIPROCESS_TEST for c in launcher_lines), launcher_lines
@@ -115,6 +117,8 @@ def test_readme_command_runs_as_written(command, block_dirs, bin_dir):
         PYTHONPATH=str(REPO),
         JAX_PLATFORMS='cpu',
     )
+    if trains_the_default_model(command):  # its own compiles: no other test's program
+        env['JAX_DISABLE_MOST_OPTIMIZATIONS'] = '0'
     result = subprocess.run(
         ['bash', '-c', f'set -o pipefail; {command.text}'],
         cwd=cwd,
