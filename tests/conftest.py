@@ -51,15 +51,3 @@ def _xla_optimized(request):
     finally:
         jax.config.update('jax_disable_most_optimizations', before)
         jax.clear_caches()
-
-
-def pytest_collection_modifyitems(config, items):
-    """Files with the most slow tests run first. xdist gives each worker whole files (--dist
-    loadfile) in collection order, so a long file collected last would run alone at the end
-    while the other workers sit idle. Within a file the order stays as written."""
-    slow = {}
-    first_seen = {}
-    for index, item in enumerate(items):
-        first_seen.setdefault(item.path, index)
-        slow[item.path] = slow.get(item.path, 0) + (item.get_closest_marker('slow') is not None)
-    items.sort(key=lambda item: (-slow[item.path], first_seen[item.path]))
