@@ -15,6 +15,9 @@ from pathlib import Path
 
 import jax
 
+# Where jax.profiler.start_trace(root, create_perfetto_trace=True) puts the Perfetto JSON.
+TRACE_GLOB = 'plugins/profile/*/perfetto_trace.json.gz'
+
 # Kernel-name fragments, lower case, tried in this order.
 CATEGORIES = (
     ('loss', ('softmax_cross_entropy',)),  # models/cross_entropy_kernel.py's Pallas kernel
@@ -78,6 +81,12 @@ def summarize_trace(trace: dict, steps: int) -> KernelSummary:
     )
 
 
+def read_trace(path: Path, steps: int) -> KernelSummary:
+    """The summary of one perfetto_trace.json.gz that jax.profiler wrote."""
+    with gzip.open(path) as f:
+        return summarize_trace(json.load(f), steps)
+
+
 def profile(run_steps, steps: int) -> KernelSummary:
     """Traces `run_steps(steps)` (which must block until its steps are done)."""
     with tempfile.TemporaryDirectory(prefix='jaxtrain-trace-') as root:
@@ -86,6 +95,5 @@ def profile(run_steps, steps: int) -> KernelSummary:
             run_steps(steps)
         finally:
             jax.profiler.stop_trace()
-        (path,) = Path(root).glob('plugins/profile/*/perfetto_trace.json.gz')
-        with gzip.open(path) as f:
-            return summarize_trace(json.load(f), steps)
+        (path,) = Path(root).glob(TRACE_GLOB)
+        return read_trace(path, steps)

@@ -10,8 +10,6 @@ The trace is what jax.profiler writes: an xplane file for TensorBoard's profile 
 Perfetto JSON (open it at ui.perfetto.dev) in TRACE_DIR/plugins/profile/<time>/.
 """
 
-import gzip
-import json
 import re
 import time
 from pathlib import Path
@@ -43,6 +41,7 @@ class StepTrace:
         self.root = root / f'process_{process_index}' if root and process_count > 1 else root
         self.info = info
         self._started_at = None  # the first step traced, while the trace runs
+        self._wall = 0.0  # perf_counter() when the trace started
         self._done = False
 
     def before_step(self, step: int, state) -> None:
@@ -59,7 +58,7 @@ class StepTrace:
             self._stop(state, step - 1)
 
     def finish(self, state, last_step: int) -> None:
-        """At the end of the loop, however it ends: stops a trace still running."""
+        """When the loop ends (all steps run, or a stop): stops a trace still running and sums it."""
         if self._started_at is not None:
             self._stop(state, last_step)
 
@@ -75,14 +74,11 @@ class StepTrace:
         jax.profiler.stop_trace()
         first, self._started_at, self._done = self._started_at, None, True
         steps = last_step - first + 1
-        traces = sorted(
-            self.root.glob('plugins/profile/*/perfetto_trace.json.gz'), key=lambda p: p.stat().st_mtime
-        )
+        traces = sorted(self.root.glob(kernel_profile.TRACE_GLOB), key=lambda p: p.stat().st_mtime)
         if steps < 1 or not traces:
             self.info(f'trace: no step traced into {self.root}')
             return
-        with gzip.open(traces[-1]) as f:
-            summary = kernel_profile.summarize_trace(json.load(f), steps)
+        summary = kernel_profile.read_trace(traces[-1], steps)
         self.info(
             f'trace: steps {first}-{last_step} ({wall_s * 1e3 / steps:.2f} ms a step, traced) into '
             f'{traces[-1].parent}'
