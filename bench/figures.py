@@ -198,12 +198,18 @@ def loop_figures(path: Path, skip: int = SKIP, tokens: int = TOKENS_PER_STEP) ->
     blocked = [1e3 * r['save_blocked_s'] for r in rows if 'save_blocked_s' in r]
     # The loop's own MFU (train/mfu.py), absent where the device has no data-sheet peak.
     mfu = [steps[s]['mfu'] for s in sorted(steps) if s > skip and 'mfu' in steps[s]]
+    # The two steps after each save past `skip`: what a save costs the steps that follow it.
+    saved = sorted(r['step'] for r in rows if 'save_blocked_s' in r and skip < r['step'] < last)
+    after_saves = [steps[s + k]['step_ms'] for s in saved for k in (1, 2) if s + k in steps]
+    median = statistics.median(after)
     return {
-        'median_step_ms': round(statistics.median(after), 3),
+        'median_step_ms': round(median, 3),
         'wall_ms_per_step': round(wall_ms, 3),
         'tokens_per_s': round(tokens / wall_ms * 1e3),
         'MFU': round(statistics.median(mfu), 4) if len(mfu) == len(after) else None,
         'save_blocked_ms_max': round(max(blocked), 2) if blocked else None,
+        'after_save_ms': [round(ms, 1) for ms in after_saves] or None,
+        'after_save_worst_vs_median': round(max(after_saves) / median, 3) if after_saves else None,
         'losses': [steps[s]['loss'] for s in sorted(steps)],
     }
 

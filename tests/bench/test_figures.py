@@ -43,6 +43,9 @@ def test_a_loop_s_figures_come_from_its_records(figures, tmp_path):
     assert found['wall_ms_per_step'] == pytest.approx(100.0)  # 0.4 s over 4 steps
     assert found['tokens_per_s'] == 163840
     assert found['save_blocked_ms_max'] == 0.9
+    # The save of step 12 is followed by steps 13 and 14; step 14's save has none after it.
+    assert found['after_save_ms'] == [32.0, 40.0]
+    assert found['after_save_worst_vs_median'] == round(40.0 / 31.5, 3)
     assert found['losses'] == [10.0 - s / 100 for s in range(1, 15)]
     assert found['MFU'] is None  # no peak known: the records carry no mfu
 
