@@ -147,13 +147,11 @@ def _train(config, log: RunLog) -> int:
 
     # The device is kept busy: step n+1 is dispatched, and step n+2's batch built, before
     # the host waits for step n's metrics, so step n is checked for a non-finite loss one
-    # step late, but always before a save. A save of step n copies the state on the device
-    # at once, and is handed to the checkpointer once step n's loss is read, after step n+1
-    # is dispatched: the device never waits for the host at a save. A step's time is the
-    # wall clock from the previous step's read to its own: every host action between two
-    # steps counts, as a user waits for it.
+    # step late, but always before a save (a save waits for its own step's metrics; its
+    # device copy of the state is dispatched before that wait, so it overlaps the step). A
+    # step's time is the wall clock from the previous step's read to its own: every host
+    # action between two steps counts, as a user waits for it.
     pending = None  # (step, data position, metrics) dispatched and not yet read
-    deferred = None  # (snapshot, step, data position, snapshot seconds): saved once its loss is read
     last_read = time.perf_counter()
 
     def report(pending):
@@ -182,21 +180,6 @@ def _train(config, log: RunLog) -> int:
             epoch = stream.epoch_of(position)
             log.info(f'data: epoch {epoch} begins (the stream wrapped to its start after step {done})')
 
-    def hand_off(snapshot, saved_step, position, snapshot_s):
-        blocked_s = saver.save(snapshot, saved_step, position)
-        log.record({'step': saved_step, 'save_blocked_s': blocked_s, 'save_snapshot_s': snapshot_s})
-
-    def save_before_failing(deferred, pending, failure):
-        """The run failed after a save's step but before that save was handed off (the next step's
-        dispatch raised): the step's loss is read and, if finite, the save is made before the error."""
-        if isinstance(failure, TrainingError):
-            return
-        try:
-            report(pending)
-            hand_off(*deferred)
-        except Exception as e:  # the run's own error is the one to see
-            log.info(f'save: step {deferred[1]} not saved after the failure ({type(e).__name__}: {e})')
-
     progress = Progress(step, config.num_iteration, geometry.tokens_per_step, log.info)  # + compiling line
     saves_line = saver.prepare(state)
     if saves_line:
@@ -209,18 +192,11 @@ def _train(config, log: RunLog) -> int:
         while step < config.num_iteration:
             trace.before_step(step + 1, state)
             state, metrics = parts.train_step(state, *batch)
-            # Queued now, the metrics' copy to the host runs as soon as the step ends, never
-            # behind a save's copies that are queued later on the same transfer streams.
-            for value in jax.tree.leaves(metrics):
-                value.copy_to_host_async()
             step, data_position = step + 1, data_position + 1
             if step < config.num_iteration:
                 batch = device_batch(data_position)  # while the device runs
             if pending is not None:
                 report(pending)
-            if deferred is not None:  # its step's loss is read above, and finite
-                to_save, deferred = deferred, None
-                hand_off(*to_save)
             pending = (step, data_position, metrics)
             validating = val_stream is not None and step % config.val_loss_every == 0
             stopping, due_by_clock = agree_on_step_end(bool(stop), saver.clock_due())
@@ -228,7 +204,7 @@ def _train(config, log: RunLog) -> int:
             sampling = sampler is not None and sampler.due(step)
             if saving:  # dispatched while the device still runs the step: the copy queues behind it
                 snapshot, snapshot_s = saver.snapshot(state)
-            if validating or stopping or sampling or step == config.num_iteration:
+            if validating or saving or stopping or sampling or step == config.num_iteration:
                 report(pending)  # this step's own loss, checked before it is saved
                 pending = None
             if validating:
@@ -238,21 +214,18 @@ def _train(config, log: RunLog) -> int:
                 saver.note_val_loss(step, val_loss)
             if sampling:  # timed and logged on its own, and kept out of the next step's time
                 last_read += sampler.maybe_sample(log, step, state.params, state.rng)
-            if saving and pending is None:
-                hand_off(snapshot, step, data_position, snapshot_s)
-            elif saving:  # handed off after the next step is dispatched and this one's loss read
-                deferred = (snapshot, step, data_position, snapshot_s)
-            snapshot = None  # the background hand-off holds it until Orbax has copied it
+            if saving:
+                blocked_s = saver.save(snapshot, step, data_position)
+                log.record({'step': step, 'save_blocked_s': blocked_s, 'save_snapshot_s': snapshot_s})
+                del snapshot  # the background hand-off holds it until Orbax has copied it
             if stopping:
                 break
         trace.finish(state, step)
         if config.lora_save_path:  # InfiniTrain's --lora_save_path: its file, after training
             log.info(save_lora_weights(config.lora_save_path, state.params))
-    except BaseException as failure:
+    except BaseException:
         log.failed = True  # the dashboards mark the run failed, not finished
         trace.abandon()
-        if deferred is not None and pending is not None and pending[0] == deferred[1]:
-            save_before_failing(deferred, pending, failure)
         raise
     finally:
         try:

@@ -477,38 +477,6 @@ def test_non_finite_loss_after_resume_names_the_checkpoint_resumed(tiny_files, s
     assert ckpt_layout.committed_steps(root) == [2]
 
 
-def test_a_step_that_fails_after_a_save_still_leaves_that_save(tiny_files, tmp_path, monkeypatch):
-    """A save is handed to the checkpointer once its step's loss is read, after the next step is
-    dispatched. When that dispatch fails (here step 3's, after the save of step 2), the save of
-    step 2 is still made, with step 2's loss, before the run stops with the error."""
-    from jaxtrain.train import loop as train_loop
-
-    real_build = train_loop.build_trainer
-
-    def build_with_a_failing_third_step(config):
-        parts = real_build(config)
-        step, calls = parts.train_step, []
-
-        def failing(*args):
-            calls.append(1)
-            if len(calls) == 3:
-                raise RuntimeError('the device went away')
-            return step(*args)
-
-        parts.train_step = failing
-        return parts
-
-    monkeypatch.setattr(train_loop, 'build_trainer', build_with_a_failing_third_step)
-    root = tmp_path / 'ck'
-    result = run_cli(*tiny_files, '--num_iteration', 5, '--save_steps', 2, '--checkpoint_dir', root)
-    assert result.code != 0 and 'the device went away' in result.err, result.err
-    assert ckpt_layout.committed_steps(root) == [2] and unfinished(root) == []
-    step_2_loss = float(re.search(r'step\s+2/5 \| train loss ([0-9.]+)', result.out)[1])
-    record = json.loads((root / 'checkpoint_step_000002' / ckpt_layout.TRAINER_STATE_FILE).read_text())
-    assert record['loss'] == pytest.approx(step_2_loss, abs=1e-6)
-    assert ckpt_tool.main(['verify', str(root / 'checkpoint_step_000002')]) == 0
-
-
 # --- relative paths -------------------------------------------------------------------------
 
 
