@@ -67,6 +67,7 @@ def _absl_help(name: str) -> subprocess.CompletedProcess:
     return _run([*JAXTRAIN, name, '--help'])
 
 
+@pytest.mark.slow
 def test_each_command_reaches_its_own_tool_and_only_it():
     # Importing the trainer and the benchmark in one process would define --config twice.
     # --help prints __main__'s docstring and its flags, and exits 0 (absl's own exits 1).
@@ -103,6 +104,7 @@ def test_an_unknown_command_is_one_line_naming_the_commands(capsys):
     assert err.count('\n') == 0 and 'train, ckpt, compare, bench' in err and "'trian'" in err
 
 
+@pytest.mark.slow
 def test_errors_name_the_command_as_it_was_typed(tmp_path):
     missing = str(tmp_path / 'no such dir')
     for typed, command, label in (
@@ -128,6 +130,7 @@ def test_jaxtrain_llmc_is_python_m_llmc_io(tmp_path):
     assert ours.returncode == 0 and ours.stdout == theirs.stdout and 'tokens' in ours.stdout, ours.stderr
 
 
+@pytest.mark.slow
 @needs_samples
 def test_a_reader_that_stops_early_is_no_error(tmp_path):
     """`... | head -1`: the tool's stdout closes before it writes; it exits 141 (128 + SIGPIPE) and

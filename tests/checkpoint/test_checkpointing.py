@@ -70,6 +70,7 @@ def steps_in(path):
     return ckpt_layout.committed_steps(path)
 
 
+@pytest.mark.slow
 def test_rotation_keeps_newest_k_and_every_multiple(files, tmp_path):
     code, _, _ = train(
         config(
@@ -92,6 +93,7 @@ def test_last_step_is_saved(files, tmp_path):
     assert steps_in(tmp_path / 'ck') == [2, 3]
 
 
+@pytest.mark.slow
 def test_checkpoint_contents(files, saved):
     step_dir = saved / 'params_only' / 'checkpoint_step_000002'
     state = json.loads((step_dir / 'trainer_state' / 'metadata').read_text())
@@ -103,6 +105,7 @@ def test_checkpoint_contents(files, saved):
     assert state['topology']['device_count'] == 1 and state['versions']['jax'] == jax.__version__
 
 
+@pytest.mark.slow
 def test_params_only_checkpoint_resumes_with_fresh_moments(files, saved, tmp_path):
     resume_from = str(saved / 'params_only' / 'checkpoint_step_000002')
     code, losses, out = train(config(files, tmp_path, 'b', num_iteration=4, resume_from=resume_from))
@@ -163,6 +166,7 @@ def test_incompatible_checkpoint_lists_every_field(files, saved, tmp_path):
     assert '\n' not in message
 
 
+@pytest.mark.slow
 def test_allowed_changes_are_reported(files, saved, tmp_path):
     code, _, out = train(
         config(
@@ -179,6 +183,7 @@ def test_allowed_changes_are_reported(files, saved, tmp_path):
     assert 'num_iteration: checkpoint 4, now 3' in out
 
 
+@pytest.mark.slow
 def test_resume_into_dir_with_later_steps_is_refused_then_overwritten(files, saved, tmp_path):
     copy_of(saved, 'full', tmp_path)  # steps 2 and 4
     early = str(tmp_path / 'ck' / 'checkpoint_step_000002')

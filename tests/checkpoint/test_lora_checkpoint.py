@@ -70,6 +70,7 @@ def runs(tmp_path_factory):
     )
 
 
+@pytest.mark.slow
 def test_resumed_lora_run_matches_uninterrupted_bitwise(runs):
     full, resumed = runs['full_losses'], runs['resumed_losses']
     assert sorted(full) == list(range(1, 5)) and sorted(resumed) == [3, 4]
@@ -266,6 +267,7 @@ def test_lora_save_path_writes_the_final_adapters(runs):
         assert np.asarray(x).tobytes() == np.asarray(y).tobytes()
 
 
+@pytest.mark.slow
 def test_llama3_export_merge_lora(tmp_path, capsys):
     """LLaMA-3 (untied lm_head, SwiGLU's c_fc/c_fc2): a LoRA checkpoint written through the
     trainer's Checkpointer with random, nonzero adapters on every projection; its merged
@@ -328,6 +330,7 @@ def test_llama3_export_merge_lora(tmp_path, capsys):
     assert not np.array_equal(base['h']['mlp']['c_fc2']['kernel'], merged['h']['mlp']['c_fc2']['kernel'])
 
 
+@pytest.mark.slow
 def test_generate_from_a_lora_checkpoint_applies_the_adapters_to_its_base(runs, capsys):
     """`generate --checkpoint` on adapters only: greedy tokens are those of the LoRA model (the
     base file plus the adapters through LoRALinear, not a merge), which the base alone does not give."""

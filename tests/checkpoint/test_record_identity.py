@@ -43,6 +43,7 @@ def _resume(common, step_dir, *args):
     return run_cli(*common, '--resume_from', step_dir, '--num_iteration', 3, *args)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('field,value', [('step', 3), ('data_position', 100)])
 def test_an_edited_trainer_state_is_refused_by_verify_and_resume(saved, tmp_path, field, value, capsys):
     common, step_dir = _saved_run(saved, tmp_path)
@@ -143,6 +144,7 @@ def test_the_built_in_corpus_records_its_builder():
     assert different and 'built-in corpus' in different[0]
 
 
+@pytest.mark.slow
 def test_another_llmc_file_on_resume_is_named_and_its_sha256_compared(saved, tmp_path):
     common, step_dir = _saved_run(saved, tmp_path)
     other = tiny_llmc_model(tmp_path / 'other.bin', seed=1)  # the same shape, other weights

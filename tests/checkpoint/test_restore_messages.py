@@ -67,6 +67,7 @@ def tiny(tmp_path_factory):
     return ['--input_bin', shard, '--llmc_filepath', model, '--learning_rate', 1e-3]
 
 
+@pytest.mark.slow
 def test_the_advice_for_a_damaged_newest_step_names_the_one_before(tiny, tmp_path):
     root = tmp_path / 'ck'
     saving = ['--checkpoint_dir', root, '--save_steps', 2]

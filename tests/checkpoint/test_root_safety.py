@@ -52,6 +52,7 @@ def test_a_step_directory_this_run_did_not_write_is_never_replaced(tmp_path):
     assert tree_digest(foreign) == before
 
 
+@pytest.mark.slow
 def test_uncommitted_later_step_directories_do_not_block_resume(tiny, tmp_path):
     root = tmp_path / 'ck'
     saving = ['--checkpoint_dir', root, '--save_steps', 2, '--max_checkpoint_keep', 0]  # no rotation
@@ -68,6 +69,7 @@ def test_uncommitted_later_step_directories_do_not_block_resume(tiny, tmp_path):
     assert (root / set_aside[1] / 'params').is_dir()  # set aside, not deleted
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('spelling', ['dotdot', 'symlink'])
 def test_the_step_resumed_from_is_kept_however_it_is_spelled(tiny, tmp_path, spelling):
     root = tmp_path / 'ck'

@@ -56,6 +56,7 @@ def test_a_bare_boolean_does_not_swallow_the_next_flag(files, tmp_path, spelling
     assert _trainer_state(step_dir)['has_optimizer_state'] == saved
 
 
+@pytest.mark.slow
 def test_batch_size_alone_derives_total_batch_size(files):
     result = run_cli(*files, '--batch_size', 8, '--num_iteration', 1)
     assert result.code == 0, result.err
@@ -72,6 +73,7 @@ def test_keep_every_steps_not_a_multiple_of_save_steps_is_refused(files, tmp_pat
     assert not (tmp_path / 'ck').exists()
 
 
+@pytest.mark.slow
 def test_overfit_single_batch_trains_on_the_first_batch_only(tmp_path):
     """With overfit_single_batch only tokens 0..256 (the first 4 x 64 window and its last
     target) are ever read: replacing everything after them changes nothing; without it, it does."""

@@ -15,6 +15,7 @@ def _qkv(T, N, K, H=16, seed=0):
 
 
 # 64-blocks, 128 in the backward; one short block, GQA
+@pytest.mark.slow
 @pytest.mark.parametrize('T,N,K', [(128, 2, 2), (40, 4, 2)])
 def test_pallas_kernel_matches_reference_forward_and_backward(T, N, K):
     # Off a GPU the Pallas kernel runs in its interpreter, which executes the same program.
@@ -85,6 +86,7 @@ def test_unusable_combinations_are_refused_with_the_way_out(monkeypatch):
 INDICES = (None, 0, 1, 2, 5, 30)
 
 
+@pytest.mark.slow
 @pytest.mark.xla_optimized  # bitwise equality of two programs, as a user's run compiles them
 def test_power_of_two_scaled_queries_give_the_same_bits():
     # What makes unrolled deterministic cuDNN calls distinct must not change a bit of the

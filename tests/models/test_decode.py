@@ -47,6 +47,7 @@ def test_greedy_equals_full_forward_argmax_and_compiles_once(cls, config):
     assert decoder.trace_count == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('cls, config', FAMILIES, ids=['gpt2', 'llama3'])
 def test_top_k_samples_stay_in_the_full_forward_top_k(cls, config):
     graphdef, params = _model_and_params(cls, config, seed=4)
@@ -121,6 +122,7 @@ def test_one_row_decodes_greedy_as_the_full_forward(cls, config):
         assert decoder(params, prompt, jax.random.key(0), temperature=0.0).tolist() == [expected]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('cls, config', FAMILIES, ids=['gpt2', 'llama3'])
 def test_bf16_weights_cast_before_the_loop_give_the_same_tokens(cls, config):
     """In bf16 the projections and embeddings cast their fp32 params at every call; casting them once

@@ -39,6 +39,7 @@ def test_lookup_is_a_gather_and_the_gradient_keeps_the_table_dtype():
     np.testing.assert_array_equal(np.asarray(grad, np.float32)[:, 0], [1, 0, 0, 2])
 
 
+@pytest.mark.slow
 def test_many_repeats_of_one_id_sum_exactly_in_a_fixed_order():
     # 4096 copies of one id: every run must give the same bits (no atomics anywhere).
     ids = jnp.zeros((4096,), jnp.int32).at[::7].set(1)
@@ -49,6 +50,7 @@ def test_many_repeats_of_one_id_sum_exactly_in_a_fixed_order():
     np.testing.assert_allclose(first[1], np.asarray(upstream)[::7].sum(0), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_scatter_and_sorted_gradients_agree_in_a_model():
     # The model option picks the backward only: same loss, gradients equal up to sum order.
     from flax import nnx

@@ -45,6 +45,7 @@ def _loss_and_grads(graphdef, params, tokens, grads=True):
     return jax.jit(jax.value_and_grad(loss) if grads else loss)(params)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     'fused, dtype, scan, loss_tol, grad_tol',
     [
@@ -87,6 +88,7 @@ def model_file(tmp_path_factory):
     return tiny_llmc_model(tmp_path_factory.mktemp('fused') / 'gpt2.bin', vocab=512)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('scan', [False, True], ids=['unrolled', 'scanned'])
 def test_setup_model_builds_the_fused_model_from_the_config(scan, model_file, monkeypatch):
     """The real path, config to model: fused_kernels 'all' gives the 'none' model's loss, and

@@ -180,6 +180,7 @@ def test_unrolled_layers_give_the_same_logits(cls, config):
     np.testing.assert_allclose(_logits(unrolled_def, params, tokens), expected, atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.xla_optimized  # bitwise equality of two programs, as a user's run compiles them
 @pytest.mark.parametrize('cls,config', [(GPT2, GPT2_SMALL), (LLaMA3, LLAMA_SMALL)])
 def test_unrolled_gradients_equal_those_of_indexing_each_layer_bitwise(cls, config, monkeypatch):

@@ -115,6 +115,7 @@ CASES = [  # (family, scan, plan): each plan, both families, scanned and unrolle
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     'family,scan,plan',
     CASES,

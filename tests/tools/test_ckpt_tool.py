@@ -155,6 +155,7 @@ def llama_checkpoint(tmp_path_factory):
 # --- ls ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_ls_lists_steps_marks_latest_and_uncommitted(runs, tmp_path, capsys):
     root = tmp_path / 'root'
     shutil.copytree(runs.a, root)
@@ -379,6 +380,7 @@ def test_export_gpt2_is_exact_and_the_trainer_continues_from_it(runs, tmp_path, 
         np.testing.assert_allclose(array, saved[name], rtol=2**-8, atol=1e-30, err_msg=name)
 
 
+@pytest.mark.slow
 def test_llama_checkpoint_saved_on_8_devices(llama_checkpoint, tmp_path, capsys):
     step_dir, params = llama_checkpoint
     code, result = run_json(capsys, 'verify', step_dir)
@@ -402,6 +404,7 @@ def test_llama_checkpoint_saved_on_8_devices(llama_checkpoint, tmp_path, capsys)
     assert 'expected 3 for LLaMA-3' in err and not (tmp_path / 'v5.bin').exists()
 
 
+@pytest.mark.slow
 def test_a_one_device_process_reads_the_8_device_checkpoint(llama_checkpoint):
     """As a user runs it: a fresh interpreter, no JAX_PLATFORMS or fake devices (cpu by default)."""
     env = {k: v for k, v in os.environ.items() if k not in ('JAX_PLATFORMS', 'XLA_FLAGS')}

@@ -60,6 +60,7 @@ def _run(capsys, *args):
     return code, out, err
 
 
+@pytest.mark.slow
 def test_greedy_from_llmc_file_and_checkpoint_match_the_reference(model_files, capsys, tmp_path):
     root, params = model_files
     expected = _reference_greedy(params, [50256, 7], 6)
@@ -223,6 +224,7 @@ def test_bpe_tokenizer_encodes_the_prompt_and_decodes_the_sample(tmp_path, capsy
     assert shown == decode(sampled) and shown.startswith(text)
 
 
+@pytest.mark.slow
 def test_a_checkpoint_decodes_with_its_runs_tokenizer(model_files, tmp_path, capsys):
     from text_tokenizers import train_bpe
 

@@ -39,6 +39,7 @@ def fresh_then_resumed(tmp_path_factory):
     return files['llmc_filepath'], step_dir, fresh, resumed
 
 
+@pytest.mark.slow
 def test_banner_names_the_checkpoint_after_a_resume(fresh_then_resumed):
     model_file, step_dir, fresh, resumed = fresh_then_resumed
     assert _model_line(fresh).endswith(f'weights: llm.c file {model_file}')
@@ -75,6 +76,7 @@ def random_init_run(tmp_path_factory):
     return config, out, metrics
 
 
+@pytest.mark.slow
 def test_banner_names_the_seed_of_a_random_init(random_init_run):
     _, out, _ = random_init_run
     assert _model_line(out).endswith('weights: random init (seed 7)')

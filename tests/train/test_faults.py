@@ -447,6 +447,7 @@ def _step_params_finite(step_dir: Path) -> bool:
     return all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(params))
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_naming_step_and_last_checkpoint(tiny_files, tmp_path):
     """Learning rate 1e30: step 1 is finite and saved; step 2's loss is NaN and so are the
     parameters it leaves. With keep 1 a save of step 2 would rotate step 1 away; nothing is
@@ -464,6 +465,7 @@ def test_non_finite_loss_stops_naming_step_and_last_checkpoint(tiny_files, tmp_p
     assert ckpt_tool.main(['verify', str(root / 'checkpoint_step_000001')]) == 0
 
 
+@pytest.mark.slow
 def test_non_finite_loss_after_resume_names_the_checkpoint_resumed(tiny_files, saved_step_2, tmp_path):
     root = tmp_path / 'ck'
     shutil.copytree(saved_step_2 / 'ck', root)

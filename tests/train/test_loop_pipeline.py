@@ -4,6 +4,8 @@ a non-finite loss found one step late still stops the run before any save."""
 
 import json
 
+import pytest
+
 from cli_runs import run_cli
 from jaxtrain.checkpoint import layout as ckpt_layout
 from trainer_runs import random_shard, tiny_llmc_model
@@ -45,6 +47,7 @@ def test_step_time_is_the_wall_clock_between_steps_saves_included(tmp_path):
     assert steps[2]['step_ms'] >= blocked_ms[2]
 
 
+@pytest.mark.slow
 def test_non_finite_loss_found_one_step_late_is_never_saved(tmp_path):
     """Learning rate 1e30: step 1 is finite, step 2's loss is NaN. With saves every 3 steps,
     step 2 is read while step 3 runs, and the run stops before step 3 (whose predecessor's

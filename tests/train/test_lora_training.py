@@ -55,6 +55,7 @@ def gpt2_lora(gpt2_model):
     return _run(load_config('gpt2', llmc_filepath=gpt2_model, learning_rate=1e-2, **lora), 3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('family', ['gpt2', 'llama3'])
 def test_only_the_adapters_change(tmp_path, family, request):
     if family == 'gpt2':
@@ -101,6 +102,7 @@ def test_rank_zero_is_the_plain_run_and_rank_eight_starts_from_it(gpt2_model, gp
     assert lora_losses[0] == plain_losses[0]
 
 
+@pytest.mark.slow
 def test_adapters_shard_like_their_base_over_tensor(gpt2_model, gpt2_lora):
     """InfiniTrain's LoRAColumnParallelLinear / LoRARowParallelLinear: a column-parallel base
     (c_fc) splits B by its output rows, a row-parallel base (c_proj) splits A by its input

@@ -67,6 +67,7 @@ def _run(files, path, num_iteration=1, learning_rate=1e-3):
     return run_dir
 
 
+@pytest.mark.slow
 def test_level_1_writes_every_module_forward_and_backward(files, tmp_path):
     run_dir = _run(files, tmp_path / 'pc')
     lines = (run_dir / 'precision_check_rank_0.log').read_text().splitlines()
@@ -86,6 +87,7 @@ def test_level_1_writes_every_module_forward_and_backward(files, tmp_path):
     assert f'min={float(top.min()):g} max={float(top.max()):g}' in lines[6]
 
 
+@pytest.mark.slow
 def test_compare_precision_names_the_first_step_and_module_that_differ(files, tmp_path, capsys):
     a = _run(files, tmp_path / 'a', num_iteration=2)
     same = _run(files, tmp_path / 'same', num_iteration=2)

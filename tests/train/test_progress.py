@@ -5,6 +5,7 @@ import json
 import re
 
 import numpy as np
+import pytest
 
 from jaxtrain.data import default_corpus
 from jaxtrain.train import progress as progress_lib
@@ -57,6 +58,7 @@ def test_a_one_step_run_gives_no_mean_rate_and_names_its_one_checkpoint():
     )
 
 
+@pytest.mark.slow
 def test_progress_lines_and_summary_on_a_real_run(tmp_path, monkeypatch):
     monkeypatch.setattr(progress_lib, 'PROGRESS_EVERY_S', 0.0)  # a progress line after every step
     config = load_config(

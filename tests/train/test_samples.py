@@ -38,6 +38,7 @@ def samples(out: str) -> dict[int, list[int]]:
     return found
 
 
+@pytest.mark.slow
 def test_resumed_run_prints_the_same_samples(tmp_path):
     common = dict(
         input_bin=random_shard(tmp_path / 'train.bin'),

@@ -4,6 +4,8 @@ its trainer state and `ckpt ls` shows it."""
 
 import re
 
+import pytest
+
 from trainer_runs import load_config, random_shard, tiny_llmc_model, train
 
 from jaxtrain.checkpoint import layout
@@ -11,6 +13,7 @@ from jaxtrain.checkpoint.trainer_state import read_trainer_state
 from jaxtrain.tools import ckpt
 
 
+@pytest.mark.slow
 def test_each_save_commit_and_rotation_is_a_line_and_the_loss_is_kept(tmp_path, capsys):
     root = tmp_path / 'ck'
     config = load_config(

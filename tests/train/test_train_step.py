@@ -42,6 +42,7 @@ def _batch(rows, seed=0):
     return tokens[:, :-1], tokens[:, 1:]
 
 
+@pytest.mark.slow
 def test_accumulated_step_equals_one_big_step():
     step, state = _setup()
     inputs, targets = _batch(4)
@@ -62,6 +63,7 @@ def test_accumulated_step_equals_one_big_step():
     assert int(acc_state.data_position) == 1
 
 
+@pytest.mark.slow
 def test_loss_falls_on_a_repeated_batch():
     step, state = _setup()
     inputs, targets = _batch(4, seed=1)
