@@ -85,7 +85,9 @@ def main(argv):
         config = flags.FLAGS.config
         key_flags.apply_key_flags(config, _KEY_FLAGS, warn=print)
         infinitrain_flags.apply(config, _INFINITRAIN_FLAGS)
-        deterministic_flag.request(deterministic_wanted(config))
+        deterministic_flag.request(
+            deterministic_wanted(config) and not deterministic_flag.pinned_to_cpu(config.device)
+        )
         _enable_compilation_cache()
         platform.request(config.device)
         joined = distributed.initialize(config)  # before anything asks JAX for devices

@@ -11,6 +11,7 @@ import tomllib
 
 import pytest
 
+from process_env import one_device_env
 from infinitrain_samples import SAMPLES, needs_samples
 from trainer_runs import REPO, metrics_losses
 
@@ -22,7 +23,7 @@ JAXTRAIN = [sys.executable, '-m', 'jaxtrain.cli']
 
 
 def _run(command, **kwargs):
-    env = {**os.environ, 'PYTHONPATH': str(REPO), 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': ''}
+    env = one_device_env(PYTHONPATH=str(REPO), JAX_PLATFORMS='cpu')
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, **kwargs)
 
 

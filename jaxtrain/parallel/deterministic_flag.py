@@ -19,6 +19,14 @@ def request(deterministic: bool):
             os.environ['XLA_FLAGS'] = (current + f' {FLAG}=true').strip()
 
 
+def pinned_to_cpu(device: str) -> bool:
+    """Whether a run with config.device `device` can only run on the CPU (--device cpu, or
+    JAX_PLATFORMS=cpu). FLAG changes no CPU kernel (XLA's CPU ops are deterministic already),
+    but JAX's compilation cache keys on XLA_FLAGS: such a run leaves it out, so that a run that
+    saves reuses the compiled programs of one that does not."""
+    return device == 'cpu' or os.environ.get('JAX_PLATFORMS', '').strip().lower() == 'cpu'
+
+
 def in_effect() -> bool:
     """Whether this process's XLA runs deterministic kernels (what XLA_FLAGS says)."""
     return f'{FLAG}=true' in os.environ.get('XLA_FLAGS', '')

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from process_env import one_device_env
 from pathlib import Path
 
 import jax
@@ -64,7 +65,7 @@ class Trainer:
             command = [sys.executable, '-c', _PREWARMED, str(release_file), *command[3:]]
         self.release_file = release_file
         self.log = tempfile.TemporaryFile('w+')  # noqa: SIM115  read by output(), closed by stop()
-        env = dict(os.environ, XLA_FLAGS='')  # one CPU device, as a user would run it
+        env = one_device_env()  # one CPU device, as a user would run it
         self.process = subprocess.Popen(
             command, stdout=self.log, stderr=subprocess.STDOUT, env=env, text=True
         )
@@ -346,7 +347,7 @@ def _run_on_small_filesystem(work: Path, common: list) -> tuple[int, str, str, P
         f'echo $? > {work}/rc\n'
         f'cp -a {mount}/. {copy}/\n'
     )
-    subprocess.run([*_IN_PRIVATE_MOUNTS, script], env=dict(os.environ, XLA_FLAGS=''), timeout=300, check=True)
+    subprocess.run([*_IN_PRIVATE_MOUNTS, script], env=one_device_env(), timeout=300, check=True)
     code = int((work / 'rc').read_text())
     return code, (work / 'out.log').read_text(), (work / 'err.log').read_text(), copy
 
@@ -358,7 +359,7 @@ def _run_with_failing_writes(work: Path, common: list) -> tuple[int, str, str, P
     root = work / 'ck'
     command = trainer_command(*common, *DISK_FULL_RUN, '--checkpoint_dir', root, '--num_iteration', 100_000)
     with open(work / 'out.log', 'w') as out, open(work / 'err.log', 'w') as err:
-        process = subprocess.Popen(command, stdout=out, stderr=err, env=dict(os.environ, XLA_FLAGS=''))
+        process = subprocess.Popen(command, stdout=out, stderr=err, env=one_device_env())
         try:
             deadline = time.monotonic() + 120
             while len(ckpt_layout.committed_steps(root)) < 2 and time.monotonic() < deadline:

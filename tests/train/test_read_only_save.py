@@ -6,12 +6,12 @@ The filesystem turning read-only is simulated in a real trainer process: a wrapp
 one step directory, and the removal of the lock file, fail with EROFS, as such a filesystem does.
 """
 
-import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
+from process_env import one_device_env
 from cli_runs import REPO
 from trainer_runs import random_shard, tiny_llmc_model
 
@@ -67,7 +67,7 @@ def test_a_root_turned_read_only_ends_the_run_in_one_line(tmp_path):
         '--checkpoint_dir',
         root,
     ]
-    env = dict(os.environ, XLA_FLAGS='', PYTHONPATH=str(REPO))
+    env = one_device_env(PYTHONPATH=str(REPO))
     # Before, the process outlived this timeout by far (Orbax waits 1200 s).
     command = list(map(str, command))
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=240, check=False)

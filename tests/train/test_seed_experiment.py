@@ -4,7 +4,6 @@ steps 41-100 finds zero difference; then SIGTERM to a real trainer process and a
 (GPT-2 fp32: README's seed block, run by tests/test_readme.py; kill -9 during saves:
 test_faults.py; bf16 and accumulation in both families: test_resume_exact.py.)"""
 
-import os
 import signal
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import time
 
 import pytest
 
+from process_env import one_device_env
 from jaxtrain.checkpoint import layout as ckpt_layout
 from cli_runs import assert_resumed_run_matches, run_cli, seed_experiment_setup
 from trainer_runs import random_shard, tiny_llmc_model
@@ -24,7 +24,7 @@ def trainer(config_file, *args, log=None):
     """Starts the trainer; its output goes to `log` or a temporary file (a pipe nobody
     reads would fill up and stall it)."""
     command = [sys.executable, '-m', 'jaxtrain.main', f'--config={config_file}', *map(str, args)]
-    env = dict(os.environ, XLA_FLAGS='')  # one CPU device, as a user would run it
+    env = one_device_env()  # one CPU device, as a user would run it
     out = log or tempfile.TemporaryFile('w+')
     process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, text=True)
     process.output = lambda: (out.seek(0), out.read())[1]

@@ -1,0 +1,62 @@
+"""XLA's deterministic-GPU flag: asked for by runs that save, left out where only a CPU can run.
+
+The flag changes no CPU kernel, but JAX's compilation cache keys on XLA_FLAGS: a CPU run that
+saves would otherwise recompile every program of the same run without saves."""
+
+import os
+
+import pytest
+
+from cli_runs import run_cli
+from jaxtrain.parallel import deterministic_flag
+from trainer_runs import random_shard, tiny_llmc_model
+
+
+@pytest.mark.parametrize(
+    'device, platforms, pinned',
+    [
+        ('cpu', '', True),
+        ('auto', 'cpu', True),
+        ('auto', ' CPU ', True),
+        ('auto', '', False),
+        ('cuda', '', False),
+    ],
+)
+def test_pinned_to_cpu_by_the_device_flag_or_jax_platforms(monkeypatch, device, platforms, pinned):
+    monkeypatch.setenv('JAX_PLATFORMS', platforms)
+    assert deterministic_flag.pinned_to_cpu(device) is pinned
+
+
+def test_request_adds_the_flag_once_and_keeps_an_inherited_one(monkeypatch):
+    monkeypatch.setenv('XLA_FLAGS', '--xla_force_host_platform_device_count=2')
+    deterministic_flag.request(True)
+    deterministic_flag.request(True)
+    assert os.environ['XLA_FLAGS'].split() == [
+        '--xla_force_host_platform_device_count=2',
+        '--xla_gpu_deterministic_ops=true',
+    ]
+    assert deterministic_flag.in_effect()
+    monkeypatch.setenv('XLA_FLAGS', '--xla_gpu_deterministic_ops=false')
+    deterministic_flag.request(True)
+    assert (
+        os.environ['XLA_FLAGS'] == '--xla_gpu_deterministic_ops=false' and not deterministic_flag.in_effect()
+    )
+
+
+@pytest.mark.parametrize('platforms, asked', [('cpu', False), ('', True)])
+def test_a_run_that_saves_asks_for_the_flag_unless_pinned_to_cpu(tmp_path, monkeypatch, platforms, asked):
+    """`--deterministic auto` and a checkpoint_dir: the flag is asked for, except on a run that only
+    a CPU can run (JAX_PLATFORMS=cpu here; the test process runs on the CPU either way)."""
+    requests = []
+    monkeypatch.setattr(deterministic_flag, 'request', lambda wanted, *a, **k: requests.append(wanted))
+    monkeypatch.setenv('JAX_PLATFORMS', platforms)
+    files = [
+        '--input_bin',
+        random_shard(tmp_path / 'train.bin'),
+        '--llmc_filepath',
+        tiny_llmc_model(tmp_path / 'm.bin'),
+    ]
+    saving = ['--checkpoint_dir', tmp_path / 'ck', '--save_steps', 1, '--learning_rate', 1e-3]
+    result = run_cli(*files, *saving, '--num_iteration', 1, '--device', 'auto')
+    assert result.code == 0, result.err
+    assert requests == [asked]
