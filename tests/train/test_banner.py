@@ -49,6 +49,7 @@ def test_banner_names_the_checkpoint_after_a_resume(fresh_then_resumed):
     assert 'random init' not in line and model_file not in line
 
 
+@pytest.mark.slow
 def test_a_run_that_pinned_memory_for_its_saves_says_so_once(fresh_then_resumed):
     """Where Checkpointer.prepare pinned host memory, the run prints what and how long among
     its start lines, before its first step."""
@@ -82,6 +83,7 @@ def test_banner_names_the_seed_of_a_random_init(random_init_run):
     assert _model_line(out).endswith('weights: random init (seed 7)')
 
 
+@pytest.mark.slow
 def test_banner_names_the_optimizer_and_config_json_records_the_run(random_init_run):
     config, out, metrics = random_init_run
     [line] = [line for line in out.splitlines() if line.startswith('optimizer: ')]
