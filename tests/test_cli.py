@@ -11,9 +11,9 @@ import tomllib
 
 import pytest
 
-from process_env import one_device_env
 from infinitrain_samples import SAMPLES, needs_samples
-from trainer_runs import REPO, metrics_losses
+from process_env import one_device_env
+from trainer_runs import REPO, metrics_losses, random_shard, tiny_llmc_model
 
 from jaxtrain import cli
 
@@ -45,8 +45,6 @@ def _step_lines(out: str) -> list[str]:
 
 @pytest.mark.slow
 def test_jaxtrain_train_is_the_same_run_as_python_m_jaxtrain_main(tmp_path):
-    from trainer_runs import random_shard, tiny_llmc_model
-
     # A small-vocabulary model on a token shard: the dispatch, not the model, is under test, and
     # a run on its own shard prints no text sample (a decoder compile per process). The second
     # process finds the first one's train step in the persistent compilation cache.

@@ -21,7 +21,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from process_env import one_device_env
 from pathlib import Path
 
 import jax
@@ -33,6 +32,7 @@ from cli_runs import REPO, run_cli
 from jaxtrain.checkpoint import layout as ckpt_layout
 from jaxtrain.checkpoint import resume as ckpt_resume
 from jaxtrain.tools import ckpt as ckpt_tool
+from process_env import one_device_env
 from trainer_runs import random_shard, tiny_llmc_model
 
 _PREWARMED = """
