@@ -33,6 +33,26 @@ def _train(tiny, *args):
     return result
 
 
+@pytest.fixture(scope='module')
+def saved_2_and_4(tiny, tmp_path_factory):
+    """One 4-step run saving steps 2 and 4, none rotated away; a test works on a copy
+    (saved_copy)."""
+    root = tmp_path_factory.mktemp('saved') / 'ck'
+    _train(
+        tiny, '--checkpoint_dir', root, '--save_steps', 2, '--max_checkpoint_keep', 0, '--num_iteration', 4
+    )
+    assert layout.committed_steps(root) == [2, 4]
+    return root
+
+
+def saved_copy(saved_2_and_4, root, steps=(2, 4)):
+    """root: a copy of the saved run's checkpoint_dir holding only `steps` of its two."""
+    left_out = {layout.step_dir_name(step) for step in (2, 4) if step not in steps}
+    shutil.copytree(saved_2_and_4, root, ignore=lambda _, names: [n for n in names if n in left_out])
+    assert layout.committed_steps(root) == list(steps)
+    return root
+
+
 def test_a_step_directory_this_run_did_not_write_is_never_replaced(tmp_path):
     """Another writer's step 2 appears after this run's manager opened the root: Orbax's
     save would replace it (its manager has not seen it); the run refuses instead."""
@@ -53,10 +73,9 @@ def test_a_step_directory_this_run_did_not_write_is_never_replaced(tmp_path):
 
 
 @pytest.mark.slow
-def test_uncommitted_later_step_directories_do_not_block_resume(tiny, tmp_path):
-    root = tmp_path / 'ck'
+def test_uncommitted_later_step_directories_do_not_block_resume(tiny, saved_2_and_4, tmp_path):
+    root = saved_copy(saved_2_and_4, tmp_path / 'ck')  # steps 2 and 4 of a 4-step run
     saving = ['--checkpoint_dir', root, '--save_steps', 2, '--max_checkpoint_keep', 0]  # no rotation
-    _train(tiny, *saving, '--num_iteration', 4)
     (root / layout.step_dir_name(6)).mkdir()  # emptied
     partial = root / layout.step_dir_name(8)  # copied without its trainer state
     shutil.copytree(root / layout.step_dir_name(4), partial)
@@ -71,9 +90,8 @@ def test_uncommitted_later_step_directories_do_not_block_resume(tiny, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize('spelling', ['dotdot', 'symlink'])
-def test_the_step_resumed_from_is_kept_however_it_is_spelled(tiny, tmp_path, spelling):
-    root = tmp_path / 'ck'
-    _train(tiny, '--checkpoint_dir', root, '--save_steps', 2, '--num_iteration', 2)
+def test_the_step_resumed_from_is_kept_however_it_is_spelled(tiny, saved_2_and_4, tmp_path, spelling):
+    root = saved_copy(saved_2_and_4, tmp_path / 'ck', steps=(2,))  # as a 2-step run saving step 2 leaves it
     resume_from, checkpoint_dir = root / layout.step_dir_name(2), root
     if spelling == 'dotdot':
         resume_from = root / '..' / 'ck' / layout.step_dir_name(2)
@@ -135,9 +153,8 @@ def test_a_read_only_checkpoint_dir_is_named(tmp_path):
     )
 
 
-def test_a_step_directory_as_checkpoint_dir_is_refused(tiny, tmp_path):
-    root = tmp_path / 'ck'
-    _train(tiny, '--checkpoint_dir', root, '--save_steps', 2, '--num_iteration', 2)
+def test_a_step_directory_as_checkpoint_dir_is_refused(tiny, saved_2_and_4, tmp_path):
+    root = saved_copy(saved_2_and_4, tmp_path / 'ck', steps=(2,))
     before = tree_digest(root)
     step_dir = root / layout.step_dir_name(2)
     line = _refused_before_step_1(tiny, '--checkpoint_dir', step_dir, '--resume_from', 'latest')

@@ -20,7 +20,9 @@ def files(tmp_path_factory):
     root = tmp_path_factory.mktemp('files')
     return {
         'input_bin': random_shard(root / 'train.bin'),
-        'llmc_filepath': tiny_llmc_model(root / 'model.bin', num_layers=1),
+        # The suite's tiny model at test_checkpointing.py's rate: its compiled programs.
+        'llmc_filepath': tiny_llmc_model(root / 'model.bin'),
+        'learning_rate': 1e-3,
     }
 
 

@@ -377,7 +377,8 @@ def _run_with_failing_writes(work: Path, common: list) -> tuple[int, str, str, P
 def disk_full(tmp_path_factory):
     work = tmp_path_factory.mktemp('disk_full')
     shard, model = random_shard(work / 'train.bin'), tiny_llmc_model(work / 'model.bin')
-    common = ['--input_bin', shard, '--llmc_filepath', model]
+    # The kill test's learning rate: its trainer processes' compiled programs serve this one.
+    common = ['--input_bin', shard, '--llmc_filepath', model, '--learning_rate', 1e-3]
     if _small_filesystem_works(work / 'probe'):
         return ('No space left on device', *_run_on_small_filesystem(work, common))
     return ('File too large', *_run_with_failing_writes(work, common))

@@ -60,6 +60,8 @@ def test_a_root_turned_read_only_ends_the_run_in_one_line(tmp_path):
         tiny_llmc_model(tmp_path / 'm.bin'),
         '--sample_every',
         0,
+        '--learning_rate',  # test_checkpointing.py's rate: its compiled train step
+        1e-3,
         '--num_iteration',
         8,
         '--save_steps',

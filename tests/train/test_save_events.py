@@ -12,6 +12,9 @@ from jaxtrain.checkpoint import layout
 from jaxtrain.checkpoint.trainer_state import read_trainer_state
 from jaxtrain.tools import ckpt
 
+# test_checkpointing.py's rate for the tiny model: the runs here use its compiled train step.
+LEARNING_RATE = 1e-3
+
 
 @pytest.mark.slow
 def test_each_save_commit_and_rotation_is_a_line_and_the_loss_is_kept(tmp_path, capsys):
@@ -20,6 +23,7 @@ def test_each_save_commit_and_rotation_is_a_line_and_the_loss_is_kept(tmp_path, 
         'gpt2',
         input_bin=random_shard(tmp_path / 'train.bin'),
         llmc_filepath=tiny_llmc_model(tmp_path / 'model.bin'),
+        learning_rate=LEARNING_RATE,
         checkpoint_dir=str(root),
         metrics_dir=str(tmp_path / 'metrics'),
         num_iteration=6,
@@ -63,6 +67,7 @@ def test_by_default_three_are_kept_and_the_first_commit_says_what_one_costs(tmp_
         'gpt2',
         input_bin=random_shard(tmp_path / 'train.bin'),
         llmc_filepath=tiny_llmc_model(tmp_path / 'model.bin'),
+        learning_rate=LEARNING_RATE,
         checkpoint_dir=str(root),
         num_iteration=5,
         save_steps=1,
@@ -92,6 +97,7 @@ def test_an_infinitrain_run_reports_its_saves_as_they_are(tmp_path):
         'gpt2',
         input_bin=random_shard(tmp_path / 'train.bin'),
         llmc_filepath=tiny_llmc_model(tmp_path / 'model.bin'),
+        learning_rate=LEARNING_RATE,
         checkpoint_dir=str(root),
         checkpoint_format='infinitrain',
         num_iteration=4,
@@ -116,6 +122,7 @@ def test_a_checkpoint_dir_without_save_steps_says_it_saves_nothing(tmp_path):
         'gpt2',
         input_bin=random_shard(tmp_path / 'train.bin'),
         llmc_filepath=tiny_llmc_model(tmp_path / 'model.bin'),
+        learning_rate=LEARNING_RATE,
         checkpoint_dir=str(tmp_path / 'ck'),
         num_iteration=1,
         sample_every=0,
