@@ -16,7 +16,7 @@ takes it:
   key       a config key of the same name (keys.py); flags.py defines its flag
   renamed   sets another config key: `--save DIR` is `--checkpoint_dir DIR`
   later     accepted; its upstream default runs, any other value is refused on one line
-            ("not supported yet"), because the feature belongs to another issue
+            ("not supported yet"), because jaxtrain has not built that feature yet
 
 A name that turns into a config key later (say `lora_rank` when LoRA lands) is taken over by
 that key automatically: only the names that are not config keys get a flag here.
