@@ -24,9 +24,11 @@ from trainer_runs import load_config, random_shard, tiny_llmc_model, train
 
 pytestmark = pytest.mark.slow
 
+# The model, optimizer, dtype and learning rate (the configs' defaults) of
+# tests/checkpoint/test_infinitrain_acceptance.py's two cases, so that both files compile one step each.
 CASES = {
-    'gpt2-fp32-sgd': dict(family='gpt2', optimizer='sgd', learning_rate=0.05),
-    'llama3-bf16-adam': dict(family='llama3', dtype='bfloat16', optimizer='adam', learning_rate=1e-3),
+    'gpt2-fp32-sgd': dict(family='gpt2', dtype='float32', optimizer='sgd'),
+    'llama3-bf16-adam': dict(family='llama3', dtype='bfloat16', optimizer='adam'),
 }
 
 

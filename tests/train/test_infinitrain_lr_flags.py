@@ -72,22 +72,6 @@ def files(tmp_path_factory):
     }
 
 
-# PR 151's flags for the runs below that need some: one schedule (its table is a constant of the
-# compiled step), so that their runs of six steps share one program.
-PR151_SCHEDULE = (
-    '--learning_rate',
-    1e-3,
-    '--lr_decay_style',
-    'linear',
-    '--min_lr',
-    1e-4,
-    '--lr_warmup_iters',
-    2,
-    '--lr_warmup_init',
-    2e-4,
-)
-
-
 def _train(files, *args):
     return ['--llmc_filepath', files['model'], '--input_bin', files['shard'], '--num_iteration', 6, *args]
 
@@ -99,39 +83,71 @@ def _one_error_line(result, *parts):
         assert part in result.error_lines[0], result.error_lines[0]
 
 
+# The runs below that save or resume PR 151's files train a model of the lrs-gpt2 sample's shape with
+# its run (a)'s flags (tests/train/test_infinitrain_lr_crosscheck.py runs them on the sample's own
+# files): a schedule's table is a constant of the compiled step, so they all compile that one step.
+# Upstream's schedule: a warmup of 5 steps from 1e-3, then a cosine down to 1e-3 at step 20.
+PR151_SCHEDULE = (
+    '--learning_rate',
+    0.1,
+    '--lr_decay_style',
+    'cosine',
+    '--lr_warmup_iters',
+    5,
+    '--lr_warmup_init',
+    0.001,
+    '--min_lr',
+    0.001,
+)
+PR151_SPEC = dict(min_lr=0.001, warmup_iters=5, warmup_init=0.001, decay_iters=20)
+
+
 @pytest.fixture(scope='module')
-def pr151_run(files, tmp_path_factory):
+def sample_shaped(tmp_path_factory):
+    """A random model of the lrs-gpt2 sample's shape (model.bin's header) and a token shard."""
+    import llmc_io
+    from tiny_models import random_params, tiny_header
+
+    root = tmp_path_factory.mktemp('lrs_shaped')
+    header = tiny_header('gpt2', max_seq_len=64, vocab_size=512, num_layers=2, num_heads=12, channels=96)
+    llmc_io.save_gpt2(str(root / 'gpt2.bin'), header, random_params(header))
+    return {'model': str(root / 'gpt2.bin'), 'shard': random_shard(root / 'train.bin', num_tokens=4_000)}
+
+
+def _sample_run(files, *args, iterations=20):
+    """The lrs-gpt2 commands' flags (less the schedule's) before args."""
+    return [
+        '--device', 'cpu', '--llmc_filepath', files['model'], '--input_bin', files['shard'],
+        '--batch_size', 2, '--sequence_length', 64, '--total_batch_size', 128,
+        '--num_iteration', iterations, '--max_checkpoint_keep', 10, *args,
+    ]  # fmt: skip
+
+
+def _run(*args):
+    """The command line as upstream's binary takes it (configs/gpt2.py:infinitrain)."""
+    return run_cli(*args, config='configs/gpt2.py:infinitrain', num_devices=None)
+
+
+@pytest.fixture(scope='module')
+def pr151_run(sample_shaped, tmp_path_factory):
     """(root, result, command line) of one run with PR 151's schedule flags saving InfiniTrain files at
-    steps 3 and 6 under root/full, which several tests below read."""
+    steps 5, 10, 15 and 20 under root/full, which several tests below read."""
     root = tmp_path_factory.mktemp('pr151')
-    common = _train(files, '--checkpoint_format', 'infinitrain', *PR151_SCHEDULE)
-    result = run_cli(*common, '--checkpoint_dir', root / 'full', '--save_steps', 3)
+    common = _sample_run(sample_shaped, '--checkpoint_format', 'infinitrain', *PR151_SCHEDULE)
+    result = _run(*common, '--checkpoint_dir', root / 'full', '--save_steps', 5)
     assert result.code == 0, result.err
     return root, result, common
 
 
-# A cosine schedule with upstream's warmup, saved by default as Orbax, at steps 3 and 6.
-COSINE_ORBAX = (
-    '--learning_rate',
-    1e-3,
-    '--lr_decay_style',
-    'cosine',
-    '--min_lr',
-    1e-4,
-    '--lr_warmup_iters',
-    2,
-    '--lr_warmup_init',
-    2e-4,
-    '--save_steps',
-    3,
-)
+# The same schedule saved by default as Orbax, at steps 5, 10, 15 and 20.
+COSINE_ORBAX = (*PR151_SCHEDULE, '--save_steps', 5)
 
 
 @pytest.fixture(scope='module')
-def cosine_orbax_run(files, tmp_path_factory):
+def cosine_orbax_run(sample_shaped, tmp_path_factory):
     """The Orbax root of one run with COSINE_ORBAX's flags."""
     root = tmp_path_factory.mktemp('cosine') / 'orbax'
-    result = run_cli(*_train(files, *COSINE_ORBAX), '--checkpoint_dir', root)
+    result = _run(*_sample_run(sample_shaped, *COSINE_ORBAX), '--checkpoint_dir', root)
     assert result.code == 0, result.err
     return root
 
@@ -274,36 +290,43 @@ def test_a_damaged_scheduler_file_is_refused(lrs_gpt2, damage, part):
 def test_our_lr_scheduler_generation_saves_verifies_exports_and_resumes(pr151_run, tmp_path, capsys):
     """A run with InfiniTrain's flags saving --checkpoint_format infinitrain: lr_scheduler.ckpt is the
     scheduler's state at the step (checked against the replay, whose bytes equal the binary's files);
-    `ckpt verify` covers it by sha256; export to HEAD puts its lr in last_lr; a resume from step 3
-    prints the uninterrupted run's steps 4-6."""
+    `ckpt verify` covers it by sha256; export to HEAD puts its lr in last_lr; a resume from step 10
+    prints the uninterrupted run's steps 11-20."""
     from jaxtrain.optim.infinitrain_lr_schedule import ScheduleSpec, state_at
     from jaxtrain.tools import ckpt
     from llmc_io.infinitrain_lr_scheduler import read_lr_scheduler
     from llmc_io.infinitrain_state import read_trainer_state
 
     run_root, full, common = pr151_run
-    spec = ScheduleSpec('linear', 1e-3, min_lr=1e-4, warmup_iters=2, warmup_init=2e-4, decay_iters=6)
-    for step in (3, 6):
+    spec = ScheduleSpec('cosine', 0.1, **PR151_SPEC)
+    for step in (5, 10, 15, 20):
         step_dir = run_root / 'full' / f'checkpoint_step_{step:06d}'
         saved = read_lr_scheduler(step_dir / 'lr_scheduler.ckpt')
         assert saved == state_at(spec, step)
         state = read_trainer_state(step_dir / 'trainer_state.json')
         assert state.generation == 'lrs' and state.last_lr is None
         assert 'lr_scheduler.ckpt' in state.jaxtrain['sha256']
-    step3 = run_root / 'full' / 'checkpoint_step_000003'
-    assert ckpt.main(['verify', str(step3)]) == 0
-    assert 'sha256 of 3 files' in capsys.readouterr().out
+    step10 = run_root / 'full' / 'checkpoint_step_000010'
+    assert ckpt.main(['verify', str(step10)]) == 0
+    assert 'sha256 of 2 files' in capsys.readouterr().out  # model.ckpt, lr_scheduler.ckpt (SGD)
     assert (
         ckpt.main(
-            ['export', str(step3), '--format', 'infinitrain', '--output', str(tmp_path / 'head' / step3.name)]
+            [
+                'export',
+                str(step10),
+                '--format',
+                'infinitrain',
+                '--output',
+                str(tmp_path / 'head' / step10.name),
+            ]
         )
         == 0
     )
-    head = read_trainer_state(tmp_path / 'head' / step3.name / 'trainer_state.json')
-    next_lr = read_lr_scheduler(step3 / 'lr_scheduler.ckpt')['recover_lr']
+    head = read_trainer_state(tmp_path / 'head' / step10.name / 'trainer_state.json')
+    next_lr = read_lr_scheduler(step10 / 'lr_scheduler.ckpt')['recover_lr']
     assert head.generation == 'head' and head.last_lr == float(f'{next_lr:g}')  # HEAD prints %g
-    resumed = run_cli(
-        *common, '--checkpoint_dir', tmp_path / 'resumed', '--save_steps', 3, '--resume_from', step3
+    resumed = _run(
+        *common, '--checkpoint_dir', tmp_path / 'resumed', '--save_steps', 5, '--resume_from', step10
     )
     assert resumed.code == 0, resumed.err
     assert (
@@ -311,14 +334,14 @@ def test_our_lr_scheduler_generation_saves_verifies_exports_and_resumes(pr151_ru
         and 'last_lr' not in resumed.out.split('Load done')[1].split('\n')[0]
     )
     steps = lambda out: {int(m[1]): m.groups()[1:] for m in map(STEP_LR.search, out.splitlines()) if m}
-    assert steps(resumed.out) == {k: v for k, v in steps(full.out).items() if k > 3}
-    assert (tmp_path / 'resumed/checkpoint_step_000006/lr_scheduler.ckpt').read_bytes() == (
-        run_root / 'full/checkpoint_step_000006/lr_scheduler.ckpt'
+    assert steps(resumed.out) == {k: v for k, v in steps(full.out).items() if k > 10}
+    assert (tmp_path / 'resumed/checkpoint_step_000020/lr_scheduler.ckpt').read_bytes() == (
+        run_root / 'full/checkpoint_step_000020/lr_scheduler.ckpt'
     ).read_bytes()
 
 
 @pytest.mark.slow  # two runs
-def test_infinitrain_lrs_names_the_generation_for_a_constant_schedule(files, tmp_path):
+def test_infinitrain_lrs_names_the_generation_for_a_constant_schedule(sample_shaped, tmp_path):
     """Upstream master with no schedule flags runs a constant LambdaLR and saves it; so does
     --checkpoint_format infinitrain-lrs. Plain infinitrain stays HEAD's layout (last_lr, no file)."""
     from jaxtrain.optim.infinitrain_lr_schedule import ScheduleSpec, state_at
@@ -327,16 +350,24 @@ def test_infinitrain_lrs_names_the_generation_for_a_constant_schedule(files, tmp
 
     for fmt, generation in (('infinitrain-lrs', 'lrs'), ('infinitrain', 'head')):
         root = tmp_path / fmt
-        result = run_cli(
-            *_train(files, '--checkpoint_dir', root, '--save_steps', 3, '--checkpoint_format', fmt)
+        # lrs-gpt2's run (n) trains at this constant lr (--lr_decay_style none): the same step
+        args = (
+            '--learning_rate',
+            0.1,
+            '--checkpoint_dir',
+            root,
+            '--save_steps',
+            5,
+            '--checkpoint_format',
+            fmt,
         )
+        result = _run(*_sample_run(sample_shaped, *args, iterations=10))
         assert result.code == 0, result.err
-        step_dir = root / 'checkpoint_step_000006'
+        step_dir = root / 'checkpoint_step_000010'
         assert read_trainer_state(step_dir / 'trainer_state.json').generation == generation
         if generation == 'lrs':
-            lr = load_config().learning_rate
             assert read_lr_scheduler(step_dir / 'lr_scheduler.ckpt') == state_at(
-                ScheduleSpec('constant', lr), 6
+                ScheduleSpec('constant', 0.1), 10
             )
         else:
             assert not (step_dir / 'lr_scheduler.ckpt').exists()
@@ -362,13 +393,13 @@ def test_export_infinitrain_lrs_from_orbax_and_from_infinitrain(cosine_orbax_run
     from llmc_io.infinitrain_lr_scheduler import render_lr_scheduler
     from llmc_io.infinitrain_state import read_trainer_state
 
-    spec = ScheduleSpec('cosine', 1e-3, min_lr=1e-4, warmup_iters=2, warmup_init=2e-4, decay_iters=6)
-    first = tmp_path / 'lrs' / 'checkpoint_step_000003'
-    args = ['export', str(cosine_orbax_run / 'checkpoint_step_000003'), '--format', 'infinitrain-lrs']
+    spec = ScheduleSpec('cosine', 0.1, **PR151_SPEC)
+    first = tmp_path / 'lrs' / 'checkpoint_step_000010'
+    args = ['export', str(cosine_orbax_run / 'checkpoint_step_000010'), '--format', 'infinitrain-lrs']
     assert ckpt.main([*args, '--output', str(first)]) == 0, capsys.readouterr()
-    assert (first / 'lr_scheduler.ckpt').read_bytes() == render_lr_scheduler(state_at(spec, 3))
+    assert (first / 'lr_scheduler.ckpt').read_bytes() == render_lr_scheduler(state_at(spec, 10))
     assert read_trainer_state(first / 'trainer_state.json').generation == 'lrs'
-    second = tmp_path / 'again' / 'checkpoint_step_000003'
+    second = tmp_path / 'again' / 'checkpoint_step_000010'
     assert ckpt.main(['export', str(first), '--format', 'infinitrain-lrs', '--output', str(second)]) == 0
     assert (second / 'lr_scheduler.ckpt').read_bytes() == (first / 'lr_scheduler.ckpt').read_bytes()
     assert ckpt.main(['verify', str(second)]) == 0
@@ -384,18 +415,18 @@ def test_upstreams_checks_apply_only_to_its_spelling():
 
 
 @pytest.mark.slow  # two runs
-def test_an_orbax_resume_prints_pr_151s_load_done_line(files, cosine_orbax_run, tmp_path):
+def test_an_orbax_resume_prints_pr_151s_load_done_line(sample_shaped, cosine_orbax_run, tmp_path):
     """The binary decides the line: with PR 151's flags `Load done` has no last_lr, whatever the source."""
-    result = run_cli(
-        *_train(files, *COSINE_ORBAX),
+    result = _run(
+        *_sample_run(sample_shaped, *COSINE_ORBAX),
         '--checkpoint_dir',
         tmp_path / 'resumed',
         '--resume_from',
-        cosine_orbax_run / 'checkpoint_step_000003',
+        cosine_orbax_run / 'checkpoint_step_000010',
     )
     assert result.code == 0, result.err
     line = next(line for line in result.out.splitlines() if line.startswith('[CKPT] Load done'))
-    assert line == '[CKPT] Load done: global_step=3, consumed_batches =3, topology(ddp,tp,sp,pp)=(1,1,1,1)'
+    assert line == '[CKPT] Load done: global_step=10, consumed_batches =10, topology(ddp,tp,sp,pp)=(1,1,1,1)'
 
 
 @pytest.mark.slow  # a run
@@ -405,8 +436,8 @@ def test_export_infinitrain_lrs_as_rank_directories(pr151_run, tmp_path, capsys)
     from jaxtrain.tools import ckpt
     from llmc_io.infinitrain_state import read_trainer_state
 
-    source = pr151_run[0] / 'full/checkpoint_step_000003'  # a warmup of 2 steps, then the decay
-    out = tmp_path / 'ranks/checkpoint_step_000003'
+    source = pr151_run[0] / 'full/checkpoint_step_000010'  # a warmup of 5 steps, then the decay
+    out = tmp_path / 'ranks/checkpoint_step_000010'
     args = ['export', str(source), '--format', 'infinitrain-lrs', '--ddp', '2', '--output', str(out)]
     assert ckpt.main(args) == 0, capsys.readouterr()
     ranks = sorted(out.glob('rank_*'))
@@ -416,7 +447,7 @@ def test_export_infinitrain_lrs_as_rank_directories(pr151_run, tmp_path, capsys)
         assert read_trainer_state(rank / 'trainer_state.json').generation == 'lrs'
     capsys.readouterr()
     assert ckpt.main(['show', str(out), '--json']) == 0
-    assert '"scheduler_1.last_step": "1 (int64)"' in capsys.readouterr().out
+    assert '"scheduler_1.last_step": "5 (int64)"' in capsys.readouterr().out
 
 
 def test_a_scheduler_file_of_another_step_is_refused(lrs_gpt2):
