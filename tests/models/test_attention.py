@@ -22,9 +22,6 @@ def test_pallas_kernel_matches_reference_forward_and_backward(T, N, K):
     q, k, v = _qkv(T, N, K)
     group = N // K
     expected = ref._causal_attention(q, np.repeat(k, group, axis=2), np.repeat(v, group, axis=2))
-    got = np.asarray(causal_attention(q, k, v, 'pallas'))
-    np.testing.assert_allclose(got.reshape(expected.shape), expected, atol=2e-5)
-
     upstream = np.random.default_rng(1).normal(size=q.shape).astype(np.float32)
 
     def grads(implementation):
@@ -32,7 +29,14 @@ def test_pallas_kernel_matches_reference_forward_and_backward(T, N, K):
         # Jitted: eagerly, each op around the kernels dispatches and compiles on its own.
         return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
 
-    for got, want in zip(grads('pallas'), grads('xla')):
+    # The kernel's forward and its gradients in one program: d(sum(out * upstream))/dout = upstream.
+    def forward_and_grads(q, k, v):
+        out, vjp = jax.vjp(lambda q, k, v: causal_attention(q, k, v, 'pallas'), q, k, v)
+        return out, vjp(jnp.broadcast_to(upstream, out.shape))
+
+    got, pallas_grads = jax.jit(forward_and_grads)(q, k, v)
+    np.testing.assert_allclose(np.asarray(got).reshape(expected.shape), expected, atol=2e-5)
+    for got, want in zip(pallas_grads, grads('xla')):
         np.testing.assert_allclose(got, want, atol=5e-5, rtol=1e-4)
 
 

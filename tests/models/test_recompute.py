@@ -6,6 +6,8 @@ The regions are checked against a transcription of upstream's TransformerChunk::
 program; values against the same model without recompute.
 """
 
+import functools
+
 import jax
 import jax.extend
 import jax.numpy as jnp
@@ -115,6 +117,36 @@ CASES = [  # (family, scan, plan): each plan, both families, scanned and unrolle
 ]
 
 
+def _loss_and_jaxpr(family, recompute, scan):
+    """The model's sum of squared logits on fixed tokens as a function of its params, and its jaxpr."""
+    cls, config = CONFIGS[family]
+    tokens = jnp.asarray(np.random.default_rng(3).integers(0, config.vocab_size, (2, 9)))
+    model_def, _ = nnx.split(
+        nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0), scan_layers=scan, recompute=recompute)),
+        nnx.Param,
+    )
+    loss = lambda p: jnp.sum(nnx.merge(model_def, nnx.State(p))(tokens) ** 2)  # noqa: E731
+    return loss, jax.make_jaxpr(loss)(_params(family)).jaxpr
+
+
+@functools.cache
+def _params(family):
+    cls, config = CONFIGS[family]
+    return jax.tree.map(jnp.asarray, _model_and_params(cls, config)[1])
+
+
+@functools.cache
+def _reference(family):
+    """Loss and gradients of the unrolled model without recompute, for both layouts (test_models.py
+    pins scanned to unrolled): computed once per family for the cases that share it."""
+    return jax.jit(jax.value_and_grad(_loss_and_jaxpr(family, Recompute(), False)[0]))(_params(family))
+
+
+@functools.cache
+def _plain_regions(family, scan):
+    return _count_regions(_loss_and_jaxpr(family, Recompute(), scan)[1])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     'family,scan,plan',
@@ -122,27 +154,13 @@ CASES = [  # (family, scan, plan): each plan, both families, scanned and unrolle
     ids=[f"{f}-{'scan' if s else 'unrolled'}-{p.granularity}-{p.method}" for f, s, p in CASES],
 )
 def test_recompute_gives_the_same_loss_and_gradients(family, scan, plan):
-    cls, config = CONFIGS[family]
-    _, params = _model_and_params(cls, config)
-    tokens = jnp.asarray(np.random.default_rng(3).integers(0, config.vocab_size, (2, 9)))
-
-    def loss_and_jaxpr(recompute, scan):
-        model_def, _ = nnx.split(
-            nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0), scan_layers=scan, recompute=recompute)),
-            nnx.Param,
-        )
-        loss = lambda p: jnp.sum(nnx.merge(model_def, nnx.State(p))(tokens) ** 2)
-        return loss, jax.make_jaxpr(loss)(p).jaxpr
-
-    # Jitted, one program each: run eagerly, every op and region compiled on its own. The reference
-    # is the unrolled model without recompute for both layouts (test_models.py pins scanned to
-    # unrolled), so the families' two references compile once for the five cases.
-    p = jax.tree.map(jnp.asarray, params)
-    _, plain = loss_and_jaxpr(Recompute(), scan)
-    want_loss, want_grads = jax.jit(jax.value_and_grad(loss_and_jaxpr(Recompute(), False)[0]))(p)
-    loss, jaxpr = loss_and_jaxpr(plan, scan)
+    _, config = CONFIGS[family]
+    # Jitted, one program each: run eagerly, every op and region compiled on its own.
+    p = _params(family)
+    want_loss, want_grads = _reference(family)
+    loss, jaxpr = _loss_and_jaxpr(family, plan, scan)
     got_loss, got_grads = jax.jit(jax.value_and_grad(loss))(p)
-    assert _count_regions(plain) == 0
+    assert _plain_regions(family, scan) == 0
     regions = _regions(config.num_layers, plan)
     if scan:  # one region per scan over groups (its body is traced once)
         assert _count_regions(jaxpr) == sum(
