@@ -1,6 +1,8 @@
 """KV-cache decoding against full forward passes of the same models (whose logits
 tests/models/test_models.py pins to the NumPy reference), for both families."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -33,10 +35,18 @@ def _full_forward_greedy(graphdef, params, config, prompt, length):
     return tokens[0].tolist()
 
 
+@functools.cache
+def _decoder(cls, config, batch_size, top_k):
+    """One Decoder per model and setting, shared by the tests that decode with it: a new instance
+    traces and lowers its loop again (the params' values are arguments, not part of the program)."""
+    graphdef = nnx.split(nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0))), nnx.Param)[0]
+    return Decoder(graphdef, config, batch_size=batch_size, length=LENGTH, top_k=top_k)
+
+
 @pytest.mark.parametrize('cls, config', FAMILIES, ids=['gpt2', 'llama3'])
 def test_greedy_equals_full_forward_argmax_and_compiles_once(cls, config):
     graphdef, params = _model_and_params(cls, config, seed=3)
-    decoder = Decoder(graphdef, config, batch_size=2, length=LENGTH, top_k=0)
+    decoder = _decoder(cls, config, 2, 0)
     for prompt in ([1], [5, 7, 2]):
         got = decoder(params, prompt, jax.random.key(0), temperature=0.0)
         expected = _full_forward_greedy(graphdef, params, config, prompt, LENGTH)
@@ -44,7 +54,7 @@ def test_greedy_equals_full_forward_argmax_and_compiles_once(cls, config):
         assert got[0].tolist() == expected and got[1].tolist() == expected
     # Another prompt length, seed and temperature reuse the first trace: nothing per token or per call.
     decoder(params, [3, 3, 3, 3], jax.random.key(9), temperature=0.7)
-    assert decoder.trace_count == 1
+    assert decoder.trace_count == 1  # the tests that share this decoder did not trace it again
 
 
 @pytest.mark.slow
@@ -52,7 +62,7 @@ def test_greedy_equals_full_forward_argmax_and_compiles_once(cls, config):
 def test_top_k_samples_stay_in_the_full_forward_top_k(cls, config):
     graphdef, params = _model_and_params(cls, config, seed=4)
     k = 5  # the sampling decoder of the variants' test below: one compile for both
-    decoder = Decoder(graphdef, config, batch_size=3, length=LENGTH, top_k=k)
+    decoder = _decoder(cls, config, 3, k)
     prompt = [2, 9]
     tokens = decoder(params, prompt, jax.random.key(1), temperature=1.0)
     assert (tokens[:, :2] == prompt).all()
@@ -107,7 +117,7 @@ def test_every_variant_decodes_greedy_as_the_full_forward_and_samples_as_the_def
     decoder = Decoder(graphdef, config, batch_size=3, length=length, top_k=5, options=VARIANTS[variant])
     expected = _full_forward_greedy(graphdef, params, config, prompt, length)
     assert decoder(params, prompt, jax.random.key(0), temperature=0.0).tolist() == [expected] * 3
-    default = Decoder(graphdef, config, batch_size=3, length=length, top_k=5)
+    default = _decoder(cls, config, 3, 5)  # the top-k test's: compiled once for both
     sampled = default(params, prompt, jax.random.key(2), temperature=1.0)
     assert len({tuple(row) for row in sampled.tolist()}) > 1
     np.testing.assert_array_equal(decoder(params, prompt, jax.random.key(2), temperature=1.0), sampled)
@@ -116,7 +126,7 @@ def test_every_variant_decodes_greedy_as_the_full_forward_and_samples_as_the_def
 @pytest.mark.parametrize('cls, config', FAMILIES, ids=['gpt2', 'llama3'])
 def test_one_row_decodes_greedy_as_the_full_forward(cls, config):
     graphdef, params = _model_and_params(cls, config, seed=8)
-    decoder = Decoder(graphdef, config, batch_size=1, length=LENGTH, top_k=0)
+    decoder = _decoder(cls, config, 1, 0)
     for prompt in ([2], [7, 3, 3, 1]):
         expected = _full_forward_greedy(graphdef, params, config, prompt, LENGTH)
         assert decoder(params, prompt, jax.random.key(0), temperature=0.0).tolist() == [expected]
@@ -197,7 +207,7 @@ def test_decoding_under_the_trainers_mesh_gives_the_same_tokens():
     mesh = jax.make_mesh((2, 2, 2), ('data', 'fsdp', 'tensor'), axis_types=(AxisType.Auto,) * 3)
     placed = sharding.put_global(params, sharding.parameter_shardings(params, mesh))
     assert any('tensor' in str(leaf.sharding.spec) for leaf in jax.tree.leaves(placed))
-    plain = Decoder(graphdef, config, batch_size=2, length=LENGTH, top_k=0)
+    plain = _decoder(cls, config, 2, 0)  # the greedy test's
     replicated = NamedSharding(mesh, P())
     sharded = Decoder(graphdef, config, batch_size=2, length=LENGTH, top_k=0, out_sharding=replicated)
     np.testing.assert_array_equal(
