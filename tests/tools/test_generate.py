@@ -116,23 +116,24 @@ def test_json_holds_the_timing_of_the_run_after_the_warmup(
     monkeypatch.setattr(Decoder, 'timed', counted)
     root, _ = model_files
     out_json = tmp_path / 'timing.json'
+    # The greedy test's prompt length, new tokens and batch: its decoder, compiled once for both.
     code, out, err = _run(
         capsys,
-        *('--llmc_filepath', root / 'model.bin', '--max_new_tokens', 4, '--num_samples', 3),
-        *('--warmup_runs', warmup_runs, '--json', out_json),
+        *('--llmc_filepath', root / 'model.bin', '--prompt_ids', '50256,7', '--max_new_tokens', 6),
+        *('--num_samples', 2, '--warmup_runs', warmup_runs, '--json', out_json),
     )
     assert code == 0, err
     assert len(timed_calls) == warmup_runs + 1  # the warm-ups, then the run that is timed
     timing = json.loads(out_json.read_text())
     assert (timing['family'], timing['batch'], timing['new_tokens'], timing['warmup_runs']) == (
         'gpt2',
-        3,
+        2,
         12,
         warmup_runs,
     )
     assert timing['tokens_per_s'] == pytest.approx(12 / timing['seconds'])
-    # A position is a step of the loop, every row's token at once: 4 of them, not 12 tokens.
-    assert timing['ms_per_position'] == pytest.approx(1e3 * timing['seconds'] / 4)
+    # A position is a step of the loop, every row's token at once: 6 of them, not 12 tokens.
+    assert timing['ms_per_position'] == pytest.approx(1e3 * timing['seconds'] / 6)
     assert timing['compile_s'] > 0 and timing['platform'] == 'cpu'
     printed = re.search(r'decoded 12 new tokens in [\d.]+ s: ([\d,.]+) tokens/s', out).group(1)
     assert float(printed.replace(',', '')) == pytest.approx(timing['tokens_per_s'], abs=0.06)
