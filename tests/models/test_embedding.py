@@ -8,10 +8,10 @@ import pytest
 from jaxtrain.models.embedding import embedding_lookup
 
 
+@jax.jit
 def _grad(table, ids, upstream):
-    return jax.jit(jax.grad(lambda t: jnp.sum(embedding_lookup(t, ids).astype(jnp.float32) * upstream)))(
-        table
-    )
+    """One jitted program per shape (ids and upstream its arguments), traced once for repeated calls."""
+    return jax.grad(lambda t: jnp.sum(embedding_lookup(t, ids).astype(jnp.float32) * upstream))(table)
 
 
 @pytest.mark.parametrize('V,shape', [(37, (3, 50)), (1000, (2, 7)), (5, (64,))])
