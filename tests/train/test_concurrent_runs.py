@@ -21,8 +21,15 @@ def test_second_run_is_refused_and_the_first_loses_nothing(tmp_path, trainers): 
     common = ['--input_bin', shard, '--llmc_filepath', model, '--checkpoint_dir', root]
     common += ['--save_steps', 1, '--max_checkpoint_keep', 2, '--resume_from', 'latest']
     common += ['--num_iteration', 100_000]
-    first = trainers(*common, '--learning_rate', 1e-3, '--metrics_dir', tmp_path / 'a')
+    # Both import first: the first run saves every step, and every step it takes while the
+    # second imports is CPU spent on nothing the test checks.
+    first = trainers(
+        *common, '--learning_rate', 1e-3, '--metrics_dir', tmp_path / 'a', release_file=tmp_path / 'go1'
+    )
     second = trainers(*common, '--learning_rate', 5e-4, release_file=tmp_path / 'go')
+    first.wait_ready()
+    second.wait_ready()
+    first.release()
     deadline = time.monotonic() + 300
     # Released while the first has a save in flight: the moment its manager's clean-up of
     # temporary directories used to delete the first's save.

@@ -42,6 +42,7 @@ import jax, optax, orbax.checkpoint, flax.nnx  # the slow part of a start, done 
 from jaxtrain import main
 from jaxtrain.train import loop as train
 go, deadline = sys.argv.pop(1), time.monotonic() + 600
+open(go + '.ready', 'w').close()  # imports done (Trainer.wait_ready)
 while not os.path.exists(go):
     if time.monotonic() > deadline:  # the test that started this one is gone
         sys.exit(3)
@@ -70,6 +71,13 @@ class Trainer:
             command, stdout=self.log, stderr=subprocess.STDOUT, env=env, text=True
         )
         self.released_at = None if release_file else time.monotonic()
+
+    def wait_ready(self, timeout=300):
+        """Until a prewarmed process has done its imports and waits for release()."""
+        ready, deadline = Path(f'{self.release_file}.ready'), time.monotonic() + timeout
+        while not ready.exists():
+            assert self.process.poll() is None and time.monotonic() < deadline, self.output()[-3000:]
+            time.sleep(0.005)
 
     def release(self):
         self.release_file.touch()
