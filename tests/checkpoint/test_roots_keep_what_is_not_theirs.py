@@ -26,6 +26,21 @@ def files(tmp_path_factory):
     }
 
 
+@pytest.fixture(scope='module')
+def elsewhere(files, tmp_path_factory):
+    """elsewhere(fmt): the checkpoint_dir of one 4-step run in that format saving steps 2 and
+    4 (made once), which the tests link to and copy from but do not write."""
+    roots = {}
+
+    def saved(fmt):
+        if fmt not in roots:
+            roots[fmt] = tmp_path_factory.mktemp(f'elsewhere_{fmt}') / 'ck'
+            run(files, roots[fmt], fmt, num_iteration=4, save_steps=2)
+        return roots[fmt]
+
+    return saved
+
+
 def run(files, root, fmt, **overrides):
     config = load_config('gpt2', **files, checkpoint_dir=str(root), checkpoint_format=fmt, sample_every=0)
     config.update(overrides)
@@ -46,9 +61,8 @@ def test_an_infinitrain_run_sets_aside_a_step_directory_it_did_not_write(files, 
 
 
 @pytest.mark.parametrize('fmt', ['orbax', 'infinitrain'])
-def test_rotation_keeps_a_symlinked_step_and_writes_the_last_one(files, tmp_path, fmt):
-    elsewhere, root = tmp_path / 'elsewhere', tmp_path / 'ck'
-    run(files, elsewhere, fmt, num_iteration=4, save_steps=2)
+def test_rotation_keeps_a_symlinked_step_and_writes_the_last_one(files, elsewhere, tmp_path, fmt):
+    elsewhere, root = elsewhere(fmt), tmp_path / 'ck'
     root.mkdir()
     os.symlink(elsewhere / 'checkpoint_step_000002', root / 'checkpoint_step_000002')
     shutil.copytree(elsewhere / 'checkpoint_step_000004', root / 'checkpoint_step_000004')
@@ -61,9 +75,8 @@ def test_rotation_keeps_a_symlinked_step_and_writes_the_last_one(files, tmp_path
     assert f'saved: {root / "checkpoint_step_000006"}' in out
 
 
-def test_overwrite_later_checkpoints_deletes_no_link(files, tmp_path):
-    elsewhere, root = tmp_path / 'elsewhere', tmp_path / 'ck'
-    run(files, elsewhere, 'orbax', num_iteration=2, save_steps=2)
+def test_overwrite_later_checkpoints_deletes_no_link(files, elsewhere, tmp_path):
+    elsewhere, root = elsewhere('orbax'), tmp_path / 'ck'
     root.mkdir()
     os.symlink(elsewhere / 'checkpoint_step_000002', root / 'checkpoint_step_000002')
     config = load_config('gpt2', **files, checkpoint_dir=str(root), num_iteration=1, sample_every=0)
