@@ -28,8 +28,20 @@ def variants():
     return _load('decode_variants')
 
 
+@pytest.fixture
+def smaller_tiny(monkeypatch):
+    """--model tiny as one narrow layer (GPT-2's vocabulary kept: the script prompts with EOT
+    50256): what these tests check is the script's measuring and reporting, not the model, and
+    the 'tiny' variant's 64 channels cost seconds of random init and unoptimized lm-head decoding."""
+    from jaxtrain.models import gpt2
+
+    monkeypatch.setitem(
+        gpt2.VARIANTS, 'tiny', gpt2.GPT2Config(max_seq_len=8, num_layers=1, num_heads=1, channels=8)
+    )
+
+
 @pytest.mark.slow  # a benchmark's measuring run: three decode programs compiled and timed
-def test_a_process_measures_each_variant_at_each_batch(variants, tmp_path, capsys):
+def test_a_process_measures_each_variant_at_each_batch(variants, smaller_tiny, tmp_path, capsys):
     rows_file = tmp_path / 'rows.jsonl'
     argv = ['--child', 'no_graphs:unrolled,scan_nocast,select_u4', '--model', 'tiny', '--dtype', 'float32']
     assert variants.main([*argv, '--new_tokens', '3', '--batches', '2', '--json', str(rows_file)]) == 0
@@ -73,7 +85,7 @@ class _FakeDecoder:
     ids=['bf16-cast-point', 'bf16-unroll', 'fp32-cast-point'],
 )
 def test_only_a_variant_that_must_match_fails_the_process(
-    variants, monkeypatch, tmp_path, capsys, dtype, tokens_of, code, differing
+    variants, smaller_tiny, monkeypatch, tmp_path, capsys, dtype, tokens_of, code, differing
 ):
     from jaxtrain.models import decode
 
