@@ -131,7 +131,9 @@ def setup_model(config) -> ModelSetup:
                 f'{config.llmc_filepath}: tensors do not fit the model built from its header: '
                 + '; '.join(problems)
             )
-        params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), file_params)
+        # On the host: put_global splits each tensor there for its devices. A device array here
+        # would be sliced on device 0 instead, by one compiled program per shape and sharding.
+        params = jax.tree.map(lambda a: np.asarray(a, np.float32), file_params)
         setup = ModelSetup(
             config.model_family,
             model_config,
