@@ -9,6 +9,7 @@ import pytest
 
 from cli_runs import run_cli
 from jaxtrain.parallel import deterministic_flag
+from jaxtrain.train import loop as train_loop
 from trainer_runs import random_shard, tiny_llmc_model
 
 
@@ -47,9 +48,12 @@ def test_request_adds_the_flag_once_and_keeps_an_inherited_one(monkeypatch):
 def test_a_run_that_saves_asks_for_the_flag_unless_pinned_to_cpu(tmp_path, monkeypatch, platforms, asked):
     """`--deterministic auto` and a checkpoint_dir: the flag is asked for, except on a run that only
     a CPU can run (JAX_PLATFORMS=cpu here; the test process runs on the CPU either way)."""
-    requests = []
+    requests, runs = [], []
     monkeypatch.setattr(deterministic_flag, 'request', lambda wanted, *a, **k: requests.append(wanted))
     monkeypatch.setenv('JAX_PLATFORMS', platforms)
+    # main() asks for the flag before it validates the config and trains: the training itself
+    # (which the fake request above leaves unchanged) is left out, main()'s path up to it runs.
+    monkeypatch.setattr(train_loop, 'run', lambda config: runs.append(config) or 0)
     files = [
         '--input_bin',
         random_shard(tmp_path / 'train.bin'),
@@ -60,3 +64,4 @@ def test_a_run_that_saves_asks_for_the_flag_unless_pinned_to_cpu(tmp_path, monke
     result = run_cli(*files, *saving, '--num_iteration', 1, '--device', 'auto')
     assert result.code == 0, result.err
     assert requests == [asked]
+    assert [(c.save_steps, c.checkpoint_dir) for c in runs] == [(1, str(tmp_path / 'ck'))]
