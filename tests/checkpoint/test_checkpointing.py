@@ -26,11 +26,12 @@ def files(tmp_path_factory):
 def saved(files, tmp_path_factory):
     """Runs trained once for the tests that only read their checkpoints or copy them: 'full'
     (four steps, saved at 2 and 4; its losses are the uninterrupted run a resume must repeat) and
-    'params_only' (two steps, saved at 2 without optimizer state). Each run costs seconds of CPU."""
+    'params_only' (three steps, saved at 2 and at the last step without optimizer state). Each run
+    costs seconds of CPU."""
     root = tmp_path_factory.mktemp('saved')
     runs = {
         'full': dict(num_iteration=4, save_steps=2),
-        'params_only': dict(num_iteration=2, save_steps=2, save_optimizer_state=False),
+        'params_only': dict(num_iteration=3, save_steps=2, save_optimizer_state=False),
     }
     for name, overrides in runs.items():
         code, losses, out = train(config(files, root, name, **overrides))
@@ -82,15 +83,24 @@ def test_rotation_keeps_newest_k_and_every_multiple(files, tmp_path):
     assert steps_in(tmp_path / 'ck') == [4, 6, 7]
 
 
-def test_save_steps_zero_writes_nothing(files, tmp_path):
-    code, losses, _ = train(config(files, tmp_path, 'ck', num_iteration=2, save_steps=0))
+@pytest.fixture(scope='module')
+def fresh_latest(files, tmp_path_factory):
+    """A two-step run with save_steps 0 and --resume_from latest into an empty checkpoint_dir:
+    (its root, exit code, losses, stdout)."""
+    root = tmp_path_factory.mktemp('fresh_latest')
+    code, losses, out = train(config(files, root, 'ck', num_iteration=2, save_steps=0, resume_from='latest'))
+    return root / 'ck', code, losses, out
+
+
+def test_save_steps_zero_writes_nothing(fresh_latest):
+    root, code, losses, _ = fresh_latest
     assert code == 0 and len(losses) == 2
-    assert steps_in(tmp_path / 'ck') == []
+    assert steps_in(root) == []
 
 
-def test_last_step_is_saved(files, tmp_path):
-    assert train(config(files, tmp_path, 'ck', num_iteration=3, save_steps=2))[0] == 0
-    assert steps_in(tmp_path / 'ck') == [2, 3]
+def test_last_step_is_saved(saved):
+    # params_only: three steps, save_steps 2
+    assert steps_in(saved / 'params_only') == [2, 3]
 
 
 @pytest.mark.slow
@@ -132,9 +142,9 @@ def test_latest_resumes_in_place_and_matches_uninterrupted(files, saved, tmp_pat
     assert steps_in(tmp_path / 'ck') == [2, 4]
 
 
-def test_latest_with_no_checkpoint_starts_fresh_with_notice(files, tmp_path):
-    code, losses, out = train(config(files, tmp_path, 'ck', num_iteration=1, resume_from='latest'))
-    assert code == 0 and sorted(losses) == [1]
+def test_latest_with_no_checkpoint_starts_fresh_with_notice(fresh_latest):
+    _, code, losses, out = fresh_latest
+    assert code == 0 and sorted(losses) == [1, 2]
     assert 'no committed checkpoint' in out and 'starting fresh' in out
 
 

@@ -146,6 +146,8 @@ def test_ckpt_show_verify_diff(runs, capsys):
     assert 'tensors: 20 of 20 bit-identical' in capsys.readouterr().out
 
 
+# The one batch shape the GPT-2 forwards here run at: each of the two models compiles once.
+FORWARD_SHAPE = (2, 16)
 GPT2_FIELDS = ('max_seq_len', 'vocab_size', 'padded_vocab_size', 'num_layers', 'num_heads', 'channels')
 
 
@@ -186,7 +188,7 @@ def test_export_merge_lora_logits_equal_the_lora_model(runs, tmp_path, capsys):
     assert changed == ['h/attn/c_attn/kernel', 'h/attn/c_proj/kernel', 'h/mlp/c_proj/kernel']
 
     adapters = restore_params(step_dir)
-    tokens = np.random.default_rng(0).integers(0, 512, (2, 16))
+    tokens = np.random.default_rng(0).integers(0, 512, FORWARD_SHAPE)
     lora = LoRASpec(8, 16.0, ('c_attn', 'c_proj'), ('attn.c_attn', 'attn.c_proj', 'mlp.c_proj'))
     lora_logits = _logits(base_header, lora, (base, adapters), tokens)
     merged_logits = _logits(base_header, None, (merged,), tokens)
@@ -343,8 +345,10 @@ def test_generate_from_a_lora_checkpoint_applies_the_adapters_to_its_base(runs, 
 
     def greedy(trees, spec, prompt, new):
         tokens = list(prompt)
+        rows, width = FORWARD_SHAPE
+        assert len(prompt) + new <= width
         for _ in range(new):  # causal: padding after the last token leaves its logits alone (one compile)
-            padded = np.array([tokens + [0] * (len(prompt) + new - len(tokens))])
+            padded = np.array([tokens + [0] * (width - len(tokens))] * rows)
             logits = _logits(base_header, spec, trees, padded)[0, len(tokens) - 1, : base_header.vocab_size]
             tokens.append(int(np.argmax(logits)))
         return tokens[len(prompt) :]

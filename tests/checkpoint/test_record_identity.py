@@ -124,9 +124,16 @@ def test_changed_data_is_refused_unless_accepted(saved, tmp_path, change, found,
         assert 'accept_changed_data: training on changed data' in accepted.out and found in accepted.out
 
 
-def test_moved_data_with_the_same_content_resumes(saved, tmp_path):
-    common, step_dir = _saved_run(saved, tmp_path)
-    result = _resume(common, step_dir)
+@pytest.fixture(scope='module')
+def moved(saved, tmp_path_factory):
+    """The saved step resumed, with the same model, from a copy of it and its data at another
+    path: (command line, step directory, result)."""
+    common, step_dir = _saved_run(saved, tmp_path_factory.mktemp('moved'))
+    return common, step_dir, _resume(common, step_dir)
+
+
+def test_moved_data_with_the_same_content_resumes(saved, moved):
+    _, _, result = moved
     assert result.code == 0, result.err
     assert f"resume: data moved: shard 0: checkpoint {saved / 'data' / 'train_1.bin'}" in result.out
 
@@ -145,10 +152,9 @@ def test_the_built_in_corpus_records_its_builder():
 
 
 @pytest.mark.slow
-def test_another_llmc_file_on_resume_is_named_and_its_sha256_compared(saved, tmp_path):
-    common, step_dir = _saved_run(saved, tmp_path)
+def test_another_llmc_file_on_resume_is_named_and_its_sha256_compared(moved, tmp_path):
+    common, step_dir, same = moved  # the same --llmc_filepath as the saved run
     other = tiny_llmc_model(tmp_path / 'other.bin', seed=1)  # the same shape, other weights
-    same = _resume(common, step_dir)
     assert same.code == 0 and 'the weights come from the checkpoint' in same.out and 'warning' not in same.out
     changed = _resume([*common[:1], other, *common[2:]], step_dir)
     assert changed.code == 0, changed.err

@@ -106,7 +106,7 @@ def test_export_continues_llmc_state_exactly(tmp_path, capsys):
         checkpoint_dir=str(tmp_path / 'ck'),
         save_steps=10,
         save_optimizer_state=True,
-        dtype='float32',
+        dtype='bfloat16',  # the step program of test_llmc_resume.py's steps 11-20
     )
     code, _, out = train(config)
     assert code == 0, out[-2000:]

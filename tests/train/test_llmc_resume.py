@@ -146,12 +146,12 @@ def test_rotation_keeps_the_llmc_step_the_run_resumed_from(tmp_path):
         checkpoint_dir=str(run),
         resume_from=str(run / 'model_00000010.bin'),
         checkpoint_format='llmc',
-        num_iteration=14,
-        save_steps=2,
+        num_iteration=12,  # the step program of the 12-step runs above (the schedule spans num_iteration)
+        save_steps=1,
         max_checkpoint_keep=1,
         dtype='float32',
     )
     code, _, out = train(config)
     assert code == 0, out[-2000:]
-    assert llmc_run.committed_steps(run) == [10, 14]
-    assert not (run / 'model_00000012.bin').exists() and (run / 'state_00000010_00000.bin').is_file()
+    assert llmc_run.committed_steps(run) == [10, 12]
+    assert not (run / 'model_00000011.bin').exists() and (run / 'state_00000010_00000.bin').is_file()
