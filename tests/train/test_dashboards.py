@@ -249,8 +249,14 @@ def test_a_run_that_raises_after_wandb_started_finishes_it_failed(tmp_path, monk
         raise ValueError('refused')
 
     monkeypatch.setattr(loop, 'RunSaver', refuse)
+    # The small-vocabulary model the other runs here train: its parameters are read from the
+    # file, and its optimizer state's program is theirs (a random init of tiny's 50,257-token
+    # vocabulary would compile programs of its own).
     config = load_config(
-        'gpt2', input_bin=random_shard(tmp_path / 'train.bin', vocab=50257), wandb_project='p'
+        'gpt2',
+        input_bin=random_shard(tmp_path / 'train.bin'),
+        llmc_filepath=tiny_llmc_model(tmp_path / 'model.bin'),
+        wandb_project='p',
     )
     with pytest.raises(ValueError, match='refused'):
         train(config)
@@ -296,20 +302,25 @@ def test_real_wandb_offline_logs_what_metrics_jsonl_holds_across_a_resume(tmp_pa
 
     monkeypatch.setenv('WANDB_MODE', 'offline')
     monkeypatch.setenv('WANDB_SILENT', 'true')
+    # The tensorboard test's runs (6 steps, then 4-8 from step 3's checkpoint), so that the
+    # train steps compiled for them serve these.
     common = dict(
         input_bin=random_shard(tmp_path / 'train.bin'),
         input_val_bin=random_shard(tmp_path / 'val.bin', seed=1),
         llmc_filepath=tiny_llmc_model(tmp_path / 'model.bin'),
         val_loss_every=2,
         val_max_steps=1,
-        save_steps=2,
+        save_steps=3,
+        learning_rate=1e-3,
+        lr_schedule='cosine',
+        warmup_steps=2,
         wandb_project='offline-check',
     )
-    resume = dict(num_iteration=5, resume_from=str(tmp_path / 'ck1' / 'checkpoint_step_000002'))
+    resume = dict(num_iteration=8, resume_from=str(tmp_path / 'ck1' / 'checkpoint_step_000003'))
     runs = [
         load_config(
             'gpt2',
-            num_iteration=4,
+            num_iteration=6,
             metrics_dir=str(tmp_path / 'm1'),
             checkpoint_dir=str(tmp_path / 'ck1'),
             **common,
@@ -318,7 +329,7 @@ def test_real_wandb_offline_logs_what_metrics_jsonl_holds_across_a_resume(tmp_pa
             'gpt2', metrics_dir=str(tmp_path / 'm2'), checkpoint_dir=str(tmp_path / 'ck2'), **resume, **common
         ),
     ]
-    for config, first_step in zip(runs, (1, 3)):
+    for config, first_step in zip(runs, (1, 4)):
         code, _, out = train(config)
         assert code == 0, out
         curves, records = wandb_curves(config.metrics_dir)
@@ -343,9 +354,9 @@ def test_real_wandb_offline_logs_what_metrics_jsonl_holds_across_a_resume(tmp_pa
         assert config_items['config']['num_iteration'] == config.num_iteration
         assert config_items['config']['resume_from'] == config.resume_from
         assert [exit.exit_code for exit in of_type(records, 'exit')] == [0]
-    assert list(curves['checkpoint/restore_s']) == [2]
+    assert list(curves['checkpoint/restore_s']) == [3]
 
-    # Refused after W&B started (ck1 holds a step after 2): the W&B run ends, marked failed.
+    # Refused after W&B started (ck1 holds a step after 3): the W&B run ends, marked failed.
     refused = load_config(
         'gpt2', metrics_dir=str(tmp_path / 'm3'), checkpoint_dir=str(tmp_path / 'ck1'), **resume, **common
     )

@@ -9,7 +9,7 @@ import pytest
 
 import llmc_io
 from numpy_reference import gpt2_logits, layer_norm
-from trainer_runs import load_config, random_shard, tiny_llmc_model, train
+from trainer_runs import load_config, random_shard, tiny_llmc_model, train, write_shard
 
 from jaxtrain.tools import compare_precision
 from jaxtrain.train import precision_check
@@ -45,19 +45,25 @@ def test_lines_flag_non_finite_values_and_md5_quantises():
 @pytest.fixture(scope='module')
 def files(tmp_path_factory):
     root = tmp_path_factory.mktemp('precision')
+    shard = random_shard(root / 't.bin', num_tokens=4_000)
+    # The same tokens but from the 258th on: step 1 reads the same first window of 4 x 64 tokens
+    # and its last target, step 2 another window.
+    tokens = np.array(llmc_io.read_shard(shard))
+    tokens[257:] = np.random.default_rng(2).integers(0, 512, len(tokens) - 257)
     return {
         'model': tiny_llmc_model(root / 'gpt2.bin'),
-        'shard': random_shard(root / 't.bin', num_tokens=4_000),
+        'shard': shard,
+        'other_shard': write_shard(root / 'other.bin', tokens),
     }
 
 
-def _run(files, path, num_iteration=1, learning_rate=1e-3):
+def _run(files, path, num_iteration=1, shard='shard'):
     config = load_config(
         'gpt2',
         llmc_filepath=files['model'],
-        input_bin=files['shard'],
+        input_bin=files[shard],
         num_iteration=num_iteration,
-        learning_rate=learning_rate,
+        learning_rate=1e-3,
         precision_check=f'level=1,path={path},save_tensors=true',
     )
     code, _, out = train(config)
@@ -91,10 +97,11 @@ def test_level_1_writes_every_module_forward_and_backward(files, tmp_path):
 def test_compare_precision_names_the_first_step_and_module_that_differ(files, tmp_path, capsys):
     a = _run(files, tmp_path / 'a', num_iteration=2)
     same = _run(files, tmp_path / 'same', num_iteration=2)
-    other = _run(files, tmp_path / 'other', num_iteration=2, learning_rate=3e-3)
+    # Other data from step 2 on (a different learning rate would be a train step compiled anew).
+    other = _run(files, tmp_path / 'other', num_iteration=2, shard='other_shard')
     assert compare_precision.main([str(a), str(same)]) == 0
     assert 'no difference: 24 tensors over 2 steps' in capsys.readouterr().out
-    # Step 1 is computed from the same weights; the learning rate shows from step 2 on.
+    # Step 1 is computed from the same weights and batch; the other batch shows from step 2 on.
     assert compare_precision.main([str(tmp_path / 'a'), str(other)]) == 1
     out = capsys.readouterr().out
     assert out.startswith('first difference: step 2, CausalSelfAttention_forward [GAS-0] [L-0]'), out

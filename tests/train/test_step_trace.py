@@ -7,7 +7,7 @@ import json
 import re
 
 import pytest
-from trainer_runs import load_config, random_shard, train
+from trainer_runs import load_config, random_shard, tiny_llmc_model, train
 
 from jaxtrain.config.checks import check_config
 from jaxtrain.train.step_trace import parse_steps
@@ -57,8 +57,11 @@ def _outermost(events, name):
 
 @pytest.mark.slow  # a short training run under the profiler
 def test_the_trace_holds_the_traced_steps_and_no_others(tmp_path):
+    # The small-vocabulary model: a step of tiny's random init (50,257 tokens) costs about a
+    # second of CPU, and the steps around the traced ones are part of what is checked.
     config = load_config(
         input_bin=random_shard(tmp_path / 'train.bin'),
+        llmc_filepath=tiny_llmc_model(tmp_path / 'model.bin'),
         num_iteration=6,
         trace_steps='3-4',
         trace_dir=str(tmp_path / 'trace'),
