@@ -66,6 +66,13 @@ def _absl_help(name: str) -> subprocess.CompletedProcess:
     return _run([*JAXTRAIN, name, '--help'])
 
 
+@functools.cache
+def _ckpt_ls_of_nothing() -> subprocess.CompletedProcess:
+    """`jaxtrain ckpt ls` of a directory that is not there (the tool imports JAX before it
+    looks: seconds a process), run once for the two tests that read its error."""
+    return _run([*JAXTRAIN, 'ckpt', 'ls', str(REPO / 'no such dir')])
+
+
 @pytest.mark.slow
 def test_each_command_reaches_its_own_tool_and_only_it():
     # Importing the trainer and the benchmark in one process would define --config twice.
@@ -78,7 +85,7 @@ def test_each_command_reaches_its_own_tool_and_only_it():
     assert '--save_every:' in bench.stdout
     cited = set(re.findall(r'\b([\w/]+\.md)\b', bench.stdout))  # documents --help points to exist
     assert cited and all((REPO / name).is_file() for name in cited), cited
-    ckpt = _run([*JAXTRAIN, 'ckpt', 'ls', str(REPO / 'no such dir')])
+    ckpt = _ckpt_ls_of_nothing()
     assert ckpt.returncode == 2 and 'ckpt ls: error' in ckpt.stderr, ckpt.stderr
 
 
@@ -106,11 +113,14 @@ def test_an_unknown_command_is_one_line_naming_the_commands(capsys):
 @pytest.mark.slow
 def test_errors_name_the_command_as_it_was_typed(tmp_path):
     missing = str(tmp_path / 'no such dir')
+    ckpt = _ckpt_ls_of_nothing()
+    assert ckpt.returncode == 2 and ckpt.stderr.startswith('jaxtrain ckpt ls: error: '), ckpt.stderr
+    # An argument generate refuses before it reads the model, or imports JAX (seconds a process).
+    bad_top_k = ['--llmc_filepath', missing, '--top_k', '-1']
     for typed, command, label in (
-        ([*JAXTRAIN, 'ckpt'], ['ls', missing], 'jaxtrain ckpt ls: error: '),
         ([sys.executable, '-m', 'jaxtrain.ckpt'], ['ls', missing], 'python -m jaxtrain.ckpt ls: error: '),
         ([*JAXTRAIN, 'compare'], [missing, missing], 'jaxtrain compare: error: '),
-        ([*JAXTRAIN, 'generate'], ['--llmc_filepath', missing], 'jaxtrain generate: error: '),
+        ([*JAXTRAIN, 'generate'], bad_top_k, 'jaxtrain generate: error: '),
         ([*JAXTRAIN, 'llmc'], ['info', '--bogus'], 'usage: jaxtrain llmc '),
     ):
         result = _run([*typed, *command])
