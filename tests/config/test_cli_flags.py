@@ -93,8 +93,7 @@ def test_overfit_single_batch_trains_on_the_first_batch_only(tmp_path):
                 'gpt2',
                 llmc_filepath=model,
                 input_bin=shard,
-                num_iteration=3,
-                learning_rate=1e-3,
+                num_iteration=3,  # at the config's learning rate: the other tests' train step
                 overfit_single_batch=overfit,
                 metrics_dir=str(tmp_path / f'{name}_{overfit}'),
             )
