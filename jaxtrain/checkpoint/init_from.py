@@ -113,7 +113,6 @@ def pad_vocabulary_rows(params: dict, expected: dict) -> dict:
 def apply_init_from(config, setup):
     """The model setup (models/setup.py) with its weights replaced by --init_from's, checked to fit."""
     import jax
-    import jax.numpy as jnp
 
     from jaxtrain.models.setup import shape_mismatches
 
@@ -131,6 +130,8 @@ def apply_init_from(config, setup):
             f"{len(problems)} differences: {'; '.join(problems)}; pass the --model its weights were "
             'trained as'
         )
-    weights = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), params)
+    # On the host, as models/setup.py keeps an llm.c file's: put_global splits each tensor there
+    # for its devices, where a device array would be sliced on device 0 by compiled programs.
+    weights = jax.tree.map(lambda a: np.asarray(a, np.float32), params)
     source = f'{what}, weights only (--init_from: fresh optimizer, schedule and data position)'
     return dataclasses.replace(setup, params=weights, source=source)
