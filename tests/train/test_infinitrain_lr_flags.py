@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 from cli_runs import run_cli, tree_digest
-from infinitrain_samples import SAMPLES
+from infinitrain_samples import SAMPLES, sample_commands
 from trainer_runs import load_config, random_shard, tiny_llmc_model
 
 from jaxtrain.optim.optimizer import learning_rate_schedule
@@ -83,44 +83,60 @@ def _one_error_line(result, *parts):
         assert part in result.error_lines[0], result.error_lines[0]
 
 
-# The runs below that save or resume PR 151's files train a model of the lrs-gpt2 sample's shape with
-# its run (a)'s flags (tests/train/test_infinitrain_lr_crosscheck.py runs them on the sample's own
-# files): a schedule's table is a constant of the compiled step, so they all compile that one step.
-# Upstream's schedule: a warmup of 5 steps from 1e-3, then a cosine down to 1e-3 at step 20.
-PR151_SCHEDULE = (
-    '--learning_rate',
-    0.1,
-    '--lr_decay_style',
-    'cosine',
-    '--lr_warmup_iters',
-    5,
-    '--lr_warmup_init',
-    0.001,
-    '--min_lr',
-    0.001,
-)
-PR151_SPEC = dict(min_lr=0.001, warmup_iters=5, warmup_init=0.001, decay_iters=20)
+# The runs below that save or resume PR 151's files are the lrs-gpt2 sample's own runs, their flags read
+# from its commands.txt (tests/train/test_infinitrain_lr_crosscheck.py compares run (a)'s losses with the
+# binary's): a schedule's table is a constant of the compiled step, so they all compile that one step.
+# Run (a): a warmup of 5 steps from 1e-3, then a cosine down to 1e-3 at step 20, saved every 5 steps.
+SCHEDULE_FLAGS = tuple(f'--{name}' for name in FLAGS)
+SAVE_FLAGS = ('--save', '--save_interval')
+
+
+def _sample_flags(run: str) -> dict[str, str]:
+    """Run `run` (its log's name) of the lrs-gpt2 sample as commands.txt gives it: {flag: value} (every
+    flag of upstream's gpt2 binary takes one)."""
+    words = sample_commands('lrs-gpt2')[run]
+    return dict(zip(words[::2], words[1::2], strict=True))
+
+
+def _flat(flags: dict) -> list[str]:
+    return [word for pair in flags.items() for word in pair]
+
+
+def _schedule(run: str) -> dict[str, str]:
+    """The schedule flags of a sample run."""
+    return {k: v for k, v in _sample_flags(run).items() if k in SCHEDULE_FLAGS}
+
+
+def _spec(run: str):
+    """The ScheduleSpec a sample run's flags spell (lr_decay_iters 0 is num_iteration, as main.cc has it)."""
+    from jaxtrain.optim.infinitrain_lr_schedule import ScheduleSpec
+
+    flags = _sample_flags(run)
+    return ScheduleSpec(
+        flags.get('--lr_decay_style', 'constant'),
+        float(flags['--learning_rate']),
+        min_lr=float(flags.get('--min_lr', 0)),
+        warmup_iters=int(flags.get('--lr_warmup_iters', 0)),
+        warmup_init=float(flags.get('--lr_warmup_init', 0)),
+        decay_iters=int(flags.get('--lr_decay_iters', 0)) or int(flags['--num_iteration']),
+    )
 
 
 @pytest.fixture(scope='module')
-def sample_shaped(tmp_path_factory):
-    """A random model of the lrs-gpt2 sample's shape (model.bin's header) and a token shard."""
-    import llmc_io
-    from tiny_models import random_params, tiny_header
-
-    root = tmp_path_factory.mktemp('lrs_shaped')
-    header = tiny_header('gpt2', max_seq_len=64, vocab_size=512, num_layers=2, num_heads=12, channels=96)
-    llmc_io.save_gpt2(str(root / 'gpt2.bin'), header, random_params(header))
-    return {'model': str(root / 'gpt2.bin'), 'shard': random_shard(root / 'train.bin', num_tokens=4_000)}
+def lrs_sample():
+    """The lrs-gpt2 sample folder (its model.bin and train.bin are the runs' inputs)."""
+    if not (SAMPLES / 'lrs-gpt2' / 'commands.txt').is_file():
+        pytest.skip(f'{SAMPLES / "lrs-gpt2"} is not here')
+    return SAMPLES / 'lrs-gpt2'
 
 
-def _sample_run(files, *args, iterations=20):
-    """The lrs-gpt2 commands' flags (less the schedule's) before args."""
-    return [
-        '--device', 'cpu', '--llmc_filepath', files['model'], '--input_bin', files['shard'],
-        '--batch_size', 2, '--sequence_length', 64, '--total_batch_size', 128,
-        '--num_iteration', iterations, '--max_checkpoint_keep', 10, *args,
-    ]  # fmt: skip
+def _sample_run(sample, run: str, *args) -> list:
+    """Sample run `run`'s flags less its schedule and where it saves, on the sample's files; then args."""
+    flags = {k: v for k, v in _sample_flags(run).items() if k not in SCHEDULE_FLAGS + SAVE_FLAGS}
+    flags.update(
+        {'--llmc_filepath': sample / flags['--llmc_filepath'], '--input_bin': sample / flags['--input_bin']}
+    )
+    return [*_flat(flags), *args]
 
 
 def _run(*args):
@@ -129,25 +145,28 @@ def _run(*args):
 
 
 @pytest.fixture(scope='module')
-def pr151_run(sample_shaped, tmp_path_factory):
-    """(root, result, command line) of one run with PR 151's schedule flags saving InfiniTrain files at
-    steps 5, 10, 15 and 20 under root/full, which several tests below read."""
+def pr151_run(lrs_sample, tmp_path_factory):
+    """(root, result, command line) of run (a) saving InfiniTrain files at steps 5, 10, 15 and 20 under
+    root/full, which several tests below read."""
     root = tmp_path_factory.mktemp('pr151')
-    common = _sample_run(sample_shaped, '--checkpoint_format', 'infinitrain', *PR151_SCHEDULE)
+    common = _sample_run(
+        lrs_sample, 'a.log', '--checkpoint_format', 'infinitrain', *_flat(_schedule('a.log'))
+    )
     result = _run(*common, '--checkpoint_dir', root / 'full', '--save_steps', 5)
     assert result.code == 0, result.err
     return root, result, common
 
 
-# The same schedule saved by default as Orbax, at steps 5, 10, 15 and 20.
-COSINE_ORBAX = (*PR151_SCHEDULE, '--save_steps', 5)
+def _cosine_orbax(sample) -> list:
+    """Run (a) saving by default as Orbax, at steps 5, 10, 15 and 20."""
+    return _sample_run(sample, 'a.log', *_flat(_schedule('a.log')), '--save_steps', 5)
 
 
 @pytest.fixture(scope='module')
-def cosine_orbax_run(sample_shaped, tmp_path_factory):
-    """The Orbax root of one run with COSINE_ORBAX's flags."""
+def cosine_orbax_run(lrs_sample, tmp_path_factory):
+    """The Orbax root of one run of _cosine_orbax."""
     root = tmp_path_factory.mktemp('cosine') / 'orbax'
-    result = _run(*_sample_run(sample_shaped, *COSINE_ORBAX), '--checkpoint_dir', root)
+    result = _run(*_cosine_orbax(lrs_sample), '--checkpoint_dir', root)
     assert result.code == 0, result.err
     return root
 
@@ -201,68 +220,39 @@ def lrs_gpt2(tmp_path, monkeypatch):
     return tmp_path
 
 
-RESUME = [
-    '--device',
-    'cpu',
-    '--llmc_filepath',
-    'model.bin',
-    '--input_bin',
-    'train.bin',
-    '--batch_size',
-    '2',
-    '--sequence_length',
-    '64',
-    '--total_batch_size',
-    '128',
-    '--num_iteration',
-    '20',
-    '--learning_rate',
-    '0.1',
-    '--load',
-    'a/checkpoint_step_000010',
-    '--save',
-    'b',
-    '--save_interval',
-    '5',
-    '--checkpoint_format',
-    'infinitrain',
-]
-COSINE = [
-    '--lr_decay_style',
-    'cosine',
-    '--lr_warmup_iters',
-    '5',
-    '--lr_warmup_init',
-    '0.001',
-    '--min_lr',
-    '0.001',
-]
-
-
-def _resume(*schedule):
-    return run_cli(*RESUME, *schedule, config='configs/gpt2.py:infinitrain', num_devices=None)
+def _resume(schedule: dict):
+    """Run (b) of the sample as commands.txt gives it (resuming a/checkpoint_step_000010, saving to b)
+    with `schedule` in place of its schedule flags, saving InfiniTrain's files."""
+    flags = {k: v for k, v in _sample_flags('b.log').items() if k not in SCHEDULE_FLAGS}
+    args = [*_flat(flags), *_flat(schedule), '--checkpoint_format', 'infinitrain']
+    return run_cli(*args, config='configs/gpt2.py:infinitrain', num_devices=None)
 
 
 @pytest.mark.parametrize(
-    'schedule, parts',
+    'edit, parts',
     [
-        (
-            COSINE[:2] + ['--min_lr', '0.001'],
+        (  # run (b)'s decay without its warmup
+            lambda s: {k: s[k] for k in ('--lr_decay_style', '--min_lr')},
             ('entries: expected a plain scheduler (no warmup)', 'found a warmup then the decay'),
         ),
         (
-            ['--lr_decay_style', 'linear', *COSINE[2:]],
+            lambda s: {**s, '--lr_decay_style': 'linear'},
             ('recover_lr: expected 0.067', 'gives after step 10), found 0.07525', 'schedule flags'),
         ),
-        (COSINE[:2] + ['--lr_warmup_iters', '4', *COSINE[4:]], ('scheduler_0.last_step: expected 3',)),
-        (['--lr_decay_style', 'none'], ('expected no lr_scheduler.ckpt with --lr_decay_style none',)),
-        (['--warmup_steps', '5'], ("expected no lr_scheduler.ckpt with llm.c's warmup",)),
-        ([*COSINE, '--lr_decay_iters', '30'], ('recover_lr: expected', '--lr_decay_iters 30')),
+        (lambda s: {**s, '--lr_warmup_iters': '4'}, ('scheduler_0.last_step: expected 3',)),
+        (
+            lambda s: {'--lr_decay_style': 'none'},
+            ('expected no lr_scheduler.ckpt with --lr_decay_style none',),
+        ),
+        (lambda s: {'--warmup_steps': '5'}, ("expected no lr_scheduler.ckpt with llm.c's warmup",)),
+        (lambda s: {**s, '--lr_decay_iters': '30'}, ('recover_lr: expected', '--lr_decay_iters 30')),
     ],
+    ids=['no-warmup', 'linear', 'warmup-4', 'none', 'llmc-warmup', 'decay-iters-30'],
 )
-def test_a_scheduler_file_that_does_not_fit_the_flags_is_refused(lrs_gpt2, schedule, parts):
+def test_a_scheduler_file_that_does_not_fit_the_flags_is_refused(lrs_gpt2, edit, parts):
+    """Run (b) with its schedule flags edited (`edit` of them) does not fit the file it resumes."""
     before = tree_digest(lrs_gpt2)
-    result = _resume(*schedule)
+    result = _resume(edit(_schedule('b.log')))
     _one_error_line(result, 'a/checkpoint_step_000010/lr_scheduler.ckpt', *parts)
     assert tree_digest(lrs_gpt2) == before and not (lrs_gpt2 / 'b').exists()
 
@@ -281,7 +271,7 @@ def test_a_damaged_scheduler_file_is_refused(lrs_gpt2, damage, part):
     path = lrs_gpt2 / 'a/checkpoint_step_000010/lr_scheduler.ckpt'
     path.write_bytes(damage(path.read_bytes()))
     before = tree_digest(lrs_gpt2)
-    result = _resume(*COSINE)
+    result = _resume(_schedule('b.log'))
     _one_error_line(result, 'lr_scheduler.ckpt', part)
     assert tree_digest(lrs_gpt2) == before and not (lrs_gpt2 / 'b').exists()
 
@@ -292,13 +282,13 @@ def test_our_lr_scheduler_generation_saves_verifies_exports_and_resumes(pr151_ru
     scheduler's state at the step (checked against the replay, whose bytes equal the binary's files);
     `ckpt verify` covers it by sha256; export to HEAD puts its lr in last_lr; a resume from step 10
     prints the uninterrupted run's steps 11-20."""
-    from jaxtrain.optim.infinitrain_lr_schedule import ScheduleSpec, state_at
+    from jaxtrain.optim.infinitrain_lr_schedule import state_at
     from jaxtrain.tools import ckpt
     from llmc_io.infinitrain_lr_scheduler import read_lr_scheduler
     from llmc_io.infinitrain_state import read_trainer_state
 
     run_root, full, common = pr151_run
-    spec = ScheduleSpec('cosine', 0.1, **PR151_SPEC)
+    spec = _spec('a.log')
     for step in (5, 10, 15, 20):
         step_dir = run_root / 'full' / f'checkpoint_step_{step:06d}'
         saved = read_lr_scheduler(step_dir / 'lr_scheduler.ckpt')
@@ -341,33 +331,25 @@ def test_our_lr_scheduler_generation_saves_verifies_exports_and_resumes(pr151_ru
 
 
 @pytest.mark.slow  # two runs
-def test_infinitrain_lrs_names_the_generation_for_a_constant_schedule(sample_shaped, tmp_path):
+def test_infinitrain_lrs_names_the_generation_for_a_constant_schedule(lrs_sample, tmp_path):
     """Upstream master with no schedule flags runs a constant LambdaLR and saves it; so does
     --checkpoint_format infinitrain-lrs. Plain infinitrain stays HEAD's layout (last_lr, no file)."""
     from jaxtrain.optim.infinitrain_lr_schedule import ScheduleSpec, state_at
     from llmc_io.infinitrain_lr_scheduler import read_lr_scheduler
     from llmc_io.infinitrain_state import read_trainer_state
 
+    # Run (n) less its --lr_decay_style none: the same constant lr, spelled by no schedule flag.
+    learning_rate, steps = (float(_sample_flags('n.log')[k]) for k in ('--learning_rate', '--num_iteration'))
     for fmt, generation in (('infinitrain-lrs', 'lrs'), ('infinitrain', 'head')):
         root = tmp_path / fmt
-        # lrs-gpt2's run (n) trains at this constant lr (--lr_decay_style none): the same step
-        args = (
-            '--learning_rate',
-            0.1,
-            '--checkpoint_dir',
-            root,
-            '--save_steps',
-            5,
-            '--checkpoint_format',
-            fmt,
-        )
-        result = _run(*_sample_run(sample_shaped, *args, iterations=10))
+        args = ('--checkpoint_dir', root, '--save_steps', 5, '--checkpoint_format', fmt)
+        result = _run(*_sample_run(lrs_sample, 'n.log', *args))
         assert result.code == 0, result.err
-        step_dir = root / 'checkpoint_step_000010'
+        step_dir = root / f'checkpoint_step_{int(steps):06d}'
         assert read_trainer_state(step_dir / 'trainer_state.json').generation == generation
         if generation == 'lrs':
             assert read_lr_scheduler(step_dir / 'lr_scheduler.ckpt') == state_at(
-                ScheduleSpec('constant', 0.1), 10
+                ScheduleSpec('constant', learning_rate), int(steps)
             )
         else:
             assert not (step_dir / 'lr_scheduler.ckpt').exists()
@@ -388,12 +370,12 @@ def test_infinitrain_lrs_refuses_llmc_warmup_before_training(files, tmp_path):
 def test_export_infinitrain_lrs_from_orbax_and_from_infinitrain(cosine_orbax_run, tmp_path, capsys):
     """ckpt export --format infinitrain-lrs: from an Orbax step, the scheduler state its recorded flags
     give at the step; from an InfiniTrain step, its own file, byte for byte."""
-    from jaxtrain.optim.infinitrain_lr_schedule import ScheduleSpec, state_at
+    from jaxtrain.optim.infinitrain_lr_schedule import state_at
     from jaxtrain.tools import ckpt
     from llmc_io.infinitrain_lr_scheduler import render_lr_scheduler
     from llmc_io.infinitrain_state import read_trainer_state
 
-    spec = ScheduleSpec('cosine', 0.1, **PR151_SPEC)
+    spec = _spec('a.log')
     first = tmp_path / 'lrs' / 'checkpoint_step_000010'
     args = ['export', str(cosine_orbax_run / 'checkpoint_step_000010'), '--format', 'infinitrain-lrs']
     assert ckpt.main([*args, '--output', str(first)]) == 0, capsys.readouterr()
@@ -415,10 +397,10 @@ def test_upstreams_checks_apply_only_to_its_spelling():
 
 
 @pytest.mark.slow  # two runs
-def test_an_orbax_resume_prints_pr_151s_load_done_line(sample_shaped, cosine_orbax_run, tmp_path):
+def test_an_orbax_resume_prints_pr_151s_load_done_line(lrs_sample, cosine_orbax_run, tmp_path):
     """The binary decides the line: with PR 151's flags `Load done` has no last_lr, whatever the source."""
     result = _run(
-        *_sample_run(sample_shaped, *COSINE_ORBAX),
+        *_cosine_orbax(lrs_sample),
         '--checkpoint_dir',
         tmp_path / 'resumed',
         '--resume_from',
@@ -456,7 +438,7 @@ def test_a_scheduler_file_of_another_step_is_refused(lrs_gpt2):
         lrs_gpt2 / 'a/checkpoint_step_000010/lr_scheduler.ckpt',
     )
     before = tree_digest(lrs_gpt2)
-    result = _resume(*COSINE)
+    result = _resume(_schedule('b.log'))
     _one_error_line(
         result, 'lr_scheduler.ckpt: last_step: expected global_step 10 (trainer_state.json), found 20'
     )
