@@ -169,8 +169,8 @@ def test_orbax_and_infinitrain_checkpoints_of_one_state_diff_identical(tmp_path,
         capsys, 'export', orbax_step, '--format', 'infinitrain-lrs', '--output', lrs_step
     )
     assert code == 0, err
-    files = ['lr_scheduler.ckpt', 'model.ckpt', 'optimizer.ckpt', 'trainer_state.json']
-    assert sorted(p.name for p in lrs_step.iterdir()) == files
+    written = ['lr_scheduler.ckpt', 'model.ckpt', 'optimizer.ckpt', 'trainer_state.json']
+    assert sorted(p.name for p in lrs_step.iterdir()) == written
     code, out, _ = run_tool(capsys, 'verify', lrs_step)
     assert code == 0 and 'sha256 of 3 files' in out, out
     scheduler = bytearray((lrs_step / 'lr_scheduler.ckpt').read_bytes())

@@ -339,17 +339,18 @@ def test_infinitrain_lrs_names_the_generation_for_a_constant_schedule(lrs_sample
     from llmc_io.infinitrain_state import read_trainer_state
 
     # Run (n) less its --lr_decay_style none: the same constant lr, spelled by no schedule flag.
-    learning_rate, steps = (float(_sample_flags('n.log')[k]) for k in ('--learning_rate', '--num_iteration'))
+    run_n = _sample_flags('n.log')
+    learning_rate, steps = float(run_n['--learning_rate']), int(run_n['--num_iteration'])
     for fmt, generation in (('infinitrain-lrs', 'lrs'), ('infinitrain', 'head')):
         root = tmp_path / fmt
         args = ('--checkpoint_dir', root, '--save_steps', 5, '--checkpoint_format', fmt)
         result = _run(*_sample_run(lrs_sample, 'n.log', *args))
         assert result.code == 0, result.err
-        step_dir = root / f'checkpoint_step_{int(steps):06d}'
+        step_dir = root / f'checkpoint_step_{steps:06d}'
         assert read_trainer_state(step_dir / 'trainer_state.json').generation == generation
         if generation == 'lrs':
             assert read_lr_scheduler(step_dir / 'lr_scheduler.ckpt') == state_at(
-                ScheduleSpec('constant', learning_rate), int(steps)
+                ScheduleSpec('constant', learning_rate), steps
             )
         else:
             assert not (step_dir / 'lr_scheduler.ckpt').exists()
