@@ -1,4 +1,4 @@
-"""GPT-2 model files of llm.c (FORMATS.md §1): version 3 (fp32) and 5 (bf16), read and written.
+"""GPT-2 model files of llm.c (docs/formats.md §1): version 3 (fp32) and 5 (bf16), read and written.
 
 File: a 1024-byte int32 header, then the 16 tensors of _TENSORS, stacked over layers, no padding.
 Tree: nested dicts of float32 arrays laid out as llmc_io/PARAMS_SPEC.md says. There is no lm_head: the output

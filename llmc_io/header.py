@@ -1,6 +1,6 @@
 """The 1024-byte int32 header every llm.c file starts with, magic numbers, and file-size checks.
 
-A header is 256 little-endian int32 slots (FORMATS.md conventions); slots a writer does not name are 0.
+A header is 256 little-endian int32 slots (docs/formats.md conventions); slots a writer does not name are 0.
 The magic number in slot 0 says what kind of file it is, so a wrong file can be named in the error
 ("this is a GPT-2 token shard") rather than merely rejected.
 """

@@ -1,4 +1,4 @@
-"""LLaMA-3 model files (FORMATS.md §2): both layouts that share magic 20240803.
+"""LLaMA-3 model files (docs/formats.md §2): both layouts that share magic 20240803.
 
 - LAYOUT_INFINITRAIN: one 1024-byte header whose float fields are fp32 bit patterns in int32 slots,
   then the tensors of _INFINITRAIN_TENSORS in fp32 (version 3), no biases, lm_head last. This is what

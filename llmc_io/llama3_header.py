@@ -1,6 +1,6 @@
 """LLaMA-3 model files: the header dataclass and the two layouts' tensor tables.
 
-The formats themselves: llama3.py's docstring and FORMATS.md §2.
+The formats themselves: llama3.py's docstring and docs/formats.md §2.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ class LLaMA3Header:
 
     @property
     def ffn_hidden_dim(self) -> int:
-        """FORMATS.md §2c, as llm.c's Python computes it: H = 4C, H = floor(2H/3),
+        """docs/formats.md §2c, as llm.c's Python computes it: H = 4C, H = floor(2H/3),
         H = floor(mult*H) in double, then H rounded up to a multiple of multiple_of.
 
         InfiniTrain rounds mult*H to nearest (llround) instead of flooring; the two agree for every

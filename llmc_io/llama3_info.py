@@ -1,6 +1,6 @@
 """LLaMA-3 model files: reading the header and telling the two layouts apart by file size.
 
-The formats themselves: llama3.py's docstring and FORMATS.md §2.
+The formats themselves: llama3.py's docstring and docs/formats.md §2.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""llm.c token shards (FORMATS.md §3): a 1024-byte header [magic, version, ntok], then ntok tokens.
+"""llm.c token shards (docs/formats.md §3): a 1024-byte header [magic, version, ntok], then ntok tokens.
 
 GPT-2 shards are uint16 (magic 20240520, version 1); LLaMA-3 shards are uint32 (magic 20240801,
 version 7). As in InfiniTrain, the magic picks the token dtype; as in llm.c, the version must match it

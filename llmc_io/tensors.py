@@ -1,7 +1,7 @@
 """The declarative tensor tables of llm.c files, and moving tensors between files and parameter trees.
 
 A format is a table of rows (llm.c name, tree path, file shape). File shapes are written with
-symbols ("L", "3C", ...) that a header turns into numbers, so the table reads like FORMATS.md.
+symbols ("L", "3C", ...) that a header turns into numbers, so the table reads like docs/formats.md.
 Linear weights are stored (out, in) in the file; a tree path ending in "/kernel" holds the transpose,
 (in, out), as Flax does (llmc_io/PARAMS_SPEC.md). Per-layer tensors are stacked over L on axis 0 in both.
 """

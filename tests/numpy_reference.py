@@ -1,6 +1,6 @@
 """An independent NumPy reference forward pass for GPT-2 and LLaMA-3, in float64.
 
-Written from FORMATS.md (§1, §2c) and llm.c's semantics, not from the Flax models, so that model tests
+Written from docs/formats.md (§1, §2c) and llm.c's semantics, not from the Flax models, so that model tests
 compare two implementations rather than one implementation with itself. Parameters are the trees of
 llmc_io/PARAMS_SPEC.md: nested dicts (or flat dicts keyed 'h/ln_1/scale'), Linear kernels (in, out), per-layer
 tensors stacked over L on axis 0.

@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def write_shard(path, tokens, kind='gpt2'):
-    """An llm.c token shard written straight from FORMATS.md §3 (not through llmc_io)."""
+    """An llm.c token shard written straight from docs/formats.md §3 (not through llmc_io)."""
     magic, version, dtype = {'gpt2': (20240520, 1, np.uint16), 'llama3': (20240801, 7, np.uint32)}[kind]
     header = np.zeros(256, np.int32)
     header[:3] = magic, version, len(tokens)

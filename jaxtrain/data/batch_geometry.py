@@ -3,7 +3,7 @@
 total_batch_size = batch_size × sequence_length × data_parallel × accumulation, as in
 InfiniTrain, where data_parallel is the mesh's data × fsdp size (mesh.py; tensor-parallel
 devices share their rows). A step always consumes the same contiguous `total_batch_size + 1`
-token window of the stream (data.py), whatever the device count: its rows are split first
+token window of the stream (stream.py), whatever the device count: its rows are split first
 over micro-steps, then over the data-parallel ranks, so `--batch_size 1 --total_batch_size
 512` trains on the same tokens per step on 8, 4 or 1 device, with 8× more accumulation on 1.
 """

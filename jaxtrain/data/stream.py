@@ -4,7 +4,7 @@ A *window* is the `tokens_per_step + 1` tokens one optimizer step needs: inputs 
 `tokens_per_step` tokens, targets the same window shifted by one. Window k of a shard starts at token
 k * tokens_per_step, so consecutive windows overlap by exactly one token, as in llm.c's DataLoader.
 With tokens_per_step = B*T, window b is llm.c's (and InfiniTrain's) unshuffled batch b:
-tokens [b*B*T, (b+1)*B*T + 1) (FORMATS.md §3).
+tokens [b*B*T, (b+1)*B*T + 1) (docs/formats.md §3).
 
 Generalised to whole steps: with gradient accumulation and P data-parallel processes,
 tokens_per_step = accumulation * P * B * T and the trainer reshapes the rows into

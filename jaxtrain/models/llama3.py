@@ -1,4 +1,4 @@
-"""LLaMA-3 as InfiniTrain defines it (../shared/FORMATS.md §2c), in Flax NNX.
+"""LLaMA-3 as InfiniTrain defines it (docs/formats.md §2c), in Flax NNX.
 
 Axis letters: B batch, T time, C channels, N query heads, K key/value heads, H head dim,
 F FFN hidden, V vocab.

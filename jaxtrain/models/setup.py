@@ -2,7 +2,7 @@
 
 Order: an llm.c file (`llmc_filepath`: its header sets the shape, its tensors the
 weights), else the named variant with llm.c's random init. (A checkpoint resume
-replaces these weights later; see checkpoint.py.)
+replaces these weights later; see checkpoint/resume.py.)
 """
 
 import dataclasses

@@ -101,7 +101,7 @@ def _directory_bytes(path: Path) -> int:
 
 @dataclasses.dataclass
 class Subject:
-    """The trainer's pieces (trainer_setup.py) and one synthetic batch."""
+    """The trainer's pieces (train/setup.py) and one synthetic batch."""
 
     config: object
     parts: TrainerSetup
@@ -123,12 +123,12 @@ class Subject:
 
 
 def build(config) -> Subject:
-    """What train.run builds (trainer_setup.build_trainer: mesh, model, optimizer, state,
+    """What train.run builds (train/setup.build_trainer: mesh, model, optimizer, state,
     the jitted step); the data is one window of random ids, reused every step."""
     parts = build_trainer(config)
     state, parts.state = parts.state, None
     geometry, model_config = parts.geometry, parts.setup.model_config
-    # Ids below the real vocabulary, shifted by one into targets as data.py's window is.
+    # Ids below the real vocabulary, shifted by one into targets as data/stream.py's window is.
     tokens = np.random.default_rng(config.seed).integers(
         0, model_config.vocab_size, geometry.tokens_per_step + 1, dtype=np.int32
     )

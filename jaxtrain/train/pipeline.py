@@ -35,7 +35,7 @@ every microbatch until the backward starts. Here that is little: each chunk is
 rematerialised (its (B, T, C) input is kept, its insides recomputed in the backward), and
 the head and loss run once on the last stage over all M microbatches' outputs, so one
 vocabulary-sized dW is held, not one per tick. Memory per device falls as P grows
-(measured: tests/tools/test_pipeline_bench.py; notes/pipe.md has the figures).
+(measured by tests/tools/test_pipeline_bench.py; BENCHMARKS.md has the figures).
 """
 
 import jax

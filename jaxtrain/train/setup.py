@@ -100,8 +100,8 @@ def build_trainer(config) -> TrainerSetup:
     grad_shardings = sharding.gradient_shardings(trainable, mesh, zero)
     time_split = sequence_parallel.time_split_sharding(mesh) if config.sequence_parallel else None
     checker = None  # --precision_check (precision_check.py)
-    if config.precision_check and precision_check.parse(config.precision_check).level > 0:
-        checker_config = precision_check.parse(config.precision_check)
+    checker_config = precision_check.parse(config.precision_check) if config.precision_check else None
+    if checker_config is not None and checker_config.level > 0:
         rank = jax.process_index()
         checker = precision_check.PrecisionChecker(checker_config, model_config.num_layers, rank)
     state_shardings = TrainState(

@@ -20,7 +20,7 @@ class TrainState:
     """Everything a resumed run needs to continue bit for bit, as one pytree."""
 
     step: jax.Array  # int32: optimizer steps completed (the log's step is step + 1)
-    data_position: jax.Array  # int32: data windows consumed (see data.py)
+    data_position: jax.Array  # int32: data windows consumed (see data/stream.py)
     params: dict  # pure nested dict, the layout llmc_io reads and writes (LoRA: the adapters only)
     opt_state: optax.OptState
     rng: jax.Array  # uint32[2]: raw key data, for anything stochastic

@@ -6,8 +6,8 @@
    Orbax resume does too; the final parameters agree exactly. GPT-2 fp32 (SGD) and LLaMA-3 bf16 (Adam).
 2. The real binary's: every sample folder resumed from its step-10 checkpoint with its own model, data and
    flags (batch 2 x seq 64, lr 0.01; SGD for GPT-2, Adam for LLaMA-3) prints steps 11-20 within 1e-5 of the
-   real b.log (FORMATS.md's fp32 threshold; measured at most 3e-6, the logs round to 6 decimals); also the
-   PR generation's pth checkpoint (pr-gpt2/p) against its q.log.
+   real b.log (docs/formats.md's fp32 threshold; measured at most 3e-6, the logs round to 6 decimals);
+   also the PR generation's pth checkpoint (pr-gpt2/p) against its q.log.
 """
 
 import re

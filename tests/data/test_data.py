@@ -25,7 +25,7 @@ def write_shard(path, tokens, kind=GPT2, magic=None):
 
 
 def llmc_batch(tokens, b, B, T):
-    """llm.c's unshuffled batch b, written from FORMATS.md §3 rather than from TokenStream."""
+    """llm.c's unshuffled batch b, written from docs/formats.md §3 rather than from TokenStream."""
     chunk = np.asarray(tokens[b * B * T : (b + 1) * B * T + 1], np.int32)
     return chunk[:-1].reshape(B, T), chunk[1:].reshape(B, T)
 

@@ -1,6 +1,6 @@
 """LLaMA-3's built-in corpus: the GPT-2 corpus's bytes as the same ids, each file after
 <|begin_of_text|> 128000 (llm.c's dev/data delimiter for llama-3), in LLaMA-3 shards
-(magic 20240801, version 7, uint32: FORMATS.md §3); `configs/llama3.py:tiny` trains on it
+(magic 20240801, version 7, uint32: docs/formats.md §3); `configs/llama3.py:tiny` trains on it
 with no files given."""
 
 import math

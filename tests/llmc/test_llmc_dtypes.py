@@ -85,7 +85,7 @@ def test_bf16_to_fp32_and_back_is_exact_for_every_non_nan_pattern():
 
 
 def test_fp32_bit_patterns_of_header_floats():
-    # FORMATS.md §2a check values.
+    # docs/formats.md §2a check values.
     assert float_to_int32_bits(1.4) == 0x3FB33333
     assert float_to_int32_bits(1e-5) == 0x3727C5AC
     assert float_to_int32_bits(500000.0) == 0x48F42400

@@ -1,6 +1,6 @@
 """GPT-2 model files: hand-built files with known bytes -> the PARAMS_SPEC tree, and back.
 
-Files here are written directly from the FORMATS.md §1 layout with NumPy (never with llmc_io's
+Files here are written directly from the docs/formats.md §1 layout with NumPy (never with llmc_io's
 writer), so reading them checks the reader against the spec, and comparing the writer's bytes with
 them checks the writer against the spec.
 """
@@ -39,7 +39,7 @@ TINY_TREE_SHAPES = {
 
 
 def gpt2_file_tensors(maxT, V, Vp, L, NH, C, seed=0, bf16_exact=False):
-    """FORMATS.md §1's 16 tensors in file order and (out, in) orientation; wte padding rows zero.
+    """docs/formats.md §1's 16 tensors in file order and (out, in) orientation; wte padding rows zero.
 
     bf16_exact: zero the low 16 bits so every value is exactly a bf16 (then a v5 file's expected
     fp32 values need no rounding reference).
@@ -281,7 +281,7 @@ def test_writer_rejects_trees_that_do_not_fit(tmp_path):
     assert not out.exists()
 
 
-# ---- FORMATS.md numbers ----------------------------------------------------------------------------
+# ---- docs/formats.md numbers ----------------------------------------------------------------------------
 
 
 def test_124m_numbers_from_formats():

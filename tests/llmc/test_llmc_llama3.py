@@ -1,4 +1,4 @@
-"""LLaMA-3 model files in both layouts, built by hand from FORMATS.md §2 (never with llmc_io's writer).
+"""LLaMA-3 model files in both layouts, built by hand from docs/formats.md §2 (never with llmc_io's writer).
 
 Tiny model: V=10, C=8, L=2, NH=2, NKV=1 (hd=4, kv=4, c_attn rows 16), ffn_dim_multiplier=1.3,
 multiple_of=4, so H=28 by hand: 4C=32; floor(2*32/3)=21; floor(1.3f*21=27.3)=27; up to a multiple of 4.
@@ -295,7 +295,7 @@ def test_writer_rejects_trees_that_do_not_fit(tmp_path):
     assert not out.exists()
 
 
-# ---- FORMATS.md numbers ----------------------------------------------------------------------------
+# ---- docs/formats.md numbers ----------------------------------------------------------------------------
 
 LLAMA_32_1B = LLaMA3Header(
     max_seq_len=8192,

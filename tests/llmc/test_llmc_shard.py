@@ -1,6 +1,6 @@
 """`python -m llmc_io shard`: text, ids or shards -> token shards of either family.
 
-Shards are read back with plain NumPy from FORMATS.md §3 (256 int32 header: magic, version,
+Shards are read back with plain NumPy from docs/formats.md §3 (256 int32 header: magic, version,
 count; then uint16 tokens for GPT-2 (20240520, 1), uint32 for LLaMA-3 (20240801, 7)); byte
 ids are checked against GPT-2's encoder.json facts ('!' 0, 'A' 32, newline 198, space 220).
 """

@@ -1,4 +1,4 @@
-"""Token shards (FORMATS.md §3), built by hand: [magic, version, ntok] + 253 zero slots, then tokens."""
+"""Token shards (docs/formats.md §3), built by hand: [magic, version, ntok] + 253 zero slots, then tokens."""
 
 import os
 from pathlib import Path

@@ -3,7 +3,7 @@
 The tokenizers are trained in the test (tests/text_tokenizers.py); the expected ids come from each
 library's own encode, called here, and from llm.c's data scripts' delimiting (an EOT or
 <|begin_of_text|> before each document; tinyshakespeare.py's sections). Shards and tokenizer files
-are read back with NumPy from FORMATS.md §3 and §4.
+are read back with NumPy from docs/formats.md §3 and §4.
 """
 
 import json

@@ -83,7 +83,7 @@ def test_gpt2_random_init_padding_rows_are_zero():
 def test_gpt2_parameter_count_matches_llmc_formula():
     _, state = nnx.split(nnx.eval_shape(lambda: GPT2(GPT2Config(), rngs=nnx.Rngs(0))), nnx.Param)
     count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.to_pure_dict(state)))
-    assert count == GPT2Config().num_parameters == 124_475_904  # FORMATS.md §1
+    assert count == GPT2Config().num_parameters == 124_475_904  # docs/formats.md §1
 
 
 @pytest.mark.parametrize('use_scaled_rope', [False, True])
@@ -113,7 +113,7 @@ def test_llama3_shapes_and_untied_head():
 
 
 def test_llama_ffn_hidden_of_released_configs():
-    # FORMATS.md §2c: 1B -> 8192, 3B -> 8192, 8B -> 14336.
+    # docs/formats.md §2c: 1B -> 8192, 3B -> 8192, 8B -> 14336.
     assert LLaMA3Config().ffn_hidden_dim == 8192
     assert LLaMA3Config(channels=3072, num_heads=24, ffn_dim_multiplier=1.0).ffn_hidden_dim == 8192
     assert LLaMA3Config(channels=4096, ffn_dim_multiplier=1.3).ffn_hidden_dim == 14336

@@ -1,7 +1,7 @@
 """Tests for jaxtrain.compare_loss on hand-written InfiniTrain-format logs.
 
 The logs are written here line by line in the exact format InfiniTrain prints through glog
-(FORMATS.md section 6), so the parser is pinned to that format, not to our trainer's output.
+(docs/formats.md section 6), so the parser is pinned to that format, not to our trainer's output.
 Most tests call main() directly (fast); a few run the module as a subprocess to check the
 command line end to end.
 """

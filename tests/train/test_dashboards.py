@@ -3,7 +3,7 @@
 The event files are read back with TensorBoard's own reader (EventAccumulator), and every scalar
 is compared with what the run printed (InfiniTrain's step lines, the val lines) or recorded
 (metrics.jsonl); MFU is recomputed here from the model's shape by the PaLM count, written out
-from FORMATS.md's GPT-2 parameter count. W&B is a fake module that records its calls, and, where
+from docs/formats.md's GPT-2 parameter count. W&B is a fake module that records its calls, and, where
 the wandb package is installed, the real one offline, its `.wandb` file read back record by record.
 """
 
@@ -72,7 +72,7 @@ def fake_wandb():
 
 
 def gpt2_flops_per_token(config, T):
-    """PaLM's 6N + 12·L·T·C, N = FORMATS.md's GPT-2 count less wpe (maxT·C)."""
+    """PaLM's 6N + 12·L·T·C, N = docs/formats.md's GPT-2 count less wpe (maxT·C)."""
     C, L, Vp = config.channels, config.num_layers, config.padded_vocab_size
     n = Vp * C + L * (12 * C * C + 13 * C) + 2 * C
     return 6 * n + 12 * L * T * C
@@ -83,7 +83,7 @@ def test_flops_per_token_and_peaks():
     from jaxtrain.models.llama3 import VARIANTS as LLAMA_VARIANTS
 
     d12 = VARIANTS['d12']
-    # 124,475,904 parameters (FORMATS.md) less wpe's 1024·768: 6·123,689,472 + 12·12·1024·768.
+    # 124,475,904 parameters (docs/formats.md) less wpe's 1024·768: 6·123,689,472 + 12·12·1024·768.
     assert training_flops_per_token('gpt2', d12, 1024) == 855_383_040 == gpt2_flops_per_token(d12, 1024)
     # LLaMA-3.2 1B (L16, C2048, 32/8 heads of 64, SwiGLU 8192, V 128256, untied head), N without wte:
     # a layer's c_attn 2048·(2048 + 2·512) = 6,291,456, c_proj 2048² = 4,194,304, its SwiGLU

@@ -11,7 +11,7 @@ from jaxtrain.data import default_corpus
 from jaxtrain.train import progress as progress_lib
 from trainer_runs import load_config, random_shard, tiny_llmc_model, train
 
-# InfiniTrain's step line as its compare_loss.py reads it (FORMATS.md).
+# InfiniTrain's step line as its compare_loss.py reads it (docs/formats.md).
 INFINITRAIN_STEP = re.compile(r'^step\s+\d+/\d+ \| train loss [\d.]+ \| lr [\d.e+-]+ \| \(.* ms \| .* tok/s')
 
 

@@ -262,7 +262,8 @@ def position_from_batch_index(batch_index: int, batches_per_step: int, where='da
     """Our window position from InfiniTrain's DataLoader batch index (rank 0's: the next batch it reads).
 
     One of our windows is `batches_per_step` = accumulation x data-parallel InfiniTrain batches, in the same
-    token order (FORMATS.md §3: batch b covers tokens [bBT, (b+1)BT+1); rank r of DDP W reads b = kW + r).
+    token order (docs/formats.md §3: batch b covers tokens [bBT, (b+1)BT+1); rank r of DDP W reads
+    b = kW + r).
     """
     if batch_index % batches_per_step:
         raise LLMCFormatError(
