@@ -118,6 +118,7 @@ class TokenStream:
         self._first_window = np.concatenate([[0], np.cumsum(self.windows_per_shard)]).astype(np.int64)
         self.windows_per_epoch = int(self._first_window[-1])
         self.total_tokens = int(sum(len(t) for t in self.shards))
+        self._vocabulary_checked = [False] * len(self.shards)
 
     # ---- position arithmetic ---------------------------------------------------------------------
 
@@ -141,18 +142,26 @@ class TokenStream:
     # ---- reading ---------------------------------------------------------------------------------
 
     def tokens_at(self, shard: int, start: int, count: int) -> np.ndarray:
-        """`count` tokens of shard file `shard` from offset `start`, as int32; an id the model's
-        vocabulary lacks is refused, naming the file and the offset."""
-        tokens = np.asarray(self.shards[shard][start : start + count])
-        too_big = np.flatnonzero(tokens >= self.vocab_size)
-        if too_big.size:
-            at = int(too_big[0])
+        """`count` tokens of shard file `shard` from offset `start`, as int32. The first read of a
+        shard checks all its ids against the model's vocabulary (check_vocabulary)."""
+        if not self._vocabulary_checked[shard]:
+            self.check_vocabulary(shard)
+        return np.asarray(self.shards[shard][start : start + count]).astype(np.int32)
+
+    def check_vocabulary(self, shard: int) -> None:
+        """Refuses shard file `shard` if an id is not below vocab_size, naming the file and the
+        offset of the first such id. One vectorized max over the memory map (about 0.1 s per 100M
+        tokens), paid shard by shard as the stream first reaches each, so a bad id stops the run
+        before any batch of its shard is used rather than at the step that reads it."""
+        tokens = self.shards[shard]
+        if int(tokens.max()) >= self.vocab_size:
+            at = int(np.argmax(tokens >= self.vocab_size))
             raise DataError(
-                f"{self.paths[shard]}: token at offset {start + at}: expected id < vocab_size "
+                f"{self.paths[shard]}: token at offset {at}: expected id < vocab_size "
                 f"{self.vocab_size}, found {int(tokens[at])}; the shards were tokenized for a different "
                 f"vocabulary than the model's"
             )
-        return tokens.astype(np.int32)
+        self._vocabulary_checked[shard] = True
 
     def window(self, position: int) -> tuple[np.ndarray, np.ndarray]:
         """(inputs, targets), each int32 of shape (rows, seq_len), for window `position`.

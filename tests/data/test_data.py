@@ -174,15 +174,18 @@ def test_shard_too_short_for_one_window(tmp_path):
     assert short in str(error.value)
 
 
-def test_token_id_at_or_above_vocab(tmp_path):
+def test_token_id_at_or_above_vocab_is_refused_before_any_batch_of_its_shard(tmp_path):
+    """An id the vocabulary lacks in shard 1's skipped tail (no window reads it): shard 0 trains,
+    and the first read of shard 1 is refused, before any of its batches, naming the offset."""
+    write_shard(tmp_path / "data_000.bin", np.arange(17))  # 2 windows
     tokens = np.arange(30)
-    tokens[19] = 50257
-    path = write_shard(tmp_path / "a.bin", tokens)
-    stream = TokenStream(path, tokens_per_step=8, seq_len=4, vocab_size=50257)
-    stream.window(0)  # tokens 0..8 are fine; the check is per window
-    with pytest.raises(DataError, match=r"offset 19: expected id < vocab_size 50257, found 50257") as error:
-        stream.window(2)  # tokens 16..24
-    assert path in str(error.value)
+    tokens[29] = 50257  # past the 3 windows of tokens 0..24
+    bad = write_shard(tmp_path / "data_001.bin", tokens)
+    stream = TokenStream(str(tmp_path / "data_*.bin"), tokens_per_step=8, seq_len=4, vocab_size=50257)
+    stream.window(0), stream.window(1)  # shard 0 is read; shard 1 is not opened yet
+    with pytest.raises(DataError, match=r"offset 29: expected id < vocab_size 50257, found 50257") as error:
+        stream.window(2)  # shard 1's first window, tokens 0..8
+    assert bad in str(error.value)
 
 
 def test_token_id_at_or_above_vocab_in_llmcs_shuffled_order(tmp_path):
@@ -192,15 +195,11 @@ def test_token_id_at_or_above_vocab_in_llmcs_shuffled_order(tmp_path):
     tokens[19] = 50257
     path = write_shard(tmp_path / "a.bin", tokens)
     stream = LLMCShuffledStream(path, tokens_per_step=8, seq_len=4, vocab_size=50257, accumulation=2)
-    refused = 0
-    for position in range(6):  # micro-steps of 4 tokens: sample k reads tokens 4k .. 4k + 4
-        if any(4 * k <= 19 <= 4 * k + 4 for _, k in stream.samples_of(position)):
-            with pytest.raises(DataError, match=r"offset 19: expected id < vocab_size 50257, found 50257"):
-                stream.window(position)
-            refused += 1
-        else:
-            stream.window(position)
-    assert refused >= 1
+    # Samples of 4 tokens: sample k reads tokens 4k .. 4k + 4, so sample 4 holds offset 19. A step
+    # whose samples are others is refused too: the shard's first read checks all of it.
+    position = next(p for p in range(6) if all(k != 4 for _, k in stream.samples_of(p)))
+    with pytest.raises(DataError, match=r"offset 19: expected id < vocab_size 50257, found 50257"):
+        stream.window(position)
 
 
 def test_mixed_dtypes_are_rejected(tmp_path):
