@@ -30,6 +30,15 @@ class Resumed:
     messages: list
 
 
+@dataclasses.dataclass
+class Verification:
+    """What a format's verify found: one line per problem (each naming its file), and what was
+    found good, for `ckpt verify`'s report. No problems: the checkpoint is intact."""
+
+    problems: list[str]
+    checked: list[str]
+
+
 class RunCheckpointer(Protocol):
     """The saves of one run into one checkpoint root.
 
@@ -93,6 +102,12 @@ class CheckpointFormat(Protocol):
 
     def read_record(self, step_dir) -> dict:
         """The step's trainer-state record (step, best_loss, ...), without touching its arrays."""
+        ...
+
+    def verify(self, path) -> Verification:
+        """Every check this format knows, on every file of the step (copies a restore does not
+        read included), without a run: what `ckpt verify` reports and every way in (resume,
+        --init_from, generate, export) refuses on. Never raises for a damaged checkpoint."""
         ...
 
     def restore_into(self, config, parts, step_dir: Path) -> Resumed:

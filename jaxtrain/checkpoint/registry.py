@@ -9,7 +9,7 @@ else needs to know it.
 
 from pathlib import Path
 
-from jaxtrain.checkpoint.format import CheckpointFormat, RunCheckpointer
+from jaxtrain.checkpoint.format import CheckpointFormat, RunCheckpointer, Verification
 from jaxtrain.checkpoint.formats import infinitrain as it
 from jaxtrain.checkpoint.formats.infinitrain_saver import InfiniTrainFormat
 from jaxtrain.checkpoint.formats.infinitrain_trainer import LRS_FORMAT
@@ -46,6 +46,27 @@ def for_step_dir(step_dir) -> CheckpointFormat:
         return LLMC_RUN
     kind = it.detect_kind(step_dir)
     return _INFINITRAIN[kind] if kind else ORBAX
+
+
+def verify(path) -> Verification:
+    """The verification of the checkpoint at `path` by its format (format.CheckpointFormat.verify):
+    a step directory, an InfiniTrain step directory or an llm.c run folder / model file."""
+    return for_step_dir(path).verify(path)
+
+
+def refuse_damaged(path, flag: str) -> Verification:
+    """verify(path), raising its first problem as one CheckpointError line (which file, and what
+    to do) when there is one: what every way into a checkpoint calls before it reads one.
+    `flag` names the way in ('resume_from', 'init_from', 'generate', 'ckpt export')."""
+    result = verify(path)
+    if result.problems:
+        more = len(result.problems) - 1
+        listed = f' ({more} more problem{"s" if more > 1 else ""})' if more else ''
+        raise CheckpointError(
+            f'{flag}: {result.problems[0]}{listed}. Pass an intact checkpoint instead; python -m '
+            f'jaxtrain.ckpt verify {path} lists every problem, python -m jaxtrain.ckpt ls the other steps.'
+        )
+    return result
 
 
 def open_checkpointer(config, parts, protected_steps) -> RunCheckpointer:

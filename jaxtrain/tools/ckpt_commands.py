@@ -402,18 +402,16 @@ def cmd_verify(args) -> int:
 
     from jaxtrain.tools import ckpt_infinitrain
 
+    from jaxtrain.checkpoint import registry
+
     kind = ckpt_infinitrain.kind_of(args.step_dir)
     if _is_llmc(args.step_dir):
-        from jaxtrain.tools import ckpt_llmc
-
         kind, step_dir = 'llmc', Path(args.step_dir)
-        result = ckpt_llmc.verify(step_dir)
     elif kind == 'orbax':
         step_dir = ckpt_inspect.find_step_dir(args.step_dir)
-        result = ckpt_inspect.verify(step_dir)
     else:
         step_dir = Path(args.step_dir)
-        result = ckpt_infinitrain.verify(step_dir)
+    result = registry.verify(step_dir)  # the same function every way into a checkpoint calls
     ok = not result.problems
     if args.json:
         _print_json(

@@ -269,7 +269,7 @@ def show_text(shown: dict, table, number) -> str:
 def verify(step_dir):
     """Verification(problems, checked) of an InfiniTrain directory: every file parses byte-exactly, names and
     shapes fit one model, GPT-2's tied copy and causal masks, Adam's keys and t, finiteness, our sha256s."""
-    from jaxtrain.tools.ckpt_inspect import Verification
+    from jaxtrain.checkpoint.format import Verification
 
     problems, checked = [], []
     try:

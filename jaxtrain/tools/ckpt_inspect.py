@@ -17,6 +17,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from jaxtrain.checkpoint.checksums import checksum_mismatches, path_name, tensor_checksums
+from jaxtrain.checkpoint.format import Verification
 from jaxtrain.checkpoint.layout import (
     STEP_PREFIX,
     TRAINER_STATE_FILE,
@@ -287,12 +288,6 @@ def expected_param_layouts(family: str, model_config: dict) -> dict[str, tuple[t
 
 
 # --- verify ----------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class Verification:
-    problems: list[str]
-    checked: list[str]  # what was found good, for the report
 
 
 def _shape_problems(tensors: dict[str, np.ndarray], family: str, model_config: dict, lora=None) -> list[str]:

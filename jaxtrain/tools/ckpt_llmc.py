@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxtrain.checkpoint.format import Verification
 from jaxtrain.checkpoint.formats.llmc_run import KIND, locate
 from jaxtrain.checkpoint.layout import CheckpointError
 from llmc_io import llmc_run
@@ -248,18 +249,16 @@ def show_text(shown: dict, table, number) -> str:
     return '\n'.join(lines)
 
 
-class Verification:
-    def __init__(self, problems, checked):
-        self.problems, self.checked = problems, checked
-
-
 def verify(path) -> Verification:
     """Everything read_step checks (DONE marker, header, sizes, one rank), then the values: finite m,
     v and master weights, v >= 0, the bf16 model within one bf16 step of the master weights (llm.c
     rounds them stochastically), the loader's permutations and mt19937 state well formed."""
     import llmc_io
 
-    ckpt = _read(path)
+    try:
+        ckpt = _read(path)
+    except CheckpointError as e:
+        return Verification([str(e)], [])
     s, problems = ckpt.state, []
     checked = [
         f'step {ckpt.step} committed (DONE marker)',

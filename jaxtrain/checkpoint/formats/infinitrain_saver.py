@@ -15,7 +15,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from jaxtrain.checkpoint.format import Resumed, fresh_optimizer_state
+from jaxtrain.checkpoint.format import Resumed, Verification, fresh_optimizer_state
 from jaxtrain.checkpoint.formats import infinitrain as it
 from jaxtrain.checkpoint.formats import infinitrain_schedule
 from jaxtrain.checkpoint.formats.infinitrain_trainer import LRS_FORMAT, read_step_dir, save_step_dir
@@ -194,6 +194,14 @@ class InfiniTrainFormat:
         record.setdefault('step', state.global_step)
         record.setdefault('best_loss', state.best_loss)
         return record
+
+    def verify(self, step_dir) -> Verification:
+        """Every rank's files parse and fit one model; the data-parallel replicas are equal; the
+        jaxtrain record's digest and every file's recorded sha256 hold (rank directories
+        included); finite weights, Adam's t, the scheduler file."""
+        from jaxtrain.tools.ckpt_infinitrain import verify
+
+        return verify(step_dir)
 
     def restore_into(self, config, parts, step_dir: Path) -> Resumed:
         """Everything is checked (model family, names, shapes, vocabulary, batch geometry)

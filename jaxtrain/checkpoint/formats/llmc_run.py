@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxtrain.checkpoint.format import Resumed
+from jaxtrain.checkpoint.format import Resumed, Verification
 from jaxtrain.checkpoint.formats.infinitrain_trainer import adam_states, put_tree, with_adam_moments
 from jaxtrain.checkpoint.layout import CheckpointError
 from jaxtrain.parallel import sharding
@@ -149,6 +149,17 @@ class LLMCRunFormat:
     def read_record(self, path) -> dict:
         _run_dir, step = locate(path)
         return {'step': step, 'kind': KIND}
+
+    def verify(self, path) -> Verification:
+        """RUN_DIR (its newest committed step) or RUN_DIR/model_%08d.bin: DONE marker, headers and
+        sizes, finite m, v and master weights, the bf16 model within one bf16 step of the master
+        weights (a resume reads only the master copy), the loader state well formed."""
+        from jaxtrain.tools.ckpt_llmc import verify
+
+        try:
+            return verify(path)
+        except (LLMCFormatError, OSError) as e:
+            return Verification([str(e)], [])
 
     def restore_into(self, config, parts, path: Path) -> Resumed:
         from jaxtrain.data.run_streams import data_paths, train_stream  # the data the run will read

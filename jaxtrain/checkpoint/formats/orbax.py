@@ -18,7 +18,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from jaxtrain.checkpoint.checksums import checksum_mismatches
-from jaxtrain.checkpoint.format import Resumed, fresh_optimizer_state
+from jaxtrain.checkpoint.format import Resumed, Verification, fresh_optimizer_state
 from jaxtrain.checkpoint.layout import DAMAGED, CheckpointError, committed_steps, damaged_advice, is_committed
 from jaxtrain.checkpoint.lora_record import resume_problems as lora_resume_problems
 from jaxtrain.checkpoint.manager import Checkpointer
@@ -55,6 +55,13 @@ class OrbaxFormat:
 
     def read_record(self, step_dir) -> dict:
         return read_trainer_state(step_dir)
+
+    def verify(self, step_dir) -> Verification:
+        """Record, digest, field types, every item's tensors against their checksums, params'
+        shapes against the model config. restore() checks the same on what a resume reads."""
+        from jaxtrain.tools.ckpt_inspect import verify
+
+        return verify(step_dir)
 
     def restore_into(self, config, parts, step_dir: Path) -> Resumed:
         try:
