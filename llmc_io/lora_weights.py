@@ -9,8 +9,15 @@ infini_train/src/nn/lora/lora_utils.cc), all little-endian, no padding:
         uint32 num_dims, int64 dims[num_dims]
         float32 data[prod(dims)] (row-major)
 
-InfiniTrain writes the tensors in its unordered_map's order; a reader must accept any
-order, and this writer uses the order it is given.
+Two generations share these bytes (the magic and version did not change):
+  head    b24d92f: each rank writes its own tensors in its unordered_map's order, under the
+          names LoRAStateDict gives the model it is handed (`module.` first when wrapped in DDP).
+  master  PR 150 (branch lora_ddp_loss, f408788, lora_utils.cc SaveLoRAWeights): the DDP
+          wrapper is unwrapped (no `module.`), the names are std::sort-ed (byte order, so
+          `h.10` before `h.2`), TP shards are all-gathered into full tensors with packed QKV
+          rows restored to [Q | K | V], and only dp 0, tp 0, pp 0 writes. Its LoadLoRAWeights
+          still accepts a name with a leading `module.` (ResolveLoRAStateDictKey).
+A reader must accept any order; this writer uses the order it is given (ordered_for_layout).
 """
 
 from __future__ import annotations
@@ -24,6 +31,27 @@ from llmc_io.errors import LLMCFormatError
 
 MAGIC = 0x4C4F5241
 VERSION = 1
+LAYOUTS = ('master', 'head')
+DDP_PREFIX = 'module.'  # parallel::kModuleName + '.'
+
+
+def ordered_for_layout(tensors: list[tuple[str, np.ndarray]], layout: str) -> list[tuple[str, np.ndarray]]:
+    """The tensors in the order `layout` writes them: master sorts the names by their bytes
+    (SortedLoRAStateDictNames); head keeps the order given (an unordered_map's upstream)."""
+    if layout == 'master':
+        return sorted(tensors, key=lambda row: row[0].encode())
+    if layout == 'head':
+        return list(tensors)
+    raise ValueError(f'LoRA weights layout: expected one of {", ".join(LAYOUTS)}, found {layout!r}')
+
+
+def without_ddp_prefix(name: str, known) -> str:
+    """ResolveLoRAStateDictKey: a name the model knows stays; else `module.X` becomes X when
+    the model knows X (files written from a DDP-wrapped model at b24d92f)."""
+    if name in known or not name.startswith(DDP_PREFIX):
+        return name
+    stripped = name[len(DDP_PREFIX) :]
+    return stripped if stripped in known else name
 
 
 def write_lora_weights(path, tensors: list[tuple[str, np.ndarray]]) -> None:

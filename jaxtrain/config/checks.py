@@ -8,6 +8,7 @@ import math
 from jaxtrain.checkpoint.registry import FORMAT_NAMES
 from jaxtrain.config.fit_checks import check_fit
 from jaxtrain.config.path_checks import path_problems
+from llmc_io.lora_weights import LAYOUTS as LORA_LAYOUTS
 from jaxtrain.models import cross_entropy_kernel
 from jaxtrain.models import recompute
 from jaxtrain.models.attention import IMPLEMENTATIONS
@@ -29,6 +30,7 @@ CHOICES = {
     'device': ('auto', 'cpu', 'cuda'),
     'checkpoint_format': FORMAT_NAMES,
     'shuffle': ('none', 'llmc'),
+    'lora_save_layout': LORA_LAYOUTS,
 }
 NON_NEGATIVE = (
     'num_devices',

@@ -238,6 +238,12 @@ KEYS = (
         '(c_attn, c_proj = attn.c_proj and mlp.c_proj, attn.c_proj, c_fc, c_fc2, mlp.c_proj)',
     ),
     ('lora_save_path', '', "write the LoRA weights in InfiniTrain's file format after training ('' = no)"),
+    (
+        'lora_save_layout',
+        'master',
+        "master (PR 150's: whole tensors, names in sorted order, no module. prefix) | head (b24d92f's: "
+        'by layer, then name)',
+    ),
     ('lora_load_path', '', "start from an InfiniTrain LoRA weights file ('' = upstream's init)"),
     (
         'accept_changed_data',

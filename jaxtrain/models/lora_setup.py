@@ -3,6 +3,9 @@ InfiniTrain's LoRA weights file (llmc_io/lora_weights.py).
 
 InfiniTrain names a tensor by its module path: `transformer.h.{i}.attn.c_attn.lora_A` is
 layer i's A of attention's c_attn, shaped (r, in) as ours; our tree stacks the L layers.
+Our arrays are the logical (whole) tensors on any mesh, which is what PR 150's writer
+gathers its TP shards into: c_attn's B rows are [Q | K | V] as in the base kernel, so a file
+from any TP size loads on any mesh, and ours is the one a TP 1 run would write.
 """
 
 import dataclasses
@@ -13,7 +16,7 @@ import numpy as np
 from flax import nnx
 
 from llmc_io.errors import LLMCFormatError
-from llmc_io.lora_weights import read_lora_weights, write_lora_weights
+from llmc_io.lora_weights import ordered_for_layout, read_lora_weights, without_ddp_prefix, write_lora_weights
 from jaxtrain.models.lora import PROJECTIONS, LoRAParam, init_lora_params, resolve_spec
 
 _UPSTREAM_NAME = re.compile(r'^transformer\.h\.(\d+)\.(\w+)\.(\w+)\.(lora_A|lora_B)$')
@@ -36,7 +39,8 @@ def attach_lora(config, setup, model_cls, options: dict):
 
 
 def upstream_tensors(lora_params: dict) -> list[tuple[str, np.ndarray]]:
-    """(InfiniTrain name, array) for every layer's A and B, by layer then module."""
+    """(InfiniTrain name, array) for every layer's A and B, by layer then module (the order
+    the head layout writes; b24d92f's own is an unordered_map's, which no reader relies on)."""
     rows = []
     for group, modules in lora_params['h'].items():
         for name, pair in modules.items():
@@ -57,6 +61,7 @@ def load_upstream_lora(path: str, like: dict, spec) -> dict:
         found = read_lora_weights(path)
     except LLMCFormatError as e:
         raise ValueError(f'lora_load_path: {e}') from None
+    found = [(without_ddp_prefix(name, expected), array) for name, array in found]
     names = [name for name, _ in found]
     problems = []
     for name in names:
@@ -96,13 +101,14 @@ def load_upstream_lora(path: str, like: dict, spec) -> dict:
     return jax.tree_util.tree_map_with_path(stacked, like)
 
 
-def save_lora_weights(path: str, lora_params: dict) -> str:
-    """--lora_save_path at the end of a run (process 0 writes); returns the log line."""
+def save_lora_weights(path: str, lora_params: dict, layout: str = 'master') -> str:
+    """--lora_save_path at the end of a run (process 0 writes) in --lora_save_layout's layout
+    (llmc_io/lora_weights.py); returns the log line."""
     if jax.process_count() > 1:  # adapters sharded over fsdp span processes: gather them whole
         from jax.experimental import multihost_utils
 
         lora_params = multihost_utils.process_allgather(lora_params, tiled=True)
-    tensors = upstream_tensors(lora_params)
+    tensors = ordered_for_layout(upstream_tensors(lora_params), layout)
     if jax.process_index() == 0:
         try:
             write_lora_weights(
@@ -113,4 +119,7 @@ def save_lora_weights(path: str, lora_params: dict) -> str:
                 f'lora_save_path: {path}: could not write the adapters: {e.strerror or e}; what was there is '
                 'unchanged. Free space (or fix the path) and run again'
             ) from None
-    return f"lora_save_path: wrote {len(tensors)} LoRA tensors to {path} (InfiniTrain's LoRA weights format)"
+    return (
+        f'lora_save_path: wrote {len(tensors)} LoRA tensors to {path} '
+        f"(InfiniTrain's LoRA weights format, {layout} layout)"
+    )

@@ -222,7 +222,7 @@ def _train(config, log: RunLog) -> int:
                 break
         trace.finish(state, step)
         if config.lora_save_path:  # InfiniTrain's --lora_save_path: its file, after training
-            log.info(save_lora_weights(config.lora_save_path, state.params))
+            log.info(save_lora_weights(config.lora_save_path, state.params, config.lora_save_layout))
     except BaseException:
         log.failed = True  # the dashboards mark the run failed, not finished
         trace.abandon()

@@ -3,12 +3,18 @@ here follows SaveLoRAWeights (InfiniTrain commit b24d92f, infini_train/src/nn/lo
 line by line: uint32 magic 0x4C4F5241, uint32 version 1, uint32 count, then per tensor uint32
 name length, the name, uint32 ndims, int64 dims, fp32 data, tensors in unordered_map order
 (any order; shuffled here). Ours must write the same bytes for the same order, read any
-order, and refuse, in one line, a file that does not fit the model or its targets."""
+order, and refuse, in one line, a file that does not fit the model or its targets.
+
+PR 150 (branch lora_ddp_loss, f408788, the same file) writes whole tensors gathered from the
+TP shards, c_attn's B restored to [Q | K | V], names std::sort-ed, no DDP prefix; its loader
+still takes `module.`-prefixed names. pr150_save_lora_weights below redoes that from the
+per-rank shards LoRA{Column,Row}ParallelLinear hold."""
 
 import struct
 
 import numpy as np
 import pytest
+from tiny_models import tiny_header
 from trainer_runs import load_config, tiny_llmc_model
 
 from jaxtrain.models.lora_setup import save_lora_weights
@@ -46,6 +52,59 @@ def infinitrain_state_dict(num_layers, modules, shapes, rank, seed=0):
     return tensors
 
 
+COLUMN_PARALLEL = ('attn.c_attn', 'mlp.c_fc', 'mlp.c_fc2')  # the rest are RowParallel
+
+
+def tp_local_shards(name, full, tp, q_rows):
+    """What each TP rank's LoRA{Column,Row}ParallelLinear holds of a whole tensor: column
+    B split on dim 0 (c_attn's as [Qi | Ki | Vi]), row A split on dim 1, the rest replicated."""
+    module, which = name.rsplit('.', 1)
+    module = '.'.join(module.split('.')[-2:])
+    if module in COLUMN_PARALLEL and which == 'lora_B':
+        if module == 'attn.c_attn':  # SlicePackedQKVRowsForTensorParallel
+            kv = (len(full) - q_rows) // 2
+            q, k, v = full[:q_rows], full[q_rows : q_rows + kv], full[q_rows + kv :]
+            q, k, v = np.split(q, tp), np.split(k, tp), np.split(v, tp)
+            return [np.concatenate([q[r], k[r], v[r]]) for r in range(tp)]
+        return np.split(full, tp, axis=0)
+    if module not in COLUMN_PARALLEL and which == 'lora_A':
+        return np.split(full, tp, axis=1)
+    return [full] * tp
+
+
+def pr150_export(name, shards, tp, q_rows):
+    """ExportLoRATensorForSave: GatherTensorParallelShard (AllGather stacks on dim 0; a dim-1
+    shard is split back rank-major and concatenated on dim 1) and
+    RestorePackedQKVRowsFromTensorParallel for c_attn's B."""
+    module, which = name.rsplit('.', 1)
+    module = '.'.join(module.split('.')[-2:])
+    replicated = (module in COLUMN_PARALLEL) == (which == 'lora_A')
+    if replicated or tp == 1:
+        return shards[0]
+    gathered = np.concatenate(shards, axis=0)
+    if which == 'lora_A':  # row parallel: dim 1
+        return np.concatenate(np.split(gathered, tp, axis=0), axis=1)
+    if module != 'attn.c_attn':
+        return gathered
+    local = len(gathered) // tp
+    q_local = q_rows // tp
+    kv_local = (local - q_local) // 2
+    parts = [gathered[r * local : r * local + q_local] for r in range(tp)]
+    parts += [gathered[r * local + q_local : r * local + q_local + kv_local] for r in range(tp)]
+    parts += [gathered[r * local + q_local + kv_local : (r + 1) * local] for r in range(tp)]
+    return np.concatenate(parts, axis=0)
+
+
+def pr150_save_lora_weights(path, tensors, tp, q_rows):
+    """SaveLoRAWeights at f408788 on a TP `tp` run: every tensor gathered from its rank
+    shards, names in std::sort order (bytes), written as b24d92f did."""
+    exported = [
+        (name, pr150_export(name, tp_local_shards(name, full, tp, q_rows), tp, q_rows))
+        for name, full in sorted(tensors, key=lambda row: row[0].encode())
+    ]
+    infinitrain_save_lora_weights(path, exported)
+
+
 C = 32  # tests/trainer_runs.tiny_llmc_model: GPT-2, L 2, C 32
 SHAPES = {'attn.c_attn': (C, 3 * C), 'attn.c_proj': (C, C), 'mlp.c_fc': (C, 4 * C), 'mlp.c_proj': (4 * C, C)}
 DEFAULT_MODULES = ('attn.c_attn', 'attn.c_proj', 'mlp.c_proj')  # what 'c_attn,c_proj' selects
@@ -73,10 +132,53 @@ def test_an_infinitrain_file_loads_in_any_order_and_saves_back_byte_for_byte(mod
         )
 
     ours = tmp_path / 'ours.bin'
-    save_lora_weights(str(ours), setup.lora_params)
+    save_lora_weights(str(ours), setup.lora_params, 'head')
     ordered = tmp_path / 'ordered.bin'  # our order: by layer, then name
     infinitrain_save_lora_weights(ordered, sorted(tensors, key=lambda t: (int(t[0].split('.')[2]), t[0])))
     assert ours.read_bytes() == ordered.read_bytes()
+
+
+def test_a_ddp_run_s_module_prefixed_file_loads(model, tmp_path):
+    tensors = infinitrain_state_dict(2, DEFAULT_MODULES, SHAPES, rank=8, seed=3)
+    prefixed = tmp_path / 'ddp.bin'  # b24d92f's LoRAStateDict of the DDP-wrapped model
+    infinitrain_save_lora_weights(prefixed, [(f'module.{name}', array) for name, array in tensors])
+    setup = _setup(model, lora_load_path=str(prefixed))
+    attn = setup.lora_params['h']['attn']['c_attn']['lora_B']
+    np.testing.assert_array_equal(np.asarray(attn[1]), dict(tensors)['transformer.h.1.attn.c_attn.lora_B'])
+
+
+@pytest.mark.parametrize('family, tp', [('gpt2', 4), ('llama3', 2)])
+def test_a_tp_gathered_pr150_file_loads_and_saves_back_byte_for_byte(tmp_path, family, tp):
+    header = tiny_header(family)
+    q_rows = header.channels  # Q is n_head · head_dim = C rows; K and V n_kv_head · head_dim
+    kv_rows = q_rows * getattr(header, 'num_kv_heads', header.num_heads) // header.num_heads
+    hidden = 4 * C if family == 'gpt2' else 96  # LLaMA-3: 2/3 of 4C rounded up to multiple_of 16
+    shapes = {
+        'attn.c_attn': (C, q_rows + 2 * kv_rows),
+        'attn.c_proj': (C, C),
+        'mlp.c_fc': (C, hidden),
+        'mlp.c_fc2': (C, hidden),
+        'mlp.c_proj': (hidden, C),
+    }
+    modules = tuple(m for m in shapes if family == 'llama3' or m != 'mlp.c_fc2')
+    layers = 11 if family == 'gpt2' else 2  # from 11 layers on, sorted names put h.10 before h.2
+    tensors = infinitrain_state_dict(layers, modules, shapes, rank=4, seed=5)
+    theirs = tmp_path / 'pr150.bin'
+    pr150_save_lora_weights(theirs, tensors, tp, q_rows)
+    base = tiny_llmc_model(tmp_path / 'model.bin', family=family, num_layers=layers)
+    targets = 'c_attn,c_proj,c_fc' + (',c_fc2' if family == 'llama3' else '')
+    lora = {'lora_rank': 4, 'lora_target_modules': targets, 'lora_load_path': str(theirs)}
+    setup = setup_model(load_config(family, llmc_filepath=base, **lora))
+    ours = tmp_path / 'ours.bin'
+    save_lora_weights(str(ours), setup.lora_params)  # master, the default
+    assert ours.read_bytes() == theirs.read_bytes()
+    whole = tmp_path / 'tp1.bin'  # the same adapters from a TP 1 run: the same file
+    pr150_save_lora_weights(whole, tensors, 1, q_rows)
+    assert whole.read_bytes() == theirs.read_bytes()
+    if layers > 10:  # the head layout keeps layer order: other bytes
+        head = tmp_path / 'head.bin'
+        save_lora_weights(str(head), setup.lora_params, 'head')
+        assert head.read_bytes() != theirs.read_bytes() and len(head.read_bytes()) == len(theirs.read_bytes())
 
 
 def test_the_initial_adapters_round_trip(model, tmp_path):
