@@ -10,10 +10,13 @@ leaves `path` as it was and removes the temporary.
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import contextlib
+import hashlib
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import IO
 
 TEMP_SUFFIX = ".tmp"
@@ -49,3 +52,51 @@ def write_bytes_atomically(path: str | os.PathLike, payload: bytes) -> None:
 def write_text_atomically(path: str | os.PathLike, text: str) -> None:
     with atomic_output(path, "w", encoding="utf-8") as f:
         f.write(text)
+
+
+def as_bytes(piece):
+    """A piece (bytes, or a C-contiguous NumPy array of any shape, 0-d too) as a flat byte buffer."""
+    if isinstance(piece, (bytes, bytearray, memoryview)):
+        return piece
+    return piece.reshape(-1).view("u1")
+
+
+def write_pieces_atomically(
+    path: str | os.PathLike, pieces: Iterable[Callable[[], object]], makers: int = 4
+) -> str:
+    """Write the pieces' outputs one after the other through atomic_output; returns the sha256 (hex)
+    of what was written, taken as it is written rather than by reading the file back.
+
+    Each piece is a callable giving bytes or a C-contiguous array. A large file streams through three
+    stages at once: up to 2 x `makers` pieces are made ahead on `makers` threads (NumPy's copies let go
+    of the GIL), and while one piece is written the same piece is hashed on another thread, so the
+    rate is that of the slowest stage rather than of their sum. Only the pieces in flight are ever
+    in memory."""
+    digest = hashlib.sha256()
+    todo = iter(pieces)
+    ahead: collections.deque = collections.deque()
+    with (
+        atomic_output(path) as f,
+        concurrent.futures.ThreadPoolExecutor(makers, thread_name_prefix="piece") as pool,
+        concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sha256") as hasher,
+    ):
+
+        def refill():
+            while len(ahead) < 2 * makers:
+                piece = next(todo, None)
+                if piece is None:
+                    return
+                ahead.append(pool.submit(piece))
+
+        try:
+            refill()
+            while ahead:
+                data = as_bytes(ahead.popleft().result())
+                refill()
+                hashing = hasher.submit(digest.update, data)
+                f.write(data)
+                hashing.result()
+        finally:  # a failure leaves no piece running on while the temporary is removed
+            for pending in ahead:
+                pending.cancel()
+    return digest.hexdigest()

@@ -191,10 +191,10 @@ def load_gpt2(path: str | os.PathLike) -> tuple[GPT2Header, dict]:
     return info.header, params
 
 
-def save_gpt2(path: str | os.PathLike, header: GPT2Header, params: dict, version: int = 3) -> None:
+def save_gpt2(path: str | os.PathLike, header: GPT2Header, params: dict, version: int = 3) -> str:
     """Write an llm.c GPT-2 file: version 3 (fp32) or 5 (bf16, rounded to nearest even).
 
-    Rows V..Vp-1 of wte are written as zeros, whatever the tree holds.
+    Rows V..Vp-1 of wte are written as zeros, whatever the tree holds. Returns the file's sha256 (hex).
     """
     path = os.fspath(path)
     if version not in VERSION_DTYPES:
@@ -233,4 +233,4 @@ def save_gpt2(path: str | os.PathLike, header: GPT2Header, params: dict, version
             7: header.padded_vocab_size,
         }
     )
-    write_file(path, ints, file_arrays(), version)
+    return write_file(path, ints, file_arrays(), version)

@@ -100,8 +100,11 @@ def causal_mask(block_size: int) -> np.ndarray:
 
 
 def _leaf(array: np.ndarray, layer: int | None, transposed: bool) -> np.ndarray:
-    value = array if layer is None else array[layer]
-    return np.ascontiguousarray(np.swapaxes(value, -1, -2) if transposed else value, dtype=np.float32)
+    """A view, not a copy: the writer makes each tensor contiguous a slice at a time
+    (statedict.state_dict_pieces), so a save never holds a second copy of the model."""
+    value = np.asarray(array, dtype=np.float32)
+    value = value if layer is None else value[layer]
+    return np.swapaxes(value, -1, -2) if transposed else value
 
 
 def tree_to_state_dict(family: str, params: dict, vocab_size: int, block_size: int) -> dict[str, CkptTensor]:
@@ -111,7 +114,7 @@ def tree_to_state_dict(family: str, params: dict, vocab_size: int, block_size: i
     values: dict[str, np.ndarray] = {}
     for name, (path, layer, transposed) in name_to_path(family, num_layers).items():
         values[name] = _leaf(leaves[path], layer, transposed)
-    values["transformer.wte.weight"] = values["transformer.wte.weight"][:vocab_size].copy()
+    values["transformer.wte.weight"] = values["transformer.wte.weight"][:vocab_size]
     if family == GPT2:
         values[TIED_HEAD] = values["transformer.wte.weight"]
         for i in range(num_layers):
@@ -274,7 +277,7 @@ def trees_to_moments(family: str, mu: dict, nu: dict, count: int, vocab_size: in
         for kind, leaves in (("m", mu_leaves), ("v", nu_leaves)):
             value = _leaf(leaves[tree_path], layer, transposed)
             if name == "transformer.wte.weight":
-                value = value[:vocab_size].copy()
+                value = value[:vocab_size]
             values[adam_key(kind, family, num_layers, name, head_keys)] = CkptTensor(KFLOAT32, value)
     values["adam.t"] = CkptTensor(KINT64, np.array(count, dtype=np.int64))
     order = layout.adam_key_order(family, num_layers, head_keys)

@@ -106,12 +106,12 @@ def save_llama3(
     params: dict,
     *,
     major_minor: tuple[int, int] = DEFAULT_MAJOR_MINOR,
-) -> None:
+) -> str:
     """Write the InfiniTrain layout (fp32, version 3), floats bit-cast into their int32 slots.
 
     `major_minor` fills slots 14/15, which InfiniTrain ignores; the default 1/0 is what its removed
     SaveAsLLMC wrote. `convert` passes through the input file's pair so that it reproduces files
-    exactly.
+    exactly. Returns the file's sha256 (hex).
     """
     path = os.fspath(path)
     for field, expected, found in header.problems():
@@ -140,4 +140,4 @@ def save_llama3(
             15: major_minor[1],
         }
     )
-    write_file(path, ints, (tree_to_file(arrays[s.tree_path], s.tree_path) for s in specs), version=3)
+    return write_file(path, ints, (tree_to_file(arrays[s.tree_path], s.tree_path) for s in specs), version=3)

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from llmc_io.atomic_file import write_bytes_atomically
+from llmc_io.atomic_file import as_bytes, write_pieces_atomically
 from llmc_io.errors import LLMCFormatError
 
 CKPT_MAGIC = 0x54504B43
@@ -83,7 +83,7 @@ class _Reader:
     def __init__(self, path: str, f, size: int):
         self.path, self.f, self.size, self.pos = path, f, size, 0
 
-    def take(self, nbytes: int, field: str) -> bytes:
+    def _check_room(self, nbytes: int, field: str) -> None:
         if self.pos + nbytes > self.size:
             raise LLMCFormatError(
                 self.path,
@@ -92,9 +92,21 @@ class _Reader:
                 f"end of file after {self.size - self.pos} bytes",
                 "the file is truncated; copy it again from the run that wrote it",
             )
+
+    def take(self, nbytes: int, field: str) -> bytes:
+        self._check_room(nbytes, field)
         data = self.f.read(nbytes)
         self.pos += nbytes
         return data
+
+    def read_array(self, dtype: np.dtype, dims, nbytes: int, field: str) -> np.ndarray:
+        """The next `nbytes` read straight into a new array: no bytes object and no second copy."""
+        self._check_room(nbytes, field)  # before allocating: a damaged size must not take the memory
+        array = np.empty(dims, dtype)
+        if self.f.readinto(as_bytes(array)) != array.nbytes:
+            raise LLMCFormatError(self.path, field, f"{array.nbytes} bytes", "a short read")
+        self.pos += array.nbytes
+        return array
 
     def unpack(self, fmt: str, field: str):
         return struct.unpack("<" + fmt, self.take(struct.calcsize("<" + fmt), field))
@@ -151,8 +163,7 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, CkptTensor]:
                     str(nbytes),
                 )
             offset = r.pos
-            data = r.take(nbytes, f"{where} data")
-            array = np.frombuffer(data, dtype=disk_dtype).reshape(dims).copy()
+            array = r.read_array(disk_dtype, dims, nbytes, f"{where} data")
             tensors[name] = CkptTensor(code, array, offset)
         if r.pos != size:
             raise LLMCFormatError(
@@ -171,26 +182,62 @@ def _entry(name: str, value) -> CkptTensor:
     return CkptTensor(dtype_code(array), array)
 
 
-def state_dict_bytes(tensors: Mapping[str, CkptTensor | np.ndarray]) -> bytes:
-    """The exact bytes SaveStateDict writes for `tensors`, in the mapping's order."""
-    parts = [struct.pack("<III", CKPT_MAGIC, CKPT_VERSION, len(tensors))]
+# A tensor's data is written in row slices of about this many bytes, each made contiguous (and
+# converted to the file's dtype) on its own: a transposed view of a 1 GiB weight never needs a
+# second 1 GiB copy, and the slices feed the hashing and the write as they come.
+SLICE_BYTES = 64 << 20
+
+
+def _entry_header(name: str, entry: CkptTensor) -> bytes:
+    if entry.dtype not in DTYPES:
+        raise ValueError(f"tensor '{name}': unknown DataType code {entry.dtype}")
+    disk_dtype = DTYPES[entry.dtype][1]
+    shape = entry.shape
+    nbytes = int(np.prod(shape, dtype=np.int64)) * disk_dtype.itemsize
+    encoded = name.encode("utf-8")
+    return (
+        struct.pack("<I", len(encoded))
+        + encoded
+        + struct.pack("<bI", entry.dtype, len(shape))
+        + struct.pack(f"<{len(shape)}q", *shape)
+        + struct.pack("<Q", nbytes)
+    )
+
+
+def _data_slices(entry: CkptTensor):
+    """Callables, each giving the next contiguous piece of the entry's data in the file's dtype."""
+    disk_dtype = DTYPES[entry.dtype][1]
+    array = entry.array
+    if array.ndim == 0 or array.nbytes <= SLICE_BYTES:
+        # asarray, not ascontiguousarray: that would make a 0-d array 1-d
+        return [lambda: np.asarray(array, dtype=disk_dtype, order="C")]
+    rows = max(1, SLICE_BYTES // max(1, array[0].nbytes))
+    return [
+        lambda start=start: np.ascontiguousarray(array[start : start + rows], dtype=disk_dtype)
+        for start in range(0, array.shape[0], rows)
+    ]
+
+
+def state_dict_pieces(tensors: Mapping[str, CkptTensor | np.ndarray]):
+    """The file SaveStateDict writes for `tensors`, in the mapping's order, as a list of callables
+    that each return the next piece (bytes or a contiguous array): the file is never in memory
+    whole, and a piece is only made when it is asked for."""
+    pieces = [lambda: struct.pack("<III", CKPT_MAGIC, CKPT_VERSION, len(tensors))]
     for name, value in tensors.items():
         entry = _entry(name, value)
-        if entry.dtype not in DTYPES:
-            raise ValueError(f"tensor '{name}': unknown DataType code {entry.dtype}")
-        disk_dtype = DTYPES[entry.dtype][1]
-        data = np.asarray(entry.array, dtype=disk_dtype, order="C")  # ascontiguousarray would make 0-d 1-d
-        encoded = name.encode("utf-8")
-        parts.append(struct.pack("<I", len(encoded)) + encoded)
-        parts.append(struct.pack("<bI", entry.dtype, data.ndim))
-        parts.append(struct.pack(f"<{data.ndim}q", *data.shape))
-        parts.append(struct.pack("<Q", data.nbytes))
-        parts.append(data.tobytes())
-    return b"".join(parts)
+        header = _entry_header(name, entry)
+        pieces.append(lambda header=header: header)
+        pieces.extend(_data_slices(entry))
+    return pieces
 
 
-def write_state_dict(path: str | os.PathLike, tensors: Mapping[str, CkptTensor | np.ndarray]) -> None:
-    """Write a CKPT file atomically (a temporary name in the same directory, then a rename)."""
-    path = os.fspath(path)
-    payload = state_dict_bytes(tensors)
-    write_bytes_atomically(path, payload)
+def state_dict_bytes(tensors: Mapping[str, CkptTensor | np.ndarray]) -> bytes:
+    """The exact bytes SaveStateDict writes for `tensors`, in the mapping's order."""
+    return b"".join(as_bytes(piece()) for piece in state_dict_pieces(tensors))
+
+
+def write_state_dict(path: str | os.PathLike, tensors: Mapping[str, CkptTensor | np.ndarray]) -> str:
+    """Write a CKPT file atomically (a temporary name in the same directory, flushed to the disk,
+    then a rename), streamed piece by piece (atomic_file.write_pieces_atomically); returns the
+    file's sha256 (hex)."""
+    return write_pieces_atomically(path, state_dict_pieces(tensors))

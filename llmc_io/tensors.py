@@ -9,12 +9,13 @@ Linear weights are stored (out, in) in the file; a tree path ending in "/kernel"
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-from llmc_io.atomic_file import atomic_output
+from llmc_io.atomic_file import write_pieces_atomically
 from llmc_io.dtypes import bf16_bits_to_fp32, fp32_to_bf16_bits
 from llmc_io.errors import LLMCFormatError
 
@@ -180,17 +181,19 @@ def tree_arrays_for_writing(
 # ---- writing -------------------------------------------------------------------------------------
 
 
-def write_file(path: str | os.PathLike, header: bytes, arrays: Iterable[np.ndarray], version: int) -> None:
-    """Header, then each array in order in the dtype of `version`, written atomically.
+def write_file(path: str | os.PathLike, header: bytes, arrays: Iterable[np.ndarray], version: int) -> str:
+    """Header, then each array in order in the dtype of `version`, written atomically; returns the
+    file's sha256 (hex), taken as it is written.
 
     The file appears under its name only once complete (write to a temporary file, then rename), so a
     crash mid-save never leaves a truncated checkpoint behind and `convert A A` cannot corrupt A.
     """
     _, disk_dtype = VERSION_DTYPES[version]
-    with atomic_output(path) as f:
-        f.write(header)
-        for array in arrays:
-            if version == 5:
-                fp32_to_bf16_bits(array).astype(disk_dtype, copy=False).tofile(f)
-            else:
-                np.ascontiguousarray(array, dtype=disk_dtype).tofile(f)
+
+    def on_disk(array):
+        if version == 5:
+            return fp32_to_bf16_bits(array).astype(disk_dtype, copy=False)
+        return np.ascontiguousarray(array, dtype=disk_dtype)
+
+    pieces = (lambda array=array: on_disk(array) for array in arrays)
+    return write_pieces_atomically(path, itertools.chain([lambda: header], pieces))

@@ -117,3 +117,35 @@ def test_missing_file(tmp_path):
 def test_in_memory_entries_keep_their_dtype_code():
     t = CkptTensor(9, np.array([0x3F80], '<u2'))
     assert state_dict_bytes({'b': t}) == _cpp_save_state_dict([('b', 9, (1,), b'\x80\x3f')])
+
+
+def test_a_streamed_file_is_upstreams_bytes_in_slices_with_its_sha256(tmp_path, monkeypatch):
+    # Slices of 16 bytes: the (5, 3) weight goes out in one-row pieces, transposed from a (3, 5) view.
+    import hashlib
+
+    from llmc_io import statedict
+
+    monkeypatch.setattr(statedict, 'SLICE_BYTES', 16)
+    base = np.arange(15, dtype=np.float64).reshape(3, 5)  # float64: converted to fp32 slice by slice
+    entries = {'w': CkptTensor(11, base.T), 'adam.t': CkptTensor(8, np.array(7, np.int64))}
+    expected = _cpp_save_state_dict(
+        [('w', 11, (5, 3), base.T.astype('<f4').tobytes()), ('adam.t', 8, (), struct.pack('<q', 7))]
+    )
+    path = tmp_path / 'optimizer.ckpt'
+    digest = write_state_dict(path, entries)
+    assert path.read_bytes() == expected
+    assert digest == hashlib.sha256(expected).hexdigest()
+
+
+def test_a_piece_that_fails_leaves_the_old_file_and_no_temporary(tmp_path):
+    from llmc_io.atomic_file import write_pieces_atomically
+
+    path = tmp_path / 'model.ckpt'
+    path.write_bytes(b'old')
+
+    def broken():
+        raise MemoryError('no room for the slice')
+
+    with pytest.raises(MemoryError):
+        write_pieces_atomically(path, [lambda: b'new'] * 20 + [broken] + [lambda: b'x'] * 20, makers=2)
+    assert [p.name for p in tmp_path.iterdir()] == ['model.ckpt'] and path.read_bytes() == b'old'

@@ -16,6 +16,7 @@ file is complete, so a killed save never leaves a directory that looks finished.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import hashlib
 import os
@@ -328,10 +329,12 @@ def write_checkpoint(
         else:
             _write_files(tmp, kind, family, params, header, moments, state, extra_files)
         os.chmod(tmp, 0o755)
+        _fsync_directory(tmp)  # the files' names, before the rename makes the step look complete
         if final_dir.exists():  # replace: the old one goes under a temporary name until the new is in place
             old = Path(tempfile.mkdtemp(prefix=final_dir.name + _TMP_MARK, dir=final_dir.parent))
             os.replace(final_dir, old)
         os.replace(tmp, final_dir)
+        _fsync_directory(final_dir.parent)  # the rename itself survives a power loss
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         if old is not None and not final_dir.exists():
@@ -342,22 +345,37 @@ def write_checkpoint(
     return final_dir
 
 
+def _fsync_directory(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _write_files(tmp: Path, kind, family, params, header, moments, state, extra_files=None) -> None:
+    """The files of one step directory, each streamed with its sha256 taken as it is written (not
+    read back), the model and optimizer files at the same time: each is bound by its own copies and
+    hashing as much as by the disk."""
     model_name, opt_name = FILES[kind]
     vocab = header.vocab_size
-    if kind == PR_BIN_KIND:
-        _save_llmc(tmp / model_name, family, params, header)
-    else:
-        write_state_dict(
-            tmp / model_name, names.tree_to_state_dict(family, params, vocab, header.max_seq_len)
-        )
-    if moments is not None:
-        mu, nu, t = moments
-        write_state_dict(tmp / opt_name, names.trees_to_moments(family, mu, nu, t, vocab, kind == HEAD_KIND))
+    writes = {}
+    with concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix='infinitrain-file') as pool:
+        if kind == PR_BIN_KIND:
+            writes[model_name] = pool.submit(_save_llmc, tmp / model_name, family, params, header)
+        else:
+            model = names.tree_to_state_dict(family, params, vocab, header.max_seq_len)
+            writes[model_name] = pool.submit(write_state_dict, tmp / model_name, model)
+        if moments is not None:
+            mu, nu, t = moments
+            adam = names.trees_to_moments(family, mu, nu, t, vocab, kind == HEAD_KIND)
+            writes[opt_name] = pool.submit(write_state_dict, tmp / opt_name, adam)
+        files = {name: write.result() for name, write in writes.items()}
     for name, payload in (extra_files or {}).items():
         (tmp / name).write_bytes(payload)
+        files[name] = hashlib.sha256(payload).hexdigest()
     if state.jaxtrain is not None:  # lets resume and `ckpt verify` prove these are the files we wrote
-        files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(tmp.iterdir())}
+        files = dict(sorted(files.items()))
         # The digest covers the whole object (step, data position, rng, configs, the files' sha256).
         state = dataclasses.replace(state, jaxtrain=with_digest(dict(state.jaxtrain, sha256=files)))
     write_trainer_state(tmp / TRAINER_STATE, state)
@@ -387,13 +405,15 @@ def _write_ranks(
             (rank_dir / name).write_bytes(payload)
 
 
-def _save_llmc(path: Path, family: str, params: dict, header) -> None:
+def _save_llmc(path: Path, family: str, params: dict, header) -> str:
+    """SaveAsLLMC's model.bin; returns its sha256."""
     if family == 'gpt2':
         # SaveAsLLMC (f9cb65b5) writes header V, and the model's vocab (V at TP=1) in the Vp slot: no padding.
         trimmed = dict(params, wte={'embedding': np.asarray(params['wte']['embedding'])[: header.vocab_size]})
-        llmc_io.save_gpt2(path, dataclasses.replace(header, padded_vocab_size=header.vocab_size), trimmed)
-    else:
-        llmc_io.save_llama3(path, header, params)  # major/minor 1/0, floats bit-cast, as SaveAsLLMC
+        return llmc_io.save_gpt2(
+            path, dataclasses.replace(header, padded_vocab_size=header.vocab_size), trimmed
+        )
+    return llmc_io.save_llama3(path, header, params)  # major/minor 1/0, floats bit-cast, as SaveAsLLMC
 
 
 def step_dirs(root) -> list[Path]:
