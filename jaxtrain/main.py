@@ -80,7 +80,7 @@ def main(argv):
         import jax
 
         from jaxtrain.parallel import distributed, platform
-        from jaxtrain.config.checks import check_config, deterministic_wanted
+        from jaxtrain.checks.config_checks import check_config, deterministic_wanted
 
         config = flags.FLAGS.config
         key_flags.apply_key_flags(config, _KEY_FLAGS, warn=print)

@@ -38,6 +38,21 @@ def test_nothing_outside_tools_imports_tools():
     assert offenders == []
 
 
+def test_config_imports_nothing_above_it():
+    """config/ is keys, parsing and choices as data: every other package may read it, so it may
+    import none of them (the checks that need the models or the devices live in checks/config_checks.py)."""
+    offenders = []
+    for path in sorted((REPO / 'jaxtrain' / 'config').rglob('*.py')):
+        hits = sorted(
+            m
+            for m in imported_modules(path)
+            if m.startswith('jaxtrain.') and not m.startswith('jaxtrain.config')
+        )
+        if hits:
+            offenders.append(f'{path.name}: {hits}')
+    assert offenders == []
+
+
 def test_llmc_io_stands_alone():
     forbidden = ('jaxtrain', 'jax', 'flax')
     offenders = []

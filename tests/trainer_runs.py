@@ -49,7 +49,7 @@ def metrics_losses(metrics_dir) -> dict[int, float]:
 
 def train(config) -> tuple[int, dict[int, float], str]:
     """Runs the trainer; returns (exit code, {step: loss} from metrics.jsonl, stdout)."""
-    from jaxtrain.config.checks import check_config
+    from jaxtrain.checks.config_checks import check_config
     from jaxtrain.train import loop as train_lib
 
     out = io.StringIO()

@@ -37,7 +37,7 @@ _FAMILIES = (
 
 
 def for_flag(name: str) -> CheckpointFormat:
-    """The format --checkpoint_format `name` writes (config/checks.py has refused any other)."""
+    """The format --checkpoint_format `name` writes (checks/config_checks.py has refused any other)."""
     return WRITERS[name]
 
 

@@ -8,7 +8,8 @@ optimizer, which is AdamW.
 
 import ml_collections
 
-from jaxtrain.data.batch_geometry import DEFAULT_TOTAL
+# total_batch_size's default: InfiniTrain's tokens a step (data/batch_geometry.py turns it into micro-steps).
+DEFAULT_TOTAL = 256
 
 # (key, default, help). Grouped as model / data / optimization / logging / checkpoints.
 KEYS = (

@@ -10,8 +10,6 @@ over micro-steps, then over the data-parallel ranks, so `--batch_size 1 --total_
 
 import dataclasses
 
-DEFAULT_TOTAL = 256  # total_batch_size's default (config/keys.py): InfiniTrain's tokens a step
-
 
 @dataclasses.dataclass(frozen=True)
 class BatchGeometry:

@@ -11,7 +11,7 @@ saying so, instead of a refusal; a total the user chose is never changed
 
 import jax
 
-from jaxtrain.data.batch_geometry import DEFAULT_TOTAL
+from jaxtrain.config.keys import DEFAULT_TOTAL
 
 
 def total_on_mesh(config, data_parallel: int) -> int:

@@ -14,7 +14,7 @@ same fp32 pre + b, so forward and backward agree on the point they differentiate
 
 Deterministic: no atomics. Each backward program owns a fixed range of rows and sums them in
 order; the P partial sums are added by an XLA reduction, whose order is fixed too. One device
-only, as every Pallas kernel here (config/fit_checks.py).
+only, as every Pallas kernel here (checks/fit_checks.py).
 """
 
 import functools

@@ -35,7 +35,7 @@ from jaxtrain.models.qkv_split import split_qkv
 from jaxtrain.parallel.sequence_parallel import split_over_time  # no-op unless --sequence_parallel
 
 # --fused_kernels: which of the block's elementwise work runs as Pallas kernels instead of XLA's
-# fusions (one GPU only; config/fit_checks.py).
+# fusions (one GPU only; checks/fit_checks.py).
 FUSED_KERNELS = ('none', 'layernorm', 'bias_gelu', 'all')
 
 
@@ -121,7 +121,7 @@ class MLP(nnx.Module):
         )
         if fused_gelu and isinstance(self.c_fc, LoRALinear):
             # __call__ computes c_fc's matmul itself, from the base kernel: the adapters would be
-            # silently dropped. config/fit_checks.py refuses the flags; this guards other callers.
+            # silently dropped. checks/fit_checks.py refuses the flags; this guards other callers.
             raise ValueError(
                 'fused_kernels: expected a plain mlp.c_fc with the bias_gelu kernel, found a LoRA '
                 'adapter on it; pass --fused_kernels layernorm or none'

@@ -18,7 +18,7 @@ Deterministic: no atomics. Each backward program owns a fixed range of rows and 
 order; the P partial sums are added by an XLA reduction, whose order is fixed too.
 
 Only a single device's: XLA cannot split a Pallas call over a mesh (see attention.py), so
-config/fit_checks.py allows `--fused_kernels` on one device only.
+checks/fit_checks.py allows `--fused_kernels` on one device only.
 """
 
 import functools

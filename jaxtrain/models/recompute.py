@@ -55,7 +55,7 @@ OFF = Recompute()  # no region: every activation the backward pass needs is stor
 
 
 def check(config) -> list[str]:
-    """Problems with the recompute keys, one line each (config/checks.py joins them)."""
+    """Problems with the recompute keys, one line each (checks/config_checks.py joins them)."""
     problems = []
     if config.recompute_granularity not in GRANULARITIES:
         problems.append(

@@ -116,7 +116,7 @@ def setup_model(config) -> ModelSetup:
         # keeps a run with checkpoints bitwise equal to one without (deterministic is 'auto').
         deterministic=deterministic and jax.default_backend() == 'gpu',
     )
-    if config.model_family == 'gpt2':  # LLaMA-3 has no fused kernels (config/fit_checks.py)
+    if config.model_family == 'gpt2':  # LLaMA-3 has no fused kernels (checks/fit_checks.py)
         options['fused_kernels'] = config.fused_kernels
 
     if config.llmc_filepath:

@@ -91,7 +91,7 @@ def parameter_spec(name: str, shape: tuple, mesh: Mesh) -> P:
             if free:
                 spec[max(free, key=lambda a: (shape[a], -a))] = 'fsdp'
     if first and mesh.shape.get('pipeline', 1) > 1:
-        spec[0] = 'pipeline'  # config/fit_checks.check_pipeline made sure P divides L
+        spec[0] = 'pipeline'  # fit_checks.check_pipeline made sure P divides L
     while spec and spec[-1] is None:  # P() for a replicated tensor, as Orbax and ckpt show it
         spec.pop()
     return P(*spec)

@@ -49,7 +49,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from jaxtrain.config import flags as key_flags
-from jaxtrain.config.checks import check_config, deterministic_wanted
+from jaxtrain.checks.config_checks import check_config, deterministic_wanted
 from jaxtrain.config.config_path import shipped_config
 from jaxtrain.parallel import deterministic_flag
 from jaxtrain.tools import pipeline_bench

@@ -64,7 +64,7 @@ def validate(parts, state, val_stream, max_steps: int) -> float:
 
 
 def run(config) -> int:
-    """Trains a config that config/checks.py's check_config has accepted (the entry points
+    """Trains a config that checks/config_checks.py's check_config has accepted (the entry points
     check it before they start anything)."""
     # Before anything is built: a refused run changes nothing (root_access.py).
     with owned_checkpoint_dir(config):

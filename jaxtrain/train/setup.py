@@ -50,7 +50,7 @@ class TrainerSetup:
 
 
 def build_trainer(config) -> TrainerSetup:
-    """Builds; config/checks.py's check_config has validated config (the entry points run it)."""
+    """Builds; checks/config_checks.py's check_config has validated config (the entry points run it)."""
     # --- mesh and batch geometry ---
     mesh = mesh_lib.build_mesh(config)
     devices = list(mesh.devices.flat)

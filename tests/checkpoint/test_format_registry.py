@@ -58,7 +58,7 @@ def test_every_run_checkpointer_implements_the_whole_interface(cls):
 
 
 def test_the_flag_values_are_the_registry_s():
-    from jaxtrain.config.checks import CHOICES
+    from jaxtrain.checks.config_checks import CHOICES
 
     assert {'orbax', 'infinitrain', 'infinitrain-bin'} <= set(registry.FORMAT_NAMES)
     assert CHOICES['checkpoint_format'] == registry.FORMAT_NAMES

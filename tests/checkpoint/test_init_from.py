@@ -129,7 +129,7 @@ def test_a_model_that_does_not_fit_is_refused_with_every_difference(trained, tmp
 
 
 def test_init_from_and_llmc_filepath_together_are_refused():
-    from jaxtrain.config.checks import check_config
+    from jaxtrain.checks.config_checks import check_config
 
     with pytest.raises(ValueError, match='init_from: expected one source of initial weights, found both'):
         check_config(load_config('gpt2', init_from='a', llmc_filepath='b.bin'))

@@ -70,7 +70,7 @@ def test_the_best_by_validation_loss_survive_rotation(tmp_path, fmt, capsys):
 
 
 def test_keep_best_needs_validation_at_the_save_steps():
-    from jaxtrain.config.checks import check_config
+    from jaxtrain.checks.config_checks import check_config
 
     with pytest.raises(ValueError, match='keep_best: expected --val_loss_every N > 0'):
         check_config(load_config('gpt2', keep_best=2, save_steps=4))

@@ -1,4 +1,4 @@
-"""config/fit_checks.py: what depends on the devices and the model file is refused by
+"""checks/fit_checks.py: what depends on the devices and the model file is refused by
 check_config, before the run creates its metrics or checkpoint directory, and train/
 no longer validates."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from cli_runs import run_cli
-from jaxtrain.config.checks import check_config
+from jaxtrain.checks.config_checks import check_config
 from trainer_runs import load_config, random_shard, tiny_llmc_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -90,7 +90,7 @@ def test_train_does_not_validate():
             isinstance(node, ast.Name)
             and node.id == 'check_config'
             or isinstance(node, ast.ImportFrom)
-            and node.module == 'jaxtrain.config.checks'
+            and node.module == 'jaxtrain.checks.config_checks'
             for node in ast.walk(ast.parse(path.read_text()))
         )
     ]
@@ -98,7 +98,7 @@ def test_train_does_not_validate():
 
 
 def test_a_pipeline_of_no_chunks_is_refused_with_a_remedy():
-    from jaxtrain.config.fit_checks import check_pipeline
+    from jaxtrain.checks.fit_checks import check_pipeline
 
     want = 'virtual_pipeline_parallel: expected a positive number of chunks, found 0; pass 1 or more'
     with pytest.raises(ValueError) as error:

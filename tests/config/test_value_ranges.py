@@ -6,7 +6,7 @@ import importlib.util
 import pytest
 
 from cli_runs import REPO, run_cli, tree_digest
-from jaxtrain.config.checks import check_config
+from jaxtrain.checks.config_checks import check_config
 
 
 def _config(**overrides):

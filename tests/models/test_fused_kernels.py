@@ -11,8 +11,8 @@ from flax import nnx
 from tiny_models import tiny_config
 from trainer_runs import load_config, tiny_llmc_model
 
-from jaxtrain.config import fit_checks
-from jaxtrain.config.checks import check_config
+from jaxtrain.checks import fit_checks
+from jaxtrain.checks.config_checks import check_config
 from jaxtrain.models import gpt2
 from jaxtrain.models.gpt2 import GPT2, MLP
 from jaxtrain.models.lora import LoRASpec

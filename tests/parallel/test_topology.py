@@ -18,7 +18,7 @@ from jaxtrain.parallel import distributed
 from jaxtrain.parallel import mesh as mesh_lib
 
 from jaxtrain.parallel import sharding
-from jaxtrain.config.checks import check_config
+from jaxtrain.checks.config_checks import check_config
 from trainer_runs import load_config, random_shard, tiny_llmc_model, train_named
 
 # batch_size is per data-parallel rank: 8 rows of 32 tokens a step are 1 micro-step on 8

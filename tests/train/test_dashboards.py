@@ -235,7 +235,7 @@ def test_tensorboard_curves_match_the_step_lines_across_a_resume(tmp_path, monke
 
 
 def test_wandb_missing_is_one_line_before_anything_runs(tmp_path, monkeypatch):
-    from jaxtrain.config.checks import check_config
+    from jaxtrain.checks.config_checks import check_config
 
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(

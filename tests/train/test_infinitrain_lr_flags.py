@@ -390,7 +390,7 @@ def test_export_infinitrain_lrs_from_orbax_and_from_infinitrain(cosine_orbax_run
 
 def test_upstreams_checks_apply_only_to_its_spelling():
     """learning_rate 0 is a valid run of ours (nothing moves); upstream's CHECK refuses it with a style."""
-    from jaxtrain.config.checks import check_config
+    from jaxtrain.checks.config_checks import check_config
 
     check_config(load_config(learning_rate=0.0))
     with pytest.raises(ValueError, match='learning_rate: expected > 0 with a decay style, found 0.0'):

@@ -14,7 +14,7 @@ import pytest
 
 from jaxtrain.checkpoint import trainer_state as ckpt_record
 from jaxtrain.train import pipeline
-from jaxtrain.config.checks import check_config
+from jaxtrain.checks.config_checks import check_config
 from trainer_runs import load_config, random_shard, tiny_llmc_model, train, train_named
 
 # 8 rows of 32 tokens a step: 8 microbatches on 1 device, 4 on fsdp 2.

@@ -9,7 +9,7 @@ import re
 import pytest
 from trainer_runs import load_config, random_shard, tiny_llmc_model, train
 
-from jaxtrain.config.checks import check_config
+from jaxtrain.checks.config_checks import check_config
 from jaxtrain.train.step_trace import parse_steps
 
 

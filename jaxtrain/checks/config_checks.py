@@ -6,7 +6,7 @@ import importlib.util
 import math
 
 from jaxtrain.checkpoint.registry import FORMAT_NAMES
-from jaxtrain.config.fit_checks import check_fit
+from jaxtrain.checks.fit_checks import check_fit
 from jaxtrain.config.path_checks import path_problems
 from llmc_io.lora_weights import LAYOUTS as LORA_LAYOUTS
 from jaxtrain.models import cross_entropy_kernel
