@@ -105,15 +105,15 @@ def _items(params, opt_state, rng) -> dict:
     return items
 
 
-def _bytes_per_device(tree) -> dict:
+def bytes_per_device(tree) -> dict:
     needed = {}
     for leaf in jax.tree.leaves(tree):
-        for shard in leaf.addressable_shards:
+        for shard in leaf.addressable_shards if isinstance(leaf, jax.Array) else ():
             needed[shard.device] = needed.get(shard.device, 0) + shard.data.nbytes
     return needed
 
 
-def _room_for_snapshot(needed: dict, margin: float = 1.25) -> bool:
+def room_for_snapshot(needed: dict, margin: float = 1.25) -> bool:
     """Whether every device has free memory for its bytes in `needed` (with a margin)."""
     for device, nbytes in needed.items():
         stats = device.memory_stats() or {}  # none on CPU, where host memory is the limit
@@ -223,7 +223,7 @@ class Checkpointer:
         pinned_s = grow_pinned_host_pool(items)
         shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), items)
         self._pending = self._handoff.submit(self._compile_snapshot, shapes)
-        self._snapshot_bytes = _bytes_per_device(items)  # what snapshot() would measure at the first save
+        self._snapshot_bytes = bytes_per_device(items)  # what snapshot() would measure at the first save
         if pinned_s <= 0:
             return None
         gib = sum(self._snapshot_bytes.values()) / 2**30
@@ -247,13 +247,13 @@ class Checkpointer:
             raise self._save_failed(e, self._writing) from e
         items = _items(params, opt_state, rng)
         if self._snapshot_bytes is None:  # the state's layout never changes within a run
-            self._snapshot_bytes = _bytes_per_device(items)
+            self._snapshot_bytes = bytes_per_device(items)
         # With several processes Orbax's save runs collectives of its own (broadcasts that
         # agree on names and steps); issued from a thread they could interleave with the
         # train steps' collectives in a different order on each process and deadlock, so
         # there the hand-off stays on the loop's thread (and takes the live state, before the
         # next step donates it).
-        if jax.process_count() == 1 and _room_for_snapshot(self._snapshot_bytes):
+        if jax.process_count() == 1 and room_for_snapshot(self._snapshot_bytes):
             return Snapshot(*self._snapshot_program(items), copied=True)
         return Snapshot(items, None, copied=False)
 

@@ -30,7 +30,7 @@ _donating_step = jax.jit(_add_one.__wrapped__, donate_argnums=0)
 
 @pytest.mark.parametrize('room_on_device', [True, False])
 def test_saved_values_are_those_at_save_time_even_after_donation(tmp_path, monkeypatch, room_on_device):
-    monkeypatch.setattr(ckpt_manager, '_room_for_snapshot', lambda needed: room_on_device)
+    monkeypatch.setattr(ckpt_manager, 'room_for_snapshot', lambda needed: room_on_device)
     _, params, opt_state = _state()
     expected = jax.tree.map(
         lambda x: np.array(x, copy=True), (params, opt_state)
@@ -64,7 +64,7 @@ def test_snapshot_is_a_separate_buffer():
     np.testing.assert_array_equal(copy['w'], tree['w'])
 
 
-def test_room_for_snapshot_reads_device_memory(monkeypatch):
+def testroom_for_snapshot_reads_device_memory(monkeypatch):
     tree = {'w': jnp.zeros((1000,), jnp.float32)}  # 4000 bytes
     device = tree['w'].devices().pop()
 
@@ -76,11 +76,11 @@ def test_room_for_snapshot_reads_device_memory(monkeypatch):
             return {'bytes_limit': 10_000, 'bytes_in_use': 10_000 - self.free}
 
     monkeypatch.setattr(type(device), 'memory_stats', lambda self: Stats(6000)())
-    needed = ckpt_manager._bytes_per_device(tree)
+    needed = ckpt_manager.bytes_per_device(tree)
     assert needed == {device: 4000}
-    assert ckpt_manager._room_for_snapshot(needed)  # 6000 free >= 1.25 x 4000
+    assert ckpt_manager.room_for_snapshot(needed)  # 6000 free >= 1.25 x 4000
     monkeypatch.setattr(type(device), 'memory_stats', lambda self: Stats(4500)())
-    assert not ckpt_manager._room_for_snapshot(needed)
+    assert not ckpt_manager.room_for_snapshot(needed)
 
 
 def test_a_failed_handoff_surfaces_at_wait(tmp_path, monkeypatch):
@@ -159,3 +159,85 @@ def test_a_snapshot_never_saved_writes_nothing(tmp_path):
     checkpointer.snapshot(params, opt_state, RNG)
     checkpointer.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def _infinitrain_saver(root):
+    from types import SimpleNamespace
+
+    from jaxtrain.checkpoint.formats import infinitrain_saver
+    from tiny_models import tiny_config
+
+    parts = SimpleNamespace(  # what a save reads of train/setup.py's TrainerSetup
+        setup=SimpleNamespace(model_config=tiny_config('gpt2')),
+        geometry=SimpleNamespace(accumulation=1, data_parallel=1),
+    )
+    saver = infinitrain_saver.InfiniTrainCheckpointer(
+        str(root), 'infinitrain', parts, family='gpt2', keep_latest=0, keep_every=0
+    )
+    return saver, parts
+
+
+def _tiny_gpt2_state():
+    from tiny_models import random_params, tiny_header
+
+    params = jax.tree.map(jnp.asarray, random_params(tiny_header('gpt2'), everywhere=True))
+    tx = optax.adamw(1e-2)
+    opt_state = tx.init(params)
+    _, opt_state = tx.update(params, opt_state, params)  # moments that are not zeros
+    return params, opt_state
+
+
+def test_a_background_infinitrain_save_is_the_synchronous_export_of_that_step(tmp_path):
+    # The loop's order: snapshot, the next step donates the live state, then the write goes on
+    # in the background; the files must be those of the state at the snapshot, byte for byte.
+    from jaxtrain.checkpoint.formats import infinitrain as it
+    from jaxtrain.checkpoint.formats.infinitrain_trainer import save_step_dir
+
+    params, opt_state = _tiny_gpt2_state()
+    at_snapshot = jax.tree.map(lambda x: np.array(x, copy=True), (params, opt_state))
+    saver, parts = _infinitrain_saver(tmp_path / 'ck')
+    saver.prepare(params, opt_state, RNG)
+    snapshot = saver.snapshot(params, opt_state, RNG)
+    _donating_step((params, opt_state))
+    assert params['wte']['embedding'].is_deleted()
+    saver.save_snapshot(1, snapshot, dict(RECORD))
+    saver.close()
+    assert saver.blocking_saves == 0
+    export = save_step_dir(
+        tmp_path / 'export',
+        1,
+        *at_snapshot,
+        dict(RECORD, rng=[0, 42]),
+        'infinitrain',
+        family='gpt2',
+        model_config=parts.setup.model_config,
+        batches_per_step=1,
+    )
+    saved = tmp_path / 'ck' / 'checkpoint_step_000001'
+    for name in ('model.ckpt', 'optimizer.ckpt', it.TRAINER_STATE):
+        assert (saved / name).read_bytes() == (export / name).read_bytes(), name
+    assert sorted(p.name for p in (tmp_path / 'ck').iterdir()) == ['checkpoint_step_000001']
+
+
+def test_a_failed_background_infinitrain_save_stops_the_next_one(tmp_path, monkeypatch):
+    # The disk fills while optimizer.ckpt is written, after model.ckpt is complete: the step must
+    # not look committed, and the next save stops the run with the failure.
+    import errno
+
+    from jaxtrain.checkpoint.formats import infinitrain as it
+
+    real_write = it.write_state_dict
+
+    def fill_the_disk(path, tensors):
+        if path.name == 'optimizer.ckpt':
+            raise OSError(errno.ENOSPC, 'No space left on device')
+        return real_write(path, tensors)
+
+    monkeypatch.setattr(it, 'write_state_dict', fill_the_disk)
+    params, opt_state = _tiny_gpt2_state()
+    saver, _ = _infinitrain_saver(tmp_path / 'ck')
+    saver.save(1, params, opt_state, RNG, dict(RECORD))  # returns: the write is in the background
+    with pytest.raises(ckpt_layout.CheckpointError, match='could not save checkpoint_step_000001: No space'):
+        saver.snapshot(params, opt_state, RNG)  # the next save
+    saver.close()
+    assert it.step_dirs(tmp_path / 'ck') == [] and list((tmp_path / 'ck').iterdir()) == []

@@ -66,8 +66,9 @@ def test_infinitrain_saves_refused_for_permission_do_not_say_free_space(tmp_path
     saver = infinitrain_saver.InfiniTrainCheckpointer(
         str(tmp_path / 'ck'), 'infinitrain', parts, family='gpt2', keep_latest=0, keep_every=0
     )
+    saver.save(5, {}, None, [0, 1], {'data_position': 5})  # returns: the write is in the background
     with pytest.raises(CheckpointError) as refused:
-        saver.save(5, {}, None, [0, 1], {'data_position': 5})
+        saver.close()
     text = str(refused.value)
     assert 'could not save checkpoint_step_000005: Permission denied; no step was committed.' in text
     assert 'writable by this user' in text and 'Free space' not in text

@@ -6,5 +6,5 @@ infinitrain.py          InfiniTrain step directories on disk (both generations, 
                         kind detection, reading into NumPy trees, atomic writing, pruning.
 infinitrain_trainer.py  the bridge to the trainer: optax state <-> Adam moments, the data position,
                         read_step_dir / save_step_dir on live (sharded) JAX trees.
-infinitrain_saver.py    InfiniTrainFormat and the run's synchronous InfiniTrainCheckpointer.
+infinitrain_saver.py    InfiniTrainFormat and the run's background InfiniTrainCheckpointer.
 """

@@ -1,18 +1,23 @@
 """InfiniTrain step directories as a checkpoint format (format.py): the run's checkpointer for
 --checkpoint_format infinitrain|infinitrain-bin, and restoring a step of any InfiniTrain kind.
 
-Saves are synchronous (NumPy files, written into a temporary directory renamed when complete) and rotate
-like ours: the newest max_checkpoint_keep steps, every multiple of keep_every_steps, and the step the run
-resumed from are kept.
+A save runs in the background, as an Orbax one does: snapshot() copies the state on the device (the next
+step donates the original), or to the host where the device has no room; one writer thread then fetches
+the copy into host memory, frees the device copy and streams the files (infinitrain.write_checkpoint:
+a temporary directory renamed when complete, so nothing half-written looks committed). A failed write
+stops the run at the next save, or at wait() / close(). Saves rotate like ours: the newest
+max_checkpoint_keep steps, every multiple of keep_every_steps, and the step the run resumed from are kept.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import shutil
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxtrain.checkpoint.format import Resumed, Verification, fresh_optimizer_state
@@ -27,7 +32,7 @@ from jaxtrain.checkpoint.layout import (
     set_aside_uncommitted,
     step_dir_name,
 )
-from jaxtrain.checkpoint.manager import Snapshot
+from jaxtrain.checkpoint.manager import Snapshot, bytes_per_device, room_for_snapshot
 from jaxtrain.checkpoint.trainer_state import compare_with_run
 from jaxtrain.checkpoint.write_errors import write_failure
 from jaxtrain.optim.optimizer import spelled_with_infinitrain_flags
@@ -42,8 +47,18 @@ def batches_per_step(parts) -> int:
     return geometry.accumulation * geometry.data_parallel
 
 
+@jax.jit
+def _device_copy(tree):
+    """A copy on the device that the next (donating) train step cannot take away."""
+    return jax.tree.map(jnp.copy, tree)
+
+
+def _items(params, opt_state, rng) -> dict:
+    return {'params': params, 'opt_state': opt_state, 'rng': rng}
+
+
 class InfiniTrainCheckpointer:
-    """A format.RunCheckpointer writing InfiniTrain step directories, synchronously."""
+    """A format.RunCheckpointer writing InfiniTrain step directories in the background."""
 
     def __init__(
         self,
@@ -71,8 +86,15 @@ class InfiniTrainCheckpointer:
         self.root.mkdir(parents=True, exist_ok=True)
         self.fmt, self.parts, self.family = fmt, parts, family
         self.keep_latest, self.keep_every = keep_latest, keep_every
-        self.blocking_saves = 0
-        self.synchronous = True  # save() returns once the step directory is renamed into place
+        self.blocking_saves = 0  # saves whose snapshot was copied to the host while the loop waited
+        self.synchronous = False  # save() returns before the step directory is renamed into place
+        self._writer = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix='jaxtrain-infinitrain-save'
+        )
+        self._pending = None  # the Future of the last write
+        self._writing = None  # the step of the last save started
+        self._snapshot_bytes = None  # per device, for the room check
+        self._copy_program = _device_copy  # prepare() swaps in one compiled ahead of time
         # A step's name without InfiniTrain files is not ours (saves are atomic renames): moved
         # aside, never deleted, as the Orbax root does.
         self.set_aside = set_aside_uncommitted(self.root, committed=lambda p: it.detect_kind(p) is not None)
@@ -93,20 +115,51 @@ class InfiniTrainCheckpointer:
         return later
 
     def prepare(self, params, opt_state, rng):
-        pass  # no snapshot program: saves are synchronous
+        """Compiles the snapshot's copy on the writer thread while training starts."""
+        if jax.process_count() != 1:
+            return None
+        items = _items(params, opt_state, rng)
+        self._snapshot_bytes = bytes_per_device(items)
+        shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), items)
+        self._pending = self._writer.submit(self._compile_copy, shapes)
+        return None
+
+    def _compile_copy(self, shapes):
+        try:
+            self._copy_program = _device_copy.lower(shapes).compile()
+        except Exception:  # not worth stopping a run for: the first save compiles it instead
+            self._copy_program = _device_copy
 
     def snapshot(self, params, opt_state, rng) -> Snapshot:
-        """Nothing to copy: save_snapshot() writes synchronously, before the next step donates
-        the state."""
-        return Snapshot({'params': params, 'opt_state': opt_state, 'rng': rng}, None, copied=False)
+        """The state as it is now, safe from the next step's donation: a device copy where the
+        device has room for one (the loop goes on at once), else a host copy made here."""
+        self._finish_write()  # one save at a time; a failed one stops the run now
+        items = _items(params, opt_state, rng)
+        if self._snapshot_bytes is None:
+            self._snapshot_bytes = bytes_per_device(items)
+        if room_for_snapshot(self._snapshot_bytes):
+            return Snapshot(self._copy_program(items), None, copied=True)
+        self.blocking_saves += 1
+        return Snapshot(jax.device_get(items), None, copied=False)
 
     def save_snapshot(self, step: int, snapshot: Snapshot, trainer_state: dict):
-        self.save(
-            step, snapshot.items['params'], snapshot.items['opt_state'], snapshot.items['rng'], trainer_state
-        )
+        """Hands the snapshot of `step` to the writer thread and returns."""
+        self._writing = step
+        self._pending = self._writer.submit(self._write, step, snapshot.items, dict(trainer_state))
 
     def save(self, step: int, params, opt_state, rng, trainer_state: dict):
-        record = dict(trainer_state, rng=[int(x) for x in np.asarray(jax.device_get(rng)).reshape(-1)])
+        self.save_snapshot(step, self.snapshot(params, opt_state, rng), trainer_state)
+
+    def _write(self, step: int, items: dict, trainer_state: dict):
+        host = jax.device_get(items)  # every array at once: the copies run side by side
+        for leaf in jax.tree.leaves(items):  # the device copy is not needed any more
+            if isinstance(leaf, jax.Array) and not leaf.is_deleted():
+                leaf.delete()
+        del items
+        self._write_host(step, host['params'], host['opt_state'], host['rng'], trainer_state)
+
+    def _write_host(self, step: int, params, opt_state, rng, trainer_state: dict):
+        record = dict(trainer_state, rng=[int(x) for x in np.asarray(rng).reshape(-1)])
         parts = self.parts
         scheduler = self.scheduler_files.bytes_at(step) if self.scheduler_files else None
         try:
@@ -131,29 +184,39 @@ class InfiniTrainCheckpointer:
                 f'checkpoint_dir: {self.root}: could not save {self.step_dir(step).name}: '
                 f'{reason}; {kept}. {advice}, then resume with --resume_from latest.'
             ) from e
-        self.blocking_saves += 1
         it.prune(self.root, self.keep_latest, self.protected | self.best, self.keep_every)
+
+    def _finish_write(self):
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()  # re-raises the write's CheckpointError
 
     def keep_best_steps(self, steps) -> None:
         """--keep_best's ranking (checkpoint/keep_best.py): kept out of rotation from the next save on."""
         self.best = set(steps)
 
     def wait(self):
-        pass  # saves are synchronous
+        """Until every started save is committed on disk."""
+        self._finish_write()
 
     def abort_notice(self) -> str:
-        """For a run aborted at once (stop_signal.py): a synchronous save is either renamed into
-        place or not started, so nothing half-written is lost."""
+        """For a run aborted at once (stop_signal.py): a save is renamed into place only when
+        complete, so one still being written is lost, never half there."""
         steps = [it.step_number(d) for d in it.step_dirs(self.root)]
         newest = (
             f'the newest checkpoint is {self.step_dir(max(steps))}'
             if steps
             else f'no checkpoint in {self.root}'
         )
+        if self._writing is not None and self._writing not in steps:
+            return f'the save of {step_dir_name(self._writing)} was not committed and is lost; {newest}'
         return f'every save started was committed; {newest}; steps trained after it are lost'
 
     def close(self):
-        pass
+        try:
+            self.wait()
+        finally:
+            self._writer.shutdown(wait=True)
 
 
 class InfiniTrainFormat:
