@@ -1,4 +1,4 @@
-"""Read and write Karpathy llm.c and InfiniTrain binary files with NumPy alone.
+"""Read and write Karpathy llm.c and InfiniTrain binary files, and Hugging Face folders, with NumPy.
 
 Model files (GPT-2 versions 3/5; LLaMA-3 in InfiniTrain's and llm.c's llama3-branch layouts) load to
 (header, params): a frozen header dataclass and a nested dict of float32 arrays laid out as
@@ -9,8 +9,12 @@ LLMCFormatError with one line naming the file, the field, what was expected and 
     tokens = llmc_io.read_shard("tiny_shakespeare_val.bin")
 
 Tokenizer files (llm.c's magic 20240328, versions 1 and 2; InfiniTrain's 20240801) read with
-read_tokenizer; Hugging Face folders (config.json + model.safetensors) load and save with
-load_hf / save_hf, in NumPy alone.
+read_tokenizer; Hugging Face folders (config.json + model.safetensors, or shards and their index;
+F32, BF16 or F16) load and save with load_hf / save_hf.
+
+Dependencies: NumPy, and for Hugging Face folders only the `safetensors` library (its NumPy API
+reads and writes the weight files, after llmc_io has checked each header against its file) and
+`ml_dtypes` (NumPy has no bfloat16; JAX depends on it too). Nothing of jaxtrain, JAX or torch.
 
 `python -m llmc_io info FILE` and `python -m llmc_io convert IN OUT` do the same from a shell.
 """

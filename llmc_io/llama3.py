@@ -21,6 +21,7 @@ ln_f/scale (C,), lm_head/kernel (C, V). No biases.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
@@ -116,6 +117,20 @@ def save_llama3(
     path = os.fspath(path)
     for field, expected, found in header.problems():
         raise LLMCFormatError(path, field, expected, found)
+    scaling = (header.rope_factor, header.rope_low_freq_factor, header.rope_high_freq_factor)
+    if header.use_scaled_rope and scaling + (header.rope_original_max_seq_len,) != (8.0, 1.0, 4.0, 8192):
+        raise LLMCFormatError(
+            path,
+            "rope_scaling",
+            "Llama-3.1's (factor 8, low 1, high 4, context 8192): the file's flag means those",
+            scaling + (header.rope_original_max_seq_len,),
+            "export this model to Hugging Face (--format hf) instead",
+        )
+    if header.tie_embeddings:
+        # The layout has an untied head: the one tensor is written twice, as InfiniTrain writes
+        # GPT-2's tied lm_head; the file loads untied.
+        params = {**params, "lm_head": {"kernel": np.asarray(params["wte"]["embedding"]).T}}
+        header = dataclasses.replace(header, tie_embeddings=False)
     specs = header.tensor_specs(LAYOUT_INFINITRAIN)
     arrays = tree_arrays_for_writing(path, params, header.param_shapes(), "LLaMA-3 files have no biases")
     for spec in specs:

@@ -87,11 +87,19 @@ class LLaMA3Header:
     rope_theta: float
     use_scaled_rope: bool
     max_gen_batch_size: int
+    # What a Hugging Face config.json adds (llm.c and InfiniTrain files hold none of it: their
+    # head is untied, and their scaled RoPE is Llama-3.1's, these defaults).
+    tie_embeddings: bool = False  # one tensor for wte and the head (Llama-3.2-1B and 3B)
+    rope_factor: float = 8.0  # rope_scaling's factor, low/high_freq_factor and original context
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_seq_len: int = 8192
 
     def __post_init__(self):
         for name in _FLOAT_FIELDS:
             object.__setattr__(self, name, round_to_fp32(float(getattr(self, name))))
         object.__setattr__(self, "use_scaled_rope", bool(self.use_scaled_rope))
+        object.__setattr__(self, "tie_embeddings", bool(self.tie_embeddings))
 
     @property
     def head_dim(self) -> int:
@@ -143,8 +151,12 @@ class LLaMA3Header:
         return resolve(table, dims)
 
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
-        """{tree path: shape} of the parameter tree for this header (llmc_io/PARAMS_SPEC.md)."""
-        return {spec.tree_path: spec.tree_shape for spec in self.tensor_specs(LAYOUT_INFINITRAIN)}
+        """{tree path: shape} of the parameter tree for this header (llmc_io/PARAMS_SPEC.md); a
+        tied header's tree has no lm_head (wte is the head)."""
+        shapes = {spec.tree_path: spec.tree_shape for spec in self.tensor_specs(LAYOUT_INFINITRAIN)}
+        if self.tie_embeddings:
+            del shapes["lm_head/kernel"]
+        return shapes
 
     def problems(self) -> list[tuple[str, str, str]]:
         """(field, expected, found) for every inconsistency; empty when the header is usable."""

@@ -87,12 +87,13 @@ def silu(x):
     return x / (1.0 + np.exp(-x))
 
 
-def rope_frequencies(head_dim: int, theta: float, use_scaled_rope: bool = False) -> np.ndarray:
-    """(head_dim/2,) angular frequencies freq_i = theta^(-2i/head_dim), with llm.c's Llama-3.1 scaling."""
+def rope_frequencies(head_dim: int, theta: float, use_scaled_rope: bool = False, scaling=None) -> np.ndarray:
+    """(head_dim/2,) angular frequencies freq_i = theta^(-2i/head_dim), with llm.c's Llama-3.1 scaling
+    (or `scaling` = (factor, low_freq_factor, high_freq_factor, original context), HF's llama3 type)."""
     freqs = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    if not use_scaled_rope:
+    if not use_scaled_rope and scaling is None:
         return freqs
-    factor, low_freq_factor, high_freq_factor, old_context = 8.0, 1.0, 4.0, 8192.0
+    factor, low_freq_factor, high_freq_factor, old_context = scaling or (8.0, 1.0, 4.0, 8192.0)
     low_freq_wavelen = old_context / low_freq_factor  # 8192: longer wavelengths are slowed by 8
     high_freq_wavelen = old_context / high_freq_factor  # 2048: shorter wavelengths are kept
     scaled = []
@@ -157,6 +158,43 @@ def llama3_logits(
         x_BxTxC = x_BxTxC + h_BxTxF @ p("mlp/c_proj/kernel")
     x_BxTxC = rms_norm(x_BxTxC, _param(params, "ln_f/scale"), norm_eps)
     return x_BxTxC @ _param(params, "lm_head/kernel")
+
+
+def hf_llama_logits(tensors: dict, config: dict, tokens) -> np.ndarray:
+    """(B, T, V) logits of transformers' LlamaForCausalLM from its own tensor names and config.json:
+    nn.Linear (out, in) weights, RoPE on the two halves of a head (rotate_half), GQA, SwiGLU, the
+    head tied to embed_tokens when config.json says so."""
+    t = lambda name: np.asarray(tensors[name], np.float64)  # noqa: E731
+    tokens_BxT = np.asarray(tokens)
+    B, T = tokens_BxT.shape
+    N, K, eps = config["num_attention_heads"], config["num_key_value_heads"], config["rms_norm_eps"]
+    D = config["hidden_size"] // N
+    scaling = config.get("rope_scaling")
+    keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    freqs = rope_frequencies(D, config["rope_theta"], scaling=scaling and tuple(scaling[k] for k in keys))
+    angle_TxD = np.concatenate([np.arange(T)[:, None] * freqs[None, :]] * 2, axis=1)
+    cos, sin = np.cos(angle_TxD)[None, None], np.sin(angle_TxD)[None, None]
+
+    def rope(x_BxHxTxD):
+        half = x_BxHxTxD.shape[-1] // 2
+        rotated = np.concatenate([-x_BxHxTxD[..., half:], x_BxHxTxD[..., :half]], axis=-1)
+        return x_BxHxTxD * cos + rotated * sin
+
+    x = t("model.embed_tokens.weight")[tokens_BxT]
+    for i in range(config["num_hidden_layers"]):
+        w = lambda name: t(f"model.layers.{i}.{name}.weight")  # noqa: E731
+        h = rms_norm(x, w("input_layernorm"), eps)
+        q = rope((h @ w("self_attn.q_proj").T).reshape(B, T, N, D).transpose(0, 2, 1, 3))
+        k = rope((h @ w("self_attn.k_proj").T).reshape(B, T, K, D).transpose(0, 2, 1, 3))
+        v = (h @ w("self_attn.v_proj").T).reshape(B, T, K, D).transpose(0, 2, 1, 3)
+        k, v = np.repeat(k, N // K, axis=1), np.repeat(v, N // K, axis=1)
+        att = q @ k.transpose(0, 1, 3, 2) / math.sqrt(D) + np.triu(np.full((T, T), -np.inf), 1)
+        y = (_softmax(att) @ v).transpose(0, 2, 1, 3).reshape(B, T, N * D)
+        x = x + y @ w("self_attn.o_proj").T
+        h = rms_norm(x, w("post_attention_layernorm"), eps)
+        x = x + ((h @ w("mlp.up_proj").T) * silu(h @ w("mlp.gate_proj").T)) @ w("mlp.down_proj").T
+    head = "model.embed_tokens.weight" if config.get("tie_word_embeddings") else "lm_head.weight"
+    return rms_norm(x, t("model.norm.weight"), eps) @ t(head).T
 
 
 # ---- loss -----------------------------------------------------------------------------------------

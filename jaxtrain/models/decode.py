@@ -176,7 +176,7 @@ def _llama3_block(block, x_Bx1xC, k_BxKxSxH, v_BxKxSxH, pos, rope):
 
 def _rope_tables(config, length: int):
     """cos and sin (S, H/2) exactly as LLaMA3.features builds them (float64 angles, then fp32)."""
-    freqs_H2 = rope_frequencies(config.head_dim, config.rope_theta, config.use_scaled_rope)
+    freqs_H2 = rope_frequencies(config.head_dim, config.rope_theta, config.rope_scaling)
     angles_SxH2 = np.arange(length, dtype=np.float64)[:, None] * freqs_H2[None, :]
     return np.cos(angles_SxH2).astype(np.float32), np.sin(angles_SxH2).astype(np.float32)
 
@@ -288,7 +288,7 @@ class Decoder:
                 rope = tuple(jax.lax.dynamic_slice_in_dim(t, pos, 1) for t in (cos_SxH2, sin_SxH2))
             x_Bx1xC, caches = blocks(pos, x_Bx1xC, caches, rope)
             h_Bx1xC = model.ln_f(x_Bx1xC).astype(model.dtype)
-            logits_Bx1xV = model.wte.attend(h_Bx1xC) if gpt2 else model.lm_head(h_Bx1xC)
+            logits_Bx1xV = model.wte.attend(h_Bx1xC) if gpt2 else model.head(h_Bx1xC)
             # GPT-2's padded columns V..Vp-1 are never sampled (the loss ignores them too).
             return logits_Bx1xV[:, 0, : cfg.vocab_size], caches
 

@@ -5,8 +5,9 @@ F FFN hidden, V vocab.
 
 RMSNorm in fp32, RoPE on interleaved pairs (2i, 2i+1) with `rope_theta` and optional
 Llama-3.1 frequency scaling, grouped-query attention, SwiGLU (`c_fc` up, `c_fc2` gate,
-`c_proj` down), no biases, and an untied `lm_head`. Blocks are stacked and scanned, as in
-gpt2.py.
+`c_proj` down), no biases, and an untied `lm_head`, or with `tie_embeddings` (Llama-3.2-1B and
+3B) none: the head is wte, one tensor trained as GPT-2's is. Blocks are stacked and scanned, as
+in gpt2.py.
 """
 
 import dataclasses
@@ -42,6 +43,12 @@ class LLaMA3Config:
     rope_theta: float = 500000.0
     use_scaled_rope: bool = True
     max_gen_batch_size: int = 4
+    tie_embeddings: bool = False
+    # Llama-3.1's scaling when use_scaled_rope; Llama-3.2 takes factor 32 (HF's rope_scaling).
+    rope_factor: float = 8.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_seq_len: int = 8192
 
     def __post_init__(self):
         if self.channels % self.num_heads:
@@ -68,7 +75,18 @@ class LLaMA3Config:
         C, L, F = self.channels, self.num_layers, self.ffn_hidden_dim
         kv = self.num_kv_heads * self.head_dim
         per_layer = C + C * (C + 2 * kv) + C * C + C + 3 * C * F
-        return 2 * self.vocab_size * C + L * per_layer + C
+        return (1 if self.tie_embeddings else 2) * self.vocab_size * C + L * per_layer + C
+
+    @property
+    def rope_scaling(self) -> tuple[float, float, float, int] | None:
+        if not self.use_scaled_rope:
+            return None
+        return (
+            self.rope_factor,
+            self.rope_low_freq_factor,
+            self.rope_high_freq_factor,
+            self.rope_original_max_seq_len,
+        )
 
 
 VARIANTS = {
@@ -110,12 +128,13 @@ VARIANTS = {
 }
 
 
-def rope_frequencies(head_dim: int, theta: float, use_scaled_rope: bool) -> np.ndarray:
-    """freq_i = theta^(-2i/H) for i < H/2, with Llama-3.1's long-context scaling if asked."""
+def rope_frequencies(head_dim: int, theta: float, scaling) -> np.ndarray:
+    """freq_i = theta^(-2i/H) for i < H/2, with Llama-3.1's long-context scaling when `scaling` is
+    (factor, low_freq_factor, high_freq_factor, original context), None for none."""
     freqs = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    if not use_scaled_rope:
+    if not scaling:
         return freqs
-    factor, low_freq_factor, high_freq_factor, old_context = 8.0, 1.0, 4.0, 8192.0
+    factor, low_freq_factor, high_freq_factor, old_context = (float(v) for v in scaling)
     low_wavelen, high_wavelen = old_context / low_freq_factor, old_context / high_freq_factor
     wavelen = 2 * math.pi / freqs
     smooth = (old_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
@@ -226,7 +245,8 @@ class LLaMA3(nnx.Module):
             config.num_layers, lambda rngs: Block(config, dtype, attention, rngs, lora), rngs
         )
         self.ln_f = RMSNorm(C, config.norm_eps)
-        self.lm_head = _linear(C, V, dtype, rngs)
+        if not config.tie_embeddings:
+            self.lm_head = _linear(C, V, dtype, rngs)
         self.dtype = dtype
         self.scan_layers = scan_layers
         self.recompute = recompute  # which layers' activations are recomputed in the backward pass
@@ -238,7 +258,7 @@ class LLaMA3(nnx.Module):
         T = tokens_BxT.shape[1]
         if T > self.config.max_seq_len:
             raise ValueError(f'sequence_length {T} exceeds the model max_seq_len {self.config.max_seq_len}')
-        freqs_H2 = rope_frequencies(self.config.head_dim, self.config.rope_theta, self.config.use_scaled_rope)
+        freqs_H2 = rope_frequencies(self.config.head_dim, self.config.rope_theta, self.config.rope_scaling)
         angles_TxH2 = np.arange(T, dtype=np.float64)[:, None] * freqs_H2[None, :]
         # Angles in float64 on the host, then fp32: the same tables on every backend.
         cos_TxH2 = jnp.asarray(np.cos(angles_TxH2), jnp.float32)
@@ -258,8 +278,13 @@ class LLaMA3(nnx.Module):
         return self.ln_f(x_BxTxC).astype(self.dtype)
 
     def head_weight(self):
-        """(weight, vocab_axis) of the output head: lm_head's kernel, (C, V)."""
+        """(weight, vocab_axis) of the output head: lm_head's kernel (C, V), or tied wte (V, C)."""
+        if self.config.tie_embeddings:
+            return self.wte.embedding[...], 0
         return self.lm_head.kernel[...], 1
 
+    def head(self, h_BxTxC):
+        return self.wte.attend(h_BxTxC) if self.config.tie_embeddings else self.lm_head(h_BxTxC)
+
     def __call__(self, tokens_BxT):
-        return self.lm_head(self.features(tokens_BxT))
+        return self.head(self.features(tokens_BxT))

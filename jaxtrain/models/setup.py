@@ -34,7 +34,8 @@ class ModelSetup:
     attention: str = ''  # the kernel resolve_attention picked, for the start-up log
 
 
-def _config_from_header(config_cls, header):
+def config_from_header(config_cls, header):
+    """The model config of an llmc_io header: the two share their field names."""
     fields = {f.name for f in dataclasses.fields(config_cls)}
     return config_cls(**{k: v for k, v in dataclasses.asdict(header).items() if k in fields})
 
@@ -86,7 +87,7 @@ def model_config_for(config):
                 ffn_dim_multiplier=config.llmc_ffn_dim_multiplier or None,
                 norm_eps=config.llmc_norm_eps or None,
             )
-        return _config_from_header(config_cls, info.header)
+        return config_from_header(config_cls, info.header)
     if config.model not in variants:
         raise ValueError(
             f"model: expected one of {', '.join(sorted(variants))} for {config.model_family}; "
@@ -121,7 +122,7 @@ def setup_model(config) -> ModelSetup:
 
     if config.llmc_filepath:
         header, file_params = _load_llmc(config)
-        model_config = _config_from_header(config_cls, header)
+        model_config = config_from_header(config_cls, header)
         abstract = nnx.eval_shape(lambda: model_cls(model_config, **options, rngs=nnx.Rngs(0)))
         graphdef, abstract_params = nnx.split(abstract, nnx.Param)
         expected = nnx.to_pure_dict(abstract_params)

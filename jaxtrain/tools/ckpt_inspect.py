@@ -251,6 +251,16 @@ def recomputed_checksums(tensors: dict[str, np.ndarray]) -> dict[str, str]:
 # --- what the model config implies -----------------------------------------------------
 
 
+# Model config fields with a default that older checkpoints' records do not hold.
+_ADDED_FIELDS = {
+    'tie_embeddings',
+    'rope_factor',
+    'rope_low_freq_factor',
+    'rope_high_freq_factor',
+    'rope_original_max_seq_len',
+}
+
+
 def model_config_object(family: str, model_config: dict):
     """The frozen config dataclass of the family, built from trainer_state's model_config."""
     from jaxtrain.models import FAMILIES  # with flax: slow to import, and only verify/export need it
@@ -261,7 +271,9 @@ def model_config_object(family: str, model_config: dict):
         )
     config_cls = FAMILIES[family][1]
     fields = [f.name for f in dataclasses.fields(config_cls)]
-    if not isinstance(model_config, dict) or sorted(model_config) != sorted(fields):
+    # Checkpoints written before a field was added lack it; its default is what they trained.
+    required = {f.name for f in dataclasses.fields(config_cls) if f.name not in _ADDED_FIELDS}
+    if not isinstance(model_config, dict) or not required <= set(model_config) <= set(fields):
         raise CheckpointError(
             f"trainer_state: model_config: expected the fields of {config_cls.__name__} "
             f"({', '.join(fields)}), "

@@ -28,7 +28,7 @@ def embed(model, tokens_BxT):
     from jaxtrain.models.llama3 import rope_frequencies
 
     config = model.config
-    freqs_H2 = rope_frequencies(config.head_dim, config.rope_theta, config.use_scaled_rope)
+    freqs_H2 = rope_frequencies(config.head_dim, config.rope_theta, config.rope_scaling)
     angles_TxH2 = np.arange(T, dtype=np.float64)[:, None] * freqs_H2[None, :]
     extra = (jnp.asarray(np.cos(angles_TxH2), jnp.float32), jnp.asarray(np.sin(angles_TxH2), jnp.float32))
     return x_BxTxC, extra

@@ -115,7 +115,8 @@ def test_a_failed_new_hf_folder_leaves_nothing(tmp_path, disk_full_after):
 
 def test_a_new_hf_folder_appears_complete(tmp_path):
     paths = save_hf(tmp_path / 'out' / 'hf', HEADER, _params(2))
-    assert sorted(os.path.basename(p) for p in paths) == ['config.json', 'model.safetensors']
+    names = sorted(os.path.basename(p) for p in paths)
+    assert names == ['config.json', 'generation_config.json', 'model.safetensors']
     assert load_hf(tmp_path / 'out' / 'hf')[0] == HEADER
     assert oct(os.stat(tmp_path / 'out' / 'hf').st_mode & 0o777) == '0o755'
 

@@ -78,6 +78,10 @@ CASES = {
     'rope_scaling a list': ('llama', _config('rope_scaling', [1]), 'rope_scaling: expected null or'),
     'no kv heads': ('llama', _config('num_key_value_heads', 0), 'num_key_value_heads: expected a positive'),
     'llmc_header a list': ('llama', _config('llmc_header', [4]), 'llmc_header: expected an object'),
+    'biases': ('llama', _config('attention_bias', True), 'attention_bias: expected false (jaxtrain'),
+    'yarn RoPE': ('llama', _config('rope_scaling', {'rope_type': 'yarn'}), 'rope_type llama3'),
+    'sliding window': ('llama', _config('sliding_window', 4096), 'sliding_window: expected null'),
+    'head_dim apart': ('llama', _config('head_dim', 8), 'head_dim: expected null or 4'),
 }
 
 

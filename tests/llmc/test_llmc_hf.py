@@ -1,7 +1,7 @@
-"""Hugging Face export and import (llmc_io.hf, llmc_io.safetensors), checked from outside:
+"""Hugging Face export and import (llmc_io.hf), checked from outside:
 
-- the safetensors bytes are read back with a reader written here from the format's README (and
-  with the `safetensors` package where it is installed);
+- the safetensors bytes are read back with a reader written here from the format's README and
+  with the `safetensors` package;
 - the HF tensors are mapped back to the reference's tree by code written here from transformers'
   conventions (Conv1D (in, out) for GPT-2; nn.Linear (out, in) and convert_llama_weights_to_hf.py's
   `permute` for LLaMA) and run through tests/numpy_reference.py: the logits equal the Flax model's;
@@ -12,6 +12,7 @@
 import json
 import struct
 
+import ml_dtypes
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,9 +24,7 @@ from tiny_models import random_params, tiny_header
 import llmc_io
 from jaxtrain.models import FAMILIES
 from llmc_io.__main__ import main as llmc_main
-from llmc_io.errors import LLMCFormatError
 from llmc_io.hf import load_hf, save_hf
-from llmc_io.safetensors import read_safetensors, write_safetensors
 
 # The tiny models with a vocabulary that GPT-2 pads (50 -> 64) and a LLaMA FFN width that
 # ffn_dim_multiplier and multiple_of both round.
@@ -83,24 +82,34 @@ def hf_unpermute(w_OxI, n_heads):
     )
 
 
-def test_safetensors_bytes_and_errors(tmp_path):
-    tensors = {'b': np.arange(6, dtype=np.float32).reshape(2, 3), 'a': np.array([1, -2], np.int64)}
-    write_safetensors(tmp_path / 'x.safetensors', tensors, {'format': 'pt'})
-    raw = (tmp_path / 'x.safetensors').read_bytes()
-    (n,) = struct.unpack('<Q', raw[:8])
-    header = json.loads(raw[8 : 8 + n])
-    assert n % 8 == 0 and header['__metadata__'] == {'format': 'pt'}
-    assert header['a'] == {'dtype': 'I64', 'shape': [2], 'data_offsets': [0, 16]}
-    assert header['b'] == {'dtype': 'F32', 'shape': [2, 3], 'data_offsets': [16, 40]}
-    assert raw[8 + n :] == tensors['a'].tobytes() + tensors['b'].tobytes()
-    back, meta = read_safetensors(tmp_path / 'x.safetensors')
-    assert meta == {'format': 'pt'} and all(np.array_equal(back[k], tensors[k]) for k in tensors)
-    (tmp_path / 'short.safetensors').write_bytes(raw[:-4])
-    with pytest.raises(LLMCFormatError, match='tensor b data_offsets'):
-        read_safetensors(tmp_path / 'short.safetensors')
-    (tmp_path / 'junk.safetensors').write_bytes(struct.pack('<Q', 10**12) + b'{}')
-    with pytest.raises(LLMCFormatError, match='header length'):
-        read_safetensors(tmp_path / 'junk.safetensors')
+def test_bf16_shards_are_the_tree_rounded_once(tmp_path):
+    """--dtype bfloat16 at a small shard size: several shards, an index whose total_size is the bytes
+    of all tensors, each tensor the fp32 tree rounded to nearest-even bf16 (ml_dtypes)."""
+    st = pytest.importorskip('safetensors.numpy')
+    tree = random_tree(LLAMA, 5)
+    save_hf(tmp_path / 'hf', LLAMA, tree, dtype='bfloat16', max_shard_size='4KB')
+    index = json.loads((tmp_path / 'hf' / 'model.safetensors.index.json').read_text())
+    shards = sorted(set(index['weight_map'].values()))
+    assert len(shards) > 2 and shards[-1] == f'model-{len(shards):05d}-of-{len(shards):05d}.safetensors'
+    loaded = {}
+    for shard in shards:
+        part = st.load_file(str(tmp_path / 'hf' / shard))
+        assert sum(t.nbytes for t in part.values()) <= 4000 or len(part) == 1
+        assert all(index['weight_map'][n] == shard for n in part)
+        loaded.update(part)
+    assert index['metadata']['total_size'] == sum(t.nbytes for t in loaded.values())
+    assert all(t.dtype == ml_dtypes.bfloat16 for t in loaded.values())
+    embed = tree['wte']['embedding'].astype(ml_dtypes.bfloat16)
+    assert loaded['model.embed_tokens.weight'].tobytes() == embed.tobytes()
+    header, back = load_hf(tmp_path / 'hf')
+    assert header == LLAMA
+    np.testing.assert_array_equal(
+        back['lm_head']['kernel'], tree['lm_head']['kernel'].astype(ml_dtypes.bfloat16).astype(np.float32)
+    )
+    # Exported again from what it read: the same bytes (bf16 -> fp32 -> bf16 is exact).
+    save_hf(tmp_path / 'again', header, back, dtype='bfloat16', max_shard_size='4KB')
+    for shard in shards:
+        assert (tmp_path / 'again' / shard).read_bytes() == (tmp_path / 'hf' / shard).read_bytes()
 
 
 def test_safetensors_package_reads_our_file(tmp_path):
@@ -192,7 +201,11 @@ def test_llama3_export_runs_in_the_reference_and_round_trips(tmp_path):
 def test_llmc_file_to_hf_and_bad_folders(tmp_path, capsys):
     llmc_io.save_gpt2(str(tmp_path / 'm.bin'), GPT2, random_tree(GPT2, 3))
     assert llmc_main(['convert', str(tmp_path / 'm.bin'), str(tmp_path / 'hf'), '--to', 'hf']) == 0
-    assert sorted(p.name for p in (tmp_path / 'hf').iterdir()) == ['config.json', 'model.safetensors']
+    assert sorted(p.name for p in (tmp_path / 'hf').iterdir()) == [
+        'config.json',
+        'generation_config.json',
+        'model.safetensors',
+    ]
     assert llmc_main(['info', str(tmp_path / 'hf')]) == 0
     assert 'GPT2LMHeadModel' in capsys.readouterr().out
     config = json.loads((tmp_path / 'hf' / 'config.json').read_text())

@@ -122,7 +122,7 @@ def test_llama_ffn_hidden_of_released_configs():
 
 def test_rope_hand_computed():
     # head dim 4, theta 100: freqs 1 and 0.1; position 1 rotates pair 0 by 1 rad, pair 1 by 0.1 rad.
-    np.testing.assert_allclose(rope_frequencies(4, 100.0, False), [1.0, 0.1])
+    np.testing.assert_allclose(rope_frequencies(4, 100.0, None), [1.0, 0.1])
     x = jnp.array([1.0, 0.0, 0.0, 2.0]).reshape(1, 1, 1, 4)
     angles = np.array([[1.0, 0.1]])
     out = np.asarray(
@@ -137,8 +137,8 @@ def test_rope_hand_computed():
 
 
 def test_rope_scaling_keeps_high_and_divides_low_frequencies():
-    freqs = rope_frequencies(64, 500000.0, False)
-    scaled = rope_frequencies(64, 500000.0, True)
+    freqs = rope_frequencies(64, 500000.0, None)
+    scaled = rope_frequencies(64, 500000.0, (8.0, 1.0, 4.0, 8192))
     wavelen = 2 * np.pi / freqs
     np.testing.assert_allclose(scaled[wavelen < 2048], freqs[wavelen < 2048])
     np.testing.assert_allclose(scaled[wavelen > 8192], freqs[wavelen > 8192] / 8)
