@@ -94,6 +94,8 @@ def main(argv):
         platform.check(config.device)
         if joined and jax.process_index() == 0:
             print(joined, flush=True)
+        if joined and not _VERBOSE.value and jax.default_backend() == 'cpu':
+            distributed.silence_native_stdout()
         check_config(config)  # the one validation: before metrics_dir or checkpoint_dir is created
         from jaxtrain.train import loop as train
 

@@ -4,6 +4,7 @@ from another directory and runs. The expectations are the tree itself (setuptool
 finder) and the wheel's file list as pip builds it."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,21 @@ def test_pyproject_lists_every_package_and_maps_the_configs():
     found = find_packages(str(REPO), include=['jaxtrain*', 'llmc_io*'])
     assert sorted(tool['packages']) == sorted([*found, 'jaxtrain.configs'])
     assert tool['package-dir'] == {'jaxtrain.configs': 'configs'}
+
+
+def test_the_dashboards_extra_gives_the_tensorboard_command_the_readme_runs():
+    """README runs `tensorboard --logdir`; the extra its set-up installs holds the package whose
+    console script that is (tensorboard's own entry point, read from its installed metadata)."""
+    from importlib.metadata import distribution
+
+    readme = (REPO / 'README.md').read_text()
+    assert 'tensorboard --logdir' in readme and "pip install -e '.[dashboards]'" in readme
+    extras = tomllib.loads((REPO / 'pyproject.toml').read_text())['project']['optional-dependencies']
+    packages = {re.split(r'[<>=\[]', requirement)[0] for requirement in extras['dashboards']}
+    scripts = {
+        p: {e.name for e in distribution(p).entry_points if e.group == 'console_scripts'} for p in packages
+    }
+    assert any('tensorboard' in names for names in scripts.values()), scripts
 
 
 @pytest.mark.slow  # builds a wheel (about 5 s) and runs the trainer once from it

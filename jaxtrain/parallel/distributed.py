@@ -15,6 +15,7 @@ process 0 prints (run_log.py) and every process takes part in saves and restores
 
 import dataclasses
 import os
+import sys
 
 _SLURM_VARIABLES = ('SLURM_JOB_ID', 'SLURM_STEP_NODELIST', 'SLURM_NTASKS', 'SLURM_PROCID', 'SLURM_LOCALID')
 
@@ -105,6 +106,20 @@ def initialize(config, environ=os.environ) -> str:
         f'distributed: process {jax.process_index()} of {jax.process_count()} ({group.source}), '
         f'{jax.local_device_count()} local of {jax.device_count()} devices'
     )
+
+
+def silence_native_stdout() -> None:
+    """Sends what C++ writes to stdout to /dev/null, Python's own output staying where it was.
+
+    On CPU, XLA's Gloo collectives print `[Gloo] Rank R is connected to N peer ranks ...` for every
+    communicator they open (a dozen lines in a two-process run, torn apart by the threads that write
+    them), with std::cout and no switch; nothing else in the trainer writes there. --verbose keeps them."""
+    sys.stdout.flush()
+    python_stdout = os.dup(1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    sys.stdout = os.fdopen(python_stdout, 'w', buffering=1, encoding=sys.stdout.encoding)
 
 
 def agree_on_step_end(stop_requested: bool, save_due_by_clock: bool) -> tuple[bool, bool]:

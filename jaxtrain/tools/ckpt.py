@@ -7,7 +7,7 @@
     python -m jaxtrain.ckpt export STEP_DIR --output model.bin [--version 3|5] [--merge-lora [--base FILE]]
     python -m jaxtrain.ckpt export STEP_DIR --format hf --output HF_DIR [--tokenizer tokenizer.json]
     python -m jaxtrain.ckpt export STEP_DIR --format llmc-run --output LLMC_RUN_DIR
-    python -m jaxtrain.ckpt export STEP_DIR --format infinitrain --output OUT/checkpoint_step_NNNNNN \
+    python -m jaxtrain.ckpt export STEP_DIR --format infinitrain --output OUT/checkpoint_step_NNNNNN \\
         [--ddp D] [--tp T] [--pp P] [--vpp V] [--zero_stage Z] [--sequence_parallel]
 
 An llm.c run folder (train_gpt2cu -o DIR: model_%08d.bin, state_%08d_%05d.bin, DONE_%08d) is kind llmc:
@@ -16,10 +16,9 @@ STEP_DIR is one `checkpoint_step_NNNNNN` directory: ours (Orbax) or InfiniTrain'
 model.bin / model.pth, with or without rank_* subdirectories); every command says which kind it read,
 and diff compares across kinds. A LoRA checkpoint (adapters only: its trainer state names the base
 llm.c file) is shown, verified and diffed like any other and exported only merged into its base
-(--merge-lora). Every
-command takes --json (for machines; a table for people otherwise) and --verbose (a traceback with
-errors). No model is built and no accelerator is needed: JAX runs on the CPU unless JAX_PLATFORMS
-says otherwise, and arrays are read as NumPy whatever number of devices saved them.
+(--merge-lora). Every command takes --json (for machines; a table for people otherwise) and --verbose
+(a traceback with errors). No model is built and no accelerator is needed: JAX runs on the CPU unless
+JAX_PLATFORMS says otherwise, and arrays are read as NumPy whatever number of devices saved them.
 
 Exit status: 0 fine (diff: identical, i.e. every tensor bit-equal and the model config equal;
 verify: no problem); 1 diff found a difference or verify found problems; 2 an error (no such path,
@@ -129,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument(
         '--format',
         choices=('llmc', 'hf', 'infinitrain', 'infinitrain-lrs', 'infinitrain-bin', 'llmc-run'),
+        metavar='FORMAT',  # the help below names each choice; argparse's {a,b,...} overflows the usage
         default='llmc',
         help='llmc (default): an llm.c model file; hf: a Hugging Face folder, config.json + '
         'model.safetensors (fp32), for GPT2LMHeadModel / LlamaForCausalLM (GPT-2 head tied); '

@@ -13,6 +13,7 @@ subprocess. Most calls go through main() in-process; errors must be one line wit
 import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -482,4 +483,14 @@ def test_every_command_has_help(command, capsys):
     with pytest.raises(SystemExit) as exit_info:
         ckpt.main([command, '--help'])
     assert exit_info.value.code == 0
-    assert '--json' in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert '--json' in out
+    assert max(len(line) for line in out.splitlines()) <= 110, out
+
+
+def test_the_tools_help_is_wrapped_prose():
+    """The description paragraphs fit a terminal and hold no run of spaces (a backslash that ended a
+    docstring line once joined two usage lines with the next line's indentation)."""
+    description = ckpt.build_parser().format_help().split('positional arguments')[0]
+    for line in description.splitlines():
+        assert len(line) <= 110 and not re.search(r'\S {3,}\S', line), line

@@ -62,6 +62,8 @@ def test_steps_11_to_20_from_llmc_checkpoint_match_llmc_log(tmp_path):
     code, losses, out = train(config)
     assert code == 0, out[-2000:]
     assert 'restored step 10 from llm.c run' in out and 'fp32 master weights' in out
+    # llm.c's state file keeps no learning rate: the line gives the schedule's, 1e-3 after warmup
+    assert 'last_lr=0.001, ' in out
     reference = llmc_losses()
     assert sorted(losses) == list(range(11, 21))
     gaps = {step: abs(losses[step] - reference[step]) for step in losses}

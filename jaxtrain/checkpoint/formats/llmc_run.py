@@ -22,6 +22,7 @@ import numpy as np
 from jaxtrain.checkpoint.format import Resumed, Verification
 from jaxtrain.checkpoint.formats.infinitrain_trainer import adam_states, put_tree, with_adam_moments
 from jaxtrain.checkpoint.layout import CheckpointError
+from jaxtrain.optim.optimizer import learning_rate_at
 from jaxtrain.parallel import sharding
 from llmc_io import llmc_run
 from llmc_io.errors import LLMCFormatError
@@ -212,6 +213,9 @@ class LLMCRunFormat:
             'data_position': step,
             'rng': None,
             'kind': KIND,
+            # llm.c's state file keeps no learning rate: the one this run's schedule gives the next
+            # step, as an Orbax record holds (the `[CKPT] Load done` line prints it).
+            'learning_rate': learning_rate_at(parts.schedule, step),
             'llmc_rng_state': s.rng_state,
             'llmc_rng_state_last_update': s.rng_state_last_update,
         }
