@@ -7,8 +7,35 @@ import os
 
 from jaxtrain.data.batch_geometry import batch_geometry
 from jaxtrain.data.mesh_default_batch import total_on_mesh
-from jaxtrain.models.setup import model_config_for
+from jaxtrain.config.flags import _given_on_command_line
+from jaxtrain.models import FAMILIES
+from jaxtrain.models.setup import hf_init_config, model_config_for
 from jaxtrain.parallel import mesh as mesh_lib
+
+
+def _shape_words(model_config) -> str:
+    words = (
+        f'{model_config.num_layers} layers, {model_config.channels} channels, {model_config.num_heads} heads'
+    )
+    if hasattr(model_config, 'num_kv_heads'):
+        words += f' ({model_config.num_kv_heads} key/value), FFN {model_config.ffn_hidden_dim}'
+        words += ', tied head' if model_config.tie_embeddings else ''
+    return words + f', vocabulary {model_config.vocab_size}'
+
+
+def check_model_flag(config) -> None:
+    """A --model given beside an --init_from Hugging Face folder (whose config.json sets the
+    model) must name the same shape; one line naming both otherwise."""
+    from_folder = hf_init_config(config)
+    if from_folder is None or not _given_on_command_line('model'):
+        return
+    named = FAMILIES[config.model_family][2].get(config.model)
+    if named is None or _shape_words(named) != _shape_words(from_folder):
+        found = f'{_shape_words(named)}' if named else 'no such variant'
+        raise ValueError(
+            f'model: --model {config.model} ({found}) contradicts --init_from {config.init_from}, whose '
+            f'config.json sets the model ({_shape_words(from_folder)}); drop --model'
+        )
 
 
 def check_fit(config) -> None:
@@ -23,6 +50,7 @@ def check_fit(config) -> None:
         data_parallel=data_parallel,
     )
     model_config = model_config_for(config)
+    check_model_flag(config)
     if config.fused_kernels != 'none':
         check_fused_kernels(config, devices)
     if config.sequence_parallel and config.sequence_length % sizes['tensor']:

@@ -19,8 +19,8 @@ KEYS = (
     (
         'init_from',
         '',
-        "weights only, for --model: a checkpoint step or root (either format), an HF folder or an llm.c "
-        "file; fresh optimizer, schedule and data ('' = none)",
+        "weights only, for --model: a checkpoint step or root (either format), an HF folder (its "
+        "config.json sets the model) or an llm.c file; fresh optimizer, schedule and data ('' = none)",
     ),
     (
         'llmc_ffn_dim_multiplier',

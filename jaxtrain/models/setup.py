@@ -71,10 +71,32 @@ def shape_mismatches(expected: dict, found: dict, prefix=''):
     return problems
 
 
+def hf_init_config(config):
+    """The model config.json of an --init_from Hugging Face folder describes (its tensors
+    unread), or None when --init_from names no such folder."""
+    from llmc_io.gpt2 import GPT2Header
+    from llmc_io.hf import is_hf_folder
+    from llmc_io.hf_config import hf_header
+
+    if not config.init_from or not is_hf_folder(config.init_from):
+        return None
+    header = hf_header(config.init_from)
+    family = 'gpt2' if isinstance(header, GPT2Header) else 'llama3'
+    if family != config.model_family:
+        raise ValueError(
+            f'init_from: {config.init_from}: expected {config.model_family} weights (the config file\'s '
+            f'family), found a {family} Hugging Face folder; train it with configs/{family}.py'
+        )
+    return config_from_header(FAMILIES[family][1], header)
+
+
 def model_config_for(config):
-    """The model's shape: the llm.c file's header (its tensors unread), else the named
-    variant of the family."""
+    """The model's shape: the llm.c file's header (its tensors unread), an --init_from Hugging
+    Face folder's config.json, else the named variant of the family."""
     _, config_cls, variants = FAMILIES[config.model_family]
+    from_folder = hf_init_config(config)
+    if from_folder is not None:
+        return from_folder
     if config.llmc_filepath:  # the family's own reader, as _load_llmc: its errors name the family
         from llmc_io.gpt2 import gpt2_info
         from llmc_io.llama3 import llama3_info
@@ -147,12 +169,22 @@ def setup_model(config) -> ModelSetup:
         return attach_lora(config, setup, model_cls, options)
 
     model_config = model_config_for(config)
-    init = jax.jit(
-        lambda: nnx.split(model_cls(model_config, **options, rngs=nnx.Rngs(config.seed)), nnx.Param)[1]
-    )
-    graphdef, _ = nnx.split(
+    graphdef, abstract_params = nnx.split(
         nnx.eval_shape(lambda: model_cls(model_config, **options, rngs=nnx.Rngs(0))),
         nnx.Param,
+    )
+    if config.init_from:  # its weights replace these (checkpoint/init_from.py): shapes only
+        setup = ModelSetup(
+            config.model_family,
+            model_config,
+            graphdef,
+            nnx.to_pure_dict(abstract_params),
+            '',
+            attention=attention,
+        )
+        return attach_lora(config, setup, model_cls, options)
+    init = jax.jit(
+        lambda: nnx.split(model_cls(model_config, **options, rngs=nnx.Rngs(config.seed)), nnx.Param)[1]
     )
     params = nnx.to_pure_dict(init())
     source = f'random init (seed {config.seed})'

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 import numpy_reference as ref
+from hf_folders import CONFIG as HF_CONFIG
+from hf_folders import hf_tensors, write_folder
 from jaxtrain.tools import ckpt
 from trainer_runs import load_config, random_shard, restore_params, train
 
@@ -49,9 +51,9 @@ def trained(tmp_path_factory):
     return root, common, tokens, restore_params(root / 'orbax' / 'checkpoint_step_000003')
 
 
-def _start_from(root, common, source, name, **overrides):
+def _start_from(root, common, source, name, family='gpt2', **overrides):
     config = load_config(
-        'gpt2',
+        family,
         num_iteration=1,
         save_steps=1,
         checkpoint_dir=str(root / name),
@@ -133,3 +135,37 @@ def test_init_from_and_llmc_filepath_together_are_refused():
 
     with pytest.raises(ValueError, match='init_from: expected one source of initial weights, found both'):
         check_config(load_config('gpt2', init_from='a', llmc_filepath='b.bin'))
+
+
+@pytest.mark.slow
+def test_a_sharded_bf16_tied_llama_folder_sets_the_model(tmp_path):
+    """--init_from alone with configs/llama3.py: config.json sets the model (tied, Llama-3.2's rope
+    scaling, a vocabulary of 48), and step 1's loss is the NumPy HF forward's on the first batch."""
+    import jax
+
+    tensors = hf_tensors(HF_CONFIG, 'BF16', seed=3)
+    write_folder(tmp_path / 'hf', HF_CONFIG, tensors, 3)
+    shard = random_shard(tmp_path / 'train.bin', vocab=48, kind='llama3')
+    common = dict(input_bin=shard, sequence_length=T, batch_size=B, total_batch_size=B * T)
+    losses, out = _start_from(tmp_path, common, tmp_path / 'hf', 'run', family='llama3', learning_rate=0.0)
+    tokens = np.fromfile(shard, '<u4', offset=1024).astype(np.int64)
+    x, y = tokens[: B * T].reshape(B, T), tokens[1 : B * T + 1].reshape(B, T)
+    expected = ref.cross_entropy(ref.hf_llama_logits(tensors, HF_CONFIG, x), y, 48)
+    assert losses[1] == pytest.approx(expected, abs=2e-4)
+    saved = jax.tree.map(np.asarray, restore_params(tmp_path / 'run' / 'checkpoint_step_000001'))
+    assert 'lm_head' not in saved  # trained tied: one tensor
+    np.testing.assert_array_equal(
+        saved['wte']['embedding'], tensors['model.embed_tokens.weight'].astype(np.float32)
+    )
+
+
+def test_a_model_flag_contradicting_the_folder_is_one_line(tmp_path, monkeypatch):
+    from jaxtrain.checks.config_checks import check_config
+
+    write_folder(tmp_path / 'hf', HF_CONFIG, hf_tensors(HF_CONFIG, 'F32'), 1)
+    monkeypatch.setattr('sys.argv', ['jaxtrain', '--config.model=small'])
+    with pytest.raises(ValueError) as raised:
+        check_config(load_config('llama3', 'small', init_from=str(tmp_path / 'hf')))
+    message = str(raised.value)
+    assert message.startswith('model: --model small (8 layers, 512 channels') and '\n' not in message
+    assert f'contradicts --init_from {tmp_path / "hf"}' in message and '(2 layers, 32 channels' in message
