@@ -22,6 +22,7 @@ from jaxtrain.parallel import deterministic_flag
 from jaxtrain.config import flags as key_flags
 from jaxtrain.config import infinitrain_flags
 from jaxtrain.config.config_path import shipped_config
+from jaxtrain.tools.quiet_absl import quiet_absl
 
 # configs/ of the checkout, or jaxtrain/configs/ of a non-editable install
 _DEFAULT_CONFIG = str(shipped_config('gpt2.py') or 'configs/gpt2.py')
@@ -99,7 +100,8 @@ def main(argv):
         check_config(config)  # the one validation: before metrics_dir or checkpoint_dir is created
         from jaxtrain.train import loop as train
 
-        return train.run(config)
+        with quiet_absl(not _VERBOSE.value and not flags.FLAGS['verbosity'].present):
+            return train.run(config)
     except infinitrain_flags.FlagError as e:
         print(f'error: {e}', file=sys.stderr)
         return 1

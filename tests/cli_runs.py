@@ -73,6 +73,8 @@ def run_cli(*args, config='configs/gpt2.py', flags_parser=None, num_devices=1) -
                 code = 1
     finally:
         sys.argv = saved_argv
+        # A later test's config checks ask absl whether a flag was given: not this command line's.
+        _forget_previous_command_line(flags.FLAGS)
         # main() may add the deterministic-GPU flag; later subprocesses must not inherit it.
         if saved_xla_flags is None:
             os.environ.pop('XLA_FLAGS', None)

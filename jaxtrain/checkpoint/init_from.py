@@ -8,7 +8,8 @@ PATH is any kind `ckpt ls` knows, or an HF folder:
 - an llm.c model file, or an llm.c run folder (train_gpt2cu -o DIR: its newest committed step's model).
 
 The run's model is the one its flags name (--model); the weights must fit it, tensor for tensor.
-A mismatch is refused with every difference listed. GPT-2 files that hold V rows of wte (InfiniTrain's
+A mismatch is refused in one line naming both models (the source's by its variant name where one
+has its shape) and the first difference. GPT-2 files that hold V rows of wte (InfiniTrain's
 SaveAsLLMC) get the padding rows up to the run's Vp as zeros, as llm.c pads them.
 """
 
@@ -46,8 +47,8 @@ def _orbax_step(path: Path) -> Path | None:
     return path / layout.step_dir_name(steps[-1]) if steps else None
 
 
-def read_init_weights(path: str) -> tuple[str, dict, str]:
-    """(model family, params as a NumPy tree, what they are) of PATH."""
+def read_init_weights(path: str) -> tuple[str, dict, str, object]:
+    """(model family, params as a NumPy tree, what they are, their model config or None) of PATH."""
     import llmc_io
     from llmc_io import llmc_run
     from llmc_io.hf import is_hf_folder, load_hf
@@ -58,10 +59,10 @@ def read_init_weights(path: str) -> tuple[str, dict, str]:
     where = Path(path)
     if is_hf_folder(where):
         header, params = load_hf(where)
-        return _family_of(header), params, f'Hugging Face folder {where}'
+        return _family_of(header), params, f'Hugging Face folder {where}', _model_of(header)
     if where.is_file():
         header, params = llmc_io.load_model(where)
-        return _family_of(header), params, f'llm.c file {where}'
+        return _family_of(header), params, f'llm.c file {where}', _model_of(header)
     if not where.is_dir():
         raise layout.CheckpointError(
             f'init_from: {where}: expected a checkpoint step directory, a checkpoint root, a Hugging Face '
@@ -72,11 +73,11 @@ def read_init_weights(path: str) -> tuple[str, dict, str]:
 
         run_dir, step = locate(where)
         header, params = llmc_io.load_model(llmc_run.model_path(run_dir, step))
-        return _family_of(header), params, f'llm.c run folder {run_dir}, step {step}'
+        return _family_of(header), params, f'llm.c run folder {run_dir}, step {step}', _model_of(header)
     kind = it.detect_kind(where)
     if kind is not None:
         read = it.read_checkpoint(where, None, with_optimizer=False)
-        return read.family, read.params, f'InfiniTrain checkpoint {where} ({kind})'
+        return read.family, read.params, f'InfiniTrain checkpoint {where} ({kind})', None
     step_dir = _orbax_step(where)
     if step_dir is None:
         raise layout.CheckpointError(
@@ -89,7 +90,49 @@ def read_init_weights(path: str) -> tuple[str, dict, str]:
             f'init_from: {step_dir}: expected full weights, found LoRA adapters only; merge them first with '
             f'python -m jaxtrain.ckpt export {step_dir} --merge-lora --output merged.bin'
         )
-    return state.get('model_family'), _restore_orbax_params(step_dir), f'checkpoint {step_dir}'
+    family, recorded = state.get('model_family'), state.get('model_config') or {}
+    model = _model_of_fields(family, recorded)
+    return family, _restore_orbax_params(step_dir), f'checkpoint {step_dir}', model
+
+
+def _model_of_fields(family: str, fields: dict):
+    """The family's model config holding these fields, or None (an unknown family or field)."""
+    from jaxtrain.models import FAMILIES
+
+    if family not in FAMILIES:
+        return None
+    config_cls = FAMILIES[family][1]
+    names = {field.name for field in dataclasses.fields(config_cls)}
+    try:
+        return config_cls(**{key: value for key, value in fields.items() if key in names})
+    except (TypeError, ValueError):
+        return None
+
+
+def _model_of(header):
+    """The model config of an llmc_io header (the two share their field names)."""
+    return _model_of_fields(_family_of(header), dataclasses.asdict(header))
+
+
+def _model_name(family: str, model) -> str | None:
+    """The first of the family's --model variants with exactly this shape, if one has it."""
+    from jaxtrain.models import FAMILIES
+
+    variants = FAMILIES[family][2]
+    return next((name for name, variant in variants.items() if variant == model), None)
+
+
+def _mismatch_line(config, family: str, what: str, model, problems: list[str]) -> str:
+    """One line naming the source's model and the run's, with the first of the differences."""
+    name = _model_name(family, model) if model is not None else None
+    held = f"{family} model '{name}'" if name else f'a {family} model that no --model variant matches'
+    fix = f'pass --model {name}' if name else 'pass the --model its weights were trained as'
+    if name is None and what.startswith('llm.c file '):
+        fix += f", or --llmc_filepath {what.removeprefix('llm.c file ')} (its header sets the model)"
+    return (
+        f"init_from: {what} holds {held}, this run's --model is '{config.model}' "
+        f"({len(problems)} tensors differ, first {problems[0]}); {fix}"
+    )
 
 
 def _family_of(header) -> str:
@@ -116,7 +159,7 @@ def apply_init_from(config, setup):
 
     from jaxtrain.models.setup import shape_mismatches
 
-    family, params, what = read_init_weights(config.init_from)
+    family, params, what, model = read_init_weights(config.init_from)
     if family != config.model_family:
         raise layout.CheckpointError(
             f'init_from: {what}: expected {config.model_family} weights (the config file\'s family), '
@@ -125,11 +168,7 @@ def apply_init_from(config, setup):
     params = pad_vocabulary_rows(params, setup.params)
     problems = shape_mismatches(setup.params, params)
     if problems:
-        raise layout.CheckpointError(
-            f"init_from: {what}: expected the tensors of {family} model '{config.model}', found "
-            f"{len(problems)} differences: {'; '.join(problems)}; pass the --model its weights were "
-            'trained as'
-        )
+        raise layout.CheckpointError(_mismatch_line(config, family, what, model, problems))
     # On the host, as models/setup.py keeps an llm.c file's: put_global splits each tensor there
     # for its devices, where a device array would be sliced on device 0 by compiled programs.
     weights = jax.tree.map(lambda a: np.asarray(a, np.float32), params)

@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     # JAX reads this when imported, which the commands do (through ckpt_inspect) after this line.
     os.environ.setdefault('JAX_PLATFORMS', 'cpu')
     try:
-        with quiet_absl():
+        with quiet_absl(not args.verbose):
             return args.run(args)
     except KeyboardInterrupt:
         print('interrupted', file=sys.stderr)

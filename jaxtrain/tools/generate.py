@@ -138,7 +138,7 @@ def load_model(args):
         state = read_trainer_state(step_dir)
         family = state.get('model_family')
         config = ckpt_inspect.model_config_object(family, state.get('model_config'))
-        with quiet_absl():  # Orbax's warnings that are normal for these checkpoints
+        with quiet_absl(not args.verbose):  # Orbax's warnings that are normal for these checkpoints
             params = ckpt_inspect.restore_item(step_dir, 'params')
         where = f'checkpoint {step_dir}'
         lora = state.get('lora')
