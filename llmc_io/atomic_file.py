@@ -6,6 +6,10 @@ in the same directory, are flushed to the disk (fsync, so a full disk fails here
 cannot leave a zero-length file behind a rename), and only then is the temporary renamed over
 `path` (os.replace, atomic on one filesystem). A kill, a full disk or any exception before that
 leaves `path` as it was and removes the temporary.
+
+A write that runs out of space raises DiskFullError, which names `path` and says "disk full": the
+kernel's ENOSPC (or EDQUOT), and numpy's "N requested and M written" of a short `tofile`, whose
+errno numpy drops. Arrays are written with `write_array`, which keeps the kernel's errno.
 """
 
 from __future__ import annotations
@@ -13,13 +17,47 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import errno
 import hashlib
 import os
+import re
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO
 
 TEMP_SUFFIX = ".tmp"
+_SHORT_WRITE = re.compile(r"^(\d+) requested and (\d+) written$")  # numpy's tofile, errno lost
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+class DiskFullError(OSError):
+    """A write that ran out of space; `path` (the name being written) is as it was before."""
+
+    def __init__(self, path: str, why: str):
+        super().__init__(errno.ENOSPC, "No space left on device", path)
+        self.why = why
+
+    def __str__(self) -> str:
+        return f"{self.filename}: disk full ({self.why}) while writing it; the file is as it was before"
+
+
+def _disk_full(path: str, error: OSError) -> DiskFullError | None:
+    if isinstance(error, DiskFullError):
+        return None
+    if error.errno in _FULL_ERRNOS:
+        return DiskFullError(path, os.strerror(error.errno))
+    short = _SHORT_WRITE.match(str(error))
+    if error.errno is None and short:
+        return DiskFullError(path, f"short write: {short[2]} of {short[1]} items written")
+    return None
+
+
+def write_array(f: IO, array) -> None:
+    """The array's bytes, C order, through the file object: a failed write keeps its errno (numpy's
+    tofile reports a short write with none)."""
+    import numpy as np
+
+    f.write(as_bytes(np.ascontiguousarray(array)))
 
 
 @contextlib.contextmanager
@@ -38,9 +76,12 @@ def atomic_output(path: str | os.PathLike, mode: str = "wb", encoding: str | Non
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)  # mkstemp makes files private; what we write is read like any other file
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
         with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
+        full = _disk_full(path, error) if isinstance(error, OSError) else None
+        if full is not None:
+            raise full from error
         raise
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from llmc_io import header as hdr
-from llmc_io.atomic_file import atomic_output
+from llmc_io.atomic_file import atomic_output, write_array
 from llmc_io.errors import LLMCFormatError
 from llmc_io.tensors import file_to_tree, tree_arrays_for_writing, tree_set, tree_to_file
 
@@ -219,7 +219,7 @@ def write_state(path: str | os.PathLike, state: LLMCState) -> None:
     with atomic_output(path) as f:
         f.write(ints.tobytes())
         for array in (state.m, state.v) + ((state.master,) if state.master is not None else ()):
-            np.ascontiguousarray(array, '<f4').tofile(f)
+            write_array(f, np.asarray(array, '<f4'))
         if state.shuffle is not None:
             s = state.shuffle
             f.write(np.array([len(s.shard_indices)], '<u8').tobytes())

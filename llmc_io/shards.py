@@ -13,7 +13,7 @@ import os
 import numpy as np
 
 from llmc_io import header as hdr
-from llmc_io.atomic_file import atomic_output
+from llmc_io.atomic_file import atomic_output, write_array
 from llmc_io.errors import LLMCFormatError
 
 
@@ -141,4 +141,4 @@ def write_shard(path: str | os.PathLike, tokens, kind: str = "gpt2") -> None:
     header = hdr.pack_header({0: spec.magic, 1: spec.version, 2: tokens.size})
     with atomic_output(path) as f:
         f.write(header)
-        tokens.astype(spec.dtype, copy=False).tofile(f)
+        write_array(f, tokens.astype(spec.dtype, copy=False))

@@ -51,3 +51,25 @@ def _xla_optimized(request):
     finally:
         jax.config.update('jax_disable_most_optimizations', before)
         jax.clear_caches()
+
+
+@pytest.fixture
+def disk_full_for(monkeypatch):
+    """disk_full_for('state_'): from then on, a file written through llmc_io's atomic_output whose
+    name starts so is written to /dev/full, where the kernel fails the write with ENOSPC as a full
+    disk does; other files are written as usual."""
+    import tempfile
+
+    real_mkstemp = tempfile.mkstemp
+
+    def install(name_start: str):
+        def mkstemp(*args, **kwargs):
+            fd, tmp = real_mkstemp(*args, **kwargs)
+            if os.path.basename(tmp).startswith(name_start):
+                os.close(fd)
+                fd = os.open('/dev/full', os.O_WRONLY)
+            return fd, tmp
+
+        monkeypatch.setattr(tempfile, 'mkstemp', mkstemp)
+
+    return install

@@ -131,3 +131,29 @@ def test_an_exception_inside_the_block_keeps_the_old_file(tmp_path):
     with atomic_output(path, 'w') as f:
         f.write('new')
     assert path.read_text() == 'new' and oct(os.stat(path).st_mode & 0o777) == '0o644'
+
+
+@pytest.mark.parametrize('version', [3, 5])
+def test_a_full_disk_says_disk_full_and_names_the_file(tmp_path, disk_full_for, version):
+    """The kernel's own ENOSPC (/dev/full), under a model file's tensors: one line naming the file,
+    not numpy's "N requested and M written"."""
+    path = tmp_path / 'model.bin'
+    llmc_io.save_gpt2(path, HEADER, _params(0), version=version)
+    before = path.read_bytes()
+    disk_full_for('model.bin')
+    with pytest.raises(OSError) as error:
+        llmc_io.save_gpt2(path, HEADER, _params(1), version=version)
+    assert error.value.errno == errno.ENOSPC
+    assert str(error.value) == (
+        f'{path}: disk full (No space left on device) while writing it; the file is as it was before'
+    )
+    assert path.read_bytes() == before and os.listdir(tmp_path) == ['model.bin']
+
+
+def test_numpys_short_write_is_called_disk_full_too(tmp_path, disk_full_for):
+    """numpy's tofile drops the errno of a failed write ("N requested and M written")."""
+    disk_full_for('big.bin')
+    with pytest.raises(OSError, match=r'big\.bin: disk full \(short write: 0 of 100000 items written\)'):
+        with atomic_output(tmp_path / 'big.bin') as f:
+            np.zeros(100_000, np.float32).tofile(f)
+    assert os.listdir(tmp_path) == []
