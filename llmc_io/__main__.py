@@ -2,14 +2,16 @@
 
     python -m llmc_io info FILE                 what a model file, token shard, tokenizer (llm.c's, a
                                                 tokenizer.json or a tiktoken file) or HF folder holds
-    python -m llmc_io convert IN OUT [--version 3|5] [--to llmc|hf]
+    python -m llmc_io convert IN OUT [--version 3|5] [--to llmc|hf] [--force]
                                                 IN: an llm.c file or an HF model folder
     python -m llmc_io shard INPUT... --family gpt2|llama3 --output PREFIX [--from text|ids|shard]
-                                                [--tokenizer tokenizer.json|tokenizer.model]
-    python -m llmc_io tokenizer TOKENIZER --family gpt2|llama3 --output FILE
+                                                [--tokenizer tokenizer.json|tokenizer.model] [--force]
+    python -m llmc_io tokenizer TOKENIZER --family gpt2|llama3 --output FILE [--force]
                                                 llm.c's tokenizer file from a BPE tokenizer
 
 Errors print one line on stderr and exit with status 2 (a traceback only with --verbose).
+No command replaces what exists without --force, and none ever writes over its own input or a
+file of a committed llm.c checkpoint step (output_file.py).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import signal
 import sys
 
 from llmc_io import header as hdr
-from llmc_io import make_shards, tokenizer_export
+from llmc_io import make_shards, output_file, tokenizer_export
 from llmc_io.dtypes import fp32_repr
 from llmc_io.errors import LLMCFormatError
 from llmc_io.gpt2 import GPT2Header, load_gpt2, save_gpt2
@@ -97,6 +99,12 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         choices=(3, 5),
         help="3 = fp32, 5 = bf16 (GPT-2 only); default: the input's version",
+    )
+    convert.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing OUT (with --to hf: its config.json and model.safetensors); never IN "
+        "itself or a file of a committed llm.c checkpoint step",
     )
     make_shards.add_parser(commands, [common])
     tokenizer_export.add_parser(commands, [common])
@@ -261,7 +269,18 @@ def _convert_hf(args) -> None:
     )
 
 
+def _check_convert_output(args) -> None:
+    inputs = [args.input]
+    if os.path.isdir(args.input):  # an HF folder: its files are the input too
+        inputs += [os.path.join(args.input, name) for name in os.listdir(args.input)]
+    if args.to == "hf":
+        output_file.check_new_folder(args.output, args.force, inputs)
+    else:
+        output_file.check_new_file(args.output, args.force, inputs)
+
+
 def _convert(args) -> None:
+    _check_convert_output(args)
     if os.path.isdir(args.input) or args.to == "hf":
         _convert_hf(args)
         return

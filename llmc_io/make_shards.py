@@ -22,6 +22,10 @@ The tokens of all inputs, in the order given, are cut into shards of --shard_tok
 llm.c's fineweb.py names them: OUTPUT_val_000000.bin first when --val_tokens > 0 (the
 first that many tokens), then OUTPUT_train_000001.bin, ... (OUTPUT_train_000000.bin, ...
 without a validation shard). Nothing is written when an input is refused.
+
+A prefix that already has shards (any split, any number) is refused; with --force all of them
+are removed before the new ones are written, so OUTPUT_train_*.bin never mixes two corpora. An
+input that is one of those shards is refused, --force or not.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from __future__ import annotations
 import argparse
 import glob
 import os
+import re
 
 import numpy as np
 
@@ -36,6 +41,7 @@ from llmc_io import header as hdr
 from llmc_io.byte_tokens import encode_documents
 from llmc_io.documents import read_documents, split_sections
 from llmc_io.errors import LLMCFormatError
+from llmc_io.output_file import refuse_inputs
 from llmc_io.shards import MAX_TOKENS, SHARD_KINDS, read_shard, write_shard
 
 SOURCES = ("text", "ids", "shard")
@@ -76,6 +82,12 @@ def add_parser(commands, parents) -> None:
         action="store_true",
         help="--from text: each blank-line-separated section of a text file is a document (llm.c's "
         "tinyshakespeare.py)",
+    )
+    shard.add_argument(
+        "--force",
+        action="store_true",
+        help="remove the shards --output already has (all of them, any number) and write the new ones; "
+        "never an INPUT",
     )
 
 
@@ -173,6 +185,32 @@ def shard_names(output: str, count: int, has_val: bool) -> list[str]:
     return names
 
 
+def existing_shards(output: str) -> list[str]:
+    """The shards of the prefix `output` on disk, of either split and any number."""
+    directory = os.path.dirname(output)
+    name = re.compile(re.escape(os.path.basename(output)) + r"_(?:train|val)_\d{6}\.bin")
+    if not os.path.isdir(directory or "."):
+        return []
+    return sorted(os.path.join(directory, n) for n in os.listdir(directory or ".") if name.fullmatch(n))
+
+
+def _check_output(output: str, paths: list[str], force: bool) -> list[str]:
+    """The old shards to remove before writing: none, or (with force) all of the prefix's."""
+    old = existing_shards(output)
+    for shard in old:
+        refuse_inputs(shard, paths, "--output")
+    if old and not force:
+        shown = ", ".join(os.path.basename(p) for p in old[:3]) + (", ..." if len(old) > 3 else "")
+        raise LLMCFormatError(
+            output,
+            "--output",
+            "a prefix with no shards yet",
+            f"{len(old)} ({shown})",
+            "choose another --output, or pass --force to remove them all and write the new corpus",
+        )
+    return old
+
+
 def make_shards(
     inputs,
     output: str,
@@ -183,11 +221,14 @@ def make_shards(
     tokenizer: str = "",
     text_field: str = "text",
     split_blank_lines: bool = False,
+    force: bool = False,
 ) -> list[str]:
     """Writes the shards; returns their paths."""
     if not 0 < shard_tokens <= MAX_TOKENS:
         raise LLMCFormatError(output, "--shard_tokens", f"between 1 and {MAX_TOKENS:,}", shard_tokens)
-    tokens = read_tokens(_expand(inputs), source, family, tokenizer, text_field, split_blank_lines)
+    paths = _expand(inputs)
+    old = _check_output(output, paths, force)
+    tokens = read_tokens(paths, source, family, tokenizer, text_field, split_blank_lines)
     if tokens.size == 0:
         raise LLMCFormatError(output, "tokens", "at least one input token", 0)
     if val_tokens < 0 or val_tokens >= tokens.size:
@@ -201,6 +242,8 @@ def make_shards(
     directory = os.path.dirname(output)
     if directory:
         os.makedirs(directory, exist_ok=True)
+    for path in old:  # only now that every input was read and accepted
+        os.remove(path)
     for name, piece in zip(names, pieces):
         write_shard(name, piece.astype(SHARD_KINDS[family].dtype), kind=family)
     return names
@@ -217,6 +260,7 @@ def run(args) -> None:
         args.tokenizer,
         args.text_field,
         args.split_blank_lines,
+        args.force,
     )
     kind = SHARD_KINDS[args.family]
     for name in names:

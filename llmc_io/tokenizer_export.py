@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 
+from llmc_io.output_file import check_new_file
 from llmc_io.text_tokenizer import FAMILIES, TextTokenizer, load_text_tokenizer
 from llmc_io.tokenizer import GPT2_TOKENIZER_MAGIC, LLAMA3_TOKENIZER_MAGIC, write_tokenizer
 
@@ -33,6 +34,9 @@ def add_parser(commands, parents) -> None:
     )
     command.add_argument("--family", choices=FAMILIES, required=True, help="whose conventions (EOT, magic)")
     command.add_argument("--output", required=True, help="the llm.c tokenizer file to write")
+    command.add_argument(
+        "--force", action="store_true", help="replace an existing --output (never TOKENIZER itself)"
+    )
 
 
 def write_llmc_tokenizer(tokenizer: TextTokenizer, path) -> int:
@@ -43,6 +47,7 @@ def write_llmc_tokenizer(tokenizer: TextTokenizer, path) -> int:
 
 
 def run(args) -> None:
+    check_new_file(args.output, args.force, [args.input], flag="--output")
     tokenizer = load_text_tokenizer(args.input, args.family)
     count = write_llmc_tokenizer(tokenizer, args.output)
     print(

@@ -196,3 +196,52 @@ def test_verbose_shows_the_traceback(tmp_path):
 def test_usage_errors_exit_2(run):
     result = run("convert", "only-one-argument")
     assert result.returncode == 2 and "usage:" in result.stderr
+
+
+def test_convert_replaces_an_existing_out_only_with_force(tmp_path, run):
+    path, _ = tiny_file(tmp_path)
+    out = tmp_path / "out.bin"
+    out.write_bytes(b"a file the user keeps")
+    line = _one_line_error(run("convert", path, out, "--version", 5))
+    assert line == (
+        f"error: {out}: OUT: expected a path that does not exist yet, found a file there; "
+        "pass --force to replace it"
+    )
+    assert out.read_bytes() == b"a file the user keeps"
+    assert run("convert", path, out, "--version", 5, "--force").returncode == 0
+    assert llmc_io.model_info(out).version == 5
+
+
+@pytest.mark.parametrize("alias", ["same", "symlink", "hardlink"])
+def test_convert_never_writes_over_its_own_input(tmp_path, run, alias):
+    path, _ = tiny_file(tmp_path)
+    before = Path(path).read_bytes()
+    out = {"same": Path(path), "symlink": tmp_path / "link.bin", "hardlink": tmp_path / "hard.bin"}[alias]
+    if alias == "symlink":
+        out.symlink_to(path)
+    elif alias == "hardlink":
+        out.hardlink_to(path)
+    line = _one_line_error(run("convert", path, out, "--version", 5, "--force"))
+    assert f"OUT: expected a file other than the input, found the input {path}" in line
+    assert Path(path).read_bytes() == before
+
+
+def test_convert_never_writes_over_an_hf_input_folder_or_a_committed_llmc_step(tmp_path, run):
+    path, _ = tiny_file(tmp_path)
+    assert run("convert", path, tmp_path / "hf", "--to", "hf").returncode == 0
+    before = {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()}
+    assert "expected a new or empty folder" in _one_line_error(
+        run("convert", path, tmp_path / "hf", "--to", "hf")
+    )
+    for out, to in ((tmp_path / "hf", "hf"), (tmp_path / "hf" / "model.safetensors", "llmc")):
+        line = _one_line_error(run("convert", tmp_path / "hf", out, "--to", to, "--force"))
+        assert "expected a file other than the input" in line
+    assert {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()} == before
+    # A file of a committed llm.c step is never replaced: -y 1 would resume the new file as that step.
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "model_00000010.bin").write_bytes(Path(path).read_bytes())
+    (run_dir / "DONE_00000010").touch()
+    line = _one_line_error(run("convert", path, run_dir / "model_00000010.bin", "--version", 5, "--force"))
+    assert "found a file of the committed llm.c step 10 (DONE_00000010 beside it)" in line
+    assert (run_dir / "model_00000010.bin").read_bytes() == Path(path).read_bytes()

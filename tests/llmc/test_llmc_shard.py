@@ -133,3 +133,53 @@ def test_an_id_too_large_for_uint16_is_refused_and_nothing_written(tmp_path, cap
 def test_a_directory_as_input_is_named(tmp_path, capsys):
     assert main(['shard', str(tmp_path), '--family', 'gpt2', '--output', str(tmp_path / 'x')]) == 2
     assert f'{tmp_path}: INPUT: expected a file, found a directory' in capsys.readouterr().err
+
+
+def _shard_ids(tmp_path, ids, output, *flags) -> int:
+    np.save(tmp_path / 'ids.npy', np.asarray(ids))
+    argv = ['shard', str(tmp_path / 'ids.npy'), '--from', 'ids', '--family', 'gpt2', '--output', str(output)]
+    return main([*argv, '--shard_tokens', '2', *flags])
+
+
+def test_a_second_corpus_never_mixes_with_the_first(tmp_path, capsys):
+    out = tmp_path / 'out'
+    assert _shard_ids(tmp_path, [1, 2, 3, 4, 5, 6, 7], out, '--val_tokens', '1') == 0
+    first = {p.name: p.read_bytes() for p in tmp_path.glob('out_*.bin')}
+    assert sorted(first) == [
+        'out_train_000001.bin',
+        'out_train_000002.bin',
+        'out_train_000003.bin',
+        'out_val_000000.bin',
+    ]
+    capsys.readouterr()
+    assert _shard_ids(tmp_path, [8, 9, 10], out) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f'error: {out}: --output: expected a prefix with no shards yet, found 4 (out_train_000001.bin, '
+        'out_train_000002.bin, out_train_000003.bin, ...); choose another --output, or pass --force to '
+        'remove them all and write the new corpus'
+    )
+    assert {p.name: p.read_bytes() for p in tmp_path.glob('out_*.bin')} == first
+    assert _shard_ids(tmp_path, [8, 9, 10], out, '--force') == 0
+    assert sorted(p.name for p in tmp_path.glob('out_*.bin')) == [
+        'out_train_000000.bin',
+        'out_train_000001.bin',
+    ]
+    tokens = [read_shard(p, 'gpt2').tolist() for p in sorted(tmp_path.glob('out_train_*.bin'))]
+    assert tokens == [[8, 9], [10]]
+
+
+def test_an_input_that_is_one_of_the_old_shards_is_refused_even_with_force(tmp_path, capsys):
+    out = tmp_path / 'out'
+    assert _shard_ids(tmp_path, [1, 2, 3], out) == 0
+    before = (tmp_path / 'out_train_000000.bin').read_bytes()
+    capsys.readouterr()
+    argv = ['shard', str(tmp_path / 'out_train_000000.bin'), '--from', 'shard', '--family', 'llama3']
+    assert main([*argv, '--output', str(out), '--force']) == 2
+    err = capsys.readouterr().err
+    assert 'out_train_000000.bin: --output: expected a file other than the input' in err
+    assert (tmp_path / 'out_train_000000.bin').read_bytes() == before
+    assert sorted(p.name for p in tmp_path.glob('out_*.bin')) == [
+        'out_train_000000.bin',
+        'out_train_000001.bin',
+    ]

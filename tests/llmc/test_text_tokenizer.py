@@ -223,6 +223,27 @@ def test_gpt2_tokenizer_file_is_llm_cs(tmp_path):
     assert main(['info', str(tmp_path / 't.bin')]) == 0
 
 
+def test_the_tokenizer_command_replaces_only_with_force_and_never_its_input(tmp_path, capsys):
+    tokenizer_json = train_bpe(tmp_path / 'tokenizer.json', 'gpt2')
+    json_before = tokenizer_json.read_bytes()
+    out = tmp_path / 't.bin'
+    out.write_bytes(b'a file the user keeps')
+    command = ['tokenizer', str(tokenizer_json), '--family', 'gpt2', '--output']
+    assert main([*command, str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f'error: {out}: --output: expected a path that does not exist yet, found a file there; '
+        'pass --force to replace it'
+    )
+    assert out.read_bytes() == b'a file the user keeps'
+    assert main([*command, str(out), '--force']) == 0
+    assert read_llmc_tokenizer(out)[0] == 20240328
+    capsys.readouterr()
+    assert main([*command, str(tokenizer_json), '--force']) == 2
+    assert 'expected a file other than the input' in capsys.readouterr().err
+    assert tokenizer_json.read_bytes() == json_before
+
+
 @pytest.mark.parametrize(
     'content, family, message',
     [

@@ -1,0 +1,87 @@
+"""Where a writer of llmc_io (`convert`, `tokenizer`, `shard`) may write, checked before it reads
+its inputs or writes anything.
+
+A file that exists is replaced only with --force. Even with --force a writer never writes over
+one of its own inputs (the same file under any name: os.path.samefile sees through symlinks and
+hard links), and never over a file of a committed llm.c checkpoint step (model_%08d.bin,
+state_%08d_%05d.bin or DONE_%08d in a folder holding that step's DONE_%08d): train_gpt2cu -y 1 and
+--resume_from would take the new file as that step's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+
+from llmc_io.errors import LLMCFormatError
+
+_STEP_FILE = re.compile(r'^(?:model_(\d{8})\.bin|state_(\d{8})_\d{5}\.bin|DONE_(\d{8}))$')
+
+
+def same_file(a, b) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # either is missing (or unreadable): not the same existing file
+        return False
+
+
+def committed_step_of(path) -> int | None:
+    """The step whose committed llm.c checkpoint `path` is a file of, else None."""
+    m = _STEP_FILE.match(os.path.basename(path))
+    if not m:
+        return None
+    step = int(next(g for g in m.groups() if g))
+    done = os.path.join(os.path.dirname(os.path.abspath(path)), f'DONE_{step:08d}')
+    return step if os.path.isfile(done) else None
+
+
+def refuse_inputs(path, inputs: Iterable, flag: str) -> None:
+    """Never one's own input, --force or not."""
+    for given in inputs:
+        if same_file(path, given):
+            alias = '' if os.fspath(given) == os.fspath(path) else ' (the same file under another name)'
+            raise LLMCFormatError(
+                path,
+                flag,
+                'a file other than the input',
+                f'the input {os.fspath(given)}{alias}',
+                'writing it would destroy what is being read; choose another output',
+            )
+
+
+def check_new_file(path, force: bool, inputs: Iterable = (), flag: str = 'OUT') -> None:
+    """`path` is a new file, or (with force) one to replace; never an input or a checkpoint's file."""
+    refuse_inputs(path, inputs, flag)
+    if os.path.isdir(path):
+        raise LLMCFormatError(path, flag, 'a file to write', 'a directory', 'name a file')
+    step = committed_step_of(path)
+    if step is not None and os.path.exists(path):
+        raise LLMCFormatError(
+            path,
+            flag,
+            'a file that is no checkpoint\'s',
+            f'a file of the committed llm.c step {step} (DONE_{step:08d} beside it)',
+            'replacing it would change that checkpoint; choose another output',
+        )
+    if os.path.exists(path) and not force:
+        raise LLMCFormatError(
+            path, flag, 'a path that does not exist yet', 'a file there', 'pass --force to replace it'
+        )
+
+
+def check_new_folder(path, force: bool, inputs: Iterable = (), flag: str = 'OUT') -> None:
+    """A folder to create or an empty one, or (with force) one whose files of that name are replaced;
+    never an input folder."""
+    refuse_inputs(path, inputs, flag)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise LLMCFormatError(path, flag, 'a folder to write', 'a file')
+    if os.path.isdir(path) and os.listdir(path) and not force:
+        names = ', '.join(sorted(os.listdir(path))[:4])
+        raise LLMCFormatError(
+            path,
+            flag,
+            'a new or empty folder',
+            f'one holding {names}',
+            'pass --force to replace its config.json and model.safetensors',
+        )
