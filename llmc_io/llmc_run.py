@@ -5,22 +5,36 @@ After karpathy/llm.c f1e2ace6 train_gpt2.cu write_checkpoint (and utils.h find_m
   state_%08d_%05d.bin     each rank's optimizer and loader state (llmc_state.py)
   DONE_%08d               empty; written last, so a step without it was never completed
 `-y 1` resumes the highest step that has a DONE marker.
+
+A step we write (write_step) loses its DONE marker before any of its files changes, so a write that
+fails part-way (a full disk) leaves a step that is not committed, never a committed mix of old and
+new files. `ckpt export --format llmc-run` also writes jaxtrain_export_%08d.json: the sha256 of the
+model and state files it wrote. llm.c ignores it; it is how a later export with --force tells the
+files an export wrote (replaceable) from those train_gpt2cu or a run wrote (never replaced).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
+import os
 import re
 from pathlib import Path
 
 import llmc_io
-from llmc_io.atomic_file import atomic_output
+from llmc_io.atomic_file import TEMP_SUFFIX, atomic_output, write_text_atomically
 from llmc_io.errors import LLMCFormatError
 from llmc_io.llmc_state import LLMCState, read_state, state_path, write_state
 
 _DONE = re.compile(r'^DONE_(\d{8})$')
 _MODEL = re.compile(r'^model_(\d{8})\.bin$')
 _STATE = re.compile(r'^state_(\d{8})_(\d{5})\.bin$')
+# atomic_output's temporaries of a step's files: NAME.<random>.tmp
+_TEMPORARY = re.compile(
+    r'^(?:model_(\d{8})\.bin|state_(\d{8})_\d{5}\.bin|DONE_(\d{8})|jaxtrain_export_(\d{8})\.json)'
+    r'\.\w+' + re.escape(TEMP_SUFFIX) + '$'
+)
 
 
 @dataclasses.dataclass
@@ -40,6 +54,10 @@ def model_path(run_dir, step: int) -> Path:
 
 def done_path(run_dir, step: int) -> Path:
     return Path(run_dir) / f'DONE_{step:08d}'
+
+
+def export_record_path(run_dir, step: int) -> Path:
+    return Path(run_dir) / f'jaxtrain_export_{step:08d}.json'
 
 
 def committed_steps(run_dir) -> list[int]:
@@ -122,11 +140,89 @@ def read_step(run_dir, step: int, need_master: bool = False) -> LLMCRunStep:
     return LLMCRunStep(run_dir, step, model, state_file, info.header, info.version, state)
 
 
-def write_step(run_dir, header, params, state: LLMCState, version: int = 5) -> None:
-    """Write model, state, then DONE, as write_checkpoint does: a step counts only once complete."""
+def step_files(run_dir, step: int) -> list[Path]:
+    """The files of `step` in the folder: its model, every rank's state and its DONE marker."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    patterns = (_MODEL, _STATE, _DONE)
+    return sorted(
+        p
+        for p in run_dir.iterdir()
+        if any((m := r.match(p.name)) and int(m.group(1)) == step for r in patterns)
+    )
+
+
+def _sha256(path: Path) -> str:
+    with open(path, 'rb') as f:
+        return hashlib.file_digest(f, 'sha256').hexdigest()
+
+
+def not_written_by_export(run_dir, step: int) -> list[str]:
+    """The names of the step's files that no export of ours wrote: absent from the step's
+    jaxtrain_export record, or changed since (sha256). The DONE marker, empty, counts as the
+    export's when the record is there."""
+    try:
+        recorded = json.loads(export_record_path(run_dir, step).read_text()).get('files', {})
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    foreign = []
+    for path in step_files(run_dir, step):
+        if _DONE.match(path.name):
+            ours = recorded is not None
+        else:
+            ours = bool(recorded) and recorded.get(path.name) == _sha256(path)
+        if not ours:
+            foreign.append(path.name)
+    return foreign
+
+
+def remove_stale_temporaries(run_dir, step: int | None = None) -> list[str]:
+    """Removes the temporaries a killed write of ours left (of `step`, or of every step); returns
+    their names. Only the run or export writing into the folder may call this: a live write's
+    temporary would go too."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    removed = []
+    for path in run_dir.iterdir():
+        m = _TEMPORARY.match(path.name)
+        if m and (step is None or int(next(g for g in m.groups() if g)) == step):
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
+    return sorted(removed)
+
+
+def _sync_directory(run_dir: Path) -> None:
+    fd = os.open(run_dir, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_step(run_dir, header, params, state: LLMCState, version: int = 5, exported_from: str = '') -> None:
+    """Write model, state, then DONE, as write_checkpoint does: a step counts only once complete.
+    The step's DONE marker (and export record) goes first, durably, so that a write failing
+    part-way leaves the step uncommitted. exported_from: an export's source, recorded with the
+    sha256 of the files written (export_record_path)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    llmc_io.save_gpt2(model_path(run_dir, state.step), header, params, version=version)
-    write_state(state_path(run_dir, state.step), state)
-    with atomic_output(done_path(run_dir, state.step)):
+    step = state.step
+    done_path(run_dir, step).unlink(missing_ok=True)
+    export_record_path(run_dir, step).unlink(missing_ok=True)
+    _sync_directory(run_dir)
+    remove_stale_temporaries(run_dir, step)
+    llmc_io.save_gpt2(model_path(run_dir, step), header, params, version=version)
+    write_state(state_path(run_dir, step), state)
+    if exported_from:
+        written = (model_path(run_dir, step), state_path(run_dir, step))
+        record = {
+            'written_by': 'jaxtrain ckpt export --format llmc-run',
+            'exported_from': exported_from,
+            'step': step,
+            'files': {p.name: _sha256(p) for p in written},
+        }
+        write_text_atomically(export_record_path(run_dir, step), json.dumps(record, indent=2) + '\n')
+    with atomic_output(done_path(run_dir, step)):
         pass

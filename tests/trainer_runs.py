@@ -94,10 +94,10 @@ def tiny_llmc_model(path, family='gpt2', vocab=512, seed=0, num_layers=2):
     return str(path)
 
 
-def write_checkpoint(root, step, family, header, params, **record):
-    """A committed step holding `params` (a NumPy tree), written by the trainer's own Checkpointer
-    without training: the model config is the llmc_io header's fields; `record` adds to (or
-    replaces) trainer-state fields."""
+def write_checkpoint(root, step, family, header, params, opt_state=None, **record):
+    """A committed step holding `params` (a NumPy tree), and `opt_state` (an optax state) when
+    given, written by the trainer's own Checkpointer without training: the model config is the
+    llmc_io header's fields; `record` adds to (or replaces) trainer-state fields."""
     import dataclasses
     import time
 
@@ -119,7 +119,9 @@ def write_checkpoint(root, step, family, header, params, **record):
         **record,
     }
     checkpointer = Checkpointer(str(root), keep_latest=0, keep_every=0)
-    on_device = jax.tree.map(jax.numpy.asarray, params)
-    checkpointer.save(step, on_device, None, np.array([0, step], np.uint32), trainer_state)
+    on_device = lambda tree: None if tree is None else jax.tree.map(jax.numpy.asarray, tree)
+    checkpointer.save(
+        step, on_device(params), on_device(opt_state), np.array([0, step], np.uint32), trainer_state
+    )
     checkpointer.close()
     return Path(root) / f'checkpoint_step_{step:06d}'

@@ -138,7 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
         'resumes (a --shuffle llmc run with AdamW state)',
     )
     export.add_argument(
-        '--version', type=int, choices=(3, 5), default=None, help='3: fp32 (default); 5: bf16, GPT-2 only'
+        '--version',
+        type=int,
+        choices=(3, 5),
+        default=None,
+        help='the llm.c model file: 3 fp32, 5 bf16 (GPT-2 only). Default 3 for llmc; 5 for llmc-run, '
+        "whose 3 is for train_gpt2cu built with PRECISION=FP32. Not with hf or infinitrain*",
     )
     export.add_argument(
         '--merge-lora',
@@ -157,8 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
         '--force',
         action='store_true',
         help='replace what is at --output: a file, a Hugging Face folder\'s config.json and '
-        'model.safetensors, or a step directory an earlier export wrote. Never a directory another '
-        'program or run wrote, and never the llm.c base file the checkpoint records',
+        'model.safetensors, or a step directory or llm.c run-folder step an earlier export wrote. Never '
+        'a directory or step files another program or run wrote, and never the llm.c base file the '
+        'checkpoint records',
     )
     export.add_argument(
         '--tokenizer',

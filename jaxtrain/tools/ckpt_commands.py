@@ -440,17 +440,27 @@ def cmd_export(args) -> int:
 
     from jaxtrain.tools import ckpt_infinitrain
 
+    from jaxtrain.tools.export_target import refuse_output_in_input
+
     topology = ckpt_infinitrain.topology_from_args(args)
+    refuse_output_in_input(args.output, args.step_dir)
     if args.format == 'llmc-run':
         from jaxtrain.tools import ckpt_llmc
 
-        written = ckpt_llmc.export(args.step_dir, args.output, args.force)
+        written = ckpt_llmc.export(args.step_dir, args.output, args.force, args.version or 5)
         if args.json:
             _print_json({'path': str(args.step_dir), **written})
         else:
             print(ckpt_llmc.export_line(written))
         return EXIT_OK
     if args.format in ('infinitrain', 'infinitrain-lrs', 'infinitrain-bin'):
+        if args.version is not None:
+            from jaxtrain.checkpoint.layout import CheckpointError
+
+            raise CheckpointError(
+                f'--version: expected none with --format {args.format} (InfiniTrain reads fp32 only), '
+                f'found {args.version}'
+            )
         written = ckpt_infinitrain.export(args.step_dir, args.output, args.format, args.force, topology)
         if args.json:
             _print_json({'path': str(args.step_dir), **written})

@@ -2,9 +2,10 @@
 
 A run folder is what `train_gpt2cu -o DIR` writes (llmc_io/llmc_run.py); `show` and `verify` take
 RUN_DIR/model_%08d.bin (that step) or RUN_DIR (its newest committed step). The export writes one
-step of ours as model_%08d.bin (v5 bf16, as train_gpt2cu's bf16 build reads), state_%08d_00000.bin
-(AdamW m, v, our fp32 parameters as master weights, llm.c's loader state at our data position) and
-DONE_%08d, which `train_gpt2cu -y 1 -o DIR` resumes.
+step of ours as model_%08d.bin (v5 bf16, as train_gpt2cu's bf16 build reads; --version 3: fp32,
+for a PRECISION=FP32 build), state_%08d_00000.bin (AdamW m, v, our fp32 parameters as master
+weights, llm.c's loader state at our data position), jaxtrain_export_%08d.json (what it wrote, for
+a later --force) and DONE_%08d, which `train_gpt2cu -y 1 -o DIR` resumes.
 """
 
 from __future__ import annotations
@@ -312,8 +313,31 @@ def verify(path) -> Verification:
 # ---- export ---------------------------------------------------------------------------------------
 
 
-def export(step_dir, output, force: bool = False) -> dict:
-    """Write step_dir (one of our Orbax steps) into the llm.c run folder `output`."""
+def _check_step_output(output: Path, step: int, force: bool, step_dir, recorded_base: str) -> None:
+    """No step-`step` files in `output`, or (with --force) only files an earlier export wrote:
+    llm.c's own files and a run's are never replaced (llmc_run.not_written_by_export)."""
+    from jaxtrain.tools.export_target import refuse_base_file
+
+    refuse_base_file(llmc_run.model_path(output, step), step_dir, recorded_base, '')
+    existing = [p.name for p in llmc_run.step_files(output, step)]
+    if existing and not force:
+        raise CheckpointError(
+            f'--output: {output}: expected no step-{step} files, found {", ".join(existing)}; they are '
+            'left as they are (pass --force to replace files an earlier export wrote)'
+        )
+    foreign = llmc_run.not_written_by_export(output, step) if existing else []
+    if foreign:
+        raise CheckpointError(
+            f'--output: {output}: expected (with --force) step-{step} files that ckpt export wrote, found '
+            f'{", ".join(foreign)}, which train_gpt2cu or a run wrote (or changed since: '
+            f'{llmc_run.export_record_path(output, step).name} does not vouch for them); they are left as '
+            'they are: choose another --output, or move them away yourself'
+        )
+
+
+def export(step_dir, output, force: bool = False, version: int = 5) -> dict:
+    """Write step_dir (one of our Orbax steps) into the llm.c run folder `output`: the model as
+    version 5 (bf16, train_gpt2cu's default build) or 3 (fp32, a PRECISION=FP32 build)."""
     from jaxtrain.data.llmc_shuffled_stream import LLMCShuffledStream
     from jaxtrain.tools.ckpt_infinitrain import _from_orbax, kind_of
 
@@ -323,6 +347,12 @@ def export(step_dir, output, force: bool = False) -> dict:
             f'{kind_of(step_dir)} one; '
             'resume it with the trainer and save as orbax first'
         )
+    from jaxtrain.checkpoint.trainer_state import read_trainer_state
+    from jaxtrain.tools.ckpt_inspect import find_step_dir
+
+    # Where it would write, before the arrays are read: a refusal costs nothing.
+    listed = read_trainer_state(find_step_dir(step_dir))
+    _check_step_output(Path(output), int(listed['step']), force, step_dir, listed.get('llmc_file', ''))
     family, params, moments, record, header = _from_orbax(step_dir)
     if family != 'gpt2':
         raise CheckpointError(f'{step_dir}: model_family: expected gpt2 (train_gpt2cu), found {family}')
@@ -333,21 +363,6 @@ def export(step_dir, output, force: bool = False) -> dict:
         )
     step = int(record['step'])
     output = Path(output)
-    existing = [
-        p.name
-        for p in (
-            llmc_run.model_path(output, step),
-            llmc_run.done_path(output, step),
-            output / f'state_{step:08d}_00000.bin',
-        )
-        if p.exists()
-    ]
-    if existing and not force:
-        raise CheckpointError(
-            f'--output: {output}: expected no step-{step} files, found {", ".join(existing)}; they are '
-            'left as '
-            'they are (pass --force to replace them)'
-        )
     training = record.get('training_config', {})
     mu, nu, t = moments
     if t != step:
@@ -383,14 +398,17 @@ def export(step_dir, output, force: bool = False) -> dict:
         rng_state_last_update=int(record.get('llmc_rng_state_last_update', 13371337)),
     )
     try:
-        llmc_run.write_step(output, header, params, state, version=5)
+        llmc_run.write_step(output, header, params, state, version=version, exported_from=str(step_dir))
     except (OSError, LLMCFormatError) as e:
-        raise CheckpointError(f'--output: {output}: could not write step {step}: {e}') from None
+        raise CheckpointError(
+            f'--output: {output}: step {step} not written and left uncommitted (no DONE_{step:08d}): {e}'
+        ) from None
     return {
         'output': str(output),
         'kind': KIND,
         'step': step,
         'model_family': family,
+        'version': version,
         'files': [f'model_{step:08d}.bin', f'state_{step:08d}_00000.bin', f'DONE_{step:08d}'],
         'data': pattern,
         'llmc_flags': f"-b {micro * data_parallel // training['sequence_length']} "
@@ -401,7 +419,8 @@ def export(step_dir, output, force: bool = False) -> dict:
 def export_line(written: dict) -> str:
     return (
         f"wrote {written['output']}: llm.c run folder, step {written['step']} "
-        f"({', '.join(written['files'])}); "
+        f"({', '.join(written['files'])}; model version {written['version']}"
+        f"{' fp32, for a PRECISION=FP32 build' if written['version'] == 3 else ' bf16'}); "
         f"llm.c resumes it with train_gpt2cu -i '{written['data']}' {written['llmc_flags']} -y 1 -o "
         f"{written['output']}"
     )

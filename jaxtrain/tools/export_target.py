@@ -2,9 +2,11 @@
 
 An export never replaces what is already at --output unless --force. Even with --force it
 never deletes a directory it did not write (an InfiniTrain step directory is replaced only when
-its own record says `ckpt export` wrote it, and it holds nothing else), never writes into a
-checkpoint, and never writes over the llm.c file a checkpoint records as its base: a LoRA
-checkpoint is merged and resumed from that file, and a full one names it as its source.
+its own record says `ckpt export` wrote it, and it holds nothing else; an llm.c run folder's step
+only when its jaxtrain_export record vouches for its files, ckpt_llmc.py), never writes into a
+checkpoint (the step it reads included, under any name), never over a file of a committed llm.c
+step, and never over the llm.c file a checkpoint records as its base: a LoRA checkpoint is
+merged and resumed from that file, and a full one names it as its source.
 """
 
 from __future__ import annotations
@@ -37,13 +39,32 @@ def refuse_base_file(output, step_dir, recorded_base: str, base: str) -> None:
             )
 
 
+def refuse_output_in_input(output, step_dir) -> None:
+    """--output is neither STEP_DIR nor anything inside it, under any name (symlinks resolved)."""
+    output, real_input = Path(output).resolve(), Path(step_dir).resolve()
+    if output == real_input or real_input in output.parents:
+        found = 'a checkpoint: STEP_DIR itself' if output == real_input else 'a path inside that checkpoint'
+        raise CheckpointError(
+            f'--output: {output}: expected a path outside STEP_DIR {step_dir}, found {found}; '
+            'choose another --output'
+        )
+
+
 def check_file_output(output, force: bool) -> None:
+    from llmc_io.output_file import committed_step_of
+
     output = Path(output)
     if output.is_dir():
         raise CheckpointError(f'--output: {output}: expected a file to write, found a directory; name a file')
     if not output.parent.is_dir():
         raise CheckpointError(
             f'--output: {output}: expected a file in an existing directory, found no {output.parent}'
+        )
+    step = committed_step_of(output)
+    if step is not None and output.exists():
+        raise CheckpointError(
+            f'--output: {output}: expected a file that is no checkpoint\'s, found a file of the committed '
+            f'llm.c step {step} (DONE_{step:08d} beside it); choose another --output'
         )
     if output.exists() and not force:
         raise CheckpointError(

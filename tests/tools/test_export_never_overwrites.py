@@ -113,3 +113,30 @@ def test_force_replaces_an_earlier_export(tmp_path, capsys, step_dir):
     assert sorted(p.name for p in out.parent.iterdir()) == ['checkpoint_step_000005']  # nothing left aside
     bias = it.read_checkpoint(out).params['ln_f']['bias']
     np.testing.assert_array_equal(bias, random_params(GPT2, 0, std=0.3, everywhere=True)['ln_f']['bias'])
+
+
+def test_never_a_committed_llmc_step_nor_inside_the_checkpoint_read(tmp_path, capsys, step_dir):
+    run_dir = tmp_path / 'run'
+    run_dir.mkdir()
+    (run_dir / 'model_00000010.bin').write_bytes(b'train_gpt2cu wrote this')
+    (run_dir / 'DONE_00000010').touch()
+    err = refused(capsys, step_dir, '--output', run_dir / 'model_00000010.bin', '--force')
+    assert 'found a file of the committed llm.c step 10 (DONE_00000010 beside it)' in err
+    assert (run_dir / 'model_00000010.bin').read_bytes() == b'train_gpt2cu wrote this'
+    before = digest(step_dir)
+    (tmp_path / 'alias').symlink_to(step_dir)
+    for output, fmt in (
+        (tmp_path / 'alias' / 'trainer_state' / 'model.bin', 'llmc'),
+        (step_dir / 'hf', 'hf'),
+        (tmp_path / 'alias', 'llmc-run'),
+    ):
+        err = refused(capsys, step_dir, '--format', fmt, '--output', output, '--force')
+        assert f'expected a path outside STEP_DIR {step_dir}, found a' in err
+    assert digest(step_dir) == before
+
+
+def test_version_is_refused_where_the_format_has_none(tmp_path, capsys, step_dir):
+    for fmt in ('hf', 'infinitrain', 'infinitrain-bin'):
+        out = tmp_path / fmt / 'checkpoint_step_000005'
+        err = refused(capsys, step_dir, '--format', fmt, '--output', out, '--version', '5')
+        assert err.endswith('found 5') and '--version: expected none' in err and not out.exists()

@@ -143,6 +143,10 @@ def test_rotation_keeps_the_llmc_step_the_run_resumed_from(tmp_path):
 
     run = tmp_path / 'run'
     shutil.copytree(RUN / 'a', run, ignore=shutil.ignore_patterns('*00000020*'))
+    # What a save killed mid-file (kill -9) leaves: atomic_output's temporaries; and a file of the user's.
+    killed = ['model_00000011.bin.k2_j9x.tmp', 'state_00000011_00000.bin.a1b2c3.tmp', 'DONE_00000011.zz9.tmp']
+    for name in [*killed, 'notes.tmp']:
+        (run / name).write_bytes(b'half')
     config = llmc_run_config(
         tmp_path,
         checkpoint_dir=str(run),
@@ -157,3 +161,4 @@ def test_rotation_keeps_the_llmc_step_the_run_resumed_from(tmp_path):
     assert code == 0, out[-2000:]
     assert llmc_run.committed_steps(run) == [10, 12]
     assert not (run / 'model_00000011.bin').exists() and (run / 'state_00000010_00000.bin').is_file()
+    assert [p.name for p in run.glob('*.tmp')] == ['notes.tmp']

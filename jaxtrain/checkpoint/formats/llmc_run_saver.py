@@ -6,6 +6,8 @@ The state holds AdamW m and v, our fp32 parameters as master weights and llm.c's
 saved data position (replayed, so the run must read llm.c's order: --shuffle llmc). Saves are
 synchronous; rotation keeps the newest max_checkpoint_keep steps, every multiple of keep_every_steps
 and the step the run resumed from, deleting DONE first (as a step without it is not committed).
+A save clears its step's DONE before writing (llmc_run.write_step), and a run starting removes the
+temporaries a save killed mid-file left behind.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ class LLMCRunCheckpointer:
         refuse_unless_llmc_run(config)
         self.root = Path(config.checkpoint_dir).absolute()
         self.root.mkdir(parents=True, exist_ok=True)
+        # A save killed mid-file left its temporary; this run holds the root's lock, so none is live.
+        llmc_run.remove_stale_temporaries(self.root)
         self.parts, self.header = parts, model_header('gpt2', parts.setup.model_config)
         self.stream = train_stream(
             config, parts.geometry, parts.setup.model_config.vocab_size, data_paths(config)[0]
