@@ -3,9 +3,10 @@ its inputs or writes anything.
 
 A file that exists is replaced only with --force. Even with --force a writer never writes over
 one of its own inputs (the same file under any name: os.path.samefile sees through symlinks and
-hard links), and never over a file of a committed llm.c checkpoint step (model_%08d.bin,
+hard links), never over a file of a committed llm.c checkpoint step (model_%08d.bin,
 state_%08d_%05d.bin or DONE_%08d in a folder holding that step's DONE_%08d): train_gpt2cu -y 1 and
---resume_from would take the new file as that step's.
+--resume_from would take the new file as that step's; and never writes an HF folder's files into a
+checkpoint, a checkpoint root or an llm.c run folder.
 """
 
 from __future__ import annotations
@@ -70,12 +71,30 @@ def check_new_file(path, force: bool, inputs: Iterable = (), flag: str = 'OUT') 
         )
 
 
+def holds_step_dirs(folder) -> bool:
+    """A checkpoint step of ours (Orbax) or InfiniTrain's, or a root of them: files written into one
+    would stand beside (or in for) its steps."""
+    names = os.listdir(folder) if os.path.isdir(folder) else []
+    marks = ('trainer_state', 'trainer_state.json', 'rank_000000', 'jaxtrain.lock')
+    return any(n in marks or n.startswith('checkpoint_step_') for n in names)
+
+
 def check_new_folder(path, force: bool, inputs: Iterable = (), flag: str = 'OUT') -> None:
     """A folder to create or an empty one, or (with force) one whose files of that name are replaced;
-    never an input folder."""
+    never an input folder nor a checkpoint's."""
     refuse_inputs(path, inputs, flag)
     if os.path.exists(path) and not os.path.isdir(path):
         raise LLMCFormatError(path, flag, 'a folder to write', 'a file')
+    from llmc_io.llmc_run import is_run_dir
+
+    if holds_step_dirs(path) or is_run_dir(path):
+        raise LLMCFormatError(
+            path,
+            flag,
+            'a folder for the Hugging Face files',
+            'a checkpoint, a checkpoint root or an llm.c run folder',
+            '--force never writes into one; choose another output',
+        )
     if os.path.isdir(path) and os.listdir(path) and not force:
         names = ', '.join(sorted(os.listdir(path))[:4])
         raise LLMCFormatError(

@@ -317,7 +317,13 @@ def _check_step_output(output: Path, step: int, force: bool, step_dir, recorded_
     """No step-`step` files in `output`, or (with --force) only files an earlier export wrote:
     llm.c's own files and a run's are never replaced (llmc_run.not_written_by_export)."""
     from jaxtrain.tools.export_target import refuse_base_file
+    from llmc_io.output_file import holds_step_dirs
 
+    if holds_step_dirs(output):
+        raise CheckpointError(
+            f'--output: {output}: expected an llm.c run folder (or a new or empty one), found a checkpoint '
+            'or a checkpoint root; --force never writes into one: choose another --output'
+        )
     refuse_base_file(llmc_run.model_path(output, step), step_dir, recorded_base, '')
     existing = [p.name for p in llmc_run.step_files(output, step)]
     if existing and not force:

@@ -237,6 +237,11 @@ def test_convert_never_writes_over_an_hf_input_folder_or_a_committed_llmc_step(t
         line = _one_line_error(run("convert", tmp_path / "hf", out, "--to", to, "--force"))
         assert "expected a file other than the input" in line
     assert {p.name: p.read_bytes() for p in (tmp_path / "hf").iterdir()} == before
+    # Nor HF files into a checkpoint root: --init_from ROOT would take them for its newest step.
+    (tmp_path / "ck" / "checkpoint_step_000005").mkdir(parents=True)
+    line = _one_line_error(run("convert", path, tmp_path / "ck", "--to", "hf", "--force"))
+    assert "found a checkpoint, a checkpoint root or an llm.c run folder" in line
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["checkpoint_step_000005"]
     # A file of a committed llm.c step is never replaced: -y 1 would resume the new file as that step.
     run_dir = tmp_path / "run"
     run_dir.mkdir()

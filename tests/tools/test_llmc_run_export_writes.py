@@ -78,6 +78,10 @@ def test_force_never_replaces_the_step_files_train_gpt2cu_wrote(tmp_path, capsys
     code, err = export(capsys, step_dir, theirs, '--force')
     assert code == 2 and f'{DONE}, {MODEL}, {STATE}, which train_gpt2cu or a run wrote' in err
     assert 'left as they are' in err and digests(theirs) == before
+    # Nor into another checkpoint root: its resume would meet llm.c files beside its steps.
+    code, err = export(capsys, step_dir, step_dir.parent, '--force')
+    assert code == 2 and 'found a checkpoint or a checkpoint root' in err
+    assert not list(step_dir.parent.glob('*.bin'))
 
 
 def test_force_replaces_an_earlier_export_and_version_3_writes_fp32(tmp_path, capsys, step_dir):
