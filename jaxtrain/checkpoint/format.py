@@ -39,6 +39,20 @@ class Verification:
     checked: list[str]
 
 
+@dataclasses.dataclass
+class Weights:
+    """A step's model weights alone, as --init_from and generate take them: the family, the params
+    as a NumPy tree, what they are (for messages), the model config's fields where the files say
+    them (a record's model_config, an llm.c header's fields; None where only the tensors are
+    known), and the step's trainer-state record (None where there is none)."""
+
+    family: str
+    params: dict
+    what: str
+    model_config: dict | None
+    record: dict | None = None
+
+
 class RunCheckpointer(Protocol):
     """The saves of one run into one checkpoint root.
 
@@ -108,6 +122,10 @@ class CheckpointFormat(Protocol):
         """Every check this format knows, on every file of the step (copies a restore does not
         read included), without a run: what `ckpt verify` reports and every way in (resume,
         --init_from, generate, export) refuses on. Never raises for a damaged checkpoint."""
+        ...
+
+    def read_weights(self, step_dir) -> Weights:
+        """The step's model weights on the host, without a run (--init_from, generate)."""
         ...
 
     def restore_into(self, config, parts, step_dir: Path) -> Resumed:

@@ -1,9 +1,10 @@
 """--init_from PATH: start a run from another run's weights only, with a fresh optimizer, learning
 rate schedule and data position (torchtitan's initial_load_model_only).
 
-PATH is any kind `ckpt ls` knows, or an HF folder:
-- a jaxtrain (Orbax) checkpoint_step_NNNNNN directory, or a checkpoint root (its newest committed step);
-- an InfiniTrain step directory (HEAD model.ckpt, PR model.bin / model.pth, rank_* subdirectories);
+PATH is any kind `ckpt ls` knows, or an HF folder (read_weights, which generate reads with too):
+- a checkpoint_step_NNNNNN directory of any format the registry knows (Orbax; InfiniTrain's HEAD
+  model.ckpt, PR model.bin / model.pth, rank_* subdirectories), or a checkpoint root (its newest
+  committed step, of whichever kind);
 - a Hugging Face GPT2LMHeadModel / LlamaForCausalLM folder (config.json + model.safetensors);
 - an llm.c model file, or an llm.c run folder (train_gpt2cu -o DIR: its newest committed step's model).
 
@@ -23,76 +24,85 @@ import numpy as np
 from jaxtrain.checkpoint import layout
 
 
-def _restore_orbax_params(step_dir: Path) -> dict:
-    import jax
-    import orbax.checkpoint as ocp
-
-    item_dir = step_dir.absolute() / 'params'
+def read_weights(path, flag: str, lora_base: str | None = None):
+    """The weights PATH holds, on the host (format.Weights): any step (or a root's newest committed
+    step) of a format the registry knows, verified by that format first and read by it; else an HF
+    folder or an llm.c file. A LoRA checkpoint's adapters are folded into their base when lora_base
+    is given ('' = the recorded base), else refused. Errors are one line starting with `flag`."""
     try:
-        metadata = ocp.PyTreeCheckpointer().metadata(item_dir).item_metadata.tree
-        as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), metadata)
-        return ocp.PyTreeCheckpointer().restore(item_dir, args=ocp.args.PyTreeRestore(restore_args=as_numpy))
-    except Exception as e:  # noqa: BLE001  Orbax raises many kinds for a damaged directory
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return _read_weights(Path(path), flag, lora_base)
+    except layout.CheckpointError as e:
+        text = str(e)
+        raise layout.CheckpointError(text if text.startswith(f'{flag}: ') else f'{flag}: {text}') from None
+
+
+def _read_weights(where: Path, flag: str, lora_base: str | None):
+    import llmc_io
+    from llmc_io.hf import is_hf_folder, load_hf
+
+    from jaxtrain.checkpoint import registry
+    from jaxtrain.checkpoint.format import Weights
+
+    fmt = None
+    if where.is_dir() or registry.LLMC_RUN.owns(where):
+        fmt = registry.for_step_dir(where)
+        if fmt is registry.ORBAX and not layout.is_committed(where):
+            # A root's newest step, even with other files beside its steps (an HF export forced there).
+            where, fmt = registry.newest_step(where) or (where, None)
+    if fmt is None:
+        if is_hf_folder(where):
+            header, params = load_hf(where)
+            return Weights(_family_of(header), params, f'Hugging Face folder {where}', _fields(header))
+        if where.is_file():
+            header, params = llmc_io.load_model(where)
+            return Weights(_family_of(header), params, f'llm.c file {where}', _fields(header))
+        if not where.is_dir():
+            raise layout.CheckpointError(
+                f'{where}: expected a checkpoint step directory, a checkpoint root, a Hugging Face '
+                'folder or an llm.c file, found nothing there'
+            )
+        raise layout.CheckpointError(f'{where}: {_not_a_checkpoint(where)}')
+    registry.refuse_damaged(where, flag)
+    weights = fmt.read_weights(where)
+    lora = (weights.record or {}).get('lora')
+    if lora and lora_base is None:
         raise layout.CheckpointError(
-            f'init_from: {item_dir}: could not read the saved weights: {first}'
-        ) from e
+            f'{where}: expected full weights, found LoRA adapters only; merge them first with '
+            f'python -m jaxtrain.ckpt export {where} --merge-lora --output merged.bin'
+        )
+    if lora:
+        from jaxtrain.checkpoint.lora_record import base_params
+        from jaxtrain.models.lora import merged_params
+
+        base = base_params(weights.record, lora_base, where)
+        merged = merged_params(base, weights.params, lora)
+        on = lora_base or weights.record.get('llmc_file') or 'the random init of its seed'
+        what = f"{weights.what} (LoRA rank {lora.get('rank')} on {on})"
+        return dataclasses.replace(weights, params=merged, what=what)
+    return weights
 
 
-def _orbax_step(path: Path) -> Path | None:
-    """The step directory PATH names: itself, or a root's newest committed step."""
-    if layout.is_committed(path):
-        return path
-    steps = layout.committed_steps(path)
-    return path / layout.step_dir_name(steps[-1]) if steps else None
+def _not_a_checkpoint(where: Path) -> str:
+    from jaxtrain.checkpoint.formats.infinitrain import gzipped_files
+
+    gzipped = gzipped_files(where)
+    if gzipped:
+        return (
+            f"expected InfiniTrain's files, found them gzipped ({', '.join(gzipped)}); gunzip them first "
+            f'(gunzip {where}/*.gz)'
+        )
+    return (
+        'expected a checkpoint step directory, a checkpoint root with a committed step, an llm.c '
+        'run folder or a Hugging Face folder (config.json), found none of them'
+    )
 
 
 def read_init_weights(path: str) -> tuple[str, dict, str, object]:
-    """(model family, params as a NumPy tree, what they are, their model config or None) of PATH."""
-    import llmc_io
-    from llmc_io import llmc_run
-    from llmc_io.hf import is_hf_folder, load_hf
-
-    from jaxtrain.checkpoint.formats import infinitrain as it
-    from jaxtrain.checkpoint.trainer_state import read_trainer_state
-
-    where = Path(path)
-    if is_hf_folder(where):
-        header, params = load_hf(where)
-        return _family_of(header), params, f'Hugging Face folder {where}', _model_of(header)
-    if where.is_file():
-        header, params = llmc_io.load_model(where)
-        return _family_of(header), params, f'llm.c file {where}', _model_of(header)
-    if not where.is_dir():
-        raise layout.CheckpointError(
-            f'init_from: {where}: expected a checkpoint step directory, a checkpoint root, a Hugging Face '
-            'folder or an llm.c file, found nothing there'
-        )
-    if llmc_run.is_run_dir(where):  # its newest committed step's model file
-        from jaxtrain.checkpoint.formats.llmc_run import locate
-
-        run_dir, step = locate(where)
-        header, params = llmc_io.load_model(llmc_run.model_path(run_dir, step))
-        return _family_of(header), params, f'llm.c run folder {run_dir}, step {step}', _model_of(header)
-    kind = it.detect_kind(where)
-    if kind is not None:
-        read = it.read_checkpoint(where, None, with_optimizer=False)
-        return read.family, read.params, f'InfiniTrain checkpoint {where} ({kind})', None
-    step_dir = _orbax_step(where)
-    if step_dir is None:
-        raise layout.CheckpointError(
-            f'init_from: {where}: expected a checkpoint step directory, a checkpoint root with a committed '
-            'step, an llm.c run folder or a Hugging Face folder (config.json), found none of them'
-        )
-    state = read_trainer_state(step_dir)
-    if state.get('lora'):
-        raise layout.CheckpointError(
-            f'init_from: {step_dir}: expected full weights, found LoRA adapters only; merge them first with '
-            f'python -m jaxtrain.ckpt export {step_dir} --merge-lora --output merged.bin'
-        )
-    family, recorded = state.get('model_family'), state.get('model_config') or {}
-    model = _model_of_fields(family, recorded)
-    return family, _restore_orbax_params(step_dir), f'checkpoint {step_dir}', model
+    """(model family, params as a NumPy tree, what they are, their model config or None) of PATH,
+    for --init_from."""
+    weights = read_weights(path, 'init_from')
+    model = _model_of_fields(weights.family, weights.model_config) if weights.model_config else None
+    return weights.family, weights.params, weights.what, model
 
 
 def _model_of_fields(family: str, fields: dict):
@@ -139,6 +149,10 @@ def _family_of(header) -> str:
     import llmc_io
 
     return 'gpt2' if isinstance(header, llmc_io.GPT2Header) else 'llama3'
+
+
+def _fields(header) -> dict:
+    return dataclasses.asdict(header)
 
 
 def pad_vocabulary_rows(params: dict, expected: dict) -> dict:

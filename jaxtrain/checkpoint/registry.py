@@ -69,6 +69,18 @@ def refuse_damaged(path, flag: str) -> Verification:
     return result
 
 
+def newest_step(root) -> tuple[Path, CheckpointFormat] | None:
+    """(the newest committed step of any kind under root, its format), or None when it holds none.
+    A step an llm.c run folder names is its model file, as --resume_from takes it."""
+    found = [(steps[-1], fmt) for fmt in _FAMILIES if (steps := fmt.committed_steps(root))]
+    if not found:
+        return None
+    step, fmt = max(found, key=lambda pair: pair[0])
+    if hasattr(fmt, 'step_path'):
+        return fmt.step_path(root, step), fmt
+    return Path(root) / step_dir_name(step), for_step_dir(Path(root) / step_dir_name(step))
+
+
 def open_checkpointer(config, parts, protected_steps) -> RunCheckpointer:
     """The run's checkpointer for config.checkpoint_format, refusing a root that holds the other kind:
     Orbax's rotation would count (and delete) InfiniTrain step directories as its own, and ours would

@@ -118,6 +118,14 @@ def model_config_for(config):
     return variants[config.model]
 
 
+def random_init_params(family: str, model_config, seed: int, **options) -> dict:
+    """The random init of `seed` as a pure dict: a run's, and the base a LoRA checkpoint
+    trained on a random init rebuilds (checkpoint/lora_record.py)."""
+    model_cls = FAMILIES[family][0]
+    init = jax.jit(lambda: nnx.split(model_cls(model_config, **options, rngs=nnx.Rngs(seed)), nnx.Param)[1])
+    return nnx.to_pure_dict(init())
+
+
 def setup_model(config) -> ModelSetup:
     model_cls, config_cls, variants = FAMILIES[config.model_family]
     dtype = DTYPES[config.dtype]
@@ -183,10 +191,7 @@ def setup_model(config) -> ModelSetup:
             attention=attention,
         )
         return attach_lora(config, setup, model_cls, options)
-    init = jax.jit(
-        lambda: nnx.split(model_cls(model_config, **options, rngs=nnx.Rngs(config.seed)), nnx.Param)[1]
-    )
-    params = nnx.to_pure_dict(init())
+    params = random_init_params(config.model_family, model_config, config.seed, **options)
     source = f'random init (seed {config.seed})'
     setup = ModelSetup(config.model_family, model_config, graphdef, params, source, attention=attention)
     return attach_lora(config, setup, model_cls, options)

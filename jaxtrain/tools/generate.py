@@ -1,6 +1,7 @@
 """`python -m jaxtrain.generate`: sample text from a checkpoint or an llm.c model file.
 
     python -m jaxtrain.generate --checkpoint RUN/checkpoint_step_000100 --prompt "def "
+    python -m jaxtrain.generate --checkpoint RUN   # the newest step, Orbax, InfiniTrain or llm.c's
     python -m jaxtrain.generate --checkpoint LORA_RUN [--base gpt2_124M.bin]   # adapters on their base
     python -m jaxtrain.generate --llmc_filepath gpt2_124M.bin --tokenizer_bin gpt2_tokenizer.bin \\
         --prompt "The meaning of life is" --num_samples 4 --max_new_tokens 64
@@ -17,6 +18,7 @@ default corpus. Errors are one line, exit status 2.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
@@ -36,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument(
         '--checkpoint',
         metavar='DIR',
-        help="a jaxtrain checkpoint_step_NNNNNN directory, or a checkpoint root (its latest committed step)",
+        help='a checkpoint step of any kind --init_from reads (Orbax, InfiniTrain, an llm.c run folder, '
+        'a Hugging Face folder), or a checkpoint root (its newest committed step of any kind)',
     )
     source.add_argument('--llmc_filepath', metavar='FILE', help='an llm.c GPT-2 or LLaMA-3 model file')
     source.add_argument(
@@ -52,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
         default='',
         metavar='FILE',
         help="a LoRA --checkpoint's base llm.c file, where it is now ('' = the path its trainer state "
-        'records; either is checked against the recorded sha256)',
+        'records, or the random init of its recorded seed; either is checked against the recorded sha256)',
     )
     parser.add_argument(
         '--tokenizer_bin',
@@ -112,42 +115,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _resolve_step_dir(path: str) -> Path:
-    from jaxtrain.checkpoint.layout import committed_steps, step_dir_name
-    from jaxtrain.tools import ckpt_inspect
+def _model_config(weights):
+    """The family's config dataclass from the fields the checkpoint records (an llm.c header's
+    fields too: those the config has)."""
+    from jaxtrain.models import FAMILIES
 
-    steps = committed_steps(path)
-    if steps and not (Path(path) / 'params').is_dir():
-        return Path(path) / step_dir_name(steps[-1])
-    return ckpt_inspect.find_finished_step_dir(path)
+    if weights.family not in FAMILIES:
+        raise ValueError(f"{weights.what}: model_family: expected gpt2 or llama3, found {weights.family!r}")
+    if weights.model_config is None:
+        raise ValueError(
+            f'{weights.what}: model shape: expected a record of it (jaxtrain\'s) or an llm.c model.bin, '
+            "found neither (a CKPT file has no head count or RoPE settings, and HEAD's trainer_state.json "
+            'holds config defaults); resume it with its --llmc_filepath and save again'
+        )
+    config_cls = FAMILIES[weights.family][1]
+    return config_cls(
+        **{k: v for k, v in weights.model_config.items() if k in config_cls.__dataclass_fields__}
+    )
 
 
 def load_model(args):
-    """(family, model config, graphdef, params as a pure dict of jnp arrays, description)."""
+    """(family, model config, graphdef, params as a pure dict of jnp arrays, description, the
+    checkpoint's trainer-state record or None)."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
 
     from jaxtrain.models import FAMILIES
 
-    if args.checkpoint:
-        from jaxtrain.checkpoint.trainer_state import read_trainer_state
-        from jaxtrain.tools import ckpt_inspect
-
-        step_dir = _resolve_step_dir(args.checkpoint)
-        state = read_trainer_state(step_dir)
-        family = state.get('model_family')
-        config = ckpt_inspect.model_config_object(family, state.get('model_config'))
-        with quiet_absl(not args.verbose):  # Orbax's warnings that are normal for these checkpoints
-            params = ckpt_inspect.restore_item(step_dir, 'params')
-        where = f'checkpoint {step_dir}'
-        lora = state.get('lora')
-        if lora:  # adapters only: the model is its recorded base with them folded in
-            from jaxtrain.tools.ckpt_merge_lora import merge_for_export
-
-            params = merge_for_export(step_dir, state, params, True, args.base)
-            where += f" (LoRA rank {lora.get('rank')} on {args.base or state.get('llmc_file')})"
-    elif args.model:
+    record = None
+    if args.model:
         family = args.model_family
         model_cls, _, variants = FAMILIES[family]
         if args.model not in variants:
@@ -156,30 +153,32 @@ def load_model(args):
         init = jax.jit(lambda: nnx.split(model_cls(config, rngs=nnx.Rngs(args.seed)), nnx.Param)[1])
         params = nnx.to_pure_dict(init())
         where = f'random init of {args.model} (seed {args.seed})'
-    else:
-        import llmc_io
+    else:  # any checkpoint --init_from reads, LoRA adapters folded into their base
+        from jaxtrain.checkpoint.init_from import read_weights
 
-        header, params = llmc_io.load_model(args.llmc_filepath)
-        family = 'gpt2' if isinstance(header, llmc_io.GPT2Header) else 'llama3'
-        config_cls = FAMILIES[family][1]
-        config = config_cls(**{k: v for k, v in vars(header).items() if k in config_cls.__dataclass_fields__})
-        where = f'llm.c file {args.llmc_filepath}'
+        with quiet_absl(not args.verbose):  # Orbax's warnings that are normal for these checkpoints
+            flag = '--checkpoint' if args.checkpoint else '--llmc_filepath'
+            weights = read_weights(args.checkpoint or args.llmc_filepath, flag, lora_base=args.base)
+        family, config, params, where = weights.family, _model_config(weights), weights.params, weights.what
+        record = weights.record
     model_cls = FAMILIES[family][0]
     dtype = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}[args.dtype]
     abstract = nnx.eval_shape(lambda: model_cls(config, dtype=dtype, rngs=nnx.Rngs(0)))
     graphdef, abstract_params = nnx.split(abstract, nnx.Param)
+    from jaxtrain.checkpoint.init_from import pad_vocabulary_rows
+
+    params = pad_vocabulary_rows(params, nnx.to_pure_dict(abstract_params))  # V rows of wte, Vp wanted
     expected = jax.tree.map(lambda a: tuple(a.shape), nnx.to_pure_dict(abstract_params))
     found = jax.tree.map(lambda a: tuple(a.shape), params)
     if expected != found:
         raise ValueError(f'{where}: tensors do not fit the {family} model its config describes')
-    return family, config, graphdef, jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), params), where
+    params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), params)
+    return family, config, graphdef, params, where, record
 
 
-def _run_tokenizer(checkpoint: str) -> str:
+def _run_tokenizer(record) -> str:
     """The BPE tokenizer the checkpoint's run named (--tokenizer), where that file still is; else ''."""
-    from jaxtrain.checkpoint.trainer_state import read_trainer_state
-
-    named = read_trainer_state(_resolve_step_dir(checkpoint)).get('training_config', {}).get('tokenizer', '')
+    named = ((record or {}).get('training_config') or {}).get('tokenizer', '')
     if named and not Path(named).is_file():
         # Decoding goes on without it, so the text printed is not the run's: say so, once.
         print(
@@ -191,14 +190,14 @@ def _run_tokenizer(checkpoint: str) -> str:
     return named
 
 
-def load_tokenizer(args, family: str, config):
+def load_tokenizer(args, family: str, config, record=None):
     """The tokenizer to decode with, or None (ids are printed) when there is none to take. A
-    checkpoint's run's own --tokenizer is taken when none is given."""
+    checkpoint's run's own --tokenizer (its record's) is taken when none is given."""
     from jaxtrain.data.run_tokenizer import load_run_tokenizer
 
     tokenizer = args.tokenizer
-    if not tokenizer and not args.tokenizer_bin and args.checkpoint:
-        tokenizer = _run_tokenizer(args.checkpoint)
+    if not tokenizer and not args.tokenizer_bin:
+        tokenizer = _run_tokenizer(record)
     return load_run_tokenizer(args.tokenizer_bin, tokenizer, family, config.vocab_size)
 
 
@@ -238,14 +237,21 @@ def _check_args(args) -> None:
         raise ValueError(f'--top_k: expected 0 (all) or more, found {args.top_k}')
 
 
+@functools.lru_cache(maxsize=4)
+def _decoder(graphdef, config, batch_size: int, length: int, top_k: int):
+    """One compiled decoder per model and shape in a process: a second checkpoint of the same
+    model, decoded by the same process, is not compiled again."""
+    from jaxtrain.models.decode import Decoder
+
+    return Decoder(graphdef, config, batch_size=batch_size, length=length, top_k=top_k)
+
+
 def run(args) -> int:
     _check_args(args)
     import jax
 
-    from jaxtrain.models.decode import Decoder
-
-    family, config, graphdef, params, where = load_model(args)
-    tokenizer = load_tokenizer(args, family, config)
+    family, config, graphdef, params, where, record = load_model(args)
+    tokenizer = load_tokenizer(args, family, config, record)
     # Files without a tokenizer start from the family's usual EOT (GPT-2 50256, LLaMA-3 <|eot_id|>).
     prompt = prompt_ids(args, tokenizer, 50256 if family == 'gpt2' else 128001, config.vocab_size)
     length = len(prompt) + args.max_new_tokens
@@ -254,7 +260,7 @@ def run(args) -> int:
             f'--max_new_tokens: expected at most {config.max_seq_len - len(prompt)} (max_seq_len '
             f'{config.max_seq_len} less the {len(prompt)} prompt tokens), found {args.max_new_tokens}'
         )
-    decoder = Decoder(graphdef, config, batch_size=args.num_samples, length=length, top_k=args.top_k)
+    decoder = _decoder(graphdef, config, args.num_samples, length, args.top_k)
     for _ in range(args.warmup_runs):
         decoder.timed(params, prompt, jax.random.key(args.seed), args.temperature)
     tokens, seconds = decoder.timed(params, prompt, jax.random.key(args.seed), args.temperature)

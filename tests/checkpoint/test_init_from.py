@@ -12,7 +12,9 @@ import sys
 import numpy as np
 import pytest
 
+import llmc_io
 import numpy_reference as ref
+from llmc_io.llmc_state import LLMCState, tree_to_flat, write_state
 from hf_folders import CONFIG as HF_CONFIG
 from hf_folders import hf_tensors, write_folder
 from jaxtrain.tools import ckpt
@@ -83,10 +85,14 @@ def test_weights_only_from_any_kind(trained, source, capsys):
         'hf': root / 'hf',
         'llmc run': root / 'llmc_run',
     }[source]
-    if source == 'llmc run' and not path.exists():  # train_gpt2cu's layout: model_%08d.bin, DONE_%08d
+    if source == 'llmc run' and not path.exists():  # train_gpt2cu's layout: model_, state_, DONE_%08d
         path.mkdir()
         step3 = str(root / 'orbax' / 'checkpoint_step_000003')
         assert ckpt.main(['export', step3, '--output', str(path / 'model_00000003.bin')]) == 0
+        header, weights = llmc_io.load_model(path / 'model_00000003.bin')
+        master = tree_to_flat(path, weights, header)  # its master weights: the model's own values
+        zeros = np.zeros_like(master)
+        write_state(path / 'state_00000003_00000.bin', LLMCState(step=3, m=zeros, v=zeros, master=master))
         (path / 'DONE_00000003').touch()
     if source == 'hf' and not path.exists():
         assert (

@@ -9,6 +9,7 @@ import functools
 import hashlib
 import json
 import shutil
+import struct
 from pathlib import Path
 
 import jax
@@ -362,3 +363,89 @@ def test_generate_from_a_lora_checkpoint_applies_the_adapters_to_its_base(runs, 
         out = capsys.readouterr().out
         assert f"(LoRA rank 8 on {runs['model']})" in out
         assert out.split('--- sample 1/1\n')[1].split('\n')[0] == ' '.join(map(str, expected)), out
+
+
+def test_lora_on_a_random_init_base_generates_exports_and_resumes(tmp_path, capsys):
+    """A LoRA checkpoint whose base is tiny's random init of seed 3 (no llm.c file), written by the
+    trainer's Checkpointer with random, nonzero adapters: generate decodes the base with them folded in
+    (NumPy's fold and forward), export --merge-lora writes the same weights, a resume's checks pass;
+    a recorded base hash that the seed no longer gives is refused by each, naming both hashes."""
+    import dataclasses
+
+    import numpy_reference as ref
+    from trainer_runs import write_checkpoint
+
+    from jaxtrain.checkpoint.lora_record import lora_record, resume_problems
+    from jaxtrain.models.lora import count_parameters
+    from jaxtrain.models.setup import setup_model
+    from jaxtrain.tools import generate
+
+    config = load_config('gpt2', 'tiny', seed=3, lora_rank=4, lora_alpha=8.0)
+    setup = setup_model(config)
+    rng = np.random.default_rng(0)
+    adapters = jax.tree.map(
+        lambda x: (0.2 * rng.standard_normal(x.shape)).astype(np.float32), setup.lora_params
+    )
+    record = dict(
+        model_config=dataclasses.asdict(setup.model_config),
+        training_config=config.to_dict(),
+        lora=lora_record(setup, count_parameters(adapters)),
+    )
+    step_dir = write_checkpoint(tmp_path / 'ck', 1, 'gpt2', setup.model_config, adapters, **record)
+    merged = jax.tree.map(lambda x: np.array(x, np.float32), setup.params)
+    for module in ('attn/c_attn', 'attn/c_proj', 'mlp/c_proj'):  # W + (alpha/r) (B A)^T per layer
+        group, name = module.split('/')
+        pair = adapters['h'][group][name]
+        delta = np.einsum('lri,lor->lio', pair['lora_A'], pair['lora_B'])
+        merged['h'][group][name]['kernel'] = merged['h'][group][name]['kernel'] + 2.0 * delta
+
+    def reference_greedy(params):
+        tokens = [7, 11]
+        for _ in range(4):
+            logits = ref.gpt2_logits(params, 4, np.array([tokens]))[0, -1, : setup.model_config.vocab_size]
+            tokens.append(int(np.argmax(logits)))
+        return tokens
+
+    tokens = reference_greedy(merged)
+    assert tokens != reference_greedy(setup.params)  # the adapters change what is generated
+    pieces = [f'<{i}>'.encode() for i in range(setup.model_config.vocab_size)]  # shows the ids
+    header = struct.pack('<256i', *([20240328, 2, len(pieces), 50256] + [0] * 252))
+    (tmp_path / 'ids.bin').write_bytes(header + b''.join(bytes([len(p)]) + p for p in pieces))
+    greedy = [
+        '--tokenizer_bin',
+        str(tmp_path / 'ids.bin'),
+        '--checkpoint',
+        str(step_dir),
+        '--prompt_ids',
+        '7,11',
+        '--max_new_tokens',
+        '4',
+        '--temperature',
+        '0',
+    ]
+    assert generate.main(greedy) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert '(LoRA rank 4 on the random init of its seed)' in out
+    assert out.split('--- sample 1/1\n')[1].split('\n')[0] == ''.join(f'<{i}>' for i in tokens), out
+    assert ckpt.main(['export', str(step_dir), '--output', str(tmp_path / 'merged.bin'), '--merge-lora']) == 0
+    exported = llmc_io.load_gpt2(str(tmp_path / 'merged.bin'))[1]
+    for path, leaf in jax.tree_util.tree_flatten_with_path(merged)[0]:
+        found = exported
+        for key in path:
+            found = found[key.key]
+        np.testing.assert_allclose(found, leaf, atol=1e-6)
+    assert (
+        resume_problems(json.loads((step_dir / 'trainer_state' / 'metadata').read_text()), config, setup)
+        == []
+    )
+
+    # Another platform's draw of the seed: refused everywhere with one line naming both hashes.
+    recorded = record['lora']['base_sha256']
+    tampered = dict(record, lora={**record['lora'], 'base_sha256': '0' * 64})
+    other = write_checkpoint(tmp_path / 'other', 1, 'gpt2', setup.model_config, adapters, **tampered)
+    assert generate.main([*greedy[:3], str(other), *greedy[4:]]) == 2
+    assert ckpt.main(['export', str(other), '--output', str(tmp_path / 'm2.bin'), '--merge-lora']) == 2
+    for error in capsys.readouterr().err.strip().splitlines():
+        assert '0' * 64 in error and recorded in error, error
+    problems = resume_problems(tampered, config, setup)
+    assert len(problems) == 1 and '0' * 64 in problems[0] and recorded in problems[0]

@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 
 import llmc_io
+from llmc_io.llmc_state import LLMCState, tree_to_flat, write_state
 import numpy_reference as ref
+from infinitrain_samples import SAMPLES, needs_samples
 from trainer_runs import write_checkpoint
-from jaxtrain.tools import generate
+from jaxtrain.tools import ckpt_infinitrain, generate
 
 REPO = Path(__file__).resolve().parents[2]
 HEADER = llmc_io.GPT2Header(
@@ -68,7 +70,21 @@ def test_greedy_from_llmc_file_and_checkpoint_match_the_reference(model_files, c
     pieces = [f'<{i}>'.encode() for i in range(HEADER.vocab_size)]
     header = struct.pack('<256i', *([20240328, 2, len(pieces), 50256] + [0] * 252))
     (tmp_path / 'tok.bin').write_bytes(header + b''.join(bytes([len(p)]) + p for p in pieces))
-    for source in (['--llmc_filepath', root / 'model.bin'], ['--checkpoint', root / 'ck']):
+    # An llm.c run folder as train_gpt2cu -o writes it: the step's model and state files, then DONE.
+    (tmp_path / 'run').mkdir()
+    (tmp_path / 'run' / 'model_00000003.bin').write_bytes((root / 'model.bin').read_bytes())
+    master = tree_to_flat(tmp_path, params, HEADER)  # fp32 master weights: the model's own values
+    zeros = np.zeros_like(master)
+    write_state(
+        tmp_path / 'run' / 'state_00000003_00000.bin', LLMCState(step=3, m=zeros, v=zeros, master=master)
+    )
+    (tmp_path / 'run' / 'DONE_00000003').touch()
+    sources = [['--llmc_filepath', root / 'model.bin'], ['--checkpoint', root / 'ck']]  # ck: an Orbax root
+    # The Orbax step exported as InfiniTrain's HEAD files (jaxtrain's record of the shape inside).
+    ckpt_infinitrain.export(
+        root / 'ck' / 'checkpoint_step_000003', tmp_path / 'it' / 'checkpoint_step_000003', 'infinitrain'
+    )
+    for source in sources + [['--checkpoint', tmp_path / 'run'], ['--checkpoint', tmp_path / 'it']]:
         code, out, err = _run(
             capsys,
             *source,
@@ -246,3 +262,60 @@ def test_a_checkpoint_decodes_with_its_runs_tokenizer(model_files, tmp_path, cap
     assert code == 0, err
     note = f'note: the tokenizer the run named, {tokenizer}, is not there; decoding without it'
     assert [line for line in err.splitlines() if note in line and '--tokenizer FILE' in line], err
+
+
+def _upstream_tree(model: dict) -> dict:
+    """InfiniTrain's GPT-2 StateDict as the reference's flat {tree path: array}: Linear weights
+    (out, in) transposed to our (in, out) kernels, layers stacked (docs/formats.md, upstream's names)."""
+    names = {'ln_1': 'ln_1', 'ln_2': 'ln_2', 'attn.c_attn': 'attn/c_attn', 'attn.c_proj': 'attn/c_proj'}
+    names.update({'mlp.c_fc': 'mlp/c_fc', 'mlp.c_proj': 'mlp/c_proj'})
+    layers = 1 + max(int(n.split('.')[2]) for n in model if n.startswith('transformer.h.'))
+    tree = {
+        'wte/embedding': model['transformer.wte.weight'],
+        'wpe/embedding': model['transformer.wpe.weight'],
+    }
+    tree.update({'ln_f/scale': model['transformer.ln_f.weight'], 'ln_f/bias': model['transformer.ln_f.bias']})
+    for upstream, ours in names.items():
+        norm = ours.startswith('ln')
+        weight = [model[f'transformer.h.{i}.{upstream}.weight'] for i in range(layers)]
+        tree[f'h/{ours}/scale' if norm else f'h/{ours}/kernel'] = np.stack(
+            weight if norm else [w.T for w in weight]
+        )
+        tree[f'h/{ours}/bias'] = np.stack(
+            [model[f'transformer.h.{i}.{upstream}.bias'] for i in range(layers)]
+        )
+    return tree
+
+
+@needs_samples
+def test_infinitrain_steps_and_roots_decode_as_the_reference(tmp_path, capsys):
+    """The binary's own HEAD step (head-gpt2), and the same weights laid out as a DDP 2 x TP 2 run's
+    rank directories by the test's upstream writer, taken as a root: both decode as the reference."""
+    from infinitrain_rank_fixtures import write_run
+
+    from llmc_io.statedict import read_state_dict
+
+    step = SAMPLES / 'head-gpt2' / 'a' / 'checkpoint_step_000010'
+    model = {n: t.array for n, t in read_state_dict(step / 'model.ckpt').items()}
+    tree = _upstream_tree(model)
+    tokens = [7, 300]
+    for _ in range(5):  # upstream's GPT-2 from an llm.c file has 12 heads (docs/formats.md)
+        tokens.append(int(np.argmax(ref.gpt2_logits(tree, 12, np.array([tokens]))[0, -1])))
+    write_run(
+        tmp_path / 'ranks' / 'checkpoint_step_000010',
+        'gpt2',
+        model,
+        None,
+        0,
+        step=10,
+        consumed=10,
+        lr=0.01,
+        ddp=2,
+        tp=2,
+    )
+    for source in (step, tmp_path / 'ranks'):
+        code, out, err = _run(
+            capsys, '--checkpoint', source, '--prompt_ids', '7,300', '--max_new_tokens', 5, '--temperature', 0
+        )
+        assert code == 0, err
+        assert out.split('--- sample 1/1\n')[1].split('\n')[0] == ' '.join(map(str, tokens[2:]))

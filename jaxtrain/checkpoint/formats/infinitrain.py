@@ -256,6 +256,37 @@ def _read_ranks(step_dir, ranks, expected_shapes, with_optimizer, vpp, run_pipel
     )
 
 
+def model_shape_from_files(ckpt: InfiniTrainCheckpoint) -> dict | None:
+    """The llm.c header fields of a directory upstream wrote, where its files say them: the PR's
+    model.bin has a header; a GPT-2 CKPT file's tensors give all but the head count, which HEAD's
+    trainer_state.json holds truly (upstream's GPT-2 loader demands the default 12 heads of an llm.c
+    file, and a --model run writes its own). None otherwise: LLaMA-3's heads and RoPE settings are
+    nowhere in a CKPT file, and HEAD writes its config defaults for an llm.c model."""
+    if ckpt.kind == PR_BIN_KIND:
+        return dataclasses.asdict(llmc_io.load_model(ckpt.path / FILES[ckpt.kind][0])[0])
+    if ckpt.family != 'gpt2' or not ckpt.state.shape:
+        return None
+    rows, channels = ckpt.params['wte']['embedding'].shape
+    return dict(
+        max_seq_len=ckpt.params['wpe']['embedding'].shape[0],
+        vocab_size=rows,
+        padded_vocab_size=rows,
+        num_layers=ckpt.params['h']['ln_1']['scale'].shape[0],
+        num_heads=int(ckpt.state.shape['n_head']),
+        channels=channels,
+    )
+
+
+def gzipped_files(step_dir) -> list[str]:
+    """InfiniTrain files a step directory (or its rank_000000) holds gzipped, e.g. model.ckpt.gz."""
+    step_dir = Path(step_dir)
+    if not step_dir.is_dir():
+        return []
+    first = step_dir / 'rank_000000' if (step_dir / 'rank_000000').is_dir() else step_dir
+    known = {name for files in FILES.values() for name in files}
+    return sorted(p.name for p in first.glob('*.gz') if p.name[: -len('.gz')] in known)
+
+
 # ---- the data position ------------------------------------------------------------------------------------
 
 

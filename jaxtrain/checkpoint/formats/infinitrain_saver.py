@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxtrain.checkpoint.format import Resumed, Verification, fresh_optimizer_state
+from jaxtrain.checkpoint.format import Resumed, Verification, Weights, fresh_optimizer_state
 from jaxtrain.checkpoint.formats import infinitrain as it
 from jaxtrain.checkpoint.formats import infinitrain_schedule
 from jaxtrain.checkpoint.formats.infinitrain_trainer import LRS_FORMAT, read_step_dir, save_step_dir
@@ -265,6 +265,20 @@ class InfiniTrainFormat:
         from jaxtrain.tools.ckpt_infinitrain import verify
 
         return verify(step_dir)
+
+    def read_weights(self, step_dir) -> Weights:
+        """The model file of any generation and rank layout; the model config is jaxtrain's record of
+        it, else what the files say (model_shape_from_files)."""
+        try:
+            ckpt = it.read_checkpoint(step_dir, None, with_optimizer=False)
+        except LLMCFormatError as e:
+            raise CheckpointError(str(e)) from None
+        record = dict(ckpt.state.jaxtrain) if ckpt.state.jaxtrain else None
+        model_config = (record or {}).get('model_config') or (record or {}).get('model_shape')
+        what = f'InfiniTrain checkpoint {step_dir} ({ckpt.kind})'
+        return Weights(
+            ckpt.family, ckpt.params, what, model_config or it.model_shape_from_files(ckpt), record
+        )
 
     def restore_into(self, config, parts, step_dir: Path) -> Resumed:
         """Everything is checked (model family, names, shapes, vocabulary, batch geometry)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxtrain.checkpoint.format import Resumed, Verification
+from jaxtrain.checkpoint.format import Resumed, Verification, Weights
 from jaxtrain.checkpoint.formats.infinitrain_trainer import adam_states, put_tree, with_adam_moments
 from jaxtrain.checkpoint.layout import CheckpointError
 from jaxtrain.optim.optimizer import learning_rate_at
@@ -161,6 +161,21 @@ class LLMCRunFormat:
             return verify(path)
         except (LLMCFormatError, OSError) as e:
             return Verification([str(e)], [])
+
+    def read_weights(self, path) -> Weights:
+        """The step's model file (a run folder's newest committed step, or the one named)."""
+        import dataclasses
+
+        import llmc_io
+
+        try:
+            run_dir, step = locate(path)
+            header, params = llmc_io.load_model(llmc_run.model_path(run_dir, step))
+        except LLMCFormatError as e:
+            raise CheckpointError(str(e)) from None
+        family = 'gpt2' if isinstance(header, llmc_io.GPT2Header) else 'llama3'
+        what = f'llm.c run folder {run_dir}, step {step}'
+        return Weights(family, params, what, dataclasses.asdict(header), {'step': step, 'kind': KIND})
 
     def restore_into(self, config, parts, path: Path) -> Resumed:
         from jaxtrain.data.run_streams import data_paths, train_stream  # the data the run will read

@@ -18,7 +18,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from jaxtrain.checkpoint.checksums import checksum_mismatches
-from jaxtrain.checkpoint.format import Resumed, Verification, fresh_optimizer_state
+from jaxtrain.checkpoint.format import Resumed, Verification, Weights, fresh_optimizer_state
 from jaxtrain.checkpoint.layout import DAMAGED, CheckpointError, committed_steps, damaged_advice, is_committed
 from jaxtrain.checkpoint.lora_record import resume_problems as lora_resume_problems
 from jaxtrain.checkpoint.manager import Checkpointer
@@ -62,6 +62,22 @@ class OrbaxFormat:
         from jaxtrain.tools.ckpt_inspect import verify
 
         return verify(step_dir)
+
+    def read_weights(self, step_dir) -> Weights:
+        """params/ as NumPy on the host, whatever devices saved it; a LoRA step's are its adapters."""
+        record = read_trainer_state(step_dir)
+        item_dir = Path(step_dir).absolute() / 'params'
+        try:
+            metadata = ocp.PyTreeCheckpointer().metadata(item_dir).item_metadata.tree
+            as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), metadata)
+            params = ocp.PyTreeCheckpointer().restore(
+                item_dir, args=ocp.args.PyTreeRestore(restore_args=as_numpy)
+            )
+        except Exception as e:  # noqa: BLE001  Orbax raises many kinds for a damaged directory
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise CheckpointError(f'{item_dir}: could not read the saved weights: {first}') from e
+        family = record.get('model_family')
+        return Weights(family, params, f'checkpoint {step_dir}', record.get('model_config'), record)
 
     def restore_into(self, config, parts, step_dir: Path) -> Resumed:
         try:
