@@ -440,10 +440,11 @@ def cmd_export(args) -> int:
 
     from jaxtrain.tools import ckpt_infinitrain
 
-    from jaxtrain.tools.export_target import refuse_output_in_input
+    from jaxtrain.tools.export_target import refuse_output_in_input, refuse_run_sources
 
     topology = ckpt_infinitrain.topology_from_args(args)
     refuse_output_in_input(args.output, args.step_dir)
+    refuse_run_sources(args.output, args.step_dir)
     if args.format == 'llmc-run':
         from jaxtrain.tools import ckpt_llmc
 

@@ -5,8 +5,9 @@ never deletes a directory it did not write (an InfiniTrain step directory is rep
 its own record says `ckpt export` wrote it, and it holds nothing else; an llm.c run folder's step
 only when its jaxtrain_export record vouches for its files, ckpt_llmc.py), never writes into a
 checkpoint (the step it reads included, under any name), never over a file of a committed llm.c
-step, and never over the llm.c file a checkpoint records as its base: a LoRA checkpoint is
-merged and resumed from that file, and a full one names it as its source.
+step, never over or into what the checkpoint's run started from (--init_from, --llmc_filepath),
+and never over the llm.c file a checkpoint records as its base: a LoRA checkpoint is merged and
+resumed from that file, and a full one names it as its source.
 """
 
 from __future__ import annotations
@@ -48,6 +49,29 @@ def refuse_output_in_input(output, step_dir) -> None:
             f'--output: {output}: expected a path outside STEP_DIR {step_dir}, found {found}; '
             'choose another --output'
         )
+
+
+def refuse_run_sources(output, step_dir) -> None:
+    """What the checkpoint's run started from (--init_from, --llmc_filepath, as its record says) is
+    never written over or into, --force or not: the HF folder or llm.c file a run was fine-tuned
+    from is often the only copy of that model."""
+    from jaxtrain.checkpoint.trainer_state import read_trainer_state
+
+    if not (Path(step_dir) / 'trainer_state').is_dir():
+        return  # not one of our steps: it records no sources
+    config = read_trainer_state(step_dir).get('training_config') or {}
+    real_output = Path(output).resolve()
+    for key in ('init_from', 'llmc_filepath'):
+        source = config.get(key) or ''
+        if not source or not Path(source).exists():
+            continue
+        real = Path(source).resolve()
+        if real_output == real or real in real_output.parents:
+            raise CheckpointError(
+                f'--output: {output}: expected a path apart from what the run of {step_dir} started from, '
+                f'found {"" if real_output == real else "a path inside "}its --{key} {source}; writing '
+                'there would change that model. Choose another --output'
+            )
 
 
 def check_file_output(output, force: bool) -> None:

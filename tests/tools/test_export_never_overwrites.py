@@ -140,3 +140,19 @@ def test_version_is_refused_where_the_format_has_none(tmp_path, capsys, step_dir
         out = tmp_path / fmt / 'checkpoint_step_000005'
         err = refused(capsys, step_dir, '--format', fmt, '--output', out, '--version', '5')
         assert err.endswith('found 5') and '--version: expected none' in err and not out.exists()
+
+
+def test_what_the_run_started_from_is_never_written_over(tmp_path, capsys, step_dir):
+    """An HF folder given as --init_from (recorded in training_config) is often the only copy of
+    the model a run was fine-tuned from: --force never replaces its files or writes into it."""
+    params = random_params(GPT2, 1, std=0.3, everywhere=True)
+    params['wte']['embedding'][GPT2.vocab_size :] = 0
+    hf = tmp_path / 'pretrained'
+    llmc_io.hf.save_hf(hf, GPT2, params)
+    before = digest(hf)
+    config = {'optimizer': 'adamw', 'save_optimizer_state': False, 'init_from': str(hf)}
+    tuned = write_checkpoint(tmp_path / 'tuned', 9, 'gpt2', GPT2, params, training_config=config)
+    for output, fmt in ((hf, 'hf'), (hf / 'model.bin', 'llmc')):
+        err = refused(capsys, tuned, '--format', fmt, '--output', output, '--force')
+        assert f'what the run of {tuned} started from' in err and f'--init_from {hf}' in err
+    assert digest(hf) == before
