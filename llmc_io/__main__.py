@@ -8,6 +8,8 @@
                                                 [--tokenizer tokenizer.json|tokenizer.model] [--force]
     python -m llmc_io tokenizer TOKENIZER --family gpt2|llama3 --output FILE [--force]
                                                 llm.c's tokenizer file from a BPE tokenizer
+    python -m llmc_io gpt2-tokenizer encoder.json vocab.bpe --output tokenizer.json [--force]
+                                                GPT-2's tokenizer.json from OpenAI's two files
 
 Errors print one line on stderr and exit with status 2 (a traceback only with --verbose).
 No command replaces what exists without --force, and none ever writes over its own input or a
@@ -22,7 +24,7 @@ import signal
 import sys
 
 from llmc_io import header as hdr
-from llmc_io import make_shards, output_file, tokenizer_export
+from llmc_io import gpt2_tokenizer_json, make_shards, output_file, tokenizer_export
 from llmc_io.dtypes import fp32_repr
 from llmc_io.errors import LLMCFormatError
 from llmc_io.gpt2 import GPT2Header, load_gpt2, save_gpt2
@@ -108,6 +110,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     make_shards.add_parser(commands, [common])
     tokenizer_export.add_parser(commands, [common])
+    gpt2_tokenizer_json.add_parser(commands, [common])
     return parser
 
 
@@ -329,6 +332,7 @@ def main(argv=None) -> int:
             "convert": _convert,
             "shard": make_shards.run,
             "tokenizer": tokenizer_export.run,
+            "gpt2-tokenizer": gpt2_tokenizer_json.run,
         }
         commands[args.command](args)
     except BrokenPipeError:  # `| head` has read what it wanted: no error, nothing on stderr

@@ -81,6 +81,7 @@ def test_docs_text_commands_run_as_written(tmp_path):
     assert (tmp_path / 'data' / 'book_tokenizer.bin').read_bytes()[:4] == (20240328).to_bytes(4, 'little')
     assert sorted(p.name for p in (tmp_path / 'hf_model').iterdir()) == [
         'config.json',
+        'generation_config.json',
         'model.safetensors',
         'tokenizer.json',
         'tokenizer_config.json',
@@ -88,6 +89,8 @@ def test_docs_text_commands_run_as_written(tmp_path):
     events = EventAccumulator(str(tmp_path / 'tb'))
     events.Reload()
     assert [e.step for e in events.Scalars('train/loss')] == [1, 2, 3, 4]
+    # --input_val_bin alone validates (val_loss_every derived): at the run's last step
+    assert [e.step for e in events.Scalars('val/loss')] == [4]
     assert (tmp_path / 'hf_model' / 'tokenizer.json').read_bytes() == (
         tmp_path / 'tokenizer.json'
     ).read_bytes()

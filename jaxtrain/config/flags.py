@@ -111,6 +111,30 @@ def derive_total_batch_size(config, warn) -> None:
     config.total_batch_size = 0
 
 
+# llm.c's train_gpt2cu validates every 20 steps by default (-v 20); InfiniTrain's default is 0.
+DEFAULT_VAL_LOSS_EVERY = 20
+
+
+def derive_val_loss_every(config, warn) -> None:
+    """`--input_val_bin` without `--val_loss_every` (0, InfiniTrain's default): validation would never
+    run, so run it every 20 steps as llm.c does (at the last step of a shorter run; at the saves
+    keep_best ranks) and say so in one line."""
+    if not config.input_val_bin or config.val_loss_every or _given_on_command_line('val_loss_every'):
+        return
+    if config.keep_best and config.save_steps > 0:
+        every, why = config.save_steps, 'save_steps, which keep_best ranks'
+    else:
+        every = max(1, min(DEFAULT_VAL_LOSS_EVERY, config.num_iteration))
+        why = f"llm.c's {DEFAULT_VAL_LOSS_EVERY}" + (
+            ', or num_iteration' if every < DEFAULT_VAL_LOSS_EVERY else ''
+        )
+    warn(
+        f'val_loss_every: not given, so validating on input_val_bin every {every} steps ({why}); '
+        'pass --val_loss_every N to choose, 0 for none'
+    )
+    config.val_loss_every = every
+
+
 def apply_key_flags(config, keys, warn) -> None:
     """Copies every flag the user set onto `config` (a ConfigDict)."""
     for key in keys:
@@ -124,6 +148,7 @@ def apply_key_flags(config, keys, warn) -> None:
             value = float(value)
         config[key] = value
     derive_total_batch_size(config, warn)
+    derive_val_loss_every(config, warn)
 
 
 # --- the command line as a whole --------------------------------------------------

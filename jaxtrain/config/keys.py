@@ -113,7 +113,12 @@ KEYS = (
         'instead of continuing from its bf16 model',
     ),
     ('input_val_bin', '', "glob of validation shards ('' = none, or the built-in corpus's val shard)"),
-    ('val_loss_every', 0, 'validation loss every N steps (0 = never)'),
+    (
+        'val_loss_every',
+        0,
+        'validation loss every N steps (0 = never; not given beside an input_val_bin: every 20 steps, '
+        'as llm.c, or at the last step of a shorter run)',
+    ),
     ('val_max_steps', 5, 'validation batches per evaluation'),
     # Text samples (train/samples.py): from EOT, temperature 1.0, top-k 40, as llm.c.
     (

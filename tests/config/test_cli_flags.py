@@ -104,3 +104,27 @@ def test_overfit_single_batch_trains_on_the_first_batch_only(tmp_path):
     assert runs['same', True][2] < runs['same', True][0]  # the one batch is learned
     assert runs['same', False][0] == runs['other', False][0]  # step 1 reads the same window
     assert runs['same', False][1:] != runs['other', False][1:]
+
+
+@pytest.mark.parametrize(
+    'given, expected',
+    [
+        ({'num_iteration': 4}, 4),  # a run shorter than llm.c's 20 validates at its last step
+        ({'num_iteration': 100}, 20),
+        ({'num_iteration': 100, 'keep_best': 2, 'save_steps': 10}, 10),  # at the saves it ranks
+        ({'num_iteration': 100, 'val_loss_every': 7}, 7),  # given: kept
+    ],
+)
+def test_a_validation_shard_without_val_loss_every_is_validated(given, expected):
+    from jaxtrain.config.flags import derive_val_loss_every
+    from trainer_runs import load_config
+
+    config = load_config('gpt2', input_val_bin='val_*.bin', **given)
+    notes = []
+    derive_val_loss_every(config, notes.append)
+    assert config.val_loss_every == expected
+    assert len(notes) == (0 if 'val_loss_every' in given else 1)
+    assert all(f'every {expected} steps' in note and '--val_loss_every' in note for note in notes)
+    without_shard = load_config('gpt2', **given)
+    derive_val_loss_every(without_shard, notes.append)
+    assert without_shard.val_loss_every == given.get('val_loss_every', 0)
