@@ -61,7 +61,7 @@ def _read_weights(where: Path, flag: str, lora_base: str | None):
                 f'{where}: expected a checkpoint step directory, a checkpoint root, a Hugging Face '
                 'folder or an llm.c file, found nothing there'
             )
-        raise layout.CheckpointError(f'{where}: {_not_a_checkpoint(where)}')
+        raise layout.CheckpointError(_not_a_checkpoint(where))
     registry.refuse_damaged(where, flag)
     weights = fmt.read_weights(where)
     lora = (weights.record or {}).get('lora')
@@ -83,17 +83,15 @@ def _read_weights(where: Path, flag: str, lora_base: str | None):
 
 
 def _not_a_checkpoint(where: Path) -> str:
-    from jaxtrain.checkpoint.formats.infinitrain import gzipped_files
+    from jaxtrain.checkpoint.formats.infinitrain import gzipped_notice
 
-    gzipped = gzipped_files(where)
-    if gzipped:
-        return (
-            f"expected InfiniTrain's files, found them gzipped ({', '.join(gzipped)}); gunzip them first "
-            f'(gunzip {where}/*.gz)'
-        )
+    steps = [where] + (sorted(p for p in where.iterdir() if p.is_dir()) if where.is_dir() else [])
+    gzipped = next((notice for step in steps if (notice := gzipped_notice(step))), None)
+    if gzipped:  # the samples InfiniTrain's files are shipped as
+        return gzipped
     return (
-        'expected a checkpoint step directory, a checkpoint root with a committed step, an llm.c '
-        'run folder or a Hugging Face folder (config.json), found none of them'
+        f'{where}: expected a checkpoint step directory, a checkpoint root with a committed step, an '
+        'llm.c run folder or a Hugging Face folder (config.json), found none of them'
     )
 
 

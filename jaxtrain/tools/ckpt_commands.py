@@ -155,6 +155,9 @@ def cmd_ls(args) -> int:
         for e in entries
     ]
     print(_table(['step', 'directory', 'kind', 'state', 'size', 'written', 'optimizer', 'loss', ''], rows))
+    packed = [e for e in entries if e['status'].startswith('gzipped')]
+    if packed:
+        print(f"{len(packed)} step(s) hold gzipped InfiniTrain files: gunzip {args.dir}/*/*.gz to use them")
     if latest is None:
         print(f'latest: none (no committed checkpoint in {args.dir})')
     else:
@@ -258,6 +261,9 @@ def cmd_show(args) -> int:
         return _llmc_show(args)
     if ckpt_infinitrain.kind_of(args.step_dir) != 'orbax':
         return _show_infinitrain(args)
+    gzipped = ckpt_infinitrain.it.gzipped_notice(args.step_dir)
+    if gzipped:
+        raise ckpt_infinitrain.CheckpointError(gzipped)
     step_dir = ckpt_inspect.find_finished_step_dir(args.step_dir)
     state = read_trainer_state(step_dir)
     rows = _tensor_rows(step_dir, state) if args.tensors else None

@@ -112,6 +112,9 @@ def annotate_entries(root, entries) -> list[dict]:
         kind = it.detect_kind(e.path)
         if kind is not None:
             row.update(_infinitrain_row(e.path, kind))
+        elif it.gzipped_kind(e.path) is not None:  # not an Orbax step: InfiniTrain's, still packed
+            gzipped = ', '.join(it.gzipped_files(e.path))
+            row.update(kind=it.gzipped_kind(e.path), status=f'gzipped: {gzipped}')
         elif e.committed:
             from jaxtrain.checkpoint.trainer_state import read_trainer_state
 

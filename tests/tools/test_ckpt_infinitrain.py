@@ -220,3 +220,30 @@ def test_infinitrain_s_own_checkpoint_against_ours_of_the_same_tensors_is_identi
     assert result['identical'] and result['fields'] == []
     one_side = {f['field'] for f in result['recorded_by_one_side']}
     assert one_side >= {'model_config.num_layers', 'data_position'}
+
+
+@needs_samples
+def test_gzipped_sample_steps_are_named_with_the_gunzip_hint(real, capsys):
+    """head-llama3 ships its step files gzipped (the samples' README): ls names them InfiniTrain's,
+    gzipped, and says how to unpack them; show is one line with the command; the unpacked copy
+    of the same root lists both steps committed."""
+    packed = SAMPLES / 'head-llama3' / 'a'
+    code, out, err = run_tool(capsys, 'ls', packed, '--json')
+    assert code == 0, err
+    listed = {Path(e['path']).name: e for e in json.loads(out)['checkpoints']}
+    for name in ('checkpoint_step_000010', 'checkpoint_step_000020'):
+        assert listed[name]['kind'] == 'infinitrain'
+        assert listed[name]['status'] == 'gzipped: model.ckpt.gz, optimizer.ckpt.gz'
+    code, out, err = run_tool(capsys, 'ls', packed)
+    assert f'2 step(s) hold gzipped InfiniTrain files: gunzip {packed}/*/*.gz to use them' in out
+    assert 'orbax' not in out and 'incomplete' not in out
+    code, out, err = run_tool(capsys, 'show', packed / 'checkpoint_step_000010')
+    assert code == 2 and len(err.strip().splitlines()) == 1 and 'damaged' not in err
+    assert f"unpack them first: gunzip {packed / 'checkpoint_step_000010'}/*.gz" in err
+    code, out, err = run_tool(capsys, 'ls', real / 'head-llama3' / 'a', '--json')
+    assert [e['status'] for e in json.loads(out)['checkpoints']] == ['committed', 'committed']
+    from jaxtrain.tools import generate
+
+    assert generate.main(['--checkpoint', str(packed)]) == 2  # a root of them: its step's one line
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and 'gunzip' in err and 'model.ckpt.gz' in err

@@ -283,8 +283,26 @@ def gzipped_files(step_dir) -> list[str]:
     if not step_dir.is_dir():
         return []
     first = step_dir / 'rank_000000' if (step_dir / 'rank_000000').is_dir() else step_dir
-    known = {name for files in FILES.values() for name in files}
+    known = {name for files in FILES.values() for name in files} | {TRAINER_STATE}
     return sorted(p.name for p in first.glob('*.gz') if p.name[: -len('.gz')] in known)
+
+
+def gzipped_kind(step_dir) -> str | None:
+    """The kind a step directory would be once its gzipped files are unpacked, or None (not gzipped)."""
+    names = {name[: -len('.gz')] for name in gzipped_files(step_dir)}
+    return next((kind for kind in (HEAD_KIND, PR_PTH_KIND, PR_BIN_KIND) if FILES[kind][0] in names), None)
+
+
+def gzipped_notice(step_dir) -> str | None:
+    """One line for a step directory whose InfiniTrain files are gzipped (as samples are shipped), with
+    the command that unpacks them; None for any other directory."""
+    kind = gzipped_kind(step_dir)
+    if kind is None:
+        return None
+    return (
+        f"{step_dir}: expected InfiniTrain's {FILES[kind][0]}, found it gzipped ("
+        f"{', '.join(gzipped_files(step_dir))}); unpack them first: gunzip {step_dir}/*.gz"
+    )
 
 
 # ---- the data position ------------------------------------------------------------------------------------
