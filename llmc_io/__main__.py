@@ -33,11 +33,19 @@ from llmc_io.llama3 import LAYOUT_INFINITRAIN, load_llama3, save_llama3
 from llmc_io.model import model_info
 from llmc_io.shards import read_shard, shard_info
 from llmc_io.text_tokenizer import is_bpe_tokenizer_file
-from llmc_io.tokenizer import is_tokenizer_file, read_tokenizer
+from llmc_io.tokenizer import GPT2_TOKENIZER_MAGIC, is_tokenizer_file, read_tokenizer
 
 EXIT_ERROR = 2
 _SHARD_MAGICS = (hdr.GPT2_SHARD_MAGIC, hdr.LLAMA3_SHARD_MAGIC)
 _MODEL_MAGICS = (hdr.GPT2_MODEL_MAGIC, hdr.LLAMA3_MODEL_MAGIC)
+# What `info` reads, by magic: LLaMA-3's token shards and InfiniTrain's LLaMA-3 tokenizer share one.
+_INFO_MAGICS = ", ".join(
+    [
+        *(hdr.describe_magic(m) for m in (*_MODEL_MAGICS, hdr.GPT2_SHARD_MAGIC)),
+        f"{hdr.LLAMA3_SHARD_MAGIC} (LLaMA-3 token shard or tokenizer file)",
+        f"{GPT2_TOKENIZER_MAGIC} (GPT-2 tokenizer file)",
+    ]
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -199,8 +207,13 @@ def _info(args) -> None:
         )
         return
     if magic not in _MODEL_MAGICS:
-        expected = ", ".join(hdr.describe_magic(m) for m in _MODEL_MAGICS + _SHARD_MAGICS)
-        raise LLMCFormatError(args.file, "header[0] magic", f"one of {expected}", hdr.describe_magic(magic))
+        raise LLMCFormatError(
+            args.file,
+            "header[0] magic",
+            f"one of {_INFO_MAGICS}, or a tokenizer.json, a tiktoken BPE file or an HF folder",
+            hdr.describe_magic(magic),
+            "text becomes token shards with: python -m llmc_io shard FILE --family gpt2 --output PREFIX",
+        )
     info = model_info(args.file, **_overrides(args))
     header = info.header
     rows = [

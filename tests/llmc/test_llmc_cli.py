@@ -87,6 +87,19 @@ def test_info_on_llama3_models_of_both_layouts(tmp_path, run):
     assert "layout              infinitrain" in result.stdout and "truncated" in result.stdout
 
 
+def test_info_on_a_text_file_names_every_magic_it_reads_and_how_to_tokenize_it(tmp_path, run):
+    """llm.c's magics (train_gpt2.c, dev/data/data_common.py, llama3 branch) and InfiniTrain's
+    LLaMA-3 tokenizer file, whose magic is LLaMA-3's shard magic (example/common/tokenizer.cc)."""
+    text = tmp_path / "book.txt"
+    text.write_text("To be, or not to be, that is the question.\n" * 40)
+    result = run("info", text)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    for magic in (20240326, 20240803, 20240520, 20240801, 20240328):
+        assert str(magic) in result.stderr
+    assert "20240328 (GPT-2 tokenizer file)" in result.stderr
+    assert "python -m llmc_io shard FILE" in result.stderr
+
+
 def test_info_on_a_token_shard(tmp_path):
     path = tmp_path / "shard.bin"
     llmc_io.write_shard(path, [7, 50256, 3, 9], kind="gpt2")
