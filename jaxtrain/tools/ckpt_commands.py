@@ -452,13 +452,13 @@ def cmd_export(args) -> int:
     refuse_output_in_input(args.output, args.step_dir)
     refuse_run_sources(args.output, args.step_dir)
     if args.format == 'llmc-run':
-        from jaxtrain.tools import ckpt_llmc
+        from jaxtrain.tools import ckpt_llmc_export
 
-        written = ckpt_llmc.export(args.step_dir, args.output, args.force, args.version or 5)
+        written = ckpt_llmc_export.export(args.step_dir, args.output, args.force, args.version or 5)
         if args.json:
             _print_json({'path': str(args.step_dir), **written})
         else:
-            print(ckpt_llmc.export_line(written))
+            print(ckpt_llmc_export.export_line(written))
         return EXIT_OK
     if args.format in ('infinitrain', 'infinitrain-lrs', 'infinitrain-bin'):
         if args.version is not None:

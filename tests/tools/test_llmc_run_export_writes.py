@@ -113,7 +113,8 @@ def test_force_replaces_an_earlier_export_and_version_3_writes_fp32(tmp_path, ca
 def test_a_full_disk_leaves_the_step_uncommitted_and_says_so(tmp_path, capsys, step_dir, disk_full_for):
     out = tmp_path / 'out'
     shutil.copytree(RUN / 'a', out, ignore=shutil.ignore_patterns(f'*{STEP:08d}*'))
-    assert export(capsys, step_dir, out)[0] == 0
+    code, text = export(capsys, step_dir, out)
+    assert code == 0 and 'note: -y 1 resumes the newest committed step, 20, not this one' in text
     disk_full_for('state_')
     code, err = export(capsys, step_dir, out, '--force')
     assert code == 2 and f'{out / STATE}: disk full (No space left on device)' in err
