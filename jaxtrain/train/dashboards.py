@@ -1,6 +1,7 @@
 """TensorBoard and Weights & Biases: the run's metrics as curves, beside metrics.jsonl.
 
-`--tensorboard_dir DIR` writes TensorBoard event files with tensorboardX (as MaxText does);
+`--tensorboard_dir DIR` writes TensorBoard event files with tensorboardX's record writer and
+summaries (as MaxText does), in the loop's own thread (TensorBoardEvents);
 `--wandb_project NAME` logs the same to W&B (`pip install wandb`; `WANDB_MODE=offline` keeps it
 on disk). Every numeric field of the rows the run log records (RunLog.record) becomes a scalar
 at the row's step, under the tag SCALAR_TAGS gives it; the resolved run (banner.run_record, what
@@ -16,13 +17,21 @@ arrives after later steps were logged) would be dropped. So every W&B row carrie
 step as the metric `step`, the x-axis of every tag (define_metric), and W&B's own step just counts
 rows. A resumed run is a new W&B run unless WANDB_RUN_ID and WANDB_RESUME=allow name the old one;
 either way its curves continue from its first step.
+
+A write that fails raises run_log.RecordWriteError naming the file (or the W&B run) and the step;
+the loop ends the run on it (docs/dashboards.md).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
+import socket
+import time
 
 from jaxtrain.train.output_directory import create_output_directory
+from jaxtrain.train.run_log import row_of, write_failure
 
 # Row key -> dashboard tag.
 SCALAR_TAGS = {
@@ -66,6 +75,62 @@ def _missing(flag: str, package: str, alternative: str = '') -> ImportError:
     )
 
 
+class TensorBoardEvents:
+    """One TensorBoard event file, written in the caller's thread. tensorboardX's SummaryWriter
+    writes from a thread of its own through a bounded queue: when a write there fails (a full
+    disk), that thread dies and the next add blocks forever on the full queue, a SIGTERM
+    included. Here a failed write raises where it was made. The file is named and begun as
+    tensorboardX names and begins it, purge marker included; it is flushed (and fsynced) every
+    `flush_secs` and on close, as SummaryWriter's thread does."""
+
+    def __init__(self, directory, purge_step: int | None, flush_secs: float = 30):
+        from tensorboardX.proto.event_pb2 import Event, SessionLog
+        from tensorboardX.record_writer import RecordWriter
+
+        # tensorboardX's name, and this process's id: a run resumed within the second (or another
+        # run writing to the same directory) must not truncate an earlier file of the same name.
+        name = f'events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}'
+        self.path = next(
+            path
+            for n in itertools.count()
+            if not os.path.exists(path := os.path.join(directory, name + (f'.{n}' if n else '')))
+        )
+        self._event = Event
+        self.flush_secs, self._flushed = flush_secs, time.monotonic()
+        self._file = RecordWriter(self.path)
+        self._write(Event(wall_time=time.time(), file_version='brain.Event:2'))
+        if purge_step is not None:  # readers drop what earlier runs wrote from this step on
+            self._write(Event(step=purge_step, file_version='brain.Event:2'))
+            self._write(Event(step=purge_step, session_log=SessionLog(status=SessionLog.START)))
+
+    def _write(self, event) -> None:
+        if not event.wall_time:
+            event.wall_time = time.time()
+        self._file.write(event.SerializeToString())
+
+    def add_summary(self, summary, step: int) -> None:
+        self._write(self._event(summary=summary, step=int(step)))
+        if time.monotonic() - self._flushed >= self.flush_secs:
+            self.flush()
+
+    def flush(self) -> None:
+        self._file.flush()
+        self._flushed = time.monotonic()
+
+    def close(self) -> None:
+        try:
+            self.flush()
+        finally:
+            self.abandon()
+
+    def abandon(self) -> None:
+        """Closes the file without flushing what a failed write left in its buffer."""
+        try:
+            self._file.close()
+        except OSError:
+            pass  # the buffer's flush failed again
+
+
 class Dashboards:
     """The writers a run asked for; `record(row)` for every run-log row, `close()` at the end."""
 
@@ -76,13 +141,13 @@ class Dashboards:
             return
         if config.tensorboard_dir:
             try:
-                from tensorboardX import SummaryWriter
+                import tensorboardX  # noqa: F401
             except ImportError:
                 raise _missing('--tensorboard_dir', 'tensorboardX') from None
             # A fresh run purges nothing; a resumed one hides what an earlier run wrote after its step.
             purge = first_step + 1 if first_step > 0 else None
             create_output_directory('tensorboard_dir', config.tensorboard_dir)
-            self.tensorboard = SummaryWriter(config.tensorboard_dir, purge_step=purge, flush_secs=30)
+            self.tensorboard = TensorBoardEvents(config.tensorboard_dir, purge)
         if config.wandb_project:
             try:
                 import wandb
@@ -96,9 +161,17 @@ class Dashboards:
 
     def write_config(self, record: dict) -> None:
         if self.tensorboard is not None:
-            self.tensorboard.add_text('config', config_markdown(record), global_step=self.first_step)
+            from tensorboardX.summary import text
+
+            try:
+                self.tensorboard.add_summary(text('config', config_markdown(record)), self.first_step)
+            except OSError as error:
+                raise write_failure(self.tensorboard.path, 'the run config', error) from None
         if self.wandb_run is not None:
-            self.wandb_run.config.update(record, allow_val_change=True)
+            try:
+                self.wandb_run.config.update(record, allow_val_change=True)
+            except Exception as error:  # whatever wandb raises: one line, the run ends (loop.py)
+                raise write_failure(self._wandb_name(), 'the run config', error) from None
 
     def record(self, row: dict) -> None:
         step = row.get('step')
@@ -108,14 +181,36 @@ class Dashboards:
         if not scalars:
             return
         if self.tensorboard is not None:
-            for tag, value in scalars.items():
-                self.tensorboard.add_scalar(tag, value, global_step=step)
-        if self.wandb_run is not None:
-            self.wandb_run.log({WANDB_STEP: step, **scalars})
+            from tensorboardX.summary import scalar
 
-    def close(self, failed: bool = False) -> None:
-        """`failed`: the run is ending on an exception; W&B marks the run failed (exit code 1)."""
-        if self.tensorboard is not None:
-            self.tensorboard.close()
+            try:
+                for tag, value in scalars.items():
+                    self.tensorboard.add_summary(scalar(tag, value), step)
+            except OSError as error:
+                raise write_failure(self.tensorboard.path, row_of(step), error) from None
         if self.wandb_run is not None:
-            self.wandb_run.finish(exit_code=1 if failed else 0)
+            try:
+                self.wandb_run.log({WANDB_STEP: step, **scalars})
+            except Exception as error:  # whatever wandb raises: one line, the run ends (loop.py)
+                raise write_failure(self._wandb_name(), row_of(step), error) from None
+
+    def _wandb_name(self) -> str:
+        return f'W&B run {getattr(self.wandb_run, "dir", None) or self.wandb_run}'
+
+    def close(self, failed: bool = False, after_error: bool = False) -> None:
+        """`failed`: the run is ending on an exception; W&B marks the run failed (exit code 1).
+        `after_error`: a write failed (RecordWriteError); the event file is closed without the
+        flush that would fail again. A close that fails ends the run (loop.py) too."""
+        tensorboard, self.tensorboard = self.tensorboard, None
+        wandb_run, self.wandb_run = self.wandb_run, None
+        try:
+            if tensorboard is not None and after_error:
+                tensorboard.abandon()
+            elif tensorboard is not None:
+                try:
+                    tensorboard.close()
+                except OSError as error:
+                    raise write_failure(tensorboard.path, 'its last rows', error) from None
+        finally:
+            if wandb_run is not None:
+                wandb_run.finish(exit_code=1 if failed else 0)

@@ -27,7 +27,7 @@ from jaxtrain.train.banner import run_banner, run_record
 from jaxtrain.train.dashboards import Dashboards
 from jaxtrain.train.mfu import MFUMeter
 from jaxtrain.train.progress import Progress
-from jaxtrain.train.run_log import RunLog
+from jaxtrain.train.run_log import RecordWriteError, RunLog
 from jaxtrain.train.samples import make_sampler
 from jaxtrain.train.saving import RunSaver
 from jaxtrain.train.setup import build_trainer
@@ -75,6 +75,12 @@ def _run(config) -> int:
     log = RunLog(config.metrics_dir)
     try:
         return _train(config, log)
+    except RecordWriteError as error:
+        # A writer of the run's record failed (run_log.py): the run ends in one line, after the
+        # loop has waited for the saves under way, so the notice names what is committed.
+        log.failed = True
+        saved = log.checkpoint_notice() if log.checkpoint_notice else 'nothing of this run is saved yet'
+        raise TrainingError(f'{error}; the run stopped without saving; {saved}') from None
     except BaseException:
         log.failed = True
         raise
@@ -113,6 +119,7 @@ def _train(config, log: RunLog) -> int:
         config.peak_tflops,
     )
     saver = RunSaver(config, parts, stream, resumed.step_dir, step, report=log.info, record=log.record)
+    log.checkpoint_notice = saver.abort_notice
     if saver.checkpointer is not None and saver.checkpointer.set_aside:
         aside = saver.checkpointer.set_aside
         log.info(f'checkpoint_dir: not committed steps (no trainer state / model file), set aside: {aside}')
