@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 
 import llmc_io
-from llmc_io.atomic_file import TEMP_SUFFIX, atomic_output, write_text_atomically
+from llmc_io.atomic_file import TEMP_SUFFIX, write_text_atomically
 from llmc_io.errors import LLMCFormatError
 from llmc_io.llmc_state import LLMCState, read_state, state_path, write_state
 
@@ -224,5 +224,13 @@ def write_step(run_dir, header, params, state: LLMCState, version: int = 5, expo
             'files': {p.name: _sha256(p) for p in written},
         }
         write_text_atomically(export_record_path(run_dir, step), json.dumps(record, indent=2) + '\n')
-    with atomic_output(done_path(run_dir, step)):
-        pass
+    # Empty, so never half written, and created in place: a temporary named DONE_%08d.*.tmp left
+    # by a kill would be a commit marker to train_gpt2cu (utils.h find_max_step takes any name
+    # starting "DONE_"). The directory is synced first, so the marker never outlives the renames.
+    _sync_directory(run_dir)
+    fd = os.open(done_path(run_dir, step), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    _sync_directory(run_dir)

@@ -5,6 +5,7 @@ README there), the header bytes unpacked here from train_gpt2.cu's save_state la
 documented mt19937 outputs, and llm.c's dataloader.h itself compiled into a small C harness.
 """
 
+import os
 import shutil
 import struct
 import subprocess
@@ -289,3 +290,30 @@ def test_fp32_model_file_v3_is_read_too(tmp_path):
     llmc_io.save_gpt2(run / 'model_00000010.bin', header, params, version=3)
     step = llmc_run.read_step(run, 10)
     assert step.model_version == 3 and step.state.master is not None
+
+
+def test_a_step_written_leaves_no_name_llm_c_would_take_for_a_done_marker(tmp_path, monkeypatch):
+    """train_gpt2cu -y 1 resumes the highest step of any name starting "DONE_" (llm.c utils.h
+    find_max_step), so a temporary of the marker that a kill left, DONE_%08d.*.tmp, would pass for a
+    committed step: the marker is created in place, never under a temporary name."""
+    import tempfile
+
+    step = llmc_run.read_step(RUN / 'a', 10, need_master=True)
+    params = flat_to_tree(step.state.master, step.header)
+    temporaries = []
+    real_mkstemp = tempfile.mkstemp
+
+    def mkstemp(*args, **kwargs):
+        fd, name = real_mkstemp(*args, **kwargs)
+        temporaries.append(os.path.basename(name))
+        return fd, name
+
+    monkeypatch.setattr(tempfile, 'mkstemp', mkstemp)
+    llmc_run.write_step(tmp_path, step.header, params, step.state, exported_from='x')
+    assert sorted(t.split('.')[0] for t in temporaries) == [
+        'jaxtrain_export_00000010',
+        'model_00000010',
+        'state_00000010_00000',
+    ]
+    assert not [t for t in temporaries if t.startswith('DONE_')]
+    assert llmc_run.committed_steps(tmp_path) == [10] and (tmp_path / 'DONE_00000010').stat().st_size == 0
