@@ -239,6 +239,7 @@ def read_tiktoken_ranks(path: str) -> dict[bytes, int]:
     Read here, not with tiktoken.load.load_tiktoken_bpe, whose cache is keyed by the path and
     would serve an old copy of a file rewritten in place."""
     ranks = {}
+    line_of_rank, line_of_piece = {}, {}  # tiktoken panics on a rank given twice: refused here
     with open(path, "rb") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
@@ -247,15 +248,33 @@ def read_tiktoken_ranks(path: str) -> dict[bytes, int]:
             try:
                 if len(parts) != 2:
                     raise ValueError
-                ranks[base64.b64decode(parts[0], validate=True)] = int(parts[1])
+                piece, rank = base64.b64decode(parts[0], validate=True), int(parts[1])
             except (ValueError, binascii.Error):
                 shown = line[:60].decode("latin-1").rstrip()
                 raise LLMCFormatError(
                     path, f"line {number}", "'BASE64 RANK' (a tiktoken BPE file)", repr(shown)
                 ) from None
+            _check_new_rank(path, number, piece, rank, line_of_rank, line_of_piece)
+            ranks[piece] = rank
+            line_of_rank[rank], line_of_piece[piece] = number, number
     if not ranks:
         raise LLMCFormatError(path, "ranks", "at least one 'BASE64 RANK' line", "none")
     return ranks
+
+
+def _check_new_rank(path, number: int, piece: bytes, rank: int, line_of_rank: dict, line_of_piece: dict):
+    """Each token once, each rank (its id) once, none negative: what tiktoken needs of its ranks."""
+    problem = None
+    if rank < 0:
+        problem = "a rank >= 0 (a token id)", f"rank {rank}"
+    elif rank in line_of_rank:
+        problem = "a rank no earlier line gives", f"rank {rank}, which line {line_of_rank[rank]} also gives"
+    elif piece in line_of_piece:
+        problem = "a token no earlier line lists", f"{piece!r}, which line {line_of_piece[piece]} also lists"
+    if problem:
+        raise LLMCFormatError(
+            path, f"line {number}", *problem, "the file is damaged or was edited; use the file as published"
+        )
 
 
 class TiktokenTokenizer(TextTokenizer):

@@ -6,6 +6,7 @@ library's own encode, called here, and from llm.c's data scripts' delimiting (an
 are read back with NumPy from docs/formats.md §3 and §4.
 """
 
+import base64
 import json
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import tiktoken
 import tokenizers
 
 from llmc_io.__main__ import main
+from llmc_io.errors import LLMCFormatError
 
 from text_tokenizers import SPECIALS, corpus_text, tiktoken_file_from, train_bpe
 
@@ -281,6 +283,49 @@ def test_a_bad_tiktoken_file_is_one_line(tmp_path, content, family, message, cap
     err = capsys.readouterr().err.strip()
     assert err.count('\n') == 0 and message in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ['a.txt', 'bad.tok']
+
+
+def _byte_ranks(*extra: tuple[bytes, int]) -> bytes:
+    """A tiktoken file written from tiktoken's format: one 'BASE64 RANK' line per token, the 256
+    single bytes first, then `extra`."""
+    lines = [(bytes([b]), b) for b in range(256)] + list(extra)
+    return b''.join(base64.b64encode(piece) + b' %d\n' % rank for piece, rank in lines)
+
+
+@pytest.mark.parametrize(
+    'content, message',
+    [
+        (
+            _byte_ranks((b'ab', 100)),
+            "line 257: expected a rank no earlier line gives, found rank 100, which line 101",
+        ),
+        (
+            _byte_ranks((b'ab', 256), (b'ab', 257)),
+            "line 258: expected a token no earlier line lists, found b'ab'",
+        ),
+        (_byte_ranks((b'ab', -1)), 'line 257: expected a rank >= 0 (a token id), found rank -1'),
+    ],
+    ids=['a rank given twice', 'a token listed twice', 'a negative rank'],
+)
+@pytest.mark.parametrize('command', ['shard', 'generate'])
+def test_a_tiktoken_file_with_a_rank_twice_is_one_line_not_a_panic(
+    tmp_path, content, message, command, capsys
+):
+    """tiktoken's Rust core panics (pyo3_runtime.PanicException, a traceback) on a rank given twice."""
+    (tmp_path / 'bad.tok').write_bytes(content)
+    (tmp_path / 'a.txt').write_text('hello')
+    if command == 'shard':
+        args = ['shard', str(tmp_path / 'a.txt'), '--family', 'gpt2', '--output', str(tmp_path / 'x')]
+        assert main([*args, '--tokenizer', str(tmp_path / 'bad.tok')]) == 2
+        err = capsys.readouterr().err.strip()
+    else:
+        from jaxtrain.data.run_tokenizer import load_run_tokenizer
+
+        with pytest.raises(LLMCFormatError) as refused:
+            load_run_tokenizer('', str(tmp_path / 'bad.tok'), 'gpt2', 50257)
+        err = str(refused.value)
+    assert err.count('\n') == 0 and 'bad.tok: ' in err and message in err, err
+    assert 'Panic' not in err
 
 
 def test_a_tokenizer_without_the_familys_document_start_is_named(tmp_path, capsys):
