@@ -10,6 +10,9 @@ Names come from upstream's module tree (InfiniTensor/InfiniTrain b24d92f, the sa
 GPT-2 (tie_weights): `lm_head.weight` and `transformer.wte.weight` are one tensor, stored twice. Upstream has
 V rows at TP=1 (example/gpt2/checkpoint_loader.cc skips the Vp-V padding rows), our tree Vp: reading pads
 with zeros, writing drops rows V..Vp-1.
+A tied LLaMA (a tree without lm_head: Llama-3.2-1B, 3B) has no such tie upstream, whose LLaMA-3 has its own
+`lm_head.weight`: the one tensor (and its Adam moments) is written twice, as GPT-2's is, and read back into
+a tied tree only where both copies are equal.
 Adam keys: HEAD `adam.m.{i}` / `adam.v.{i}` with i the position in Module::Parameters()
 (llmc_io/infinitrain_layout.py derives it), PR f9cb65b5 `adam.m.<NamedParameters name>`; both have `adam.t`,
 int64, 0-d.
@@ -109,7 +112,9 @@ def _leaf(array: np.ndarray, layer: int | None, transposed: bool) -> np.ndarray:
 
 def tree_to_state_dict(family: str, params: dict, vocab_size: int, block_size: int) -> dict[str, CkptTensor]:
     """Our tree -> upstream StateDict entries in libc++ StateDict order (what the real binary writes)."""
-    leaves = {k: np.asarray(v, dtype=np.float32) for k, v in tree_leaves(params).items()}
+    leaves = _with_tied_head(
+        family, {k: np.asarray(v, dtype=np.float32) for k, v in tree_leaves(params).items()}
+    )
     num_layers = leaves["h/ln_1/scale"].shape[0]
     values: dict[str, np.ndarray] = {}
     for name, (path, layer, transposed) in name_to_path(family, num_layers).items():
@@ -121,6 +126,13 @@ def tree_to_state_dict(family: str, params: dict, vocab_size: int, block_size: i
             values[f"transformer.h.{i}.attn.bias"] = causal_mask(block_size)
     order = layout.state_dict_order(family, num_layers)
     return {name: CkptTensor(KFLOAT32, values[name]) for name in order}
+
+
+def _with_tied_head(family: str, leaves: dict) -> dict:
+    """A tied LLaMA's leaves with the head upstream stores: wte as lm_head's (C, V) kernel (a view)."""
+    if family == LLAMA3 and "lm_head/kernel" not in leaves:
+        return {**leaves, "lm_head/kernel": leaves["wte/embedding"].T}
+    return leaves
 
 
 def _fail(path, field, expected, found, hint=None):
@@ -136,6 +148,10 @@ def state_dict_to_tree(path, tensors: dict, expected_shapes: dict[str, tuple[int
     names = list(tensors)
     family = GPT2 if "wpe/embedding" in expected_shapes else LLAMA3
     num_layers = expected_shapes["h/ln_1/scale"][0]
+    tied_llama = family == LLAMA3 and "lm_head/kernel" not in expected_shapes
+    if tied_llama:  # the head is read as the tree's lm_head would be, then checked against wte
+        V, C = expected_shapes["wte/embedding"]
+        expected_shapes = {**expected_shapes, "lm_head/kernel": (C, V)}
     if family_of(names) != family:
         _fail(path, "model family", family, family_of(names), "the checkpoint is for another model")
     table = name_to_path(family, num_layers)
@@ -202,6 +218,16 @@ def state_dict_to_tree(path, tensors: dict, expected_shapes: dict[str, tuple[int
             name = f"transformer.h.{i}.attn.bias"
             if arrays[name].shape != (1, 1, block, block):
                 _fail(path, f"tensor '{name}' shape", f"(1, 1, {block}, {block})", f"{arrays[name].shape}")
+    if tied_llama:
+        head = tree.pop("lm_head")["kernel"]
+        if not np.array_equal(head.T.view(np.uint32), tree["wte"]["embedding"].view(np.uint32)):
+            _fail(
+                path,
+                f"tensor '{TIED_HEAD}'",
+                "the same bytes as transformer.wte.weight (the run's LLaMA ties them)",
+                "different values",
+                "start from it with --init_from into an untied model instead",
+            )
     return tree
 
 
@@ -267,8 +293,8 @@ def moments_to_trees(path, tensors: dict, expected_shapes: dict[str, tuple[int, 
 
 def trees_to_moments(family: str, mu: dict, nu: dict, count: int, vocab_size: int, head_keys: bool) -> dict:
     """(mu, nu, t) -> Adam StateDict entries in Adam::StateDict()'s libc++ order."""
-    mu_leaves = {k: np.asarray(v, np.float32) for k, v in tree_leaves(mu).items()}
-    nu_leaves = {k: np.asarray(v, np.float32) for k, v in tree_leaves(nu).items()}
+    mu_leaves = _with_tied_head(family, {k: np.asarray(v, np.float32) for k, v in tree_leaves(mu).items()})
+    nu_leaves = _with_tied_head(family, {k: np.asarray(v, np.float32) for k, v in tree_leaves(nu).items()})
     num_layers = mu_leaves["h/ln_1/scale"].shape[0]
     table = name_to_path(family, num_layers)
     values = {}

@@ -28,6 +28,12 @@ KEYS = (
         'LLaMA-3: true ffn_dim_multiplier when the file stored it truncated (0 = file)',
     ),
     ('llmc_norm_eps', 0.0, 'LLaMA-3: true norm_eps when the file stored it truncated (0 = file)'),
+    (
+        'tie_embeddings',
+        False,
+        "LLaMA-3 --model: one tensor for wte and the head, trained tied as GPT-2's is (Llama-3.2-1B's "
+        "and 3B's); an --init_from HF folder's config.json sets it",
+    ),
     ('dtype', 'float32', 'float32 | bfloat16: compute dtype; params and optimizer state stay fp32'),
     ('scan_layers', True, 'scan over layers (fast compile) or unroll them (false: faster GPU steps)'),
     (

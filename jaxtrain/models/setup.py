@@ -115,6 +115,8 @@ def model_config_for(config):
             f"model: expected one of {', '.join(sorted(variants))} for {config.model_family}; "
             f'found {config.model!r}'
         )
+    if config.model_family == 'llama3' and config.get('tie_embeddings'):
+        return dataclasses.replace(variants[config.model], tie_embeddings=True)
     return variants[config.model]
 
 

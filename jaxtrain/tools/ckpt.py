@@ -130,8 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
         choices=('llmc', 'hf', 'infinitrain', 'infinitrain-lrs', 'infinitrain-bin', 'llmc-run'),
         metavar='FORMAT',  # the help below names each choice; argparse's {a,b,...} overflows the usage
         default='llmc',
-        help='llmc (default): an llm.c model file; hf: a Hugging Face folder, config.json + '
-        'model.safetensors (fp32), for GPT2LMHeadModel / LlamaForCausalLM (GPT-2 head tied); '
+        help='llmc (default): an llm.c model file; hf: a Hugging Face folder, config.json, '
+        'generation_config.json and model.safetensors or shards with their index (--dtype, '
+        '--max_shard_size), for GPT2LMHeadModel / LlamaForCausalLM (GPT-2 head tied, a tied LLaMA tied); '
         'infinitrain / infinitrain-bin: an InfiniTrain step directory (HEAD / PR); infinitrain-lrs: '
         'HEAD\'s files with lr_scheduler.ckpt, for an InfiniTrain with PR 151\'s LR schedulers; llmc-run: '
         'model, state and DONE files of the step in the llm.c run folder --output, which train_gpt2cu -y 1 '
@@ -144,6 +145,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help='the llm.c model file: 3 fp32, 5 bf16 (GPT-2 only). Default 3 for llmc; 5 for llmc-run, '
         "whose 3 is for train_gpt2cu built with PRECISION=FP32. Not with hf or infinitrain*",
+    )
+    export.add_argument(
+        '--dtype',
+        choices=('float32', 'bfloat16', 'float16'),
+        default=None,
+        help='--format hf: the dtype of the weight files (default float32; bfloat16 rounds to nearest even)',
+    )
+    export.add_argument(
+        '--max_shard_size',
+        metavar='SIZE',
+        default=None,
+        help='--format hf: the largest weight file before the next shard, as save_pretrained takes it '
+        '(5GB = 5e9 bytes, 500MiB; default 5GB); one model.safetensors when the weights fit',
     )
     export.add_argument(
         '--merge-lora',
@@ -161,8 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument(
         '--force',
         action='store_true',
-        help='replace what is at --output: a file, a Hugging Face folder\'s config.json and '
-        'model.safetensors, or a step directory or llm.c run-folder step an earlier export wrote. Never '
+        help='replace what is at --output: a file, a Hugging Face folder\'s config and weight '
+        'files, or a step directory or llm.c run-folder step an earlier export wrote. Never '
         'a directory or step files another program or run wrote, and never the llm.c base file the '
         'checkpoint records',
     )

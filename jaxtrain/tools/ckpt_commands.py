@@ -448,6 +448,14 @@ def cmd_export(args) -> int:
 
     from jaxtrain.tools.export_target import refuse_output_in_input, refuse_run_sources
 
+    if args.format != 'hf' and (args.dtype or args.max_shard_size):
+        from jaxtrain.checkpoint.layout import CheckpointError
+
+        flag = '--dtype' if args.dtype else '--max_shard_size'
+        raise CheckpointError(
+            f'{flag}: expected --format hf (the only sharded format), found --format {args.format}'
+        )
+
     topology = ckpt_infinitrain.topology_from_args(args)
     refuse_output_in_input(args.output, args.step_dir)
     refuse_run_sources(args.output, args.step_dir)
@@ -485,9 +493,18 @@ def cmd_export(args) -> int:
         if args.version is not None:
             from jaxtrain.checkpoint.layout import CheckpointError
 
-            raise CheckpointError(f'--version: expected none with --format hf (fp32), found {args.version}')
+            raise CheckpointError(
+                f'--version: expected none with --format hf (--dtype), found {args.version}'
+            )
         written = ckpt_export.export_hf(
-            step_dir, args.output, args.merge_lora, args.base, args.force, args.tokenizer
+            step_dir,
+            args.output,
+            args.merge_lora,
+            args.base,
+            args.force,
+            args.tokenizer,
+            args.dtype or 'float32',
+            args.max_shard_size,
         )
         if args.json:
             _print_json({'path': str(step_dir), **written})
@@ -495,7 +512,8 @@ def cmd_export(args) -> int:
             files = ', '.join(os.path.basename(f) for f in written['files'])
             print(
                 f"wrote {written['output']}: {written['model_family']} as a Hugging Face folder ({files}, "
-                f"fp32), {written['num_parameters']:,} parameters, {_bytes(written['size_bytes'])}; "
+                f"{written['dtype']}), {written['num_parameters']:,} parameters, "
+                f"{_bytes(written['size_bytes'])}; "
                 f"load it with {written['hf_class']}.from_pretrained"
             )
         return EXIT_OK

@@ -1,5 +1,6 @@
 """A checkpoint's params as an llm.c model file, written through llmc_io, for `--llmc_filepath`,
-or as a Hugging Face folder (llmc_io.hf: GPT2LMHeadModel / LlamaForCausalLM).
+or as a Hugging Face folder (llmc_io.hf: GPT2LMHeadModel / LlamaForCausalLM; float32, bfloat16 or
+float16, sharded past --max_shard_size).
 
 GPT-2 goes to llm.c's layout (version 3 fp32 or 5 bf16; the head is tied to wte, so there is no
 lm_head to write), LLaMA-3 to InfiniTrain's layout (version 3 only: save_llama3 writes fp32). The
@@ -61,19 +62,32 @@ def _run_tokenizer(step_dir, family: str, given: str):
 
 
 def export_hf(
-    step_dir, output, merge_lora: bool = False, base: str = '', force: bool = False, tokenizer: str = ''
+    step_dir,
+    output,
+    merge_lora: bool = False,
+    base: str = '',
+    force: bool = False,
+    tokenizer: str = '',
+    dtype: str = 'float32',
+    max_shard_size: str | None = None,
 ) -> dict:
-    """Writes a Hugging Face folder (config.json + model.safetensors, fp32) through llmc_io.hf, and
-    the run's BPE tokenizer (tokenizer.json, tokenizer_config.json) when it names one (or
-    `tokenizer` is given); an existing folder's files only with `force` (export_target.py)."""
+    """Writes a Hugging Face folder through llmc_io.hf (config.json, generation_config.json, and
+    model.safetensors or shards past `max_shard_size`, as `dtype`), and the run's BPE tokenizer
+    (tokenizer.json, tokenizer_config.json) when it names one (or `tokenizer` is given); an
+    existing folder's files only with `force` (export_target.py)."""
     from llmc_io.hf import save_hf
     from llmc_io.hf_tokenizer_files import write_hf_tokenizer_files
+    from llmc_io.hf_weights import DEFAULT_MAX_SHARD_SIZE, parse_size
 
+    try:
+        shard_bytes = parse_size(max_shard_size or DEFAULT_MAX_SHARD_SIZE)
+    except ValueError as e:
+        raise CheckpointError(f'--max_shard_size: {e}') from None
     output = Path(output)
     check_hf_output(output, force)
     family, header, params = verified_params(Path(step_dir), merge_lora, base)
     text_tokenizer = _run_tokenizer(step_dir, family, tokenizer)
-    written = save_hf(output, header, params)
+    written = save_hf(output, header, params, dtype, shard_bytes)
     if text_tokenizer is not None:
         written += write_hf_tokenizer_files(text_tokenizer, output, header.max_seq_len)
     return {
@@ -81,6 +95,7 @@ def export_hf(
         'files': written,
         'model_family': family,
         'hf_class': {'gpt2': 'GPT2LMHeadModel', 'llama3': 'LlamaForCausalLM'}[family],
+        'dtype': dtype,
         'num_parameters': int(sum(math.prod(a.shape) for a in flatten(params).values())),
         'size_bytes': sum(Path(p).stat().st_size for p in written),
     }

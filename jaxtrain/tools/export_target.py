@@ -104,8 +104,8 @@ def _is_checkpoint(directory: Path) -> bool:
 
 
 def check_hf_output(output, force: bool) -> None:
-    """A folder to create, an empty one, or (with --force) one whose config.json and
-    model.safetensors are replaced; other files in it are left alone."""
+    """A folder to create, an empty one, or (with --force) one whose config files and weight files
+    (model.safetensors, or shards and their index) are replaced; other files in it are left alone."""
     output = Path(output)
     if output.exists() and not output.is_dir():
         raise CheckpointError(f'--output: {output}: expected a directory for --format hf, found a file')
@@ -120,7 +120,7 @@ def check_hf_output(output, force: bool) -> None:
         names = ', '.join(sorted(p.name for p in output.iterdir())[:4])
         raise CheckpointError(
             f'--output: {output}: expected a new or empty folder, found one holding {names}; choose '
-            'another --output, or pass --force to replace its config.json and model.safetensors'
+            'another --output, or pass --force to replace its config and weight files'
         )
 
 

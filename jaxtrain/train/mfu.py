@@ -45,6 +45,8 @@ def non_embedding_parameters(family: str, model_config) -> int:
     C = model_config.channels
     if family == 'gpt2':
         return model_config.num_parameters - model_config.max_seq_len * C  # wpe
+    if model_config.tie_embeddings:  # the one tensor is the head's matmul, as GPT-2's wte is
+        return model_config.num_parameters
     return model_config.num_parameters - model_config.vocab_size * C  # wte (lm_head stays)
 
 

@@ -99,3 +99,22 @@ def test_an_unsupported_dtype_is_named(tmp_path, capsys):
     write_folder(tmp_path / 'hf', CONFIG, tensors, 1)
     assert llmc_main(['info', str(tmp_path / 'hf')]) == 2
     assert 'tensor model.norm.weight: expected dtype (one of F32, BF16, F16)' in capsys.readouterr().err
+
+
+def test_a_tied_llama_in_an_infinitrain_file_holds_the_tensor_twice(tmp_path):
+    """The llm.c / InfiniTrain LLaMA layout has an untied head: the one tensor is written twice."""
+    import llmc_io
+
+    tensors = hf_tensors(CONFIG, 'BF16')
+    write_folder(tmp_path / 'hf', CONFIG, tensors, 1)
+    header, params = load_hf(tmp_path / 'hf')
+    assert (
+        llmc_main(['convert', str(tmp_path / 'hf'), str(tmp_path / 'm.bin')]) == 2
+    )  # factor 32: no flag for it
+    flat = {**CONFIG, 'rope_scaling': None}
+    write_folder(tmp_path / 'flat', flat, tensors, 1)
+    assert llmc_main(['convert', str(tmp_path / 'flat'), str(tmp_path / 'm.bin')]) == 0
+    back, stored = llmc_io.load_llama3(str(tmp_path / 'm.bin'))
+    assert not back.tie_embeddings
+    np.testing.assert_array_equal(stored['lm_head']['kernel'].T, params['wte']['embedding'])
+    np.testing.assert_array_equal(stored['wte']['embedding'], params['wte']['embedding'])

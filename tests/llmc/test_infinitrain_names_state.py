@@ -101,6 +101,27 @@ def test_moments_round_trip(family, head_keys):
     assert t == 7 and _equal(mu2, mu) and _equal(nu2, nu)
 
 
+def test_a_tied_llama_is_stored_twice_and_read_back_tied():
+    """Upstream's LLaMA-3 has its own lm_head.weight: a tied tree writes wte there too (and its Adam
+    moments), reads back without lm_head, and a file whose two copies differ is refused."""
+    shapes = {k: v for k, v in SHAPES['llama3'].items() if k != 'lm_head/kernel'}
+    tree = _tree('llama3', 3)
+    del tree['lm_head']
+    sd = names.tree_to_state_dict('llama3', tree, V, T)
+    assert list(sd) == list(layout.state_dict_order('llama3', L))
+    assert sd['lm_head.weight'].array.tobytes() == sd['transformer.wte.weight'].array.tobytes()
+    assert _equal(names.state_dict_to_tree('x.ckpt', sd, shapes), tree)
+    mu, nu = _tree('llama3', 4), _tree('llama3', 5)
+    del mu['lm_head'], nu['lm_head']
+    mu2, nu2, _ = names.moments_to_trees(
+        'o.ckpt', names.trees_to_moments('llama3', mu, nu, 3, V, True), shapes
+    )
+    assert _equal(mu2, mu) and _equal(nu2, nu)
+    sd['lm_head.weight'] = CkptTensor(sd['lm_head.weight'].dtype, sd['lm_head.weight'].array + 1)
+    with pytest.raises(LLMCFormatError, match="lm_head.weight': expected the same bytes as transformer.wte"):
+        names.state_dict_to_tree('x.ckpt', sd, shapes)
+
+
 def test_name_that_does_not_fit_the_model():
     sd = names.tree_to_state_dict('llama3', _tree('llama3', 0), V, T)
     sd['transformer.h.7.ln_1.weight'] = sd['transformer.h.0.ln_1.weight']

@@ -3,9 +3,12 @@ the folder reads back (llmc_io.hf, itself checked against the NumPy reference in
 tests/llmc/test_llmc_hf.py) to exactly the saved params, for both families; damaged params are
 refused before anything is written."""
 
+import dataclasses
 import importlib.util
 import json
 import shutil
+
+import jax
 
 import numpy as np
 import orbax.checkpoint as ocp
@@ -44,6 +47,51 @@ def test_export_hf_reads_back_to_the_saved_params(tmp_path, capsys, family, head
     assert expected.keys() == found.keys()
     assert all(np.array_equal(expected[k], found[k]) for k in expected)
     assert json.loads((tmp_path / 'hf' / 'config.json').read_text())['torch_dtype'] == 'float32'
+
+
+def test_a_tied_llama_exports_tied_in_bf16_shards(tmp_path, capsys):
+    """--dtype bfloat16 --max_shard_size: several shards named as save_pretrained names them, an index
+    with total_size, generation_config.json, one tensor for embedding and head, and each tensor the
+    bf16 of the checkpoint's (bf16-valued here, so the bytes are the checkpoint's own)."""
+    import ml_dtypes
+    from safetensors.numpy import load_file
+
+    header = dataclasses.replace(LLAMA, tie_embeddings=True)
+    params = random_params(header, 2, std=0.3, everywhere=True)
+    params = jax.tree.map(lambda a: a.astype(ml_dtypes.bfloat16).astype(np.float32), params)
+    step_dir = write_checkpoint(tmp_path / 'ck', 5, 'llama3', header, params)
+    argv = ['export', str(step_dir), '--format', 'hf', '--output', str(tmp_path / 'hf')]
+    assert ckpt.main(argv + ['--dtype', 'bfloat16', '--max_shard_size', '3KB']) == 0
+    assert 'bfloat16' in capsys.readouterr().out
+    folder = tmp_path / 'hf'
+    index = json.loads((folder / 'model.safetensors.index.json').read_text())
+    shards = sorted(set(index['weight_map'].values()))
+    assert len(shards) >= 3 and shards == [
+        f'model-{i:05d}-of-{len(shards):05d}.safetensors' for i in range(1, len(shards) + 1)
+    ]
+    tensors = {k: v for shard in shards for k, v in load_file(str(folder / shard)).items()}
+    assert index['metadata']['total_size'] == sum(t.nbytes for t in tensors.values())
+    assert (
+        'lm_head.weight' not in tensors
+        and json.loads((folder / 'config.json').read_text())['tie_word_embeddings']
+    )
+    assert json.loads((folder / 'generation_config.json').read_text())['eos_token_id'] is None  # vocab 48
+    embed = params['wte']['embedding'].astype(ml_dtypes.bfloat16)
+    assert tensors['model.embed_tokens.weight'].tobytes() == embed.tobytes()
+    down = params['h']['mlp']['c_proj']['kernel'][1].T.astype(ml_dtypes.bfloat16)
+    assert tensors['model.layers.1.mlp.down_proj.weight'].tobytes() == down.tobytes()
+    back_header, back = load_hf(folder)
+    assert back_header == header and all(np.array_equal(flat(params)[k], v) for k, v in flat(back).items())
+    # --force into it, now one fp32 file: the shards and the index go (the single file would win).
+    assert ckpt.main(argv + ['--force']) == 0
+    names = sorted(p.name for p in folder.iterdir())
+    assert names == ['config.json', 'generation_config.json', 'model.safetensors']
+    assert ckpt.main(argv[:-1] + [str(tmp_path / 'x'), '--max_shard_size', 'big']) == 2
+    assert "--max_shard_size: expected a size such as 5GB" in capsys.readouterr().err
+    assert (
+        ckpt.main(['export', str(step_dir), '--output', str(tmp_path / 'x.bin'), '--dtype', 'bfloat16']) == 2
+    )
+    assert '--dtype: expected --format hf' in capsys.readouterr().err
 
 
 def test_damaged_params_are_refused(tmp_path, capsys):
