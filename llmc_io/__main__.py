@@ -30,6 +30,7 @@ from llmc_io.errors import LLMCFormatError
 from llmc_io.gpt2 import GPT2Header, load_gpt2, save_gpt2
 from llmc_io.hf import load_hf, save_hf
 from llmc_io.llama3 import LAYOUT_INFINITRAIN, load_llama3, save_llama3
+from llmc_io.llama3_header import HF_ONLY_FIELDS
 from llmc_io.model import model_info
 from llmc_io.shards import read_shard, shard_info
 from llmc_io.text_tokenizer import is_bpe_tokenizer_file
@@ -225,6 +226,7 @@ def _info(args) -> None:
     rows += [
         (name, fp32_repr(value) if isinstance(value, float) else value)
         for name, value in vars(header).items()
+        if name not in HF_ONLY_FIELDS  # a file holds none of them
     ]
     if info.kind == "llama3":
         major, minor = info.major_minor

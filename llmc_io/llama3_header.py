@@ -67,6 +67,16 @@ _FLOAT_FIELDS = ("ffn_dim_multiplier", "norm_eps", "rope_theta")
 _OVERRIDABLE = _FLOAT_FIELDS + ("max_gen_batch_size",)
 
 
+# LLaMA3Header's fields that only a Hugging Face config.json sets.
+HF_ONLY_FIELDS = (
+    "tie_embeddings",
+    "rope_factor",
+    "rope_low_freq_factor",
+    "rope_high_freq_factor",
+    "rope_original_max_seq_len",
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class LLaMA3Header:
     """The model a LLaMA-3 file header describes.

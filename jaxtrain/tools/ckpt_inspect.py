@@ -16,6 +16,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from llmc_io.llama3_header import HF_ONLY_FIELDS
 from jaxtrain.checkpoint.checksums import checksum_mismatches, path_name, tensor_checksums
 from jaxtrain.checkpoint.format import Verification
 from jaxtrain.checkpoint.layout import (
@@ -251,14 +252,9 @@ def recomputed_checksums(tensors: dict[str, np.ndarray]) -> dict[str, str]:
 # --- what the model config implies -----------------------------------------------------
 
 
-# Model config fields with a default that older checkpoints' records do not hold.
-_ADDED_FIELDS = {
-    'tie_embeddings',
-    'rope_factor',
-    'rope_low_freq_factor',
-    'rope_high_freq_factor',
-    'rope_original_max_seq_len',
-}
+# Model config fields with a default that older checkpoints' records do not hold (LLaMA-3's
+# from Hugging Face config.json).
+_ADDED_FIELDS = set(HF_ONLY_FIELDS)
 
 
 def model_config_object(family: str, model_config: dict):
