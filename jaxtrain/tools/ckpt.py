@@ -1,7 +1,7 @@
 """Read checkpoints from a shell: list, show, diff, verify, export (to llm.c, InfiniTrain or Hugging Face).
 
     python -m jaxtrain.ckpt ls CHECKPOINT_DIR
-    python -m jaxtrain.ckpt show STEP_DIR [--tensors]
+    python -m jaxtrain.ckpt show STEP_DIR [--tensors] [--all]
     python -m jaxtrain.ckpt diff STEP_DIR_A STEP_DIR_B
     python -m jaxtrain.ckpt verify STEP_DIR
     python -m jaxtrain.ckpt export STEP_DIR --output model.bin [--version 3|5] [--merge-lora [--base FILE]]
@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     show.add_argument('step_dir', metavar='STEP_DIR', help='a checkpoint_step_NNNNNN directory')
     show.add_argument('--tensors', action='store_true', help='also read every tensor (slower)')
+    show.add_argument(
+        '--all', action='store_true', help='every training config key (default: those off their default)'
+    )
     show.set_defaults(run=cmd_show)
 
     diff = commands.add_parser(

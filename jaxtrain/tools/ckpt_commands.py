@@ -1,11 +1,12 @@
 """The `python -m jaxtrain.ckpt` commands: ls, show, diff, verify, export (ckpt.py parses
 the command line and calls them). Each returns the exit status; the tables are drawn here."""
 
-import datetime
 import json
 import math
 import os
 from pathlib import Path
+
+from jaxtrain.tools.ckpt_show_text import field_list_lines, show_text, when_written as _when
 
 EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2  # findings: diff saw a difference, verify a problem
 PROG = 'python -m jaxtrain.ckpt'  # in messages; also `jaxtrain ckpt`
@@ -44,10 +45,6 @@ def _json_safe(value):
 
 def _print_json(value):
     print(json.dumps(_json_safe(value), indent=2, default=str))
-
-
-def _when(seconds: float) -> str:
-    return datetime.datetime.fromtimestamp(seconds).strftime('%Y-%m-%d %H:%M:%S')
 
 
 def _bytes(n: int) -> str:
@@ -205,52 +202,6 @@ def _tensor_rows(step_dir, state: dict) -> list[dict]:
     return rows
 
 
-def _show_text(step_dir, state: dict) -> str:
-    topology = state.get('topology', {})
-    mesh = ','.join(f'{k}={v}' for k, v in topology.get('mesh', {}).items())
-    versions = ', '.join(f'{k} {v}' for k, v in state.get('versions', {}).items())
-    model = ' '.join(f'{k}={v}' for k, v in (state.get('model_config') or {}).items())
-    llmc = state.get('llmc_file') or ''
-    position = (
-        f"{state.get('data_position')} windows consumed (epoch {state.get('epoch')}), "
-        f"{state.get('tokens_per_step')} tokens per step"
-    )
-    devices = (
-        f"{topology.get('device_count')} {topology.get('platform')} device(s), "
-        f"{topology.get('process_count')} process(es), mesh {mesh}"
-    )
-    lines = [
-        ('checkpoint', str(step_dir)),
-        ('kind', 'orbax'),
-        ('step', state.get('step')),
-        ('data position', position),
-        ('learning rate', f"{state.get('learning_rate')} (for the next step)"),
-        ('saved at', _when(state['saved_at']) if 'saved_at' in state else 'n/a'),
-        ('optimizer state', 'saved' if state.get('has_optimizer_state') else 'not saved'),
-        ('model', f"{state.get('model_family')}: {model}"),
-        ('dtype', state.get('dtype')),
-        ('topology', devices),
-        ('versions', versions),
-        ('llmc source', f"{llmc} (sha256 {state.get('llmc_sha256')})" if llmc else 'none (random init)'),
-    ]
-    lora = state.get('lora')
-    if lora:  # adapters only (checkpoint/lora_record.py); the base is the llmc source above
-        lora_line = (
-            f"LoRA checkpoint: rank {lora.get('rank')}, alpha {lora.get('alpha')}, targets "
-            f"{','.join(lora.get('targets', []))} ({', '.join(lora.get('modules', []))}), "
-            f"{lora.get('num_parameters', 0):,} adapter parameters; base weights not stored"
-        )
-        lines.append(('lora', lora_line))
-    width = max(len(k) for k, _ in lines)
-    text = [f'{k.ljust(width)}  {v}' for k, v in lines]
-    training = state.get('training_config') or {}
-    if training:
-        text.append('training config')
-        key_width = max(len(k) for k in training)
-        text += [f'  {k.ljust(key_width)}  {v!r}' for k, v in sorted(training.items())]
-    return '\n'.join(text)
-
-
 def cmd_show(args) -> int:
     from jaxtrain.tools import ckpt_inspect
     from jaxtrain.checkpoint.trainer_state import read_trainer_state
@@ -277,7 +228,7 @@ def cmd_show(args) -> int:
             shown['tensors'] = rows
         _print_json(shown)
         return EXIT_OK
-    print(_show_text(step_dir, state))
+    print(show_text(step_dir, state, args.all))
     if rows is not None:
         table = [
             [
@@ -385,7 +336,8 @@ def cmd_diff(args) -> int:
     for side, index in (('A', 1), ('B', 2)):
         lacking = [f[0] for f in one_side if f[index] == ckpt_inspect.ABSENT]
         if lacking:
-            print(f"not recorded by {side}, so not compared (the tensors are): {', '.join(lacking)}")
+            print(f'not recorded by {side}, so not compared (the tensors are):')
+            print('\n'.join(field_list_lines(lacking)))
     changed = [t for t in tensors if t['status'] != 'identical']
     if changed:
         print()

@@ -194,6 +194,18 @@ def test_show_trainer_state_and_tensors(runs, capsys):
         in out
     )
     assert 'llmc source' in out and runs.model in out
+    # The training config: the keys off their default (config/keys.py), the rest counted; --all lists all.
+    from jaxtrain.config.keys import KEYS
+
+    defaults = {key: default for key, default, _ in KEYS}
+    recorded = json.loads((Path(step_dir) / 'trainer_state' / 'metadata').read_text())['training_config']
+    off_default = {k for k, v in recorded.items() if v != defaults.get(k, object())} | {'model_family'}
+    shown = {line.split()[0] for line in out.split('training config')[1].splitlines()[1:] if line.strip()}
+    assert shown == off_default and 'save_steps' in shown and 'optimizer' not in shown
+    assert f'(the {len(recorded) - len(shown)} keys at their default left out; --all lists them)' in out
+    code, out, _ = run_tool(capsys, 'show', step_dir, '--all')
+    assert code == 0
+    assert {line.split()[0] for line in out.split('training config')[1].splitlines()[1:]} == set(recorded)
 
     code, shown = run_json(capsys, 'show', step_dir, '--tensors')
     assert code == 0
@@ -486,6 +498,18 @@ def test_every_command_has_help(command, capsys):
     out = capsys.readouterr().out
     assert '--json' in out
     assert max(len(line) for line in out.splitlines()) <= 110, out
+
+
+def test_long_field_lists_are_grouped_counted_and_wrapped():
+    from jaxtrain.tools.ckpt_show_text import field_list_lines
+
+    names = ['step', 'data_position', *(f'training_config.key_{i:02d}_with_a_long_name' for i in range(30))]
+    lines = field_list_lines([*names, 'model_config.channels'])
+    assert max(map(len, lines)) <= 100 and all(line.startswith('  ') for line in lines)
+    text = ' '.join(' '.join(lines).split())
+    assert text.startswith('step, data_position training_config: 30 fields: key_00_with_a_long_name, ')
+    assert 'key_11_with_a_long_name, and 18 more (--json lists them)' in text and 'key_12' not in text
+    assert text.endswith('model_config: channels')
 
 
 def test_the_tools_help_is_wrapped_prose():
