@@ -84,7 +84,12 @@ def test_greedy_from_llmc_file_and_checkpoint_match_the_reference(model_files, c
     ckpt_infinitrain.export(
         root / 'ck' / 'checkpoint_step_000003', tmp_path / 'it' / 'checkpoint_step_000003', 'infinitrain'
     )
-    for source in sources + [['--checkpoint', tmp_path / 'run'], ['--checkpoint', tmp_path / 'it']]:
+    # And as a Hugging Face folder (config.json + model.safetensors), which --init_from reads too.
+    from jaxtrain.tools import ckpt_export
+
+    ckpt_export.export_hf(root / 'ck' / 'checkpoint_step_000003', tmp_path / 'hf')
+    sources += [['--checkpoint', tmp_path / name] for name in ('run', 'it', 'hf')]
+    for source in sources:
         code, out, err = _run(
             capsys,
             *source,
