@@ -5,8 +5,9 @@ A file that exists is replaced only with --force. Even with --force a writer nev
 one of its own inputs (the same file under any name: os.path.samefile sees through symlinks and
 hard links), never over a file of a committed llm.c checkpoint step (model_%08d.bin,
 state_%08d_%05d.bin or DONE_%08d in a folder holding that step's DONE_%08d): train_gpt2cu -y 1 and
---resume_from would take the new file as that step's; and never writes an HF folder's files into a
-checkpoint, a checkpoint root or an llm.c run folder.
+--resume_from would take the new file as that step's; never writes a file inside a checkpoint step
+directory (ours or InfiniTrain's); and never writes an HF folder's files into a checkpoint, a
+checkpoint root or an llm.c run folder.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Iterable
 
 from llmc_io.errors import LLMCFormatError
 
+_STEP_DIR = re.compile(r'checkpoint_step_\d+')
 _STEP_FILE = re.compile(r'^(?:model_(\d{8})\.bin|state_(\d{8})_\d{5}\.bin|DONE_(\d{8}))$')
 
 
@@ -35,6 +37,21 @@ def committed_step_of(path) -> int | None:
     step = int(next(g for g in m.groups() if g))
     done = os.path.join(os.path.dirname(os.path.abspath(path)), f'DONE_{step:08d}')
     return step if os.path.isfile(done) else None
+
+
+def step_dir_holding(path) -> str | None:
+    """The checkpoint step directory (ours or InfiniTrain's: checkpoint_step_NNNNNN, or one holding
+    a trainer state) that `path` lies inside, symlinks resolved; None when it lies in none."""
+    folder = os.path.dirname(os.path.realpath(path))
+    while True:
+        name = os.path.basename(folder)
+        marked = any(os.path.exists(os.path.join(folder, m)) for m in ('trainer_state', 'trainer_state.json'))
+        if _STEP_DIR.fullmatch(name) or marked:
+            return folder
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return None
+        folder = parent
 
 
 def refuse_inputs(path, inputs: Iterable, flag: str) -> None:
@@ -56,6 +73,15 @@ def check_new_file(path, force: bool, inputs: Iterable = (), flag: str = 'OUT') 
     refuse_inputs(path, inputs, flag)
     if os.path.isdir(path):
         raise LLMCFormatError(path, flag, 'a file to write', 'a directory', 'name a file')
+    holder = step_dir_holding(path)
+    if holder is not None:
+        raise LLMCFormatError(
+            path,
+            flag,
+            'a path outside every checkpoint',
+            f'a path inside the checkpoint step {holder}',
+            'writing there would change that checkpoint; choose another output',
+        )
     step = committed_step_of(path)
     if step is not None and os.path.exists(path):
         raise LLMCFormatError(

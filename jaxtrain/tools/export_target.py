@@ -75,9 +75,15 @@ def refuse_run_sources(output, step_dir) -> None:
 
 
 def check_file_output(output, force: bool) -> None:
-    from llmc_io.output_file import committed_step_of
+    from llmc_io.output_file import committed_step_of, step_dir_holding
 
     output = Path(output)
+    holder = step_dir_holding(output)
+    if holder is not None:
+        raise CheckpointError(
+            f'--output: {output}: expected a path outside every checkpoint, found one inside the step '
+            f'{holder}; choose another --output'
+        )
     if output.is_dir():
         raise CheckpointError(f'--output: {output}: expected a file to write, found a directory; name a file')
     if not output.parent.is_dir():

@@ -263,3 +263,10 @@ def test_convert_never_writes_over_an_hf_input_folder_or_a_committed_llmc_step(t
     line = _one_line_error(run("convert", path, run_dir / "model_00000010.bin", "--version", 5, "--force"))
     assert "found a file of the committed llm.c step 10 (DONE_00000010 beside it)" in line
     assert (run_dir / "model_00000010.bin").read_bytes() == Path(path).read_bytes()
+    # Nor a file inside a checkpoint step: an InfiniTrain PR step's model.bin is that step's weights.
+    step = tmp_path / "it" / "checkpoint_step_000010"
+    step.mkdir(parents=True)
+    (step / "model.bin").write_bytes(Path(path).read_bytes())
+    line = _one_line_error(run("convert", path, step / "model.bin", "--version", 5, "--force"))
+    assert f"found a path inside the checkpoint step {step}" in line
+    assert (step / "model.bin").read_bytes() == Path(path).read_bytes()

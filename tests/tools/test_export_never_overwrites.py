@@ -123,6 +123,13 @@ def test_never_a_committed_llmc_step_nor_inside_the_checkpoint_read(tmp_path, ca
     err = refused(capsys, step_dir, '--output', run_dir / 'model_00000010.bin', '--force')
     assert 'found a file of the committed llm.c step 10 (DONE_00000010 beside it)' in err
     assert (run_dir / 'model_00000010.bin').read_bytes() == b'train_gpt2cu wrote this'
+    # An InfiniTrain PR step's model.bin is that step's weights.
+    theirs = tmp_path / 'it' / 'checkpoint_step_000005'
+    assert ckpt.main(['export', str(step_dir), '--format', 'infinitrain-bin', '--output', str(theirs)]) == 0
+    capsys.readouterr()
+    it_before = digest(theirs)
+    err = refused(capsys, step_dir, '--output', theirs / 'model.bin', '--force')
+    assert f'found one inside the step {theirs}' in err and digest(theirs) == it_before
     before = digest(step_dir)
     (tmp_path / 'alias').symlink_to(step_dir)
     for output, fmt in (
