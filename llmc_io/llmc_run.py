@@ -116,6 +116,14 @@ def read_step(run_dir, step: int, need_master: bool = False) -> LLMCRunStep:
         raise LLMCFormatError(model, 'model kind', 'a GPT-2 file (train_gpt2cu)', info.kind)
     state_file = state_path(run_dir, step)
     ranks = rank_count(run_dir, step)
+    if ranks == 0:
+        raise LLMCFormatError(
+            state_file,
+            'state file',
+            f'present (train_gpt2cu writes it beside {model.name} before DONE)',
+            'missing',
+            'it was deleted or not copied; copy the whole run folder, or resume another step',
+        )
     if ranks != 1 or not state_file.is_file():
         raise LLMCFormatError(
             state_file,

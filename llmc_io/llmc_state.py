@@ -131,13 +131,20 @@ def read_state(path: str | os.PathLike, num_parameters: int) -> LLMCState:
     arrays = 3 if master_flag else 2
     offset = hdr.HEADER_BYTES + arrays * 4 * num_parameters
     if size < offset or (not shuffle_flag and size != offset):
+        if size < offset:
+            why = f'{offset - size:,} bytes short: the file is truncated, or belongs to a larger model'
+        else:
+            why = (
+                f'{size - offset:,} bytes more than the header accounts for: bytes were added after its '
+                'end, or the file belongs to a smaller model'
+            )
         raise LLMCFormatError(
             path,
             'size',
             f'{offset} bytes (header + {arrays} x {num_parameters:,} fp32: m, v'
             f"{', master weights' if master_flag else ''}){' + loader state' if shuffle_flag else ''}",
             f'{size} bytes',
-            'the state file belongs to another model, or is truncated',
+            why,
         )
     data = np.memmap(path, dtype='<f4', mode='r', offset=hdr.HEADER_BYTES, shape=(arrays * num_parameters,))
     state = LLMCState(
@@ -155,6 +162,37 @@ def read_state(path: str | os.PathLike, num_parameters: int) -> LLMCState:
     if shuffle_flag:
         state.shuffle = _read_shuffle(path, offset, size)
     return state
+
+
+def state_value_problems(state: LLMCState) -> list[tuple[str, str, str]]:
+    """(field, expected, found) for each damaged array of a state: non-finite m, v or master
+    weights, a negative v (a second moment); [] when there is none. One pass over each array."""
+    problems = []
+    arrays = {'m': state.m, 'v': state.v}
+    if state.master is not None:
+        arrays['master weights'] = state.master
+    for name, array in arrays.items():
+        finite = np.isfinite(array)
+        if not finite.all():
+            first = int(np.argmin(finite))
+            bad = finite.size - int(np.count_nonzero(finite))
+            found = f'{bad:,} non-finite (the first at value {first:,}: {float(array[first])})'
+            problems.append((name, 'finite values', found))
+    if np.any(np.asarray(state.v) < 0):
+        problems.append(('v', '>= 0 (a second moment)', 'negative values'))
+    return problems
+
+
+def check_state_values(path, state: LLMCState) -> None:
+    """Refuses a state whose values are damaged (state_value_problems) before a run starts from
+    it: a NaN there would otherwise show as a divergence at the first step."""
+    problems = state_value_problems(state)
+    if problems:
+        raise LLMCFormatError(
+            os.fspath(path),
+            *problems[0],
+            'the state file is damaged; resume an earlier step (python -m jaxtrain.ckpt verify checks one)',
+        )
 
 
 def _read_shuffle(path: str, offset: int, size: int) -> ShuffleState:
@@ -185,7 +223,12 @@ def _read_shuffle(path: str, offset: int, size: int) -> ShuffleState:
     mt = take(MT_STATE_DTYPE, 1, 'mt19937 state')[0]
     if at != len(rest):
         raise LLMCFormatError(
-            path, 'size', f'{offset + at} bytes', f'{size} bytes', 'trailing bytes after the loader state'
+            path,
+            'size',
+            f'{offset + at} bytes',
+            f'{size} bytes',
+            f'{len(rest) - at:,} bytes more than the header and the loader state account for: bytes were '
+            'added after its end',
         )
     rng = MTState(
         left=int(mt['left']),

@@ -18,7 +18,7 @@ from jaxtrain.checkpoint.formats.llmc_run import KIND, locate
 from jaxtrain.checkpoint.layout import CheckpointError
 from llmc_io import llmc_run
 from llmc_io.errors import LLMCFormatError
-from llmc_io.llmc_state import MATRIX_A, tree_to_flat
+from llmc_io.llmc_state import MATRIX_A, state_value_problems, tree_to_flat
 
 _MAIN_LOG_LOSS = re.compile(r'^s:(\d+) trl:([-\d.eE+naif]+)')
 
@@ -263,13 +263,8 @@ def verify(path) -> Verification:
         f'model v{ckpt.model_version} header and size',
         'state header and size',
     ]
-    arrays = {'m': s.m, 'v': s.v} | ({'master weights': s.master} if s.master is not None else {})
-    for name, array in arrays.items():
-        bad = int(np.count_nonzero(~np.isfinite(array)))
-        if bad:
-            problems.append(f'{ckpt.state_path.name}: {name}: expected finite values, found {bad} non-finite')
-    if np.any(np.asarray(s.v) < 0):
-        problems.append(f'{ckpt.state_path.name}: v: expected >= 0 (a second moment), found negative values')
+    for field, expected, found in state_value_problems(s):
+        problems.append(f'{ckpt.state_path.name}: {field}: expected {expected}, found {found}')
     checked.append('m, v' + (', master weights' if s.master is not None else '') + ' finite')
     if s.master is not None:
         model = tree_to_flat(ckpt.model_path, llmc_io.load_gpt2(ckpt.model_path)[1], ckpt.header)

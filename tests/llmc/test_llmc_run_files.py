@@ -220,6 +220,9 @@ def _patch_int(path, slot, value):
         ('rank_file', 'state files of step 10', ['expected 1', 'found 2']),
         ('done', 'DONE marker', ['step 10 was never completed', 'no step there is committed']),
         ('master', 'use_master_weights', ['-w 0']),
+        ('no_state', 'state file', ['expected present', 'found missing', 'copy the whole run folder']),
+        ('long_state', 'size', ['64 bytes more than the header and the loader state', 'added after']),
+        ('short_state', 'size', ['bytes short: the file is truncated']),
     ],
 )
 def test_bad_input_is_one_line_and_nothing_is_touched(tmp_path, damage, field, words):
@@ -233,6 +236,11 @@ def test_bad_input_is_one_line_and_nothing_is_touched(tmp_path, damage, field, w
         shutil.copy(state, run / 'state_00000010_00001.bin')
     elif damage == 'done':
         (run / 'DONE_00000010').unlink()
+    elif damage == 'no_state':
+        state.unlink()
+    elif damage in ('long_state', 'short_state'):
+        data = state.read_bytes()
+        state.write_bytes(data + bytes(64) if damage == 'long_state' else data[: len(data) // 2])
     before = _snapshot(run)
     with pytest.raises(LLMCFormatError) as e:
         llmc_run.read_step(run, 10, need_master=True)
@@ -240,6 +248,8 @@ def test_bad_input_is_one_line_and_nothing_is_touched(tmp_path, damage, field, w
     assert '\n' not in message and field in message, message
     for word in words:
         assert word in message, message
+    if damage in ('no_state', 'long_state'):  # neither is a multi-process run nor a truncated file
+        assert 'multi-process' not in message and 'truncated' not in message, message
     assert _snapshot(run) == before
 
 

@@ -80,6 +80,28 @@ def test_llmc_order_needs_shuffle_llmc_and_says_so_in_one_line(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_nan_in_llmcs_master_weights_is_refused_on_load_naming_the_state_file(tmp_path):
+    """Not trained from, to be reported as a divergence at step 11 naming the damaged step as the
+    last good one: refused before training."""
+    import numpy as np
+
+    run = tmp_path / 'run'
+    shutil.copytree(RUN / 'a', run)
+    state = run / 'state_00000010_00000.bin'
+    # docs/formats.md: a 1024-byte header, then m, v and the master weights, fp32[N] each.
+    n = (state.stat().st_size - 1024) // 12  # N and a few hundred (the loader state's KiB after them)
+    with open(state, 'r+b') as f:  # so value 2n + 100 is well inside the master weights
+        f.seek(1024 + 4 * (2 * n + 100))
+        f.write(np.float32(np.nan).tobytes())
+    config = llmc_run_config(tmp_path, resume_from=str(run / 'model_00000010.bin'))
+    with pytest.raises(CheckpointError) as e:
+        train(config)
+    message = str(e.value)
+    assert '\n' not in message and message.startswith(f'{state}: master weights: expected finite values')
+    assert 'found 1 non-finite' in message and 'resume an earlier step' in message, message
+
+
+@pytest.mark.slow
 def test_our_checkpoint_resumes_llmc_order_bitwise_and_refuses_the_other_order(tmp_path):
     """12 steps cross the 10-step epoch (a new llm.c permutation); a resume from step 6 reads the
     same batches, because the order is a function of the saved position and the recorded shuffle."""

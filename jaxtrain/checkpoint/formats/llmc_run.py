@@ -26,7 +26,7 @@ from jaxtrain.optim.optimizer import learning_rate_at
 from jaxtrain.parallel import sharding
 from llmc_io import llmc_run
 from llmc_io.errors import LLMCFormatError
-from llmc_io.llmc_state import flat_to_tree
+from llmc_io.llmc_state import check_state_values, flat_to_tree
 from llmc_io.tensors import tree_leaves
 
 KIND = 'llmc'
@@ -202,6 +202,7 @@ class LLMCRunFormat:
                 config, parts.geometry, parts.setup.model_config.vocab_size, data_paths(config)[0]
             )
             check_loader(ckpt.state_path, ckpt.state, stream, step)
+            check_state_values(ckpt.state_path, ckpt.state)
         except LLMCFormatError as e:
             raise CheckpointError(f'{e}') from None
         s = ckpt.state
