@@ -85,6 +85,16 @@ def atomic_output(path: str | os.PathLike, mode: str = "wb", encoding: str | Non
         raise
 
 
+def fsync_directory(path: str | os.PathLike) -> None:
+    """Makes the directory's entries durable: the renames, creations and removals made in it so far
+    survive a power loss before any that follow."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_bytes_atomically(path: str | os.PathLike, payload: bytes) -> None:
     with atomic_output(path) as f:
         f.write(payload)

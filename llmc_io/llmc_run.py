@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 
 import llmc_io
-from llmc_io.atomic_file import TEMP_SUFFIX, write_text_atomically
+from llmc_io.atomic_file import TEMP_SUFFIX, fsync_directory, write_text_atomically
 from llmc_io.errors import LLMCFormatError
 from llmc_io.llmc_state import LLMCState, read_state, state_path, write_state
 
@@ -201,14 +201,6 @@ def remove_stale_temporaries(run_dir, step: int | None = None) -> list[str]:
     return sorted(removed)
 
 
-def _sync_directory(run_dir: Path) -> None:
-    fd = os.open(run_dir, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_step(run_dir, header, params, state: LLMCState, version: int = 5, exported_from: str = '') -> None:
     """Write model, state, then DONE, as write_checkpoint does: a step counts only once complete.
     The step's DONE marker (and export record) goes first, durably, so that a write failing
@@ -219,7 +211,7 @@ def write_step(run_dir, header, params, state: LLMCState, version: int = 5, expo
     step = state.step
     done_path(run_dir, step).unlink(missing_ok=True)
     export_record_path(run_dir, step).unlink(missing_ok=True)
-    _sync_directory(run_dir)
+    fsync_directory(run_dir)
     remove_stale_temporaries(run_dir, step)
     llmc_io.save_gpt2(model_path(run_dir, step), header, params, version=version)
     write_state(state_path(run_dir, step), state)
@@ -235,10 +227,10 @@ def write_step(run_dir, header, params, state: LLMCState, version: int = 5, expo
     # Empty, so never half written, and created in place: a temporary named DONE_%08d.*.tmp left
     # by a kill would be a commit marker to train_gpt2cu (utils.h find_max_step takes any name
     # starting "DONE_"). The directory is synced first, so the marker never outlives the renames.
-    _sync_directory(run_dir)
+    fsync_directory(run_dir)
     fd = os.open(done_path(run_dir, step), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
-    _sync_directory(run_dir)
+    fsync_directory(run_dir)
