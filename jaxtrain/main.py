@@ -3,8 +3,8 @@
   python -m jaxtrain.main --config=configs/gpt2.py[:variant] [--config.KEY=VALUE] [--KEY VALUE]
   (or: jaxtrain train ...)
 
-Every key of the config is a flag below, with its meaning and default; a config file's own
-value is named where it sets another. Booleans take --KEY, --noKEY and --KEY=true|false. On
+Every key of the config is a flag below, by topic, with its meaning and default; a config file's
+own value is named where it sets another. Booleans take --KEY, --noKEY and --KEY=true|false. On
 many hosts, run one of these per process (the repository's launch/ has the launchers).
 """
 
@@ -20,7 +20,7 @@ from ml_collections import config_flags
 
 from jaxtrain.parallel import deterministic_flag
 from jaxtrain.config import flags as key_flags
-from jaxtrain.config import infinitrain_flags
+from jaxtrain.config import help_topics, infinitrain_flags
 from jaxtrain.config.config_path import shipped_config
 from jaxtrain.tools.quiet_absl import quiet_absl
 
@@ -112,8 +112,19 @@ def main(argv):
         return key_flags.report_error(e, _VERBOSE.value)
 
 
+def _parse_command_line(argv):
+    """--help by topic (config/help_topics.py), every other command line as flags.py parses it."""
+    if help_topics.asks_for_topic_help(argv):
+        try:
+            print(help_topics.topic_help(__doc__, key_flags.__name__, infinitrain_flags.__name__), flush=True)
+        except BrokenPipeError:  # `| head` read what it wanted; the exit's own flush would raise again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)
+    return key_flags.parse_command_line(argv)
+
+
 def entry_point():
-    app.run(lambda argv: sys.exit(main(argv)), flags_parser=key_flags.parse_command_line)
+    app.run(lambda argv: sys.exit(main(argv)), flags_parser=_parse_command_line)
 
 
 if __name__ == '__main__':

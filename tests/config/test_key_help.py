@@ -49,3 +49,44 @@ def test_checkpoint_formats_help_names_every_format_it_accepts():
     (text,) = [text for key, _, text in KEYS if key == 'checkpoint_format']
     named = set(re.findall(r'(?:^|\| )([a-z-]+) ', text))
     assert named == set(FORMAT_NAMES)
+
+
+def test_help_lists_every_flag_once_by_topic_and_helpfull_alphabetically():
+    from jaxtrain.config.infinitrain_flags import alias_names
+
+    result = run_cli('--help')
+    assert result.code == 0
+    sections, heading = {}, None
+    for line in result.out.splitlines():
+        if line.endswith(':') and not line.startswith(' '):
+            heading = line[:-1]
+        match = re.match(r'^  --(?:\[no\])?([a-z_0-9]+):', line)
+        if match:
+            sections.setdefault(heading, []).append(match.group(1))
+    listed = [name for names in sections.values() for name in names]
+    expected = (
+        {key for key, _, _ in KEYS if key != 'model_family'} | set(alias_names()) | {'config', 'verbose'}
+    )
+    assert sorted(listed) == sorted(expected)  # each flag once, none left out
+    assert list(sections)[:4] == ['config file', 'model', 'LoRA', 'data']
+    assert (
+        'learning_rate' in sections['optimizer and schedule']
+        and 'mesh_fsdp' in sections['parallelism and devices']
+    )
+    assert {'save', 'load', 'tensor_parallel'} <= set(
+        sections[next(h for h in sections if "InfiniTrain's names" in h)]
+    )
+    schedule = next(h for h in sections if "InfiniTrain's schedule" in h)
+    assert sections[schedule] == [
+        'lr_decay_style',
+        'lr_warmup_iters',
+        'lr_warmup_init',
+        'min_lr',
+        'lr_decay_iters',
+    ]
+
+    full = run_cli('--helpfull')  # absl's list: by defining module, each alphabetical
+    section = full.out.split('\njaxtrain.config.flags:\n')[1].split('\n\n')[0]
+    names = re.findall(r'^  --(?:\[no\])?([a-z_0-9]+):', section, re.M)
+    assert full.code == 0 and '--verbosity' in full.out
+    assert names == sorted(names) and set(names) == {key for key, _, _ in KEYS if key != 'model_family'}
