@@ -1,10 +1,10 @@
 """`python -m llmc_io gpt2-tokenizer encoder.json vocab.bpe --output tokenizer.json`: GPT-2's
 Hugging Face tokenizer.json from the two files OpenAI published with GPT-2, offline.
 
-encoder.json maps each token, spelled in GPT-2's byte -> character table (openai/gpt-2
-encoder.py bytes_to_unicode), to its id; vocab.bpe lists the merges in rank order, one pair a line
-after a `#version` line. They are what openai/gpt-2 download_model.py fetches, and what a Hugging
-Face gpt2 folder holds as vocab.json and merges.txt. The tokenizer.json is the byte-level BPE of
+encoder.json maps each token, spelled in GPT-2's byte -> character table (openai/gpt-2's
+bytes_to_unicode), to its id; vocab.bpe lists the merges in rank order, one pair a line after a
+`#version` line. They are what openai/gpt-2's download script fetches, and what a Hugging Face
+gpt2 folder holds as vocab.json and merges.txt. The tokenizer.json is the byte-level BPE of
 Hugging Face's own gpt2 one: GPT-2's split pattern (ByteLevel's), no prefix space, and
 <|endoftext|> a special token.
 """
