@@ -5,7 +5,9 @@
     python -m jaxtrain.ckpt diff STEP_DIR_A STEP_DIR_B
     python -m jaxtrain.ckpt verify STEP_DIR
     python -m jaxtrain.ckpt export STEP_DIR --output model.bin [--version 3|5] [--merge-lora [--base FILE]]
-    python -m jaxtrain.ckpt export STEP_DIR --format hf --output HF_DIR [--tokenizer tokenizer.json]
+    python -m jaxtrain.ckpt export STEP_DIR --format hf --output HF_DIR [--tokenizer tokenizer.json] \\
+        [--dtype float32|bfloat16|float16] [--max_shard_size 5GB] [--check]
+    python -m jaxtrain.ckpt check-hf HF_DIR [--against CHECKPOINT] [--atol 0.05]
     python -m jaxtrain.ckpt export STEP_DIR --format llmc-run --output LLMC_RUN_DIR
     python -m jaxtrain.ckpt export STEP_DIR --format infinitrain --output OUT/checkpoint_step_NNNNNN \\
         [--ddp D] [--tp T] [--pp P] [--vpp V] [--zero_stage Z] [--sequence_parallel]
@@ -32,6 +34,7 @@ import traceback
 
 from jaxtrain.tools.command_line import program_name, reader_gone
 from jaxtrain.tools.ckpt_commands import EXIT_ERROR, PROG, cmd_diff, cmd_export, cmd_ls, cmd_show, cmd_verify
+from jaxtrain.tools.hf_check import cmd_check_hf
 from jaxtrain.tools.quiet_absl import quiet_absl
 
 
@@ -211,7 +214,37 @@ def build_parser() -> argparse.ArgumentParser:
     topology.add_argument(
         '--sequence_parallel', action='store_true', help="upstream's --sequence_parallel (sp_size = tp)"
     )
+    export.add_argument(
+        '--check',
+        action='store_true',
+        help='--format hf: then run check-hf on the folder against STEP_DIR (exit 1 above its --atol)',
+    )
     export.set_defaults(run=cmd_export)
+
+    check = commands.add_parser(
+        'check-hf',
+        parents=[common],
+        help='compare a Hugging Face folder\'s logits with the jaxtrain model\'s',
+        description='Runs two token sequences through the jaxtrain model (on --against\'s weights, or on the '
+        'folder\'s as --init_from reads them) and through the folder: transformers\' model when it is '
+        'installed, else a NumPy forward written from transformers\' modeling code. Prints the largest '
+        'logit difference; exit 0 within --atol, 1 above it.',
+    )
+    check.add_argument('hf_dir', metavar='HF_DIR', help='a GPT2LMHeadModel / LlamaForCausalLM folder')
+    check.add_argument(
+        '--against',
+        metavar='CHECKPOINT',
+        default='',
+        help="the weights jaxtrain runs: any step, root, llm.c file or folder --init_from reads "
+        "(default: HF_DIR itself, which checks jaxtrain's reading of it)",
+    )
+    check.add_argument(
+        '--atol',
+        type=float,
+        default=0.05,
+        help='the largest logit difference that passes (0.05: a bfloat16 export of fp32 weights)',
+    )
+    check.set_defaults(run=cmd_check_hf)
     return parser
 
 

@@ -400,12 +400,12 @@ def cmd_export(args) -> int:
 
     from jaxtrain.tools.export_target import refuse_output_in_input, refuse_run_sources
 
-    if args.format != 'hf' and (args.dtype or args.max_shard_size):
+    if args.format != 'hf' and (args.dtype or args.max_shard_size or args.check):
         from jaxtrain.checkpoint.layout import CheckpointError
 
-        flag = '--dtype' if args.dtype else '--max_shard_size'
+        flag = '--dtype' if args.dtype else '--max_shard_size' if args.max_shard_size else '--check'
         raise CheckpointError(
-            f'{flag}: expected --format hf (the only sharded format), found --format {args.format}'
+            f'{flag}: expected --format hf, the only format it applies to, found --format {args.format}'
         )
 
     topology = ckpt_infinitrain.topology_from_args(args)
@@ -458,6 +458,10 @@ def cmd_export(args) -> int:
             args.dtype or 'float32',
             args.max_shard_size,
         )
+        if args.check:
+            from jaxtrain.tools.hf_check import check_hf, check_line
+
+            written['check'] = check_hf(args.output, str(step_dir))
         if args.json:
             _print_json({'path': str(step_dir), **written})
         else:
@@ -468,7 +472,9 @@ def cmd_export(args) -> int:
                 f"{_bytes(written['size_bytes'])}; "
                 f"load it with {written['hf_class']}.from_pretrained"
             )
-        return EXIT_OK
+            if args.check:
+                print(check_line(args.output, written['check']))
+        return EXIT_OK if not args.check or written['check']['max_abs_diff'] <= 0.05 else EXIT_FINDINGS
     written = ckpt_export.export_llmc(
         step_dir, args.output, args.version or 3, args.merge_lora, args.base, args.force
     )

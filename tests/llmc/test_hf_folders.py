@@ -118,3 +118,22 @@ def test_a_tied_llama_in_an_infinitrain_file_holds_the_tensor_twice(tmp_path):
     assert not back.tie_embeddings
     np.testing.assert_array_equal(stored['lm_head']['kernel'].T, params['wte']['embedding'])
     np.testing.assert_array_equal(stored['wte']['embedding'], params['wte']['embedding'])
+
+
+def test_check_hf_agrees_with_the_folder_and_its_numpy_forward(tmp_path, capsys):
+    """`ckpt check-hf` on a Hub-style folder: its NumPy forward (used where transformers is not
+    installed) equals the reference here, and jaxtrain's reading of the folder agrees with it."""
+    from jaxtrain.tools import ckpt
+    from jaxtrain.tools.hf_check import numpy_logits
+
+    tensors = hf_tensors(CONFIG, 'BF16', seed=1)
+    write_folder(tmp_path / 'hf', CONFIG, tensors, 2)
+    np.testing.assert_allclose(
+        numpy_logits(tmp_path / 'hf', TOKENS),
+        ref.hf_llama_logits(tensors, CONFIG, TOKENS),
+        rtol=1e-10,
+        atol=1e-10,
+    )
+    assert ckpt.main(['check-hf', str(tmp_path / 'hf'), '--json']) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result['passed'] and result['max_abs_diff'] < 1e-4 < result['max_abs_logit']

@@ -61,8 +61,9 @@ def test_a_tied_llama_exports_tied_in_bf16_shards(tmp_path, capsys):
     params = jax.tree.map(lambda a: a.astype(ml_dtypes.bfloat16).astype(np.float32), params)
     step_dir = write_checkpoint(tmp_path / 'ck', 5, 'llama3', header, params)
     argv = ['export', str(step_dir), '--format', 'hf', '--output', str(tmp_path / 'hf')]
-    assert ckpt.main(argv + ['--dtype', 'bfloat16', '--max_shard_size', '3KB']) == 0
-    assert 'bfloat16' in capsys.readouterr().out
+    assert ckpt.main(argv + ['--dtype', 'bfloat16', '--max_shard_size', '3KB', '--check']) == 0
+    out = capsys.readouterr().out
+    assert 'bfloat16' in out and 'largest logit difference' in out
     folder = tmp_path / 'hf'
     index = json.loads((folder / 'model.safetensors.index.json').read_text())
     shards = sorted(set(index['weight_map'].values()))
@@ -82,6 +83,9 @@ def test_a_tied_llama_exports_tied_in_bf16_shards(tmp_path, capsys):
     assert tensors['model.layers.1.mlp.down_proj.weight'].tobytes() == down.tobytes()
     back_header, back = load_hf(folder)
     assert back_header == header and all(np.array_equal(flat(params)[k], v) for k, v in flat(back).items())
+    other = write_checkpoint(tmp_path / 'other', 5, 'llama3', header, random_params(header, 9, std=0.3))
+    assert ckpt.main(['check-hf', str(folder), '--against', str(other)]) == 1  # other weights
+    assert 'above --atol 0.05' in capsys.readouterr().out
     # --force into it, now one fp32 file: the shards and the index go (the single file would win).
     assert ckpt.main(argv + ['--force']) == 0
     names = sorted(p.name for p in folder.iterdir())
