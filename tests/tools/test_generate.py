@@ -295,7 +295,9 @@ def _upstream_tree(model: dict) -> dict:
 @needs_samples
 def test_infinitrain_steps_and_roots_decode_as_the_reference(tmp_path, capsys):
     """The binary's own HEAD step (head-gpt2), and the same weights laid out as a DDP 2 x TP 2 run's
-    rank directories by the test's upstream writer, taken as a root: both decode as the reference."""
+    rank directories by the test's upstream writer, taken as a root: both decode as the reference.
+    So does the PR generation's root (pr-gpt2/a: its newest step's llm.c model.bin, not the
+    checkpoint_final/ copy beside it)."""
     from infinitrain_rank_fixtures import write_run
 
     from llmc_io.statedict import read_state_dict
@@ -318,9 +320,14 @@ def test_infinitrain_steps_and_roots_decode_as_the_reference(tmp_path, capsys):
         ddp=2,
         tp=2,
     )
-    for source in (step, tmp_path / 'ranks'):
+    pr_tree = llmc_io.load_gpt2(str(SAMPLES / 'pr-gpt2' / 'a' / 'checkpoint_step_000020' / 'model.bin'))[1]
+    pr_tokens = [7, 300]
+    for _ in range(5):
+        pr_tokens.append(int(np.argmax(ref.gpt2_logits(pr_tree, 12, np.array([pr_tokens]))[0, -1])))
+    sources = [(step, tokens), (tmp_path / 'ranks', tokens), (SAMPLES / 'pr-gpt2' / 'a', pr_tokens)]
+    for source, expected in sources:
         code, out, err = _run(
             capsys, '--checkpoint', source, '--prompt_ids', '7,300', '--max_new_tokens', 5, '--temperature', 0
         )
         assert code == 0, err
-        assert out.split('--- sample 1/1\n')[1].split('\n')[0] == ' '.join(map(str, tokens[2:]))
+        assert out.split('--- sample 1/1\n')[1].split('\n')[0] == ' '.join(map(str, expected[2:]))
