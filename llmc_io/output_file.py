@@ -12,6 +12,7 @@ checkpoint root or an llm.c run folder.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Iterable
@@ -105,6 +106,30 @@ def holds_step_dirs(folder) -> bool:
     return any(n in marks or n.startswith('checkpoint_step_') for n in names)
 
 
+def foreign_hf_files(folder) -> list[str]:
+    """The Hugging Face files in `folder` (config, weights, tokenizer) that llmc_io did not write:
+    all of them unless its config.json holds `llmc_header`, which save_hf writes beside HF's keys.
+    A folder that another program wrote (a model downloaded from the Hub) is thus never replaced."""
+    from llmc_io.hf_config import CONFIG_FILE, GENERATION_CONFIG_FILE
+    from llmc_io.hf_weights import INDEX_FILE, SHARD_NAME, SINGLE_FILE
+
+    named = (
+        CONFIG_FILE,
+        GENERATION_CONFIG_FILE,
+        SINGLE_FILE,
+        INDEX_FILE,
+        'tokenizer.json',
+        'tokenizer_config.json',
+    )
+    present = sorted(n for n in os.listdir(folder) if n in named or SHARD_NAME.fullmatch(n))
+    try:
+        with open(os.path.join(folder, CONFIG_FILE), encoding='utf-8') as f:
+            ours = isinstance(json.load(f).get('llmc_header'), dict)
+    except (OSError, ValueError, AttributeError):
+        ours = False
+    return [] if ours else present
+
+
 def check_new_folder(path, force: bool, inputs: Iterable = (), flag: str = 'OUT') -> None:
     """A folder to create or an empty one, or (with force) one whose files of that name are replaced;
     never an input folder nor a checkpoint's."""
@@ -128,5 +153,14 @@ def check_new_folder(path, force: bool, inputs: Iterable = (), flag: str = 'OUT'
             flag,
             'a new or empty folder',
             f'one holding {names}',
-            'pass --force to replace its config.json and model.safetensors',
+            'pass --force to replace the Hugging Face files llmc_io wrote there',
+        )
+    foreign = foreign_hf_files(path) if os.path.isdir(path) else []
+    if foreign:
+        raise LLMCFormatError(
+            path,
+            flag,
+            '(with --force) Hugging Face files that llmc_io wrote (config.json with llmc_header)',
+            f'{", ".join(foreign[:4])} of another program',
+            '--force never replaces those; choose another output',
         )

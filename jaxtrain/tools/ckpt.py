@@ -181,10 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument(
         '--force',
         action='store_true',
-        help='replace what is at --output: a file, a Hugging Face folder\'s config and weight '
-        'files, or a step directory or llm.c run-folder step an earlier export wrote. Never '
-        'a directory or step files another program or run wrote, and never the llm.c base file the '
-        'checkpoint records',
+        help='replace what is at --output: a file, or a Hugging Face folder\'s config and weight '
+        'files, a step directory or an llm.c run-folder step that an earlier export wrote. Never '
+        'files another program or run wrote, a checkpoint\'s, or what the checkpoint started from',
     )
     export.add_argument(
         '--tokenizer',

@@ -128,6 +128,15 @@ def check_hf_output(output, force: bool) -> None:
             f'--output: {output}: expected a new or empty folder, found one holding {names}; choose '
             'another --output, or pass --force to replace its config and weight files'
         )
+    from llmc_io.output_file import foreign_hf_files
+
+    foreign = foreign_hf_files(output)
+    if foreign:
+        raise CheckpointError(
+            f'--output: {output}: expected (with --force) Hugging Face files that an export wrote '
+            f'(config.json with llmc_header), found {", ".join(foreign[:4])} of another program; --force '
+            'never replaces those: choose another --output'
+        )
 
 
 def check_step_dir_output(output, force: bool) -> bool:

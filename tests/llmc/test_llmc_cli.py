@@ -270,3 +270,16 @@ def test_convert_never_writes_over_an_hf_input_folder_or_a_committed_llmc_step(t
     line = _one_line_error(run("convert", path, step / "model.bin", "--version", 5, "--force"))
     assert f"found a path inside the checkpoint step {step}" in line
     assert (step / "model.bin").read_bytes() == Path(path).read_bytes()
+
+
+def test_convert_force_replaces_only_hf_files_llmc_io_wrote(tmp_path, run):
+    path, _ = tiny_file(tmp_path)
+    hub = tmp_path / "hub"
+    hub.mkdir()
+    (hub / "config.json").write_text('{"model_type": "gpt2"}')  # as a model downloaded from the Hub
+    (hub / "model.safetensors").write_bytes(b"their weights")
+    line = _one_line_error(run("convert", path, hub, "--to", "hf", "--force"))
+    assert "found config.json, model.safetensors of another program" in line
+    assert (hub / "model.safetensors").read_bytes() == b"their weights"
+    assert run("convert", path, tmp_path / "ours", "--to", "hf").returncode == 0
+    assert run("convert", path, tmp_path / "ours", "--to", "hf", "--force").returncode == 0

@@ -75,6 +75,13 @@ def test_an_hf_folder_is_not_replaced_without_force_and_keeps_other_files(tmp_pa
     assert 'expected a new or empty folder' in err
     assert (folder / 'config.json').read_text() == '{"mine": true}'
     assert not (folder / 'model.safetensors').exists()
+    # --force replaces only HF files an export wrote: not a config.json of another program's.
+    err = refused(capsys, step_dir, '--format', 'hf', '--output', folder, '--force')
+    assert 'found config.json of another program' in err
+    assert (folder / 'config.json').read_text() == '{"mine": true}'
+    (folder / 'config.json').unlink()
+    assert 'found one holding README.md' in refused(capsys, step_dir, '--format', 'hf', '--output', folder)
+    assert ckpt.main(['export', str(step_dir), '--format', 'hf', '--output', str(folder), '--force']) == 0
     assert ckpt.main(['export', str(step_dir), '--format', 'hf', '--output', str(folder), '--force']) == 0
     assert llmc_io.hf.load_hf(folder)[0] == GPT2
     assert (folder / 'README.md').read_text() == 'my notes'
