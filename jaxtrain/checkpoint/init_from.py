@@ -130,9 +130,33 @@ def _model_name(family: str, model) -> str | None:
     return next((name for name, variant in variants.items() if variant == model), None)
 
 
-def _mismatch_line(config, family: str, what: str, model, problems: list[str]) -> str:
+def _variant_with_shapes(family: str, params: dict) -> str | None:
+    """The first --model variant whose tensors have these shapes (a GPT-2 wte of V or Vp rows), for
+    a source that records no model config (an InfiniTrain step: its heads are not in its shapes)."""
+    import llmc_io
+    from llmc_io.tensors import tree_leaves
+
+    from jaxtrain.models import FAMILIES
+
+    header_cls = llmc_io.GPT2Header if family == 'gpt2' else llmc_io.LLaMA3Header
+    fields = {field.name for field in dataclasses.fields(header_cls)}
+    found = {path: tuple(np.shape(leaf)) for path, leaf in tree_leaves(params).items()}
+    for name, variant in FAMILIES[family][2].items():
+        try:
+            header = header_cls(**{k: v for k, v in dataclasses.asdict(variant).items() if k in fields})
+        except TypeError:  # a field the header needs that the variant does not give
+            continue
+        expected = dict(header.param_shapes())
+        if family == 'gpt2' and found.get('wte/embedding', (0,))[0] == header.vocab_size:
+            expected['wte/embedding'] = (header.vocab_size, header.channels)
+        if expected == found:
+            return name
+    return None
+
+
+def _mismatch_line(config, family: str, what: str, model, problems: list[str], params: dict) -> str:
     """One line naming the source's model and the run's, with the first of the differences."""
-    name = _model_name(family, model) if model is not None else None
+    name = _model_name(family, model) if model is not None else _variant_with_shapes(family, params)
     held = f"{family} model '{name}'" if name else f'a {family} model that no --model variant matches'
     fix = f'pass --model {name}' if name else 'pass the --model its weights were trained as'
     if name is None and what.startswith('llm.c file '):
@@ -180,7 +204,7 @@ def apply_init_from(config, setup):
     params = pad_vocabulary_rows(params, setup.params)
     problems = shape_mismatches(setup.params, params)
     if problems:
-        raise layout.CheckpointError(_mismatch_line(config, family, what, model, problems))
+        raise layout.CheckpointError(_mismatch_line(config, family, what, model, problems, params))
     # On the host, as models/setup.py keeps an llm.c file's: put_global splits each tensor there
     # for its devices, where a device array would be sliced on device 0 by compiled programs.
     weights = jax.tree.map(lambda a: np.asarray(a, np.float32), params)

@@ -138,6 +138,14 @@ def test_a_model_that_does_not_fit_is_refused_in_one_line_naming_both_models(tra
     )
     assert message.endswith('; pass --model tiny') and '\n' not in message and len(message) < 400
     assert 'tensors differ, first ' in message
+    # An InfiniTrain step records no model config: its tensors' shapes name the variant.
+    step = root / 'infinitrain' / 'checkpoint_step_000003'
+    config = load_config('gpt2', 'small', num_iteration=1, init_from=str(step), **common)
+    with pytest.raises(Exception) as raised:
+        train(config)
+    assert f"{step} (infinitrain) holds gpt2 model 'tiny', this run's --model is 'small' (" in str(
+        raised.value
+    )
 
 
 @pytest.mark.slow
