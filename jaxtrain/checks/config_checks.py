@@ -8,6 +8,7 @@ import math
 from jaxtrain.checkpoint.registry import FORMAT_NAMES
 from jaxtrain.checks.fit_checks import check_fit
 from jaxtrain.config.path_checks import path_problems
+from jaxtrain.parallel.context_parallel import COMM_TYPES as CP_COMM_TYPES
 from llmc_io.lora_weights import LAYOUTS as LORA_LAYOUTS
 from jaxtrain.models import cross_entropy_kernel
 from jaxtrain.models import recompute
@@ -31,6 +32,7 @@ CHOICES = {
     'checkpoint_format': FORMAT_NAMES,
     'shuffle': ('none', 'llmc'),
     'lora_save_layout': LORA_LAYOUTS,
+    'cp_comm_type': CP_COMM_TYPES,
 }
 NON_NEGATIVE = (
     'num_devices',
@@ -51,7 +53,7 @@ NON_NEGATIVE = (
     'total_batch_size',  # 0: one micro-step per rank (batch_geometry.py)
     'peak_tflops',
 )
-POSITIVE = ('batch_size', 'sequence_length')
+POSITIVE = ('batch_size', 'sequence_length', 'context_parallel')
 MESH_AXES = ('mesh_data', 'mesh_fsdp', 'mesh_tensor')  # a size, or -1 to fill (mesh.py)
 
 

@@ -48,16 +48,21 @@ def check_fit(config) -> None:
         config.sequence_length,
         total_on_mesh(config, data_parallel),
         data_parallel=data_parallel,
+        context=sizes[mesh_lib.CONTEXT],
     )
     model_config = model_config_for(config)
     check_model_flag(config)
     if config.fused_kernels != 'none':
         check_fused_kernels(config, devices)
-    if config.sequence_parallel and config.sequence_length % sizes['tensor']:
+    context = sizes[mesh_lib.CONTEXT]
+    if context > 1:
+        check_context(config, context, model_config)
+    if config.sequence_parallel and (config.sequence_length // context) % sizes['tensor']:
+        times = f' × context_parallel {context}' if context > 1 else ''
         raise ValueError(
-            f"sequence_length: expected a multiple of the tensor size {sizes['tensor']} with "
+            f"sequence_length: expected a multiple of the tensor size {sizes['tensor']}{times} with "
             f'sequence_parallel, found {config.sequence_length}; pass a --sequence_length that '
-            f"{sizes['tensor']} divides, or a smaller --mesh_tensor"
+            f"{sizes['tensor'] * context} divides, or a smaller --mesh_tensor"
         )
     if config.sequence_length > model_config.max_seq_len:
         raise ValueError(
@@ -84,6 +89,26 @@ def check_fit(config) -> None:
     check_pipeline(
         model_config.num_layers, stages, config.get('virtual_pipeline_parallel', 1), geometry.accumulation
     )
+
+
+def check_context(config, context: int, model_config) -> None:
+    """--context_parallel C (parallel/context_parallel.py): C slices of T, and for a2a C
+    divides the heads."""
+    if config.sequence_length % context:
+        raise ValueError(
+            f'sequence_length: expected a multiple of context_parallel {context} (each slice as long), '
+            f'found {config.sequence_length}; pass a --sequence_length that {context} divides'
+        )
+    if config.cp_comm_type == 'a2a':
+        heads = {'num_heads': model_config.num_heads}
+        heads['num_kv_heads'] = getattr(model_config, 'num_kv_heads', model_config.num_heads)
+        for name, count in heads.items():
+            if count % context:
+                raise ValueError(
+                    f"cp_comm_type: a2a splits the heads over the context devices: expected the model's "
+                    f'{name} {count} to be a multiple of context_parallel {context}; pass --cp_comm_type '
+                    'all_gather or p2p, or a --context_parallel that divides it'
+                )
 
 
 # Lets a CPU run take --fused_kernels through Pallas' interpreter (slow): for tests of the loop.

@@ -8,9 +8,10 @@ generation before it used five more names: `--checkpoint_dir --save_steps --resu
 PR 151 (a7949ac0f46fb3de64520a18bc13ebc70b6bc158, LR schedulers, merged upstream later) adds five:
 `--min_lr --lr_decay_style --lr_warmup_iters --lr_warmup_init --lr_decay_iters`; PR 154
 (e594d9c, activation recompute) four: `--activation_recompute --recompute_granularity
---recompute_method --recompute_num_layers`; and older builds of the checkpoint branch (c82cbe8) spelled
-`--save_optimizer_state false` as `--no_save_optim true`.
-UPSTREAM below is that list of 49, each with its upstream type and defaults and how jaxtrain
+--recompute_method --recompute_num_layers`; PR 181 (feat/context_parallel d03ba16, context
+parallelism) two: `--context_parallel --cp_comm_type`; and older builds of the checkpoint
+branch (c82cbe8) spelled `--save_optimizer_state false` as `--no_save_optim true`.
+UPSTREAM below is that list of 51, each with its upstream type and defaults and how jaxtrain
 takes it:
 
   key       a config key of the same name (keys.py); flags.py defines its flag
@@ -151,6 +152,9 @@ UPSTREAM = (
         'save_optimizer_state',
         'older builds: true keeps the optimizer state out of checkpoints (= --save_optimizer_state false)',
     ),
+    # PR 181's context parallelism (feat/context_parallel d03ba16 example/gpt2/main.cc:82-83)
+    _same('context_parallel', 'int', 1),
+    _same('cp_comm_type', 'string', 'p2p'),
 )
 BY_NAME = {flag.name: flag for flag in UPSTREAM}
 

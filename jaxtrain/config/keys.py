@@ -74,10 +74,22 @@ KEYS = (
         'Megatron sequence parallelism: residual stream and norms split along T over mesh_tensor',
     ),
     (
+        'context_parallel',
+        1,
+        'context parallelism C: each sequence cut along T into C contiguous slices over a mesh axis '
+        'context (as InfiniTrain cuts it); attention crosses it by --cp_comm_type',
+    ),
+    (
+        'cp_comm_type',
+        'p2p',
+        'all_gather (K, V gathered) | p2p (a ring passing K/V slices, online-softmax merge) | a2a '
+        '(Ulysses all-to-all over heads): how attention crosses the context axis',
+    ),
+    (
         'zero_stage',
         0,
-        'ZeRO over the data axis: 0 off | 1 optimizer state sharded | 2 + gradients '
-        'reduce-scattered | 3 + parameters sharded (= fsdp)',
+        'ZeRO over the data axis (data × context with context_parallel): 0 off | 1 optimizer state '
+        'sharded | 2 + gradients reduce-scattered | 3 + parameters sharded (= fsdp)',
     ),
     ('device', 'auto', 'auto | cpu | cuda: the platform to train on (cuda without a GPU is an error)'),
     (

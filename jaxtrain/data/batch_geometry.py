@@ -2,10 +2,12 @@
 
 total_batch_size = batch_size × sequence_length × data_parallel × accumulation, as in
 InfiniTrain, where data_parallel is the mesh's data × fsdp size (mesh.py; tensor-parallel
-devices share their rows). A step always consumes the same contiguous `total_batch_size + 1`
-token window of the stream (stream.py), whatever the device count: its rows are split first
-over micro-steps, then over the data-parallel ranks, so `--batch_size 1 --total_batch_size
-512` trains on the same tokens per step on 8, 4 or 1 device, with 8× more accumulation on 1.
+devices share their rows, and so do context-parallel ones: each takes a contiguous slice of
+every row's T, as InfiniTrain's data loader is sharded by DP only). A step always consumes the
+same contiguous `total_batch_size + 1` token window of the stream (stream.py), whatever the
+device count: its rows are split first over micro-steps, then over the data-parallel ranks,
+so `--batch_size 1 --total_batch_size 512` trains on the same tokens per step on 8, 4 or 1
+device, with 8× more accumulation on 1.
 """
 
 import dataclasses
@@ -17,6 +19,7 @@ class BatchGeometry:
     sequence_length: int  # T
     data_parallel: int  # ranks the batch is split over (mesh data × fsdp)
     accumulation: int  # micro-steps per optimizer step
+    context: int = 1  # context-parallel slices of each row's T (mesh context; not in the token count)
 
     @property
     def rows_per_micro_step(self) -> int:
@@ -26,9 +29,19 @@ class BatchGeometry:
     def tokens_per_step(self) -> int:
         return self.rows_per_micro_step * self.sequence_length * self.accumulation
 
+    def describe(self) -> str:
+        """'4 x 64 x DP 2 (data x fsdp) x accumulation 1 = 512 tokens/step', with
+        ' (CP 2: 32 tokens a slice)' after the sequence length under context parallelism."""
+        context = f' (CP {self.context}: {self.sequence_length // self.context} tokens a slice)'
+        return (
+            f'{self.batch_size} x {self.sequence_length}{context if self.context > 1 else ""} x DP '
+            f'{self.data_parallel} (data x fsdp) x accumulation {self.accumulation} = '
+            f'{self.tokens_per_step} tokens/step'
+        )
+
 
 def batch_geometry(
-    batch_size: int, sequence_length: int, total_batch_size: int, data_parallel: int
+    batch_size: int, sequence_length: int, total_batch_size: int, data_parallel: int, context: int = 1
 ) -> BatchGeometry:
     """total_batch_size 0 means one micro-step: batch_size × sequence_length × data_parallel."""
     for key, value in (
@@ -52,5 +65,5 @@ def batch_geometry(
             'or a multiple of it, or change batch_size.'
         )
     return BatchGeometry(
-        batch_size, sequence_length, data_parallel, total_batch_size // tokens_per_micro_step
+        batch_size, sequence_length, data_parallel, total_batch_size // tokens_per_micro_step, context
     )

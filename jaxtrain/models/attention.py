@@ -29,6 +29,8 @@ import warnings
 import jax
 import jax.numpy as jnp
 
+from jaxtrain.parallel import context_parallel
+
 IMPLEMENTATIONS = ('auto', 'xla', 'cudnn', 'pallas')
 # The Pallas kernel tiles time in blocks of this many steps (measured best of 32/64/128).
 PALLAS_BLOCK = 64
@@ -160,8 +162,18 @@ def causal_attention(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, implementation: str):
     """Causal softmax attention scaled by 1/sqrt(H); K may divide N (grouped-query).
 
     Query head n reads kv head n // (N/K), LLaMA's repeat-interleave order (as
-    jax.nn.dot_product_attention groups them).
+    jax.nn.dot_product_attention groups them). Under context parallelism (a step traced
+    with context_parallel.attention_across) the sequences are split along T over the
+    context axis, and context_parallel.py crosses it.
     """
+    split = context_parallel.active()
+    if split is not None:
+        one_device = lambda q, k, v: _one_device_attention(q, k, v, implementation)
+        return context_parallel.attention(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, split, one_device)
+    return _one_device_attention(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, implementation)
+
+
+def _one_device_attention(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, implementation: str):
     if implementation == 'pallas':
         group = q_BxTxNxH.shape[2] // k_BxTxKxH.shape[2]
         # The Pallas kernel wants one kv head per query head.

@@ -5,12 +5,19 @@ inside one):
   data    plain data parallelism: parameters replicated, the batch split
   fsdp    fully sharded data parallelism: the batch split and parameters and optimizer
           state sharded (sharding.py)
+  context (only with context_parallel C > 1, between fsdp and tensor) context parallelism:
+          each sequence cut into C contiguous slices along T, one per device, as
+          InfiniTrain's SliceAlongCPRegionFunc cuts it; parameters replicated over it; the
+          attention crosses it (context_parallel.py). Rows are not split over it: the data
+          order and the tokens of a step do not depend on C
   tensor  tensor parallelism inside the MLP and attention projections (sharding.py); the
           batch is not split over it
   pipeline  (only with pipeline_parallel P > 1, then the first axis) pipeline stages: the
           layer-stacked parameters split on L, the rest replicated over it; the batch is
           not split over it (pipeline.py runs the microbatch schedule)
-One size may be -1: it takes the devices the others leave (within a stage). The defaults
+With stages and context, the order is InfiniTrain's rank order read slowest first:
+pipeline, data, context, tensor (global.h at d03ba16: TP-CP-DP-PP, TP fastest).
+One size may be -1: it takes the devices the others leave (within a stage and context). The defaults
 (data -1, fsdp 1, tensor 1) are plain data parallelism over every device, so one GPU box
 needs nothing set.
 
@@ -25,6 +32,7 @@ from jax.sharding import AxisType, Mesh
 
 AXES = ('data', 'fsdp', 'tensor')
 PIPELINE = 'pipeline'  # only in meshes with more than one stage, so P = 1 runs are unchanged
+CONTEXT = 'context'  # only in meshes with context_parallel > 1, so C = 1 runs are unchanged
 BATCH_AXES = ('data', 'fsdp')  # the batch rows are split over these; see batch_geometry.py
 
 
@@ -92,24 +100,48 @@ def pipeline_stages(stages: int, device_count: int) -> int:
     return stages
 
 
+def context_slices(context: int, device_count: int) -> int:
+    """`context` (context_parallel) once it is known to fit `device_count` devices."""
+    if context < 1:
+        raise ValueError(f'context_parallel: expected a positive size, found {context}; pass 1 (off) or more')
+    if device_count % context:
+        raise ValueError(
+            f'context_parallel: expected a divisor of the {device_count} devices left per pipeline stage, '
+            f'found {context}; lower --context_parallel or change --num_devices'
+        )
+    return context
+
+
 def mesh_sizes(config, device_count: int) -> dict[str, int]:
-    """{axis: size} of the run's mesh on `device_count` devices, `pipeline` included (1
-    without stages); refuses sizes that do not fit, in one line naming the key."""
+    """{axis: size} of the run's mesh on `device_count` devices, `pipeline` and `context`
+    included (1 without stages or context); refuses sizes that do not fit, in one line
+    naming the key."""
     stages = pipeline_stages(config.get('pipeline_parallel', 1), device_count)
+    context = context_slices(config.get('context_parallel', 1), device_count // stages)
+    within = [f'{stages} pipeline stages'] * (stages > 1) + [f'{context} context slices'] * (context > 1)
     try:
-        sizes = mesh_shape(device_count // stages, config.mesh_data, config.mesh_fsdp, config.mesh_tensor)
+        sizes = mesh_shape(
+            device_count // (stages * context), config.mesh_data, config.mesh_fsdp, config.mesh_tensor
+        )
     except ValueError as error:
-        if stages == 1:
+        if not within:
             raise
-        raise ValueError(f'{error} (the devices of one of the {stages} pipeline stages)') from None
+        raise ValueError(f'{error} (the devices of one of the {" × ".join(within)})') from None
     sizes[PIPELINE] = stages
+    sizes[CONTEXT] = context
     return sizes
+
+
+def mesh_axes(sizes: dict[str, int]) -> tuple[str, ...]:
+    """The axis names of a mesh of `sizes`, slowest first; pipeline and context only when > 1."""
+    axes = ('data', 'fsdp') + (CONTEXT,) * (sizes.get(CONTEXT, 1) > 1) + ('tensor',)
+    return axes if sizes.get(PIPELINE, 1) == 1 else (PIPELINE,) + axes
 
 
 def build_mesh(config) -> Mesh:
     devices = select_devices(config.num_devices)
     sizes = mesh_sizes(config, len(devices))
-    axes = AXES if sizes[PIPELINE] == 1 else (PIPELINE,) + AXES
+    axes = mesh_axes(sizes)
     return jax.make_mesh(
         tuple(sizes[a] for a in axes), axes, axis_types=(AxisType.Auto,) * len(axes), devices=devices
     )
@@ -118,6 +150,11 @@ def build_mesh(config) -> Mesh:
 def pipeline_size(mesh: Mesh) -> int:
     """Pipeline stages of `mesh` (1 when it has no pipeline axis)."""
     return mesh.shape.get(PIPELINE, 1)
+
+
+def context_size(mesh: Mesh) -> int:
+    """Context slices of `mesh` (1 when it has no context axis)."""
+    return mesh.shape.get(CONTEXT, 1)
 
 
 def data_parallel_size(mesh: Mesh) -> int:

@@ -17,14 +17,16 @@ import jax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxtrain.parallel.mesh import BATCH_AXES
+from jaxtrain.parallel.mesh import BATCH_AXES, CONTEXT
 
 _active: list = []  # the sharding of (B, T, C) activations while a step is traced
 
 
 def time_split_sharding(mesh: Mesh) -> NamedSharding:
-    """(B, T, C): B over the batch axes, T over tensor, C whole."""
-    return NamedSharding(mesh, P(BATCH_AXES, 'tensor', None))
+    """(B, T, C): B over the batch axes, T over tensor (within each context slice, with
+    context parallelism: T over context × tensor), C whole."""
+    time = (CONTEXT, 'tensor') if CONTEXT in mesh.shape else 'tensor'
+    return NamedSharding(mesh, P(BATCH_AXES, time, None))
 
 
 @contextlib.contextmanager

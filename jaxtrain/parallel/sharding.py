@@ -22,16 +22,19 @@ The optimizer state gets its parameter's sharding wherever it holds a copy of th
 parameter tree (Adam's mu and nu); its counters are replicated.
 
 ZeRO (`zero_stage`, as InfiniTrain's --zero_stage and DeepSpeed define the stages) splits
-over `data` too, on an axis of the tensor the rules above leave free (the largest that the
-data size divides; never L): stage 1 the optimizer state's copies of the parameters, stage 2
+over `data` too (over data × context with context parallelism: InfiniTrain's DP×CP group,
+shard dp·C + cp, GetDataParallelWithContextGroupRanks in parallel/utils.cc at d03ba16), on
+an axis of the tensor the rules above leave free (the largest that the data size divides;
+never L): stage 1 the optimizer state's copies of the parameters, stage 2
 also the gradients (the train step constrains them, so XLA reduce-scatters them and the
 accumulated gradient is kept split; at stage 1 they are pinned whole), stage 3 also the
 parameters (FSDP over `data`).
 
 The batch (A micro-steps, B rows, T) is split on B over data × fsdp and replicated over
-tensor. With one process the host's global batch is `device_put`; with several, every
-process holds the same host value (the data stream is a pure function of its position)
-and hands each of its devices only that device's slice.
+tensor; with context parallelism T is split over `context` in contiguous slices. With one
+process the host's global batch is `device_put`; with several, every process holds the same
+host value (the data stream is a pure function of its position) and hands each of its
+devices only that device's slice.
 """
 
 import jax
@@ -39,7 +42,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxtrain.parallel.mesh import BATCH_AXES
+from jaxtrain.parallel.mesh import BATCH_AXES, CONTEXT
 
 # Parameter-name suffix -> (axis `tensor` splits, axis `fsdp` splits), None for neither.
 RULES = {
@@ -102,11 +105,12 @@ def zero_spec(name: str, shape: tuple, mesh: Mesh) -> P:
     a tensor over the data-parallel ranks); unchanged where there is none or data is 1."""
     spec = list(parameter_spec(name, shape, mesh))
     spec += [None] * (len(shape) - len(spec))
-    data = mesh.shape['data']
+    axes = ('data', CONTEXT) if CONTEXT in mesh.shape else 'data'
+    data = mesh.shape['data'] * mesh.shape.get(CONTEXT, 1)
     first = 1 if name.startswith(LAYER_STACKED_PREFIX) else 0
     free = [a for a in range(first, len(shape)) if spec[a] is None and shape[a] % data == 0]
     if data > 1 and free:
-        spec[max(free, key=lambda a: (shape[a], -a))] = 'data'
+        spec[max(free, key=lambda a: (shape[a], -a))] = axes
     while spec and spec[-1] is None:
         spec.pop()
     return P(*spec)
@@ -151,9 +155,10 @@ def opt_state_shardings(opt_state, params, mesh: Mesh, zero_stage: int = 0):
 
 
 def batch_sharding(mesh: Mesh, micro_steps: bool) -> NamedSharding:
-    """B split over data × fsdp, for (A, B, T) with `micro_steps`, else for B first (B, T),
-    (B, T, V), ..."""
-    return NamedSharding(mesh, P(None, BATCH_AXES) if micro_steps else P(BATCH_AXES))
+    """B split over data × fsdp (and T over context), for (A, B, T) with `micro_steps`, else
+    for (B, T)."""
+    spec = (BATCH_AXES, CONTEXT) if CONTEXT in mesh.shape else (BATCH_AXES,)
+    return NamedSharding(mesh, P(None, *spec) if micro_steps else P(*spec))
 
 
 def put_global(tree, shardings):

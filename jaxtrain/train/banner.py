@@ -28,8 +28,7 @@ def run_banner(config, parts, stream, weights: str) -> list[str]:
         f'{jax.process_count()} process(es) | mesh {mesh_lib.describe(parts.mesh)} | '
         f'{sharding.describe_sharded(parts.param_shardings)} | dtype {config.dtype} | '
         f'attention {setup.attention} | cross-entropy {parts.cross_entropy}',
-        f'batch: {geometry.batch_size} x {geometry.sequence_length} x DP {geometry.data_parallel} '
-        f'(data x fsdp) x accumulation {geometry.accumulation} = {geometry.tokens_per_step} tokens/step',
+        f'batch: {geometry.describe()}',
         optimizer_line(config),
         stream.describe(),  # 'train data: ...'
     ] + lora

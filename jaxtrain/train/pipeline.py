@@ -45,7 +45,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from jaxtrain.models.lm_head_loss import lm_head_cross_entropy
-from jaxtrain.parallel.mesh import PIPELINE, pipeline_size
+from jaxtrain.parallel.mesh import CONTEXT, PIPELINE, context_size, pipeline_size
 from jaxtrain.train.pipeline_stages import embed, finish, run_chunk
 
 STACKED = 'h'  # the parameter subtree whose tensors carry the layer axis first (layer_stack.py)
@@ -81,11 +81,16 @@ def make_pipeline_loss(graphdef: nnx.GraphDef, vocab_size: int, mesh: Mesh, virt
     stages = pipeline_size(mesh)
     V = virtual
     send_to_next = [(s, (s + 1) % stages) for s in range(stages)]
+    # With context parallelism the region is manual over `context` too: each device runs its
+    # slice of T (the positions offset to it), attention crosses the axis inside
+    # (context_parallel.py), and the loss is the mean over the slices' equal-sized means.
+    slices = context_size(mesh)
+    manual = (PIPELINE, CONTEXT) if slices > 1 else (PIPELINE,)
 
     def stage_program(rest, chunks, inputs_MxBxT, targets_MxBxT):
         """One stage's view: `chunks` are its V local chunks, (V, 1, S, ...) per tensor."""
         stage = jax.lax.axis_index(PIPELINE)
-        varying = lambda x: jax.lax.pcast(x, PIPELINE, to='varying')
+        varying = lambda x: jax.lax.pcast(x, manual, to='varying')
         # Every stage holds the replicated parameters (embedding, ln_f, head) but uses its own
         # copy (the first stage the embedding, the last the head): marked varying over the
         # stages, their gradients are summed over them where the copies are made (the
@@ -104,7 +109,9 @@ def make_pipeline_loss(graphdef: nnx.GraphDef, vocab_size: int, mesh: Mesh, virt
         inputs_MxBxT = jax.lax.with_sharding_constraint(inputs_MxBxT, P())
         targets_MxBxT = jax.lax.with_sharding_constraint(targets_MxBxT, P())
         items = M * V
-        _, extra = embed(model, inputs_MxBxT[0])
+        first_position = jax.lax.axis_index(CONTEXT) * T if slices > 1 else 0
+        slice_embed = lambda tokens_BxT: embed(model, tokens_BxT, first_position, T * slices)
+        _, extra = slice_embed(inputs_MxBxT[0])
 
         # Rematerialised: the backward recomputes a chunk's insides from its input, so a
         # stage keeps one (B, T, C) input per tick instead of every layer's activations of
@@ -130,7 +137,7 @@ def make_pipeline_loss(graphdef: nnx.GraphDef, vocab_size: int, mesh: Mesh, virt
                 from_last_stage = _index(stash_MxBxTxC, t % M)
             else:
                 from_last_stage = received_BxTxC
-            embedded_BxTxC = embed(model, _index(inputs_MxBxT, micro))[0]
+            embedded_BxTxC = slice_embed(_index(inputs_MxBxT, micro))[0]
             x_BxTxC = jnp.where(
                 stage == 0, jnp.where(chunk == 0, embedded_BxTxC, from_last_stage), received_BxTxC
             )
@@ -159,14 +166,16 @@ def make_pipeline_loss(graphdef: nnx.GraphDef, vocab_size: int, mesh: Mesh, virt
             return varying(jnp.float32(0))
 
         loss = jax.lax.cond(stage == stages - 1, head_loss, no_loss, y_MxBxTxC, targets_MxBxT)
-        return jax.lax.psum(loss, PIPELINE)  # the last stage's, the others give 0
+        loss = jax.lax.psum(loss, PIPELINE)  # the last stage's, the others give 0
+        return jax.lax.pmean(loss, CONTEXT) if slices > 1 else loss
 
+    tokens = P(None, None, CONTEXT) if slices > 1 else P()
     program = jax.shard_map(
         stage_program,
         mesh=mesh,
-        in_specs=(P(), P(None, PIPELINE), P(), P()),
+        in_specs=(P(), P(None, PIPELINE), tokens, tokens),
         out_specs=P(),
-        axis_names=frozenset({PIPELINE}),
+        axis_names=frozenset(manual),
     )
 
     def loss_fn(params, inputs_MxBxT, targets_MxBxT):

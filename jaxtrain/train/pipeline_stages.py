@@ -10,6 +10,7 @@ rounding (tests/parallel/test_pipeline.py holds them to it). They read the model
 modules rather than adding methods to the model classes, which other work edits.
 """
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -18,19 +19,26 @@ from jaxtrain.models.embedding import embedding_lookup
 from jaxtrain.models.layer_stack import apply_blocks
 
 
-def embed(model, tokens_BxT):
-    """(x_BxTxC, extra): the first block's input and the extra arguments every block takes."""
+def embed(model, tokens_BxT, first_position=0, whole_length=None):
+    """(x_BxTxC, extra): the first block's input and the extra arguments every block takes.
+    Under context parallelism `tokens_BxT` is one slice of sequences `whole_length` long,
+    starting at `first_position` (traced): the positions are that slice's."""
     T = tokens_BxT.shape[1]
+    whole_length = whole_length or T
     x_BxTxC = embedding_lookup(model.wte.embedding[...], tokens_BxT, model.deterministic).astype(model.dtype)
     if hasattr(model, 'wpe'):  # GPT-2: learned positions
-        return x_BxTxC + model.wpe.embedding[:T].astype(model.dtype)[None], ()
+        positions_TxC = jax.lax.dynamic_slice_in_dim(model.wpe.embedding[...], first_position, T, 0)
+        return x_BxTxC + positions_TxC.astype(model.dtype)[None], ()
     # LLaMA-3: the RoPE tables, from the host in float64 as llama3.LLaMA3.features makes them.
     from jaxtrain.models.llama3 import rope_frequencies
 
     config = model.config
     freqs_H2 = rope_frequencies(config.head_dim, config.rope_theta, config.rope_scaling)
-    angles_TxH2 = np.arange(T, dtype=np.float64)[:, None] * freqs_H2[None, :]
-    extra = (jnp.asarray(np.cos(angles_TxH2), jnp.float32), jnp.asarray(np.sin(angles_TxH2), jnp.float32))
+    angles_TxH2 = np.arange(whole_length, dtype=np.float64)[:, None] * freqs_H2[None, :]
+    extra = tuple(
+        jax.lax.dynamic_slice_in_dim(jnp.asarray(table, jnp.float32), first_position, T, 0)
+        for table in (np.cos(angles_TxH2), np.sin(angles_TxH2))
+    )
     return x_BxTxC, extra
 
 

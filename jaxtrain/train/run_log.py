@@ -6,6 +6,8 @@ The step line is byte for byte the format of example/{gpt2,llama3}/main.cc at
 InfiniTensor/InfiniTrain b24d92f:
   step {:4d}/{} | train loss {:.6f} | lr {:.2e} | ({:.2f} ms | {:.0f} tok/s | peak used: {:5d} MB |
   peak reserved: {:5d} MB, DP={}, TP={}, SP={}, PP={})
+With context parallelism (C > 1) it is the format of the context-parallel branch
+(feat/context_parallel d03ba16), `..., SP={}, CP={}, PP={})`; at C = 1 it stays HEAD's.
 The memory fields are the first local device's allocator statistics in MiB: `peak used` its
 peak bytes in use, `peak reserved` the peak of the pool the allocator took from the device
 (or, without that statistic, its limit). JAX does not reset a peak, so both are peaks since
@@ -54,10 +56,10 @@ def peak_memory_fields() -> tuple[int, int]:
 
 
 def parallel_sizes(data_parallel) -> dict:
-    """{'DP', 'TP', 'SP', 'PP'} from a dict of them, or from a bare data-parallel size."""
+    """{'DP', 'TP', 'SP', 'CP', 'PP'} from a dict of them, or from a bare data-parallel size."""
     if isinstance(data_parallel, dict):
-        return {axis: int(data_parallel.get(axis, 1)) for axis in ('DP', 'TP', 'SP', 'PP')}
-    return {'DP': int(data_parallel), 'TP': 1, 'SP': 1, 'PP': 1}
+        return {axis: int(data_parallel.get(axis, 1)) for axis in ('DP', 'TP', 'SP', 'CP', 'PP')}
+    return {'DP': int(data_parallel), 'TP': 1, 'SP': 1, 'CP': 1, 'PP': 1}
 
 
 def step_line(step, num_steps, loss, lr, seconds, tokens, sizes: dict, memory_mb: tuple[int, int]) -> str:
@@ -66,7 +68,8 @@ def step_line(step, num_steps, loss, lr, seconds, tokens, sizes: dict, memory_mb
         f'step {step:4d}/{num_steps} | train loss {loss:.6f} | lr {lr:.2e} | '
         f'({seconds * 1e3:.2f} ms | {tokens / seconds:.0f} tok/s | peak used: {used:5d} MB | '
         f"peak reserved: {reserved:5d} MB, DP={sizes['DP']}, TP={sizes['TP']}, SP={sizes['SP']}, "
-        f"PP={sizes['PP']})"
+        + (f"CP={sizes['CP']}, " if sizes.get('CP', 1) > 1 else '')
+        + f"PP={sizes['PP']})"
     )
 
 

@@ -14,7 +14,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxtrain.parallel import mesh as mesh_lib
-from jaxtrain.parallel import sequence_parallel, sharding
+from jaxtrain.parallel import context_parallel, sequence_parallel, sharding
 from jaxtrain.train.pipeline import make_pipeline_loss_and_grads
 from jaxtrain.data.batch_geometry import BatchGeometry, batch_geometry
 from jaxtrain.data.mesh_default_batch import fit_default_total_to_mesh
@@ -35,7 +35,7 @@ class TrainerSetup:
     val_batch_sharding: NamedSharding  # (rows, T)
     geometry: BatchGeometry
     topology: dict  # what the trainer state records about where it was saved
-    parallel_sizes: dict  # {'DP', 'TP', 'SP', 'PP'} as InfiniTrain's step line prints them
+    parallel_sizes: dict  # {'DP', 'TP', 'SP', 'CP', 'PP'} as InfiniTrain's step line prints them
     setup: ModelSetup
     tx: optax.GradientTransformation
     schedule: object  # step -> learning rate
@@ -63,6 +63,7 @@ def build_trainer(config) -> TrainerSetup:
         config.sequence_length,
         config.total_batch_size,
         data_parallel=mesh_lib.data_parallel_size(mesh),
+        context=mesh_lib.context_size(mesh),
     )
     topology = {
         'platform': devices[0].platform,
@@ -76,6 +77,7 @@ def build_trainer(config) -> TrainerSetup:
         'DP': geometry.data_parallel,
         'TP': mesh.shape['tensor'],
         'SP': mesh.shape['tensor'] if config.sequence_parallel else 1,  # as InfiniTrain counts it
+        'CP': geometry.context,
         'PP': topology['pp_size'],
     }
 
@@ -99,6 +101,7 @@ def build_trainer(config) -> TrainerSetup:
     opt_shardings = sharding.opt_state_shardings(jax.eval_shape(tx.init, params), params, mesh, zero)
     grad_shardings = sharding.gradient_shardings(trainable, mesh, zero)
     time_split = sequence_parallel.time_split_sharding(mesh) if config.sequence_parallel else None
+    context = context_parallel.context_split(mesh, config.get('cp_comm_type', 'p2p'))
     checker = None  # --precision_check (precision_check.py)
     checker_config = precision_check.parse(config.precision_check) if config.precision_check else None
     if checker_config is not None and checker_config.level > 0:
@@ -138,13 +141,14 @@ def build_trainer(config) -> TrainerSetup:
             checker,
             loss_and_grads=pipelined,
             cross_entropy=cross_entropy,
+            context=context,
         ),
         in_shardings=(state_shardings, train_batch_sharding, train_batch_sharding, *frozen_shardings),
         out_shardings=(state_shardings, replicated),
         donate_argnums=0,
     )
     eval_step = jax.jit(
-        make_eval_step(setup.graphdef, model_config.vocab_size, time_split, cross_entropy),
+        make_eval_step(setup.graphdef, model_config.vocab_size, time_split, cross_entropy, context),
         in_shardings=(param_shardings, val_batch_sharding, val_batch_sharding, *frozen_shardings),
         out_shardings=replicated,
     )

@@ -12,7 +12,7 @@ from flax import nnx
 
 from jaxtrain.models.lm_head_loss import lm_head_cross_entropy
 from jaxtrain.models import precision_tap
-from jaxtrain.parallel import sequence_parallel
+from jaxtrain.parallel import context_parallel, sequence_parallel
 
 
 @flax.struct.dataclass
@@ -53,6 +53,7 @@ def make_train_step(
     checker=None,
     loss_and_grads=None,
     cross_entropy: str = 'xla',
+    context=None,
 ):
     """Returns train_step(state, inputs_AxBxT, targets_AxBxT) -> (state, metrics).
 
@@ -62,7 +63,9 @@ def make_train_step(
     to a split layout, so they are reduce-scattered instead of all-reduced.
     `loss_and_grads(params, inputs_AxBxT, targets_AxBxT) -> (loss, grads)`, when given,
     replaces the micro-step scan below with another schedule of the same sums (the
-    pipeline's, train/pipeline.py).
+    pipeline's, train/pipeline.py). `context`: context parallelism's split
+    (context_parallel.context_split; None: off), under which the whole step is traced, the
+    pipeline's schedule included.
     """
     value_and_grad = jax.value_and_grad(make_loss_fn(graphdef, vocab_size, time_split, cross_entropy))
 
@@ -73,7 +76,7 @@ def make_train_step(
         return loss, grads
 
     def train_step(state: TrainState, inputs_AxBxT, targets_AxBxT, *frozen):
-        with precision_tap.checking(checker, state.step):  # --precision_check; else a no-op
+        with precision_tap.checking(checker, state.step), context_parallel.attention_across(context):
             return _train_step(state, inputs_AxBxT, targets_AxBxT, *frozen)
 
     def _train_step(state: TrainState, inputs_AxBxT, targets_AxBxT, *frozen):
@@ -116,11 +119,14 @@ def make_train_step(
     return train_step
 
 
-def make_eval_step(graphdef: nnx.GraphDef, vocab_size: int, time_split=None, cross_entropy: str = 'xla'):
+def make_eval_step(
+    graphdef: nnx.GraphDef, vocab_size: int, time_split=None, cross_entropy: str = 'xla', context=None
+):
     loss_fn = make_loss_fn(graphdef, vocab_size, time_split, cross_entropy)
 
     def eval_step(params, inputs_BxT, targets_BxT, *frozen):
-        return loss_fn(params, inputs_BxT, targets_BxT, *frozen)
+        with context_parallel.attention_across(context):
+            return loss_fn(params, inputs_BxT, targets_BxT, *frozen)
 
     return eval_step
 

@@ -73,6 +73,11 @@ RECOMPUTE_AND_OLDER_FLAGS = {
     'recompute_num_layers': ('uint32', 0, 0),
     'no_save_optim': ('bool', False, False),
 }
+# PR 181, context parallelism: feat/context_parallel d03ba16 example/gpt2/main.cc:82-83 (llama3 :81-82).
+CONTEXT_PARALLEL_FLAGS = {
+    'context_parallel': ('uint32', 1, 1),
+    'cp_comm_type': ('string', 'p2p', 'p2p'),
+}
 KIND = {
     'string': 'string',
     'uint32': 'int',
@@ -89,10 +94,16 @@ def _table():
     return infinitrain_flags
 
 
-def test_the_table_is_upstreams_list_of_49_flags():
+def test_the_table_is_upstreams_list_of_51_flags():
     table = _table()
-    upstream = {**HEAD_FLAGS, **PR_FLAGS, **LR_SCHEDULER_FLAGS, **RECOMPUTE_AND_OLDER_FLAGS}
-    assert len(upstream) == 49
+    upstream = {
+        **HEAD_FLAGS,
+        **PR_FLAGS,
+        **LR_SCHEDULER_FLAGS,
+        **RECOMPUTE_AND_OLDER_FLAGS,
+        **CONTEXT_PARALLEL_FLAGS,
+    }
+    assert len(upstream) == 51
     assert [f.name for f in table.UPSTREAM] == list(upstream)
     for flag in table.UPSTREAM:
         kind, gpt2_default, llama3_default = upstream[flag.name]
