@@ -11,7 +11,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxtrain.config.checks import check_config
+from jaxtrain.checks.config_checks import check_config
 from jaxtrain.data.batch_geometry import batch_geometry
 from jaxtrain.models.attention import causal_attention
 from jaxtrain.parallel import context_parallel, sharding
