@@ -109,6 +109,8 @@ TOPICS = (
             'pipeline_parallel',
             'virtual_pipeline_parallel',
             'sequence_parallel',
+            'context_parallel',
+            'cp_comm_type',
             'deterministic',
             'coordinator_address',
             'num_processes',
