@@ -18,6 +18,8 @@ import jax
 import numpy as np
 import optax
 
+from jaxtrain.checkpoint.layout import CheckpointError
+
 
 @dataclasses.dataclass
 class Resumed:
@@ -51,6 +53,19 @@ class Weights:
     what: str
     model_config: dict | None
     record: dict | None = None
+
+
+def refuse_problems(result: Verification, path, flag: str) -> Verification:
+    """The result when it found nothing; else its first problem as one CheckpointError line, which
+    names the file, and what to do. `flag`: the way in ('resume_from', 'init_from', ...)."""
+    if result.problems:
+        more = len(result.problems) - 1
+        listed = f' ({more} more problem{"s" if more > 1 else ""})' if more else ''
+        raise CheckpointError(
+            f'{flag}: {result.problems[0]}{listed}. Pass an intact checkpoint instead; python -m '
+            f'jaxtrain.ckpt verify {path} lists every problem, python -m jaxtrain.ckpt ls the other steps.'
+        )
+    return result
 
 
 class RunCheckpointer(Protocol):

@@ -9,7 +9,7 @@ else needs to know it.
 
 from pathlib import Path
 
-from jaxtrain.checkpoint.format import CheckpointFormat, RunCheckpointer, Verification
+from jaxtrain.checkpoint.format import CheckpointFormat, RunCheckpointer, Verification, refuse_problems
 from jaxtrain.checkpoint.formats import infinitrain as it
 from jaxtrain.checkpoint.formats.infinitrain_saver import InfiniTrainFormat
 from jaxtrain.checkpoint.formats.infinitrain_trainer import LRS_FORMAT
@@ -50,7 +50,8 @@ def for_step_dir(step_dir) -> CheckpointFormat:
 
 def verify(path) -> Verification:
     """The verification of the checkpoint at `path` by its format (format.CheckpointFormat.verify):
-    a step directory, an InfiniTrain step directory or an llm.c run folder / model file."""
+    a step directory, an InfiniTrain step directory or an llm.c run folder / model file. An llm.c
+    step that is not committed or not whole raises CheckpointError instead."""
     return for_step_dir(path).verify(path)
 
 
@@ -58,15 +59,7 @@ def refuse_damaged(path, flag: str) -> Verification:
     """verify(path), raising its first problem as one CheckpointError line (which file, and what
     to do) when there is one: what every way into a checkpoint calls before it reads one.
     `flag` names the way in ('resume_from', 'init_from', 'generate', 'ckpt export')."""
-    result = verify(path)
-    if result.problems:
-        more = len(result.problems) - 1
-        listed = f' ({more} more problem{"s" if more > 1 else ""})' if more else ''
-        raise CheckpointError(
-            f'{flag}: {result.problems[0]}{listed}. Pass an intact checkpoint instead; python -m '
-            f'jaxtrain.ckpt verify {path} lists every problem, python -m jaxtrain.ckpt ls the other steps.'
-        )
-    return result
+    return refuse_problems(verify(path), path, flag)
 
 
 def newest_step(root) -> tuple[Path, CheckpointFormat] | None:

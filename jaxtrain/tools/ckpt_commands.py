@@ -78,7 +78,8 @@ def _kept_best(entries) -> set:
     ]
     if not committed:
         return set()
-    count = max(committed, key=lambda e: e['step']).get('keep_best', 0)
+    recorded = [e for e in committed if 'keep_best' in e]  # the newest run's whose record is intact
+    count = max(recorded, key=lambda e: e['step'])['keep_best'] if recorded else 0
     steps = best_steps({e['step']: e.get('val_loss') for e in committed}, count)
     return {e['path'] for e in committed if e['step'] in steps}
 
@@ -398,6 +399,7 @@ def cmd_export(args) -> int:
 
     from jaxtrain.tools import ckpt_infinitrain
 
+    from jaxtrain.checkpoint import registry
     from jaxtrain.tools.export_target import refuse_output_in_input, refuse_run_sources
 
     if args.format != 'hf' and (args.dtype or args.max_shard_size or args.check):
@@ -411,6 +413,14 @@ def cmd_export(args) -> int:
     topology = ckpt_infinitrain.topology_from_args(args)
     refuse_output_in_input(args.output, args.step_dir)
     refuse_run_sources(args.output, args.step_dir)
+    if args.format == 'hf' and args.version is not None:  # the flags first, then the checkpoint
+        from jaxtrain.checkpoint.layout import CheckpointError
+
+        raise CheckpointError(f'--version: expected none with --format hf (--dtype), found {args.version}')
+    source = args.step_dir
+    if ckpt_infinitrain.kind_of(source) == 'orbax' and not _is_llmc(source):
+        source = ckpt_inspect.find_finished_step_dir(source)
+    registry.refuse_damaged(source, 'ckpt export')  # as every way into a checkpoint does
     if args.format == 'llmc-run':
         from jaxtrain.tools import ckpt_llmc_export
 
@@ -442,12 +452,6 @@ def cmd_export(args) -> int:
         )
     step_dir = ckpt_inspect.find_finished_step_dir(args.step_dir)
     if args.format == 'hf':
-        if args.version is not None:
-            from jaxtrain.checkpoint.layout import CheckpointError
-
-            raise CheckpointError(
-                f'--version: expected none with --format hf (--dtype), found {args.version}'
-            )
         written = ckpt_export.export_hf(
             step_dir,
             args.output,

@@ -141,12 +141,12 @@ def annotate_entries(root, entries) -> list[dict]:
 
 
 def _validation(path: Path) -> dict:
-    """{'val_loss', 'keep_best'} a step's record holds (either format), for ckpt ls's best marks."""
-    from jaxtrain.checkpoint import registry
+    """{'val_loss', 'keep_best'} a step's record holds (either format), for ckpt ls's best marks; none
+    from a record whose digest fails (an edited val_loss is not ranked, as the run does not rank it)."""
+    from jaxtrain.checkpoint.keep_best import intact_record
 
-    try:
-        record = registry.for_step_dir(path).read_record(path)
-    except (CheckpointError, LLMCFormatError, OSError):
+    record = intact_record(path)
+    if record is None:
         return {}
     return {
         'val_loss': record.get('val_loss'),

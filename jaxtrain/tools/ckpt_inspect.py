@@ -375,7 +375,7 @@ def verify(step_dir) -> Verification:
             )
         else:
             mismatches = checksum_mismatches(tensors, recorded[item], item)
-            problems += mismatches
+            problems += [f'{step_dir}/{line}' for line in mismatches]  # the tensor's path in the step
             if not mismatches:
                 checked.append(f'{item}: {len(tensors)} tensors, checksums good')
         if item == 'params':

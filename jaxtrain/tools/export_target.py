@@ -104,9 +104,14 @@ def check_file_output(output, force: bool) -> None:
 
 
 def _is_checkpoint(directory: Path) -> bool:
+    """A step directory of any kind, or a root holding one: `--init_from ROOT` reads its newest step,
+    and an HF folder written beside the steps would stand in for them."""
     from jaxtrain.checkpoint.formats import infinitrain as it
+    from jaxtrain.checkpoint.layout import committed_steps
+    from llmc_io.llmc_run import is_run_dir
 
-    return (directory / 'trainer_state').is_dir() or it.detect_kind(directory) is not None
+    is_step = (directory / 'trainer_state').is_dir() or it.detect_kind(directory) is not None
+    return is_step or bool(committed_steps(directory) or it.step_dirs(directory)) or is_run_dir(directory)
 
 
 def check_hf_output(output, force: bool) -> None:
@@ -119,8 +124,8 @@ def check_hf_output(output, force: bool) -> None:
         return
     if _is_checkpoint(output):
         raise CheckpointError(
-            f'--output: {output}: expected a folder for the Hugging Face files, found a checkpoint; '
-            'choose another --output'
+            f'--output: {output}: expected a folder for the Hugging Face files, found a checkpoint or a '
+            'checkpoint root (--force never writes into one); choose another --output'
         )
     if not force:
         names = ', '.join(sorted(p.name for p in output.iterdir())[:4])

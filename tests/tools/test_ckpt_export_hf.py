@@ -107,7 +107,8 @@ def test_damaged_params_are_refused(tmp_path, capsys):
     checkpointer.save(step_dir / 'params', params)
     checkpointer.wait_until_finished()
     assert ckpt.main(['export', str(step_dir), '--format', 'hf', '--output', str(tmp_path / 'hf')]) == 2
-    assert 'refusing to export params that fail verification' in capsys.readouterr().err
+    refusal = capsys.readouterr().err
+    assert f'ckpt export: {step_dir}/params/ln_f/bias: checksum expected ' in refusal
     assert not (tmp_path / 'hf').exists()
     assert (
         ckpt.main(

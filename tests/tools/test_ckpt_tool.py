@@ -324,7 +324,7 @@ def test_verify_names_the_tensor_whose_checksum_fails(perturbed, capsys):
     code, result = run_json(capsys, 'verify', perturbed[0])
     assert code == 1 and not result['ok']
     [problem] = result['problems']
-    assert problem.startswith(f'params/{PERTURBED[0]}: checksum expected ')
+    assert problem.startswith(f'{perturbed[0]}/params/{PERTURBED[0]}: checksum expected ')
     code, out, _ = run_tool(capsys, 'verify', perturbed[0])
     assert code == 1 and out.startswith('FAILED:') and f'params/{PERTURBED[0]}' in out
 

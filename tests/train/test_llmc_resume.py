@@ -184,3 +184,20 @@ def test_rotation_keeps_the_llmc_step_the_run_resumed_from(tmp_path):
     assert llmc_run.committed_steps(run) == [10, 12]
     assert not (run / 'model_00000011.bin').exists() and (run / 'state_00000010_00000.bin').is_file()
     assert [p.name for p in run.glob('*.tmp')] == ['notes.tmp']
+
+
+@pytest.mark.slow
+def test_a_garbled_bf16_model_file_is_refused_though_the_resume_reads_master_weights(tmp_path):
+    """The resume takes llm.c's fp32 master weights, not the bf16 model file; `ckpt verify` checks
+    one against the other, and so does the resume (one verification per format)."""
+    run = tmp_path / 'run'
+    shutil.copytree(RUN / 'a', run, ignore=shutil.ignore_patterns('*00000020*'))
+    model = run / 'model_00000010.bin'
+    garbled = bytearray(model.read_bytes())
+    garbled[2024:2034] = bytes(range(0x40, 0x4A))  # bf16 weights far from their master copies
+    model.write_bytes(bytes(garbled))
+    with pytest.raises(CheckpointError) as e:
+        train(llmc_run_config(tmp_path, resume_from=str(run)))
+    message = str(e.value)
+    assert message.startswith(f'resume_from: {model}: ') and 'more than one bf16 step from the' in message
+    assert '\n' not in message and f'python -m jaxtrain.ckpt verify {model}' in message

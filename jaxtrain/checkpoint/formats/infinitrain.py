@@ -443,15 +443,33 @@ def _write_ranks(
     if state.jaxtrain is not None:  # what trainer_state.json cannot say, for reading these files back
         state = dataclasses.replace(
             state,
-            jaxtrain=with_digest(
-                dict(state.jaxtrain, virtual_pipeline_parallel=topology.vpp, zero_stage=topology.zero_stage)
+            jaxtrain=dict(
+                state.jaxtrain, virtual_pipeline_parallel=topology.vpp, zero_stage=topology.zero_stage
             ),
         )
     heads = (header.num_heads, getattr(header, 'num_kv_heads', header.num_heads))
-    infinitrain_ranks.write_step(tmp, family, model, optimizer, state, topology, heads)
-    for rank_dir in sorted(tmp.glob('rank_*')):  # every rank saves the same scheduler (its own copy)
+    rank_dirs_written = infinitrain_ranks.write_step(tmp, family, model, optimizer, state, topology, heads)
+    for rank_dir in rank_dirs_written:  # every rank saves the same scheduler (its own copy)
         for name, payload in (extra_files or {}).items():
             (rank_dir / name).write_bytes(payload)
+    if state.jaxtrain is not None:
+        _record_rank_sha256(tmp, rank_dirs_written)
+
+
+def _record_rank_sha256(step_dir: Path, ranks: list[Path]) -> None:
+    """Every rank's trainer_state.json gets the sha256 of every rank's files, named from the step
+    directory (rank_000001/model.ckpt): two ranks' files swapped, or data-parallel replicas edited
+    alike (which still agree with each other), are then told from the files we wrote."""
+    files = {
+        f'{rank.name}/{p.name}': hashlib.sha256(p.read_bytes()).hexdigest()
+        for rank in ranks
+        for p in sorted(rank.iterdir())
+        if p.name != TRAINER_STATE
+    }
+    for rank in ranks:
+        rank_state = read_trainer_state(rank / TRAINER_STATE)
+        record = with_digest(dict(rank_state.jaxtrain, sha256=files))
+        write_trainer_state(rank / TRAINER_STATE, dataclasses.replace(rank_state, jaxtrain=record))
 
 
 def _save_llmc(path: Path, family: str, params: dict, header) -> str:

@@ -45,11 +45,13 @@ def recorded_problems(step_dir, files_dir, state) -> tuple[list[str], list[str]]
                 f'{record_file}: global_step: expected {record[key]} (the jaxtrain record\'s {key}), found '
                 f'{upstream}: the file was edited; {DAMAGED}'
             )
-    recorded = record.get('sha256')  # rank directories record none; the digest shows none was removed
+    problems += _other_rank_records(step_dir, files_dir, record)
+    recorded = record.get('sha256')  # none in older rank directories; the digest shows none was removed
     if not isinstance(recorded, dict):
         return problems, checked
     for name, expected in recorded.items():
-        path = files_dir / str(name)
+        # A multi-rank step names every rank's files from the step directory (rank_000001/model.ckpt).
+        path = Path(step_dir) / str(name) if '/' in str(name) else files_dir / str(name)
         found = file_sha256(path) if path.is_file() else 'no file'
         if found != expected:
             problems.append(
@@ -59,3 +61,27 @@ def recorded_problems(step_dir, files_dir, state) -> tuple[list[str], list[str]]
     if not any('sha256: expected' in p for p in problems):
         checked.append(f'sha256 of {len(recorded)} files as recorded')
     return problems, checked
+
+
+def _other_rank_records(step_dir, files_dir: Path, record: dict) -> list[str]:
+    """Every rank of a multi-rank step carries the same jaxtrain record as the first (whose digest,
+    step and files are checked): one that differs was edited or comes from another save."""
+    from llmc_io.errors import LLMCFormatError
+    from llmc_io.infinitrain_state import read_trainer_state
+
+    problems = []
+    for rank in it.rank_dirs(step_dir):
+        if rank == files_dir:
+            continue
+        try:
+            other = read_trainer_state(rank / it.TRAINER_STATE).jaxtrain
+        except (LLMCFormatError, OSError) as e:
+            problems.append(str(e))
+            continue
+        if other != record:
+            problems.append(
+                f'{rank / it.TRAINER_STATE}: jaxtrain: expected the record of {files_dir / it.TRAINER_STATE} '
+                f'(every rank saves the same one), found another: the file was edited or copied from '
+                f'another save; {DAMAGED}'
+            )
+    return problems

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxtrain.checkpoint.format import Resumed, Verification, Weights, fresh_optimizer_state
+from jaxtrain.checkpoint.format import Resumed, Verification, Weights, fresh_optimizer_state, refuse_problems
 from jaxtrain.checkpoint.formats import infinitrain as it
 from jaxtrain.checkpoint.formats import infinitrain_schedule
 from jaxtrain.checkpoint.formats.infinitrain_trainer import LRS_FORMAT, read_step_dir, save_step_dir
@@ -250,13 +250,12 @@ class InfiniTrainFormat:
         )
 
     def read_record(self, step_dir) -> dict:
-        """The "jaxtrain" object of trainer_state.json (what only we write), with InfiniTrain's
-        own step and best_loss where it has none."""
+        """The "jaxtrain" object of trainer_state.json (what only we write) as saved, so that its
+        record_sha256 can be checked; else InfiniTrain's own step and best_loss."""
         state = read_infinitrain_state(it.rank_dirs(step_dir)[0] / it.TRAINER_STATE)
-        record = dict(state.jaxtrain or {})
-        record.setdefault('step', state.global_step)
-        record.setdefault('best_loss', state.best_loss)
-        return record
+        if state.jaxtrain is not None:
+            return dict(state.jaxtrain)
+        return {'step': state.global_step, 'best_loss': state.best_loss}
 
     def verify(self, step_dir) -> Verification:
         """Every rank's files parse and fit one model; the data-parallel replicas are equal; the
@@ -295,6 +294,9 @@ class InfiniTrainFormat:
             )
         except LLMCFormatError as e:
             raise CheckpointError(f'{e}') from None
+        # Then every check `ckpt verify` makes, on the files that read did not need too (the other
+        # ranks, the replicas): a resume refuses what verify rejects.
+        refuse_problems(self.verify(step_dir), step_dir, 'resume_from')
         messages = list(saved.pop('messages'))
         generation = saved.pop('generation')
         messages += infinitrain_schedule.resume_schedule(

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxtrain.checkpoint.format import Resumed, Verification, Weights
+from jaxtrain.checkpoint.format import Resumed, Verification, Weights, refuse_problems
 from jaxtrain.checkpoint.formats.infinitrain_trainer import adam_states, put_tree, with_adam_moments
 from jaxtrain.checkpoint.layout import CheckpointError
 from jaxtrain.optim.optimizer import learning_rate_at
@@ -154,12 +154,13 @@ class LLMCRunFormat:
     def verify(self, path) -> Verification:
         """RUN_DIR (its newest committed step) or RUN_DIR/model_%08d.bin: DONE marker, headers and
         sizes, finite m, v and master weights, the bf16 model within one bf16 step of the master
-        weights (a resume reads only the master copy), the loader state well formed."""
+        weights (a resume reads only the master copy), the loader state well formed. A step that is
+        not committed or not whole raises CheckpointError (read_step's line), as `ckpt show` does."""
         from jaxtrain.tools.ckpt_llmc import verify
 
         try:
             return verify(path)
-        except (LLMCFormatError, OSError) as e:
+        except (LLMCFormatError, OSError) as e:  # the model file's values unreadable
             return Verification([str(e)], [])
 
     def read_weights(self, path) -> Weights:
@@ -205,6 +206,9 @@ class LLMCRunFormat:
             check_state_values(ckpt.state_path, ckpt.state)
         except LLMCFormatError as e:
             raise CheckpointError(f'{e}') from None
+        # Then every check `ckpt verify` makes: the bf16 model file too, which a resume from master
+        # weights does not read, and finite moments. A resume refuses what verify rejects.
+        refuse_problems(self.verify(ckpt.model_path), ckpt.model_path, 'resume_from')
         s = ckpt.state
         source = 'fp32 master weights' if s.master is not None else f'the bf16 model (v{ckpt.model_version})'
         if s.master is not None:
