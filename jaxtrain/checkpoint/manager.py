@@ -30,6 +30,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from jaxtrain.checkpoint.checksums import format_checksums, start_tensor_sums
+from jaxtrain.checkpoint.keep_policy import kept_steps
 from jaxtrain.checkpoint.layout import (
     STEP_DIGITS,
     STEP_PREFIX,
@@ -62,14 +63,8 @@ class _KeepPolicy:
 
     def should_preserve(self, checkpoints, *, context):
         steps = [c.step for c in checkpoints]
-        newest = set(sorted(steps)[-self.keep_latest :]) if self.keep_latest else set(steps)
-        return [
-            s in newest
-            or s in self.protected
-            or s in self.best
-            or (self.keep_every > 0 and s % self.keep_every == 0)
-            for s in steps
-        ]
+        kept = kept_steps(steps, self.keep_latest, self.keep_every, self.protected | self.best)
+        return [s in kept for s in steps]
 
 
 # --- the manager ------------------------------------------------------------------

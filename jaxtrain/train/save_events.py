@@ -12,6 +12,7 @@ save() returns, so it is looked for at once.
 
 import time
 
+from jaxtrain.checkpoint.keep_policy import kept_steps
 from jaxtrain.checkpoint.layout import committed_steps, step_dir_name
 
 
@@ -45,16 +46,8 @@ class SaveEvents:
         self._reported_deleted = set()
 
     def _kept(self, steps) -> set:
-        """What the manager's keep policy (manager._KeepPolicy) leaves of `steps`."""
-        newest = set(sorted(steps)[-self.keep_latest :]) if self.keep_latest else set(steps)
-        return {
-            s
-            for s in steps
-            if s in newest
-            or s in self.protected
-            or s in self.best
-            or (self.keep_every > 0 and s % self.keep_every == 0)
-        }
+        """What the checkpointer's rotation leaves of `steps` (the same rule, keep_policy.py)."""
+        return kept_steps(steps, self.keep_latest, self.keep_every, self.protected | self.best)
 
     def started(self, step: int, began: float, blocked_s: float) -> None:
         """A save of `step` began at perf_counter `began` and blocked the loop `blocked_s`."""

@@ -12,6 +12,7 @@ import numpy as np
 
 from jaxtrain.checkpoint import ckpt_lines, layout, registry
 from jaxtrain.checkpoint.keep_best import best_steps, recorded_val_losses
+from jaxtrain.checkpoint.lineage import LINEAGE_FIELD, lineage_of, new_lineage, other_lineages_steps
 from jaxtrain.checkpoint.lora_record import lora_record
 from jaxtrain.checkpoint.resume_checks import cached_sha256
 from jaxtrain.checkpoint.trainer_state import library_versions, trainer_state_record
@@ -47,6 +48,8 @@ class RunSaver:
         self.deleted_later_steps = []
         self.events = None
         self._report = report or (lambda line: None)
+        self.lineage = lineage_of(resume_dir) or new_lineage()  # recorded by every save (lineage.py)
+        others = []  # steps of the root that other runs wrote: never rotated away, never ranked
         if config.checkpoint_dir:
             # The checkpoint this run resumed from is never rotated away.
             protected = (
@@ -56,6 +59,15 @@ class RunSaver:
                 and resume_dir.parent.resolve() == layout.Path(config.checkpoint_dir).resolve()
                 else []
             )
+            fmt = registry.for_flag(config.get('checkpoint_format', registry.ORBAX.name))
+            lineages = other_lineages_steps(fmt, config.checkpoint_dir, self.lineage)
+            others = [s for s in lineages if s <= start_step]
+            protected += others
+            if others:
+                self._report(
+                    f'checkpoint_dir: {config.checkpoint_dir}: steps {others} were not written by this run '
+                    'or the runs it resumed from; kept out of rotation (never deleted)'
+                )
             self.checkpointer = registry.open_checkpointer(config, parts, protected)
             self.deleted_later_steps = self.checkpointer.refuse_later_steps(
                 start_step, config.overwrite_later_checkpoints
@@ -93,7 +105,7 @@ class RunSaver:
         self.val_losses = {}
         if config.keep_best and self.checkpointer is not None:
             on_disk = recorded_val_losses(self.checkpointer.root)
-            self.val_losses = {s: v for s, v in on_disk.items() if s <= start_step}
+            self.val_losses = {s: v for s, v in on_disk.items() if s <= start_step and s not in others}
 
     def note_loss(self, loss: float) -> None:
         self.last_loss = loss
@@ -171,6 +183,7 @@ class RunSaver:
         if parts.setup.lora is not None:  # adapters only: the record names their base (lora_record.py)
             record['lora'] = lora_record(parts.setup, count_parameters(snapshot.items['params']))
         record['data'] = self._data
+        record[LINEAGE_FIELD] = self.lineage
         if self.best_loss is not None:
             record['best_loss'] = self.best_loss
         if self.last_val is not None and self.last_val[0] == step:

@@ -86,3 +86,39 @@ def test_overwrite_later_checkpoints_deletes_no_link(files, elsewhere, tmp_path)
     with pytest.raises(CheckpointError, match='found a symbolic link to .*jaxtrain deletes no links'):
         train(config)
     assert (root / 'checkpoint_step_000002').is_symlink() and (elsewhere / 'checkpoint_step_000002').is_dir()
+
+
+@pytest.mark.parametrize('fmt', ['orbax', 'infinitrain'])
+def test_a_resumed_run_never_rotates_away_another_runs_step(files, elsewhere, tmp_path, fmt):
+    """A run resumed from elsewhere into a root that holds another run's step 2 rotates only its
+    own saves (--max_checkpoint_keep 1): step 2 stays, step 5 goes. The saves carry the lineage of
+    the step resumed from, so the resumed run's own older steps still rotate."""
+    from jaxtrain.checkpoint.registry import for_step_dir
+
+    elsewhere, root = elsewhere(fmt), tmp_path / 'ck'
+    run(files, root, fmt, num_iteration=2, save_steps=2)  # another run's committed step 2
+    before = sorted(p.name for p in (root / 'checkpoint_step_000002').rglob('*'))
+    out = run(
+        files,
+        root,
+        fmt,
+        num_iteration=6,
+        save_steps=1,
+        max_checkpoint_keep=1,
+        resume_from=str(elsewhere / 'checkpoint_step_000004'),
+    )
+    assert 'steps [2] were not written by this run or the runs it resumed from' in out
+    names = sorted(p.name for p in root.iterdir() if layout.step_of(p) is not None)
+    assert names == ['checkpoint_step_000002', 'checkpoint_step_000006']
+    assert sorted(p.name for p in (root / 'checkpoint_step_000002').rglob('*')) == before
+    lineage = [
+        for_step_dir(d).read_record(d)['lineage']
+        for d in (elsewhere / 'checkpoint_step_000004', root / 'checkpoint_step_000006')
+    ]
+    assert (
+        lineage[0]
+        == lineage[1]
+        != for_step_dir(root / 'checkpoint_step_000002').read_record(root / 'checkpoint_step_000002')[
+            'lineage'
+        ]
+    )

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 import llmc_io
+from jaxtrain.checkpoint.keep_policy import kept_steps
 from jaxtrain.checkpoint.layout import step_of
 from jaxtrain.checkpoint.record_digest import with_digest
 from llmc_io import infinitrain_names as names
@@ -505,11 +506,10 @@ def prune(root, keep: int, protected_steps=(), keep_every: int = 0) -> list[Path
     for p in root.iterdir() if root.is_dir() else ():
         if p.is_dir() and _TMP_MARK in p.name:
             shutil.rmtree(p, ignore_errors=True)
-    if keep <= 0:
-        return removed
-    for p in step_dirs(root)[:-keep]:
-        step = step_number(p)
-        if step in protected_steps or (keep_every > 0 and step % keep_every == 0) or p.is_symlink():
+    found = step_dirs(root)
+    kept = kept_steps([step_number(p) for p in found], keep, keep_every, protected_steps)
+    for p in found:
+        if step_number(p) in kept or p.is_symlink():
             continue  # a symbolic link is someone's own: never deleted (layout.linked_steps)
         shutil.rmtree(p)
         removed.append(p)

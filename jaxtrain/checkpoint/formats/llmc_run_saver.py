@@ -18,6 +18,7 @@ import jax
 import numpy as np
 
 from jaxtrain.checkpoint.formats.infinitrain_trainer import adam_states, model_header
+from jaxtrain.checkpoint.keep_policy import kept_steps
 from jaxtrain.checkpoint.layout import CheckpointError, later_steps
 from jaxtrain.checkpoint.manager import Snapshot
 from llmc_io import llmc_run
@@ -130,12 +131,11 @@ class LLMCRunCheckpointer:
         self._rotate()
 
     def _rotate(self):
-        if self.keep_latest <= 0:
-            return
-        for step in llmc_run.committed_steps(self.root)[: -self.keep_latest]:
-            if step in self.protected or (self.keep_every > 0 and step % self.keep_every == 0):
-                continue
-            self._delete(step)
+        steps = llmc_run.committed_steps(self.root)
+        kept = kept_steps(steps, self.keep_latest, self.keep_every, self.protected)
+        for step in steps:
+            if step not in kept:
+                self._delete(step)
 
     def _delete(self, step: int):
         for path in (
