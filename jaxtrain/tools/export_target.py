@@ -107,11 +107,10 @@ def _is_checkpoint(directory: Path) -> bool:
     """A step directory of any kind, or a root holding one: `--init_from ROOT` reads its newest step,
     and an HF folder written beside the steps would stand in for them."""
     from jaxtrain.checkpoint.formats import infinitrain as it
-    from jaxtrain.checkpoint.layout import committed_steps
     from llmc_io.llmc_run import is_run_dir
+    from llmc_io.output_file import holds_step_dirs
 
-    is_step = (directory / 'trainer_state').is_dir() or it.detect_kind(directory) is not None
-    return is_step or bool(committed_steps(directory) or it.step_dirs(directory)) or is_run_dir(directory)
+    return holds_step_dirs(directory) or it.detect_kind(directory) is not None or is_run_dir(directory)
 
 
 def check_hf_output(output, force: bool) -> None:

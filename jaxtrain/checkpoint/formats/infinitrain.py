@@ -461,8 +461,10 @@ def _record_rank_sha256(step_dir: Path, ranks: list[Path]) -> None:
     """Every rank's trainer_state.json gets the sha256 of every rank's files, named from the step
     directory (rank_000001/model.ckpt): two ranks' files swapped, or data-parallel replicas edited
     alike (which still agree with each other), are then told from the files we wrote."""
+    from jaxtrain.checkpoint.trainer_state import file_sha256
+
     files = {
-        f'{rank.name}/{p.name}': hashlib.sha256(p.read_bytes()).hexdigest()
+        f'{rank.name}/{p.name}': file_sha256(p)  # read back in pieces: a rank's files may be large
         for rank in ranks
         for p in sorted(rank.iterdir())
         if p.name != TRAINER_STATE
