@@ -67,8 +67,9 @@ def _loss_cell(entry: dict) -> str:
 
 
 def _kept_best(entries) -> set:
-    """The step directories --keep_best keeps: the N lowest validation losses, N from the newest
-    step's run (InfiniTrain PR's checkpoint_final, a copy, is never one of them)."""
+    """The step directories --keep_best keeps: the N lowest validation losses among the steps of the
+    newest step's lineage, N from that step's run (InfiniTrain PR's checkpoint_final, a copy, is
+    never one of them)."""
     from jaxtrain.checkpoint.keep_best import best_steps
 
     committed = [
@@ -79,8 +80,11 @@ def _kept_best(entries) -> set:
     if not committed:
         return set()
     recorded = [e for e in committed if 'keep_best' in e]  # the newest run's whose record is intact
-    count = max(recorded, key=lambda e: e['step'])['keep_best'] if recorded else 0
-    steps = best_steps({e['step']: e.get('val_loss') for e in committed}, count)
+    if not recorded:
+        return set()
+    newest = max(recorded, key=lambda e: e['step'])
+    ranked = [e for e in recorded if e.get('lineage') == newest.get('lineage')]
+    steps = best_steps({e['step']: e.get('val_loss') for e in ranked}, newest['keep_best'])
     return {e['path'] for e in committed if e['step'] in steps}
 
 

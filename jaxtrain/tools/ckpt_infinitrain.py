@@ -151,6 +151,7 @@ def _validation(path: Path) -> dict:
     return {
         'val_loss': record.get('val_loss'),
         'keep_best': int((record.get('training_config') or {}).get('keep_best', 0) or 0),
+        'lineage': record.get('lineage'),  # the run's ranking covers its own lineage (lineage.py)
     }
 
 

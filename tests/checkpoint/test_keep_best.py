@@ -91,18 +91,20 @@ def test_keep_best_needs_validation_at_the_save_steps():
 
 def test_a_record_whose_digest_fails_is_never_ranked_best(tmp_path, capsys):
     """A val_loss edited by hand (record_sha256 no longer matches) is not a loss the run measured:
-    neither the run's ranking (recorded_val_losses) nor `ckpt ls` counts it."""
+    neither the run's ranking (recorded_val_losses) nor `ckpt ls` counts it. Nor does `ckpt ls`
+    rank a step of another lineage (another run's, in the same root) against the newest run's."""
     header, params = llmc_io.load_model(tiny_llmc_model(tmp_path / 'model.bin'))
     root = tmp_path / 'ck'
     training = {'optimizer': 'adamw', 'save_optimizer_state': False, 'keep_best': 1}
-    for step, val_loss in ((2, 5.0), (4, 6.0)):
-        write_checkpoint(root, step, 'gpt2', header, params, val_loss=val_loss, training_config=training)
-    assert recorded_val_losses(root) == {2: 5.0, 4: 6.0}
+    for step, val_loss, lineage in ((1, 0.5, 'another run'), (2, 5.0, 'this run'), (4, 6.0, 'this run')):
+        record = dict(val_loss=val_loss, training_config=training, lineage=lineage)
+        write_checkpoint(root, step, 'gpt2', header, params, **record)
+    assert recorded_val_losses(root) == {1: 0.5, 2: 5.0, 4: 6.0}
     record_file = root / 'checkpoint_step_000004' / 'trainer_state' / 'metadata'
     record = json.loads(record_file.read_text())
     record_file.write_text(json.dumps({**record, 'val_loss': 1.0}))
-    assert recorded_val_losses(root) == {2: 5.0}
+    assert recorded_val_losses(root) == {1: 0.5, 2: 5.0}
     capsys.readouterr()
     assert ckpt.main(['ls', str(root), '--json']) == 0
     kept = {e['step']: e['kept_best'] for e in json.loads(capsys.readouterr().out)['checkpoints']}
-    assert kept == {2: True, 4: False}
+    assert kept == {1: False, 2: True, 4: False}
