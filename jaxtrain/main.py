@@ -22,7 +22,7 @@ from jaxtrain.parallel import deterministic_flag
 from jaxtrain.config import flags as key_flags
 from jaxtrain.config import help_topics, infinitrain_flags
 from jaxtrain.config.config_path import shipped_config
-from jaxtrain.tools.quiet_absl import quiet_absl
+from jaxtrain.config.quiet_absl import quiet_absl
 
 # configs/ of the checkout, or jaxtrain/configs/ of a non-editable install
 _DEFAULT_CONFIG = str(shipped_config('gpt2.py') or 'configs/gpt2.py')

@@ -120,7 +120,7 @@ def _ring_attention(q, k, v, size):
         p = jnp.exp(s - block_max[..., None])
         block_sum = jnp.sum(p, axis=-1)
         block_out = _weighted_values(p, v)  # (B, t, N, H), unnormalised
-        if out is None:  # round 0 is the device's own slice: its diagonal is never masked
+        if out is None:  # the first ring step is the device's own slice: its diagonal is never masked
             running_max, running_sum, out = block_max, block_sum, block_out
         else:
             new_max = jnp.maximum(running_max, block_max)

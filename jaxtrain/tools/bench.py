@@ -54,7 +54,7 @@ from jaxtrain.config.config_path import shipped_config
 from jaxtrain.parallel import deterministic_flag
 from jaxtrain.tools import pipeline_bench
 from jaxtrain.tools.bench_measure import BenchError, Settings, command_line, run_benchmark
-from jaxtrain.tools.quiet_absl import quiet_absl
+from jaxtrain.config.quiet_absl import quiet_absl
 from llmc_io.atomic_file import write_text_atomically
 
 _DEFAULT_CONFIG = str(shipped_config('gpt2.py') or 'configs/gpt2.py')  # the checkout's or the install's

@@ -35,7 +35,7 @@ import traceback
 from jaxtrain.tools.command_line import program_name, reader_gone
 from jaxtrain.tools.ckpt_commands import EXIT_ERROR, PROG, cmd_diff, cmd_export, cmd_ls, cmd_show, cmd_verify
 from jaxtrain.tools.hf_check import cmd_check_hf
-from jaxtrain.tools.quiet_absl import quiet_absl
+from jaxtrain.config.quiet_absl import quiet_absl
 
 
 class _Parser(argparse.ArgumentParser):
