@@ -19,7 +19,17 @@ LINEAGE_FIELD = 'lineage'
 
 
 def new_lineage() -> str:
-    return uuid.uuid4().hex
+    """A fresh run's lineage id; every process of a multi-process run takes process 0's, so the
+    record any process writes and the rotation any process runs name the same lineage."""
+    import jax
+    import numpy as np
+
+    token = np.frombuffer(uuid.uuid4().bytes, np.uint32)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        token = np.asarray(multihost_utils.broadcast_one_to_all(token), np.uint32)
+    return token.astype('<u4').tobytes().hex()
 
 
 def lineage_of(step_dir) -> str | None:

@@ -182,3 +182,30 @@ def test_damaged_multi_rank_resume_is_refused(saved, tmp_path):
     with pytest.raises(CheckpointError) as e:
         train(config)
     assert str(e.value).startswith(f'{first}: sha256: expected ') and '\n' not in str(e.value)
+
+
+@pytest.mark.slow
+def test_a_damaged_replica_the_resume_does_not_read_is_refused(saved, tmp_path):
+    """Data-parallel replicas in a directory that records no sha256 (as InfiniTrain writes them): a
+    resume reads rank 0 only, so a weight edited in rank 1's copy used to pass it while `ckpt verify`
+    rejected it. The resume now refuses what verify rejects."""
+    from llmc_io.infinitrain_state import read_trainer_state, write_trainer_state
+
+    step = copy_of(saved, 'ddp', tmp_path)
+    for rank in ('rank_000000', 'rank_000001'):  # no jaxtrain record: as InfiniTrain's own save
+        path = step / rank / 'trainer_state.json'
+        write_trainer_state(path, dataclasses.replace(read_trainer_state(path), jaxtrain=None))
+    _edit_weight(step / 'rank_000001' / 'model.ckpt', 'transformer.h.1.ln_2.bias', 7.0)
+    verified = registry.verify(step)
+    assert verified.problems and 'rank_000001' in verified.problems[0]
+    config = load_config(
+        'gpt2',
+        llmc_filepath=str(saved / 'm.bin'),
+        input_bin=random_shard(tmp_path / 'train.bin', vocab=256),
+        resume_from=str(step),
+        num_iteration=3,
+        sample_every=0,
+    )
+    with pytest.raises(CheckpointError) as e:
+        train(config)
+    assert str(e.value).startswith(f'resume_from: {verified.problems[0]}')
