@@ -162,6 +162,21 @@ def test_init_from_a_root_takes_its_newest_step_over_an_hf_folder_beside_it(save
     assert what == f'checkpoint {root / STEP}'
 
 
+def resume_refused(saved, step, tmp_path):
+    """The trainer's refusal to resume `step` with the tiny model it was saved from."""
+    config = load_config(
+        'gpt2',
+        llmc_filepath=str(saved / 'm.bin'),
+        input_bin=random_shard(tmp_path / 'train.bin', vocab=256),
+        resume_from=str(step),
+        num_iteration=3,
+        sample_every=0,
+    )
+    with pytest.raises(CheckpointError) as refused:
+        train(config)
+    return refused
+
+
 @pytest.mark.slow
 def test_damaged_multi_rank_resume_is_refused(saved, tmp_path):
     """Two tensor-parallel ranks' model.ckpt swapped: the merged model has the same shapes, and the
@@ -171,16 +186,7 @@ def test_damaged_multi_rank_resume_is_refused(saved, tmp_path):
     first_bytes = first.read_bytes()
     first.write_bytes(second.read_bytes())
     second.write_bytes(first_bytes)
-    config = load_config(
-        'gpt2',
-        llmc_filepath=str(saved / 'm.bin'),
-        input_bin=random_shard(tmp_path / 'train.bin', vocab=256),
-        resume_from=str(step),
-        num_iteration=3,
-        sample_every=0,
-    )
-    with pytest.raises(CheckpointError) as e:
-        train(config)
+    e = resume_refused(saved, step, tmp_path)
     assert str(e.value).startswith(f'{first}: sha256: expected ') and '\n' not in str(e.value)
 
 
@@ -198,14 +204,5 @@ def test_a_damaged_replica_the_resume_does_not_read_is_refused(saved, tmp_path):
     _edit_weight(step / 'rank_000001' / 'model.ckpt', 'transformer.h.1.ln_2.bias', 7.0)
     verified = registry.verify(step)
     assert verified.problems and 'rank_000001' in verified.problems[0]
-    config = load_config(
-        'gpt2',
-        llmc_filepath=str(saved / 'm.bin'),
-        input_bin=random_shard(tmp_path / 'train.bin', vocab=256),
-        resume_from=str(step),
-        num_iteration=3,
-        sample_every=0,
-    )
-    with pytest.raises(CheckpointError) as e:
-        train(config)
+    e = resume_refused(saved, step, tmp_path)
     assert str(e.value).startswith(f'resume_from: {verified.problems[0]}')
