@@ -38,9 +38,11 @@ def test_export_hf_reads_back_to_the_saved_params(tmp_path, capsys, family, head
             0  # HF keeps V rows; the padding comes back as zeros
         )
     step_dir = write_checkpoint(tmp_path / 'ck', 5, family, header, params)
-    assert ckpt.main(['export', str(step_dir), '--format', 'hf', '--output', str(tmp_path / 'hf')]) == 0
-    out = capsys.readouterr().out
-    assert {'gpt2': 'GPT2LMHeadModel', 'llama3': 'LlamaForCausalLM'}[family] in out
+    argv = ['export', str(step_dir), '--format', 'hf', '--output', str(tmp_path / 'hf'), '--check', '--json']
+    assert ckpt.main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out['hf_class'] == {'gpt2': 'GPT2LMHeadModel', 'llama3': 'LlamaForCausalLM'}[family]
+    assert out['check']['max_abs_diff'] < 1e-4 < out['check']['max_abs_logit']  # fp32: only summation order
     back_header, back = load_hf(tmp_path / 'hf')
     assert back_header == header
     expected, found = flat(params), flat(back)
