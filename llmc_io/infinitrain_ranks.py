@@ -6,9 +6,10 @@ trees. Writing does the reverse for a named topology. The rules (rank numbering,
 slices, ZeRO pieces) are in llmc_io/infinitrain_topology.py and llmc_io/infinitrain_zero.py with upstream's
 file and line; this module checks that the directories agree and moves the tensors.
 
-Only HEAD's files (b24d92f: model.ckpt, optimizer.ckpt with positional `adam.m.{i}`) are handled: a
-multi-GPU run of the PR generation was never sampled, and its name-keyed Adam file under `module.` has no
-upstream test to check against.
+Only HEAD's files (b24d92f: model.ckpt, optimizer.ckpt with positional `adam.m.{i}`) are handled, and those
+of the context-parallel branch built on it (d03ba16: a CP axis in the rank order, cp_size in
+trainer_state.json; llmc_io/infinitrain_topology.py has its rules): a multi-GPU run of the PR generation
+was never sampled, and its name-keyed Adam file under `module.` has no upstream test to check against.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ def _topology_of(path: Path, state: InfiniTrainState, vpp: int, zero_stage: int)
         vpp=vpp,
         sequence_parallel=state.sp_size == tp and tp > 1,
         zero_stage=zero_stage,
+        cp=state.cp_size or 1,  # no cp_size (b24d92f): no context parallelism
     )
 
 
@@ -168,26 +170,25 @@ def read_step(
     recorded = state.jaxtrain or {}
     if vpp is None and recorded.get("virtual_pipeline_parallel"):
         vpp = int(recorded["virtual_pipeline_parallel"])
-    if state.cp_size not in (None, 1):
-        # PR 181 adds a CP axis to the rank layout and shards ZeRO over DP x CP; neither is modelled here
-        raise LLMCFormatError(
-            ranks[0] / TRAINER_STATE,
-            "cp_size",
-            "1 (no context parallelism)",
-            str(state.cp_size),
-            "rank directories of a context-parallel run are not read; resume it in InfiniTrain with cp 1 "
-            "and save again",
-        )
+    if state.cp_size is not None and state.cp_size < 1:
+        raise LLMCFormatError(ranks[0] / TRAINER_STATE, "cp_size", "1 or more", str(state.cp_size))
     shape = _topology_of(ranks[0] / TRAINER_STATE, state, 1, 0)
     if shape.world != len(ranks):
+        cp, sizes = (" x cp", f" x {shape.cp}") if shape.cp > 1 else ("", "")
         raise LLMCFormatError(
             step_dir,
             "rank directories",
-            f"ddp x tp x pp = {shape.ddp} x {shape.tp} x {shape.pp} = {shape.world} (trainer_state.json)",
+            f"ddp x tp{cp} x pp = {shape.ddp} x {shape.tp}{sizes} x {shape.pp} = {shape.world} "
+            "(trainer_state.json)",
             str(len(ranks)),
             "copy the whole step directory of every rank",
         )
-    models = {i: read_state_dict(r / MODEL_FILE) for i, r in enumerate(ranks) if shape.coords(i)[0] == 0}
+    # the weights of one replica: DP and CP ranks hold the same (llmc_io/infinitrain_topology.py)
+    models = {
+        i: read_state_dict(r / MODEL_FILE)
+        for i, r in enumerate(ranks)
+        if shape.coords(i)[0] == 0 and shape.cp_of(i) == 0
+    }
     counts = [_layer_count(models[shape.rank_of(0, 0, s)]) for s in range(shape.pp)]
     hint = run_pipeline[1] if run_pipeline and run_pipeline[0] == shape.pp else None
     vpp = _pick_vpp(step_dir, counts, shape.pp, vpp, notices, hint)
@@ -206,26 +207,30 @@ def read_step(
         {i: read_state_dict(r / OPTIMIZER_FILE) for i, r in enumerate(ranks)} if all(has_opt) else None
     )
     zero_stage = 0
-    if optimizers is not None and shape.ddp > 1 and _looks_sharded(optimizers[0], models[0]):
+    if optimizers is not None and shape.replicas > 1 and _looks_sharded(optimizers[0], models[0]):
         zero_stage = 1  # ZeRO-1 and -2 shard the optimizer alike; the files cannot tell them apart
     topology = dataclasses.replace(_topology_of(ranks[0] / TRAINER_STATE, state, vpp, zero_stage))
     model = _merge_model(ranks, models, topology, num_layers, notices)
     optimizer = None
     if optimizers is not None:
         optimizer = _merge_optimizer(ranks, models, optimizers, topology, num_layers, model, notices)
-    if shape.ddp > 1:
-        notices.append(f"{step_dir}: weights read from data-parallel rank 0 of {shape.ddp} (replicas)")
+    if shape.replicas > 1:
+        group = f"data-parallel rank 0 of {shape.ddp}" + (
+            f", context-parallel rank 0 of {shape.cp}" if shape.cp > 1 else ""
+        )
+        notices.append(f"{step_dir}: weights read from {group} (replicas)")
     notices.append(f"{step_dir}: {len(ranks)} rank directories, {topology.describe()}")
     return MergedStep(model, optimizer, state, topology, notices)
 
 
 def replica_differences(ranks: list[Path], topology: topo.Topology) -> list[str]:
-    """Data-parallel replicas must hold the same weights (DDP averages the gradients every step): one line
-    per tensor of a DDP rank > 0 that differs from DDP rank 0's of the same TP rank and stage."""
+    """Data-parallel replicas must hold the same weights (DDP averages the gradients every step, over
+    DP x CP with context parallelism): one line per tensor of a DDP or CP rank > 0 that differs from DDP
+    rank 0's (CP rank 0's) of the same TP rank and stage."""
     problems = []
     for rank, path in enumerate(ranks):
         dp, tp, stage = topology.coords(rank)
-        if dp == 0:
+        if dp == 0 and topology.cp_of(rank) == 0:
             continue
         lead = read_state_dict(ranks[topology.rank_of(0, tp, stage)] / MODEL_FILE)
         for name, tensor in read_state_dict(path / MODEL_FILE).items():
@@ -337,10 +342,12 @@ def _merge_optimizer(ranks, models, optimizers, topology, num_layers, model, not
                     p: {k: np.full(int(np.prod(shape_of(p))), np.nan, np.float32) for k in "mv"}
                     for p in params
                 }
-                for dp in range(topology.ddp):
-                    rank = topology.rank_of(dp, tp, stage)
+                for rank in range(topology.world):
+                    dp, rank_tp, rank_stage = topology.coords(rank)
+                    if (rank_tp, rank_stage) != (tp, stage):
+                        continue
                     numels = [[(p, int(np.prod(shape_of(p)))) for p in c] for c in chunk_params]
-                    got = zero.pieces(numels, topology.ddp, dp)
+                    got = zero.pieces(numels, topology.replicas, topology.zero_shard(rank))
                     tensors = optimizers[rank]
                     _check_keys(ranks[rank] / OPTIMIZER_FILE, tensors, len(got), "ZeRO pieces")
                     for i, piece in enumerate(got):
@@ -350,7 +357,8 @@ def _merge_optimizer(ranks, models, optimizers, topology, num_layers, model, not
                                 raise LLMCFormatError(
                                     ranks[rank] / OPTIMIZER_FILE,
                                     f"tensor 'adam.{k}.{i}' shape",
-                                    f"({piece.stop - piece.start},) (rank {dp}'s piece of {piece.name})",
+                                    f"({piece.stop - piece.start},) (shard {topology.zero_shard(rank)}'s "
+                                    f"piece of {piece.name})",
                                     str(value.shape),
                                     "the shards do not add up; were they written with "
                                     "another --zero_stage or --nproc_per_node?",
@@ -476,6 +484,8 @@ def write_step(
             tp_size=topology.tp,
             sp_size=topology.sp,
             pp_size=topology.pp,
+            # d03ba16 writes cp_size at any CP (checkpoint.cc:196); b24d92f files have none
+            cp_size=topology.cp if topology.cp > 1 else state.cp_size,
             # each rank saves its own DataLoader position: rank d of DDP reads batches d, d + D, ...
             # (dataloader.cc:60-63 operator++; example/gpt2/main.cc:357-362 skips (consumed - d) / D)
             data_batch_idx=state.data_batch_idx + dp,
@@ -493,7 +503,7 @@ def layout_layers(model: dict) -> int:
 def _rank_optimizer(
     optimizer, moment_slices, topology, rank, stage, num_layers, local, params, chunk_params, family
 ) -> dict:
-    dp, tp, _ = topology.coords(rank)
+    _, tp, _ = topology.coords(rank)
     prefix = topo.PREFIX if topology.prefixed else ""
 
     def moment(kind: str, p: str) -> np.ndarray:
@@ -506,7 +516,8 @@ def _rank_optimizer(
     values: dict[str, np.ndarray] = {}
     if topology.zero_stage:
         numels = [[(p, local[prefix + p].array.size) for p in c] for c in chunk_params]
-        entries = [(pc.name, slice(pc.start, pc.stop)) for pc in zero.pieces(numels, topology.ddp, dp)]
+        shards = zero.pieces(numels, topology.replicas, topology.zero_shard(rank))
+        entries = [(pc.name, slice(pc.start, pc.stop)) for pc in shards]
     else:
         entries = [(p, None) for p in params]
     keys = LibcxxStringMap()  # Adam::StateDict emplaces m.i, v.i per parameter, then t (optimizer.cc:79-90)

@@ -27,6 +27,20 @@ that view and the per-rank views.
   (causal_self_attention.cc:94-110, 204-212).
 * Sequence parallel only changes activations (trainer_state.json's sp_size is T or 1:
   example/gpt2/main.cc:152); the parameters are laid out as without it.
+
+Context parallelism (PR 181, branch feat/context_parallel d03ba16, not merged upstream) adds a fourth axis;
+these rules are derived from its code, no multi-rank file of it was ever sampled:
+* Rank numbering TP -> CP -> DP -> PP: rank = tp + T*cp + T*C*dp + T*C*D*pp
+  (include/nn/parallel/global.h:17 `order{TP, CP, DP, PP}`; src/nn/parallel/global.cc:24-54).
+* CP ranks hold replicas of the weights, like DP ranks: the data loader is sharded by DP only
+  (example/gpt2/main.cc:333-335), each CP rank takes a slice of T (:481-482, :516-517), and DDP wraps the
+  model whenever DP x CP > 1 (:316, :324), so a CP 2 x DP 1 run has the `module.` prefix too.
+* ZeRO-1/2 shard over the DP x CP group, whose member order is dp-major (src/nn/parallel/utils.cc:31-41
+  GetDataParallelWithContextGroupRanks: for dp, for cp), so a rank's shard index is dp*C + cp
+  (DistributedOptimizer gets dp_cp_world_size, dp_cp_rank: example/gpt2/main.cc:361-363). ZeRO needs
+  DP x CP > 1 and ZeRO-3 is refused (:173-176).
+* trainer_state.json gains cp_size between sp_size and pp_size (src/checkpoint/checkpoint.cc:196), and
+  checkpoint_manager.cc:63-64 CHECKs it against the resuming run's CP size.
 """
 
 from __future__ import annotations
@@ -48,11 +62,17 @@ class Topology:
     pp: int = 1
     vpp: int = 1  # virtual pipeline chunks per stage (--virtual_pipeline_parallel); not in trainer_state.json
     sequence_parallel: bool = False
-    zero_stage: int = 0  # --zero_stage: 1 and 2 shard the optimizer state over the DDP ranks
+    zero_stage: int = 0  # --zero_stage: 1 and 2 shard the optimizer state over the DDP (x CP) ranks
+    cp: int = 1  # --context_parallel (d03ba16)
 
     @property
     def world(self) -> int:
-        return self.ddp * self.tp * self.pp
+        return self.ddp * self.tp * self.cp * self.pp
+
+    @property
+    def replicas(self) -> int:
+        """Ranks holding the same weights: DP x CP (the group DDP and ZeRO work over, d03ba16)."""
+        return self.ddp * self.cp
 
     @property
     def sp(self) -> int:
@@ -61,31 +81,43 @@ class Topology:
 
     @property
     def prefixed(self) -> bool:
-        return self.ddp > 1 or self.pp > 1
+        return self.replicas > 1 or self.pp > 1
 
     def coords(self, rank: int) -> tuple[int, int, int]:
-        """(dp, tp, pp) of a global rank (global.cc:43-48 with strides TP=1, DP=T, PP=T*D)."""
-        return (rank // self.tp) % self.ddp, rank % self.tp, rank // (self.tp * self.ddp)
+        """(dp, tp, pp) of a global rank (global.cc:43-48 with strides TP=1, DP=T, PP=T*D; with CP
+        (d03ba16 global.cc:50-54) TP=1, CP=T, DP=T*C, PP=T*C*D)."""
+        replica = self.tp * self.cp
+        return (rank // replica) % self.ddp, rank % self.tp, rank // (replica * self.ddp)
 
-    def rank_of(self, dp: int, tp: int, pp: int) -> int:
-        return tp + self.tp * dp + self.tp * self.ddp * pp
+    def cp_of(self, rank: int) -> int:
+        """The context-parallel coordinate of a global rank (0 without CP)."""
+        return (rank // self.tp) % self.cp
+
+    def rank_of(self, dp: int, tp: int, pp: int, cp: int = 0) -> int:
+        return tp + self.tp * cp + self.tp * self.cp * dp + self.tp * self.cp * self.ddp * pp
+
+    def zero_shard(self, rank: int) -> int:
+        """A rank's index in the group ZeRO shards over: dp (b24d92f), dp*C + cp (d03ba16 utils.cc:31-41)."""
+        return self.coords(rank)[0] * self.cp + self.cp_of(rank)
 
     def validate(self, path, heads: tuple[int, int] | None = None) -> None:
         """Refuse what upstream's main.cc refuses; heads = (n_head, n_kv_head) when known."""
-        for field in ("ddp", "tp", "pp", "vpp"):
+        for field in ("ddp", "tp", "cp", "pp", "vpp"):
             if getattr(self, field) < 1:
                 raise LLMCFormatError(path, f"--{field}", "1 or more", str(getattr(self, field)))
         if self.zero_stage not in (0, 1, 2):
             # ZeRO-3 is LOG(FATAL) in ddp/distributed_data_parallel.cc:31-33
             raise LLMCFormatError(path, "--zero_stage", "0, 1 or 2", str(self.zero_stage))
-        if self.zero_stage and self.ddp == 1:
-            # DistributedOptimizer CHECKs ddp_world_size > 1 (ddp/distributed_optimizer.cc:15)
+        if self.zero_stage and self.replicas == 1:
+            # DistributedOptimizer CHECKs ddp_world_size > 1 (ddp/distributed_optimizer.cc:15); d03ba16
+            # example/gpt2/main.cc:174 CHECKs DP x CP > 1
             raise LLMCFormatError(
                 path,
                 "--zero_stage",
-                "0 with --ddp 1",
+                "0 with --ddp 1" + (" and --cp 1" if self.cp == 1 else ""),
                 str(self.zero_stage),
-                "ZeRO shards the optimizer over data-parallel ranks; pass --ddp 2 or more",
+                "ZeRO shards the optimizer over data-parallel (and context-parallel) ranks; pass --ddp 2 "
+                "or more",
             )
         if heads is not None:
             # causal_self_attention.cc:57,67: n_head and n_kv_head must divide by the TP size
@@ -105,6 +137,7 @@ class Topology:
         flags = f"--nthread_per_process {self.world}"
         for flag, value, default in (
             ("tensor_parallel", self.tp, 1),
+            ("context_parallel", self.cp, 1),
             ("pipeline_parallel", self.pp, 1),
             ("virtual_pipeline_parallel", self.vpp, 1),
             ("zero_stage", self.zero_stage, 0),
@@ -117,7 +150,8 @@ class Topology:
         extra = f", vpp {self.vpp}" if self.vpp > 1 else ""
         extra += ", sequence parallel" if self.sequence_parallel else ""
         extra += f", ZeRO-{self.zero_stage}" if self.zero_stage else ""
-        return f"ddp {self.ddp} x tp {self.tp} x pp {self.pp}{extra}"
+        cp = f" x cp {self.cp}" if self.cp > 1 else ""
+        return f"ddp {self.ddp} x tp {self.tp}{cp} x pp {self.pp}{extra}"
 
 
 def chunk_ranges(num_layers: int, pp: int, stage: int, vpp: int) -> list[tuple[int, int]]:
@@ -303,4 +337,4 @@ def n_embd_of(tensors: dict) -> int:
 
 
 def expected_rank_count(topology: Topology) -> int:
-    return math.prod((topology.ddp, topology.tp, topology.pp))
+    return math.prod((topology.ddp, topology.tp, topology.cp, topology.pp))

@@ -13,6 +13,10 @@ From InfiniTensor/InfiniTrain b24d92f, infini_train/src/nn/parallel/ddp/:
   one flat piece. Those pieces, bucket after bucket and chunk after chunk (distributed_optimizer.cc:17-25),
   are the base optimizer's parameters, so Adam's `adam.m.{i}` / `adam.v.{i}` (optimizer.cc:79-90)
   is piece i of that rank, and `adam.t` is the same on every rank.
+With context parallelism (feat/context_parallel d03ba16) the group is DP x CP: the buffer's world size
+is the group's (param_and_grad_buffer.cc:416 ddp_pg_->WorldSize()), DistributedOptimizer gets
+dp_cp_world_size and the rank's index in that group, dp*C + cp (example/gpt2/main.cc:204-207, :361-363;
+parallel/utils.cc:31-41); pass those as `ddp` and `rank`.
 Every parameter's elements are covered once over the ranks, so the pieces put back together give the full
 moment. (Upstream's parameter views in the buffer do start at the padded offsets, so where padding exists
 its optimizer updates elements shifted from the ones these ranges name; the files still hold the ranges

@@ -34,6 +34,15 @@ they start with example/):
                    example/gpt2/main.cc:365-385 (ddp/tp/sp/pp sizes; sp = tp with --sequence_parallel, :152),
                    consumed_batches = the rank's own DataLoader index (main.cc:441,472; dataloader.cc:60-63:
                    rank d reads batches d, d + D, ...).
+With `cp` (context parallelism, branch feat/context_parallel d03ba16, the same paths at that commit):
+  C1 rank layout   include/nn/parallel/global.h:17 `order{TP, CP, DP, PP}`; global.cc:24-41:
+                   rank = tp + T*cp + T*C*dp + T*C*D*pp.
+  C2 prefix        example/gpt2/main.cc:316,324: DDP wraps when dp_cp_world_size = D*C > 1.
+  C3 ZeRO          main.cc:204-207,361-363 and src/nn/parallel/utils.cc:31-41: DistributedOptimizer over the
+                   DP x CP group (ranks listed for dp, for cp), world D*C, rank dp*C + cp;
+                   ddp/param_and_grad_buffer.cc:416 pads buckets to lcm(D*C, 128).
+  C4 data          main.cc:333-335: the loader is sharded over DP only; consumed_batches as R9.
+  C5 trainer state src/checkpoint/checkpoint.cc:185-198: the comma after vocab_size, cp_size after sp_size.
 """
 
 from __future__ import annotations
@@ -59,12 +68,18 @@ def _ckpt_bytes(entries: dict[str, tuple[int, np.ndarray]]) -> bytes:
     return b''.join(out)
 
 
-def _trainer_state(step: int, consumed: int, lr: float, ddp: int, tp: int, sp: int, pp: int) -> str:
-    """checkpoint.cc:181-198, with GPT2Config()'s shape fields as main.cc writes them (any values do)."""
+def _trainer_state(
+    step: int, consumed: int, lr: float, ddp: int, tp: int, sp: int, pp: int, cp: int | None = None
+) -> str:
+    """checkpoint.cc:181-198, with GPT2Config()'s shape fields as main.cc writes them (any values do);
+    with `cp`, d03ba16's (C5)."""
+    comma = ',' if cp is not None else ''
+    cp_line = f'  "cp_size": {cp},\n' if cp is not None else ''
     return (
-        '{\n  "n_layer": 12,\n  "n_head": 12,\n  "n_kv_head": 12,\n  "n_embd": 768,\n  "vocab_size": 50304\n'
+        '{\n  "n_layer": 12,\n  "n_head": 12,\n  "n_kv_head": 12,\n  "n_embd": 768,\n'
+        f'  "vocab_size": 50304{comma}\n'
         f'  "global_step": {step},\n  "consumed_batches": {consumed},\n  "last_lr": {lr:g},\n'
-        f'  "ddp_size": {ddp},\n  "tp_size": {tp},\n  "sp_size": {sp},\n  "pp_size": {pp}\n}}\n'
+        f'  "ddp_size": {ddp},\n  "tp_size": {tp},\n  "sp_size": {sp},\n{cp_line}  "pp_size": {pp}\n}}\n'
     )
 
 
@@ -179,13 +194,17 @@ def write_run(
     vpp: int = 1,
     zero_stage: int = 0,
     sequence_parallel: bool = False,
+    cp: int | None = None,
 ) -> Path:
     """Every rank's files of one save. model: global TP = 1 StateDict (GPT-2 with its lm_head copy);
-    adam: {parameter name: (m, v)} over the same names, or None (SGD writes no optimizer file)."""
+    adam: {parameter name: (m, v)} over the same names, or None (SGD writes no optimizer file);
+    cp: d03ba16's context-parallel size (None: b24d92f, no CP axis)."""
     step_dir = Path(step_dir)
     n_embd = model['transformer.ln_f.weight'].shape[0]
     num_layers = 1 + max(int(n.split('.')[2]) for n in model if n.startswith('transformer.h.'))
-    prefix = 'module.' if (ddp > 1 or pp > 1) else ''  # R3
+    cp_size = cp or 1
+    wrapped = ddp * cp_size > 1 or pp > 1  # R3, C2
+    prefix = 'module.' if wrapped else ''
     sp = tp if sequence_parallel else 1
     for pp_rank in range(pp):
         ranges = stage_info(num_layers, pp, pp_rank, vpp)
@@ -193,45 +212,44 @@ def write_run(
         chunk_layers = tuple(end - start for start, end in sorted(ranges))
         first, last = pp_rank == 0, pp_rank == pp - 1
         _, param_order, chunk_orders = infinitrain_layout.stage_orders(
-            family, chunk_layers, first, last, ddp > 1 or pp > 1
+            family, chunk_layers, first, last, wrapped
         )
-        for dp_rank in range(ddp):
-            for tp_rank in range(tp):
-                rank = tp_rank + tp * dp_rank + tp * ddp * pp_rank  # R1
-                local = {}
-                for name, full in model.items():
+        for dp_rank, cp_rank, tp_rank in np.ndindex(ddp, cp_size, tp):
+            rank = tp_rank + tp * cp_rank + tp * cp_size * dp_rank + tp * cp_size * ddp * pp_rank  # R1, C1
+            local = {}
+            for name, full in model.items():
+                stage_local = _local_names(name, pp_rank, pp, owned)
+                if stage_local is not None:
+                    local[stage_local] = _tp_local(name, full, tp_rank, tp, n_embd)
+            rank_dir = step_dir / f'rank_{rank:06d}'  # R2
+            rank_dir.mkdir(parents=True)
+            (rank_dir / 'model.ckpt').write_bytes(
+                _ckpt_bytes({prefix + n: (_F32, local[n]) for n in sorted(local)})
+            )
+            if adam is not None:
+                by_local = {}
+                for name, (m, v) in adam.items():
                     stage_local = _local_names(name, pp_rank, pp, owned)
                     if stage_local is not None:
-                        local[stage_local] = _tp_local(name, full, tp_rank, tp, n_embd)
-                rank_dir = step_dir / f'rank_{rank:06d}'  # R2
-                rank_dir.mkdir(parents=True)
-                (rank_dir / 'model.ckpt').write_bytes(
-                    _ckpt_bytes({prefix + n: (_F32, local[n]) for n in sorted(local)})
-                )
-                if adam is not None:
-                    by_local = {}
-                    for name, (m, v) in adam.items():
-                        stage_local = _local_names(name, pp_rank, pp, owned)
-                        if stage_local is not None:
-                            by_local[stage_local] = (
-                                _tp_local(name, m, tp_rank, tp, n_embd),
-                                _tp_local(name, v, tp_rank, tp, n_embd),
-                            )
-                    if zero_stage:
-                        numels = [[(p, by_local[p][0].size) for p in chunk] for chunk in chunk_orders]
-                        moments = [
-                            (by_local[p][0].reshape(-1)[a:b], by_local[p][1].reshape(-1)[a:b])
-                            for p, a, b in _zero_pieces(numels, ddp, dp_rank)
-                        ]
-                    else:
-                        moments = [by_local[p] for p in param_order]
-                    entries = {}
-                    for i, (m, v) in enumerate(moments):  # R7
-                        entries[f'adam.m.{i}'] = (_F32, m)
-                        entries[f'adam.v.{i}'] = (_F32, v)
-                    entries['adam.t'] = (_I64, np.array(adam_t, np.int64))
-                    (rank_dir / 'optimizer.ckpt').write_bytes(_ckpt_bytes(entries))
-                (rank_dir / 'trainer_state.json').write_text(  # R9
-                    _trainer_state(step, consumed + dp_rank, lr, ddp, tp, sp, pp)
-                )
+                        by_local[stage_local] = (
+                            _tp_local(name, m, tp_rank, tp, n_embd),
+                            _tp_local(name, v, tp_rank, tp, n_embd),
+                        )
+                if zero_stage:
+                    numels = [[(p, by_local[p][0].size) for p in chunk] for chunk in chunk_orders]
+                    moments = [
+                        (by_local[p][0].reshape(-1)[a:b], by_local[p][1].reshape(-1)[a:b])
+                        for p, a, b in _zero_pieces(numels, ddp * cp_size, dp_rank * cp_size + cp_rank)
+                    ]
+                else:
+                    moments = [by_local[p] for p in param_order]
+                entries = {}
+                for i, (m, v) in enumerate(moments):  # R7
+                    entries[f'adam.m.{i}'] = (_F32, m)
+                    entries[f'adam.v.{i}'] = (_F32, v)
+                entries['adam.t'] = (_I64, np.array(adam_t, np.int64))
+                (rank_dir / 'optimizer.ckpt').write_bytes(_ckpt_bytes(entries))
+            (rank_dir / 'trainer_state.json').write_text(  # R9
+                _trainer_state(step, consumed + dp_rank, lr, ddp, tp, sp, pp, cp)
+            )
     return step_dir

@@ -10,7 +10,7 @@
     python -m jaxtrain.ckpt check-hf HF_DIR [--against CHECKPOINT] [--atol 0.05]
     python -m jaxtrain.ckpt export STEP_DIR --format llmc-run --output LLMC_RUN_DIR
     python -m jaxtrain.ckpt export STEP_DIR --format infinitrain --output OUT/checkpoint_step_NNNNNN \\
-        [--ddp D] [--tp T] [--pp P] [--vpp V] [--zero_stage Z] [--sequence_parallel]
+        [--ddp D] [--tp T] [--cp C] [--pp P] [--vpp V] [--zero_stage Z] [--sequence_parallel]
 
 An llm.c run folder (train_gpt2cu -o DIR: model_%08d.bin, state_%08d_%05d.bin, DONE_%08d) is kind llmc:
 ls takes the folder, show and verify DIR/model_%08d.bin or DIR (its newest committed step).
@@ -197,8 +197,13 @@ def build_parser() -> argparse.ArgumentParser:
         'write one rank_NNNNNN/ per GPU, as an InfiniTrain run with these flags saves and --load reads',
     )
     for flag, upstream in (
-        ('ddp', 'data-parallel ranks (upstream: --nthread_per_process / (tp x pp))'),
+        ('ddp', 'data-parallel ranks (upstream: --nthread_per_process / (tp x cp x pp))'),
         ('tp', '--tensor_parallel'),
+        (
+            'cp',
+            "--context_parallel of the context-parallel branch (d03ba16): rank order TP-CP-DP-PP, "
+            "cp_size in trainer_state.json",
+        ),
         ('pp', '--pipeline_parallel'),
         ('vpp', '--virtual_pipeline_parallel (chunks per pipeline stage)'),
     ):
@@ -208,7 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=0,
         choices=(0, 1, 2),
-        help="upstream's --zero_stage: 1 or 2 shard Adam's state over the --ddp ranks; default 0",
+        help="upstream's --zero_stage: 1 or 2 shard Adam's state over the --ddp (x --cp) ranks; default 0 "
+        '(3 is refused upstream)',
     )
     topology.add_argument(
         '--sequence_parallel', action='store_true', help="upstream's --sequence_parallel (sp_size = tp)"

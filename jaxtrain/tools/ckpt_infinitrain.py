@@ -298,13 +298,14 @@ def verify(step_dir):
     for rank in it.rank_dirs(step_dir)[1:]:
         if it.detect_kind(rank) != ckpt.kind:
             problems.append(f'{rank}: expected the same {ckpt.kind} files as rank_000000, found others')
-    if ckpt.topology is not None and ckpt.topology.ddp > 1:
+    if ckpt.topology is not None and ckpt.topology.replicas > 1:
         from llmc_io.infinitrain_ranks import replica_differences
 
         differences = replica_differences(it.rank_dirs(step_dir), ckpt.topology)
         problems += differences
         if not differences:
-            checked.append(f'weights of the {ckpt.topology.ddp} data-parallel replicas bit-identical')
+            kind = 'data- and context-parallel' if ckpt.topology.cp > 1 else 'data-parallel'
+            checked.append(f'weights of the {ckpt.topology.replicas} {kind} replicas bit-identical')
     found, passed = recorded_problems(step_dir, ckpt.path, ckpt.state)  # digest, step, files' sha256
     problems += found
     checked += passed
@@ -320,6 +321,7 @@ def topology_from_args(args) -> Topology | None:
     topology = Topology(
         ddp=args.ddp,
         tp=args.tp,
+        cp=args.cp,
         pp=args.pp,
         vpp=args.vpp,
         sequence_parallel=args.sequence_parallel,
@@ -329,7 +331,7 @@ def topology_from_args(args) -> Topology | None:
         return None
     if args.format not in (it.HEAD_KIND, LRS_FORMAT):
         raise CheckpointError(
-            f'--ddp/--tp/--pp/--vpp/--zero_stage/--sequence_parallel: expected only with --format '
+            f'--ddp/--tp/--cp/--pp/--vpp/--zero_stage/--sequence_parallel: expected only with --format '
             f'infinitrain or infinitrain-lrs (HEAD rank directories), found --format {args.format}'
         )
     try:

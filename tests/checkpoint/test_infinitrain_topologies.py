@@ -23,7 +23,8 @@ from llmc_io.infinitrain_topology import Topology, chunk_ranges
 from llmc_io.statedict import read_state_dict
 from llmc_io.tensors import tree_leaves
 
-# (ddp, tp, pp, vpp, zero_stage, sequence_parallel); at most 8 ranks, as on the 8 fake devices
+# (ddp, tp, pp, vpp, zero_stage, sequence_parallel[, cp]); at most 8 ranks, as on the 8 fake devices.
+# A 7th entry is d03ba16's --context_parallel (rank order, ZeRO group: tests/infinitrain_rank_fixtures.py)
 GPT2_TOPOLOGIES = [
     (2, 1, 1, 1, 0, False),
     (8, 1, 1, 1, 0, False),
@@ -31,6 +32,8 @@ GPT2_TOPOLOGIES = [
     (1, 4, 1, 1, 0, True),
     (1, 1, 2, 1, 0, False),
     (2, 2, 2, 1, 0, True),
+    (1, 2, 1, 1, 0, True, 2),
+    (2, 1, 1, 1, 0, False, 2),
 ]
 LLAMA3_TOPOLOGIES = [  # head-llama3 has one key/value head, so TP must be 1 (causal_self_attention.cc:67)
     (2, 1, 1, 1, 0, False),
@@ -39,6 +42,8 @@ LLAMA3_TOPOLOGIES = [  # head-llama3 has one key/value head, so TP must be 1 (ca
     (1, 1, 2, 1, 0, False),
     (4, 1, 2, 1, 1, False),
     (2, 1, 2, 1, 2, False),
+    (1, 1, 2, 1, 1, False, 2),
+    (2, 1, 1, 1, 2, False, 4),
 ]
 SYNTHETIC_TOPOLOGIES = [  # LLaMA-3 with 4 layers and 2 key/value heads: TP with GQA, virtual stages, ZeRO
     (1, 2, 1, 1, 0, False),
@@ -46,7 +51,17 @@ SYNTHETIC_TOPOLOGIES = [  # LLaMA-3 with 4 layers and 2 key/value heads: TP with
     (1, 2, 2, 2, 0, False),
     (2, 1, 2, 2, 2, False),
     (2, 2, 2, 1, 2, False),
+    (2, 2, 1, 1, 1, False, 2),
+    (1, 2, 2, 2, 0, True, 2),
 ]
+
+
+def _ids(v):
+    """'ddp2-tp2-pp1-vpp1-zero1[-sp][-cp2]'."""
+    if isinstance(v, str):
+        return v
+    cp = f'-cp{v[6]}' if len(v) > 6 else ''
+    return 'ddp{}-tp{}-pp{}-vpp{}-zero{}'.format(*v[:5]) + '-sp' * v[5] + cp
 
 
 @pytest.fixture(scope='module')
@@ -91,10 +106,11 @@ def _rank_tensors(step_dir):
 @pytest.mark.parametrize(
     'folder,topology',
     [('head-gpt2', t) for t in GPT2_TOPOLOGIES] + [('head-llama3', t) for t in LLAMA3_TOPOLOGIES],
-    ids=lambda v: v if isinstance(v, str) else 'ddp{}-tp{}-pp{}-vpp{}-zero{}{}'.format(*v[:5], '-sp' * v[5]),
+    ids=_ids,
 )
 def test_real_sample_split_by_upstreams_rules_reads_back_bit_for_bit(real, tmp_path, folder, topology):
-    ddp, tp, pp, vpp, zero, sp = topology
+    ddp, tp, pp, vpp, zero, sp, *context = topology
+    cp = context[0] if context else None
     family, model, adam, t, want = _sample(real, folder)
     split = write_run(
         tmp_path / 'split' / 'checkpoint_step_000010',
@@ -111,16 +127,19 @@ def test_real_sample_split_by_upstreams_rules_reads_back_bit_for_bit(real, tmp_p
         vpp=vpp,
         zero_stage=zero,
         sequence_parallel=sp,
+        cp=cp,
     )
     got = it.read_checkpoint(split, vpp=vpp if vpp > 1 else None)
     _same_checkpoint(got, want)
-    assert got.ranks == ddp * tp * pp and got.state.global_step == 10 and got.state.data_batch_idx == 10
+    ranks = ddp * tp * pp * (cp or 1)
+    assert got.ranks == ranks and got.state.global_step == 10 and got.state.data_batch_idx == 10
     assert (got.topology.ddp, got.topology.tp, got.topology.pp, got.topology.sequence_parallel) == (
         ddp,
         tp,
         pp,
         sp,
     )
+    assert got.topology.cp == (cp or 1) and got.state.cp_size == cp
     assert got.topology.zero_stage == (1 if zero else 0)  # ZeRO-1 and -2 write the same shards
 
 
@@ -153,13 +172,10 @@ def _synthetic(seed=0):
     return model, adam
 
 
-@pytest.mark.parametrize(
-    'topology',
-    SYNTHETIC_TOPOLOGIES,
-    ids=lambda v: 'ddp{}-tp{}-pp{}-vpp{}-zero{}{}'.format(*v[:5], '-sp' * v[5]),
-)
+@pytest.mark.parametrize('topology', SYNTHETIC_TOPOLOGIES, ids=_ids)
 def test_export_lays_out_what_upstream_saves_and_reads_back(tmp_path, topology):
-    ddp, tp, pp, vpp, zero, sp = topology
+    ddp, tp, pp, vpp, zero, sp, *context = topology
+    cp = context[0] if context else None
     model, adam = _synthetic()
     fixture = write_run(
         tmp_path / 'upstream' / 'checkpoint_step_000007',
@@ -176,6 +192,7 @@ def test_export_lays_out_what_upstream_saves_and_reads_back(tmp_path, topology):
         vpp=vpp,
         zero_stage=zero,
         sequence_parallel=sp,
+        cp=cp,
     )
     read = it.read_checkpoint(fixture, vpp=vpp)
     # the reader's trees, written back for the same topology through the export path
@@ -189,7 +206,7 @@ def test_export_lays_out_what_upstream_saves_and_reads_back(tmp_path, topology):
         header,
         read.moments,
         read.state,
-        topology=Topology(ddp, tp, pp, vpp, sp, zero),
+        topology=Topology(ddp, tp, pp, vpp, sp, zero, cp or 1),
     )
     assert _rank_tensors(exported).keys() == _rank_tensors(fixture).keys()
     for rank, files in _rank_tensors(fixture).items():
@@ -206,11 +223,13 @@ def test_export_lays_out_what_upstream_saves_and_reads_back(tmp_path, topology):
             theirs.pp_size,
             theirs.data_batch_idx,
         )
+        assert state.cp_size == theirs.cp_size
     _same_checkpoint(it.read_checkpoint(exported, vpp=vpp), read)
     # the per-rank entry order is upstream's unordered_map order of that stage (llmc_io/infinitrain_layout.py)
     rank0 = list(read_state_dict(exported / 'rank_000000' / 'model.ckpt'))
     chunks = tuple(b - a for a, b in sorted(chunk_ranges(4, pp, 0, vpp)))
-    assert tuple(rank0) == layout.stage_orders('llama3', chunks, True, pp == 1, ddp > 1 or pp > 1)[0]
+    prefixed = ddp * (cp or 1) > 1 or pp > 1
+    assert tuple(rank0) == layout.stage_orders('llama3', chunks, True, pp == 1, prefixed)[0]
 
 
 class _Header:
@@ -263,9 +282,10 @@ def _bad_input_cases():
         duplicate_rank: r'step_000007: rank 1: expected one directory, found 2 \(rank_0000001, rank_000001\)',
         step_disagrees: r'000002/trainer_state.json: global_step: expected 7 \(as rank_000000\), found 6',
         topology_disagrees: r'000001/trainer_state.json: pp_size: expected 2 \(as rank_000000\), found 1',
-        piece_too_short: r"rank_000001/optimizer.ckpt: tensor 'adam.m.0' shape: expected \(\d+,\) \(rank 1's",
+        piece_too_short: r"rank_000001/optimizer.ckpt: tensor 'adam.m.0' shape: expected \(\d+,\) \(shard 1",
         slice_too_wide: r"c_fc.weight' shape: expected .*TP rank",
-        context_parallel: r'trainer_state.json: cp_size: expected 1 \(no context parallelism\), found 2',
+        # cp_size 2 (d03ba16) doubles the ranks the four directories must be
+        context_parallel: r'rank directories: expected ddp x tp x cp x pp = 2 x 1 x 2 x 2 = 8 .*found 4',
     }
 
 

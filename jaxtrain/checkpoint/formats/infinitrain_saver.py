@@ -174,6 +174,7 @@ class InfiniTrainCheckpointer:
                 model_config=parts.setup.model_config,
                 batches_per_step=batches_per_step(parts),
                 data_parallel=parts.geometry.data_parallel,
+                context_parallel=parts.geometry.context,
                 lr_scheduler=scheduler,
             )
         except OSError as e:
@@ -291,6 +292,7 @@ class InfiniTrainFormat:
                 batches_per_step(parts),
                 config.optimizer,
                 (config.pipeline_parallel, config.virtual_pipeline_parallel),
+                parts.geometry.context,
             )
         except LLMCFormatError as e:
             raise CheckpointError(f'{e}') from None

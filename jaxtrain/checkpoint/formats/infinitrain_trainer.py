@@ -80,14 +80,21 @@ def expected_shapes(params_like) -> dict:
 
 
 def read_step_dir(
-    path, params_like, opt_like, batches_per_step: int, optimizer: str, run_pipeline: tuple[int, int] = (1, 1)
+    path,
+    params_like,
+    opt_like,
+    batches_per_step: int,
+    optimizer: str,
+    run_pipeline: tuple[int, int] = (1, 1),
+    run_context: int = 1,
 ):
     """(params, opt_state or None, record) from an InfiniTrain step directory, on the shardings of the
     live trees. None: no moments to restore (no optimizer file, or this run's optimizer has none); the
     caller then starts fresh moments at the record's step. The record has step, data_position, rng (None
     unless jaxtrain wrote the checkpoint), learning_rate, kind and `messages` (lines for the log).
     run_pipeline: this run's (pipeline_parallel, virtual_pipeline_parallel), which tell a multi-GPU
-    save's virtual stages apart where its files cannot (llmc_io/infinitrain_ranks.py)."""
+    save's virtual stages apart where its files cannot (llmc_io/infinitrain_ranks.py). run_context:
+    this run's context_parallel, said against the saved cp_size."""
     ckpt = it.read_checkpoint(path, expected_shapes(params_like), run_pipeline=run_pipeline)
     state = ckpt.state
     problems, _ = recorded_problems(path, ckpt.path, state)  # before anything is put on the devices
@@ -112,11 +119,13 @@ def read_step_dir(
             'pp': state.pp_size,
         },
     )
-    # upstream CHECKs cp_size against the run's (checkpoint_manager.cc at feat/context_parallel abce8d2)
-    if state.cp_size not in (None, 1):
+    saved_context = state.cp_size or 1  # a file without cp_size is read as 1 by d03ba16 (checkpoint.cc:219)
+    if saved_context != run_context:
         messages.append(
-            f'resume: {path}: saved with context parallel size {state.cp_size}; jaxtrain has no context '
-            'parallelism and continues with 1 (the weights and the data order do not depend on it)'
+            f'resume: {path}: saved with context parallel size {saved_context}, this run has {run_context}: '
+            'laid out again for it (the weights and the data order do not depend on it); upstream '
+            "refuses this resume (CHECK_EQ of cp_size, checkpoint_manager.cc:63-64 at feat/context_parallel "
+            'd03ba16)'
         )
     if 'data_position' in extras:
         record['data_position'] = extras['data_position']
@@ -166,14 +175,17 @@ def infinitrain_state_for(
     optimizer_type: str,
     extras: dict,
     data_parallel: int = 1,
+    context_parallel: int = 1,
 ) -> InfiniTrainState:
     """The trainer_state.json of a step we write in InfiniTrain's layout `fmt`; `extras` becomes
-    its "jaxtrain" object (what only we need for an exact resume)."""
+    its "jaxtrain" object (what only we need for an exact resume). With context_parallel > 1 it
+    carries cp_size, as the context-parallel branch writes it (d03ba16 checkpoint.cc:196)."""
     common = dict(
         global_step=step,
         data_batch_idx=batch_idx,
         last_lr=learning_rate,
         ddp_size=data_parallel,
+        cp_size=context_parallel if context_parallel > 1 else None,
         jaxtrain=extras,
     )
     if fmt in (it.HEAD_KIND, LRS_FORMAT):
@@ -202,6 +214,7 @@ def save_step_dir(
     model_config,
     batches_per_step: int,
     data_parallel: int = 1,
+    context_parallel: int = 1,
     lr_scheduler: bytes | None = None,
 ) -> Path:
     """Write step_dir_name(step) under root in InfiniTrain's HEAD (`infinitrain`), LR-scheduler
@@ -234,6 +247,7 @@ def save_step_dir(
         optimizer_type=optimizer_type,
         extras=extras,
         data_parallel=data_parallel,
+        context_parallel=context_parallel,
     )
     final = Path(root) / step_dir_name(step)
     kind = it.HEAD_KIND if fmt == LRS_FORMAT else fmt
