@@ -11,6 +11,10 @@ fails part-way (a full disk) leaves a step that is not committed, never a commit
 new files. `ckpt export --format llmc-run` also writes jaxtrain_export_%08d.json: the sha256 of the
 model and state files it wrote. llm.c ignores it; it is how a later export with --force tells the
 files an export wrote (replaceable) from those train_gpt2cu or a run wrote (never replaced).
+
+A step we write also records the identity of the training data it was trained on, beside llm.c's
+state, in jaxtrain_data_%08d.json (jaxtrain/data/identity.py's record; llm.c ignores the file), so
+that a resume refuses other data under the same names. A step train_gpt2cu wrote has none.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ _MODEL = re.compile(r'^model_(\d{8})\.bin$')
 _STATE = re.compile(r'^state_(\d{8})_(\d{5})\.bin$')
 # atomic_output's temporaries of a step's files: NAME.<random>.tmp
 _TEMPORARY = re.compile(
-    r'^(?:model_(\d{8})\.bin|state_(\d{8})_\d{5}\.bin|DONE_(\d{8})|jaxtrain_export_(\d{8})\.json)'
+    r'^(?:model_(\d{8})\.bin|state_(\d{8})_\d{5}\.bin|DONE_(\d{8})|jaxtrain_export_(\d{8})\.json'
+    r'|jaxtrain_data_(\d{8})\.json)'
     r'\.\w+' + re.escape(TEMP_SUFFIX) + '$'
 )
 
@@ -46,6 +51,7 @@ class LLMCRunStep:
     header: object  # llmc_io.GPT2Header
     model_version: int
     state: LLMCState
+    data: dict | None = None  # the training data's identity, where a step of ours recorded it
 
 
 def model_path(run_dir, step: int) -> Path:
@@ -58,6 +64,31 @@ def done_path(run_dir, step: int) -> Path:
 
 def export_record_path(run_dir, step: int) -> Path:
     return Path(run_dir) / f'jaxtrain_export_{step:08d}.json'
+
+
+def data_record_path(run_dir, step: int) -> Path:
+    return Path(run_dir) / f'jaxtrain_data_{step:08d}.json'
+
+
+def read_data_record(run_dir, step: int) -> dict | None:
+    """The data identity a step of ours recorded (write_step's `data`), or None where there is none."""
+    path = data_record_path(run_dir, step)
+    if not path.exists():
+        return None
+    try:
+        record = json.loads(path.read_text())
+        data = record['data']
+        if not isinstance(data, dict) or record.get('step') != step:
+            raise ValueError
+    except (OSError, ValueError, KeyError, TypeError):
+        raise LLMCFormatError(
+            path,
+            'data record',
+            f"JSON {{'step': {step}, 'data': {{...}}}} as a jaxtrain save writes it",
+            'something else',
+            'it was edited or damaged; delete it to resume without checking the training data',
+        ) from None
+    return data
 
 
 def committed_steps(run_dir) -> list[int]:
@@ -145,7 +176,8 @@ def read_step(run_dir, step: int, need_master: bool = False) -> LLMCRunStep:
             0,
             'the run was written with -w 0; drop --llmc_require_master_weights to resume from its bf16 model',
         )
-    return LLMCRunStep(run_dir, step, model, state_file, info.header, info.version, state)
+    data = read_data_record(run_dir, step)
+    return LLMCRunStep(run_dir, step, model, state_file, info.header, info.version, state, data)
 
 
 def step_files(run_dir, step: int) -> list[Path]:
@@ -201,16 +233,26 @@ def remove_stale_temporaries(run_dir, step: int | None = None) -> list[str]:
     return sorted(removed)
 
 
-def write_step(run_dir, header, params, state: LLMCState, version: int = 5, exported_from: str = '') -> None:
+def write_step(
+    run_dir,
+    header,
+    params,
+    state: LLMCState,
+    version: int = 5,
+    exported_from: str = '',
+    data: dict | None = None,
+) -> None:
     """Write model, state, then DONE, as write_checkpoint does: a step counts only once complete.
-    The step's DONE marker (and export record) goes first, durably, so that a write failing
-    part-way leaves the step uncommitted. exported_from: an export's source, recorded with the
-    sha256 of the files written (export_record_path)."""
+    The step's DONE marker (and export and data records) goes first, durably, so that a write
+    failing part-way leaves the step uncommitted. exported_from: an export's source, recorded with
+    the sha256 of the files written (export_record_path). data: the training data's identity,
+    recorded before DONE (data_record_path)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     step = state.step
     done_path(run_dir, step).unlink(missing_ok=True)
     export_record_path(run_dir, step).unlink(missing_ok=True)
+    data_record_path(run_dir, step).unlink(missing_ok=True)
     fsync_directory(run_dir)
     remove_stale_temporaries(run_dir, step)
     llmc_io.save_gpt2(model_path(run_dir, step), header, params, version=version)
@@ -224,6 +266,9 @@ def write_step(run_dir, header, params, state: LLMCState, version: int = 5, expo
             'files': {p.name: _sha256(p) for p in written},
         }
         write_text_atomically(export_record_path(run_dir, step), json.dumps(record, indent=2) + '\n')
+    if data is not None:
+        text = json.dumps({'step': step, 'data': data}, indent=2) + '\n'
+        write_text_atomically(data_record_path(run_dir, step), text)
     # Empty, so never half written, and created in place: a temporary named DONE_%08d.*.tmp left
     # by a kill would be a commit marker to train_gpt2cu (utils.h find_max_step takes any name
     # starting "DONE_"). The directory is synced first, so the marker never outlives the renames.

@@ -26,17 +26,19 @@ def cached_sha256(path: str) -> str:
     return _sha256(str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
 
 
-def check_data(saved: dict, config, step_dir) -> list[str]:
-    """Log lines; raises CheckpointError for changed data unless accept_changed_data."""
+def check_data(saved: dict, config, step_dir, recorded_in=None) -> list[str]:
+    """Log lines; raises CheckpointError for changed data unless accept_changed_data.
+    `recorded_in`: the file holding saved['data'] (default: the step's trainer state)."""
     if 'data' not in saved:  # saved before the data's identity was recorded
         return [f'resume: {step_dir} does not record its data; not checked']
     different, moved = identity_differences(saved['data'], run_data_identity(config))
+    recorded_in = recorded_in or Path(step_dir) / TRAINER_STATE_FILE
     lines = [f'resume: data moved: {clause}' for clause in moved]
     if different and not config.accept_changed_data:
         raise CheckpointError(
             f'{step_dir}: data: expected the training data this checkpoint was trained on, found '
             + '; '.join(different)
-            + f'. Resume with that data (listed under "data" in {Path(step_dir) / TRAINER_STATE_FILE}), '
+            + f'. Resume with that data (listed under "data" in {recorded_in}), '
             'or pass --accept_changed_data true to train on this data from the saved position.'
         )
     lines += [f'resume: accept_changed_data: training on changed data: {clause}' for clause in different]

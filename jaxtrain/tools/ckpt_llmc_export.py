@@ -4,7 +4,8 @@ The export writes the step as model_%08d.bin (v5 bf16, as train_gpt2cu's bf16 bu
 --version 3: fp32, for a PRECISION=FP32 build), state_%08d_00000.bin (AdamW m, v, our fp32
 parameters as master weights, llm.c's loader state at our data position), jaxtrain_export_%08d.json
 (the sha256 of what it wrote, so that a later --force replaces only an export's files, never
-train_gpt2cu's) and DONE_%08d, last, which `train_gpt2cu -y 1 -o DIR` resumes.
+train_gpt2cu's), jaxtrain_data_%08d.json (the training data's identity the step recorded, which our
+resume checks) and DONE_%08d, last, which `train_gpt2cu -y 1 -o DIR` resumes.
 """
 
 from __future__ import annotations
@@ -109,7 +110,15 @@ def export(step_dir, output, force: bool = False, version: int = 5) -> dict:
         rng_state_last_update=int(record.get('llmc_rng_state_last_update', 13371337)),
     )
     try:
-        llmc_run.write_step(output, header, params, state, version=version, exported_from=str(step_dir))
+        llmc_run.write_step(
+            output,
+            header,
+            params,
+            state,
+            version=version,
+            exported_from=str(step_dir),
+            data=record.get('data'),
+        )
     except (OSError, LLMCFormatError) as e:
         raise CheckpointError(
             f'--output: {output}: step {step} not written and left uncommitted (no DONE_{step:08d}): {e}'

@@ -136,6 +136,10 @@ def test_export_continues_llmc_state_exactly(tmp_path, capsys):
     np.testing.assert_array_equal(m['h']['mlp']['c_fc']['kernel'], tensors['adam.m/h/mlp/c_fc/kernel'])
     master = flat_to_tree(step.state.master, step.header)
     np.testing.assert_array_equal(master['wte']['embedding'], tensors['params/wte/embedding'])
+    # The data identity the step recorded goes beside the state, for our resume to check.
+    from jaxtrain.checkpoint.trainer_state import read_trainer_state
+
+    assert step.data == read_trainer_state(step_dir)['data'] and step.data['shards']
     code, out, _ = run_tool(capsys, 'verify', tmp_path / 'llmc')
     assert code == 0, out
     # Again without --force: refused, nothing touched.

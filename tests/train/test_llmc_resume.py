@@ -30,6 +30,7 @@ def llmc_run_config(tmp_path, **overrides):
     rest: cosine to final fraction 1.0 (constant after warmup), AdamW 0.9/0.95/1e-8, no weight decay,
     gradient clip 1.0."""
     settings = {
+        'input_bin': str(RUN / 'data' / 'tiny_train_*.bin'),
         'shuffle': 'llmc',
         'dtype': 'bfloat16',
         'sample_every': 0,
@@ -39,7 +40,6 @@ def llmc_run_config(tmp_path, **overrides):
     return load_config(
         'gpt2',
         llmc_filepath=str(RUN / 'model_init_bf16.bin'),
-        input_bin=str(RUN / 'data' / 'tiny_train_*.bin'),
         batch_size=4,
         sequence_length=64,
         total_batch_size=256,
@@ -62,6 +62,8 @@ def test_steps_11_to_20_from_llmc_checkpoint_match_llmc_log(tmp_path):
     code, losses, out = train(config)
     assert code == 0, out[-2000:]
     assert 'restored step 10 from llm.c run' in out and 'fp32 master weights' in out
+    # train_gpt2cu records no data identity beside its state: the resume says what was checked.
+    assert "records no data identity (train_gpt2cu writes none): the shards were checked only as far" in out
     # llm.c's state file keeps no learning rate: the line gives the schedule's, 1e-3 after warmup
     assert 'last_lr=0.001, ' in out
     reference = llmc_losses()
@@ -129,34 +131,78 @@ def test_our_checkpoint_resumes_llmc_order_bitwise_and_refuses_the_other_order(t
         train(other)
 
 
+@pytest.fixture(scope='module')
+def llmc_format_run(tmp_path_factory):
+    """A 12-step --checkpoint_format llmc run into work/A (steps 5, 10, 12), on a copy of the
+    fixture's shards in work/data: (work, {step: loss}, stdout)."""
+    work = tmp_path_factory.mktemp('llmc_format')
+    shutil.copytree(RUN / 'data', work / 'data')
+    first = llmc_format_config(work, work / 'm1', checkpoint_dir=str(work / 'A'))
+    code, full, out = train(first)
+    assert code == 0, out[-2000:]
+    return work, full, out
+
+
+LLMC_FORMAT_RUN = {'num_iteration': 12, 'save_steps': 5, 'checkpoint_format': 'llmc', 'dtype': 'float32'}
+
+
+def llmc_format_config(work, out_dir, **overrides):
+    data = str(work / 'data' / 'tiny_train_*.bin')
+    return llmc_run_config(out_dir, input_bin=data, **{**LLMC_FORMAT_RUN, **overrides})
+
+
 @pytest.mark.slow
-def test_checkpoint_format_llmc_saves_a_run_folder_that_resumes_exactly(tmp_path):
+def test_checkpoint_format_llmc_saves_a_run_folder_that_resumes_exactly(llmc_format_run, tmp_path):
     """--checkpoint_format llmc: the folder holds what llm.c's own run holds at the same step (its
     loader state byte for byte), and our resume from one of its steps repeats the losses bit for bit."""
     from jaxtrain.checkpoint.resume import resolve_resume
     from llmc_io import llmc_run
 
-    common = {'num_iteration': 12, 'save_steps': 5, 'checkpoint_format': 'llmc', 'dtype': 'float32'}
-    first = llmc_run_config(tmp_path / 'm1', checkpoint_dir=str(tmp_path / 'A'), **common)
-    code, full, out = train(first)
-    assert code == 0, out[-2000:]
-    assert llmc_run.committed_steps(tmp_path / 'A') == [5, 10, 12]
-    assert f"save: step 5 -> {tmp_path / 'A' / 'model_00000005.bin'}" in out
+    work, full, out = llmc_format_run
+    assert llmc_run.committed_steps(work / 'A') == [5, 10, 12]
+    assert f"save: step 5 -> {work / 'A' / 'model_00000005.bin'}" in out
     loader = 8 + 2 * 4 + 8 + 5 * 4 + 2520
-    ours = (tmp_path / 'A' / 'state_00000010_00000.bin').read_bytes()
+    ours = (work / 'A' / 'state_00000010_00000.bin').read_bytes()
     assert ours[-loader:] == (RUN / 'a' / 'state_00000010_00000.bin').read_bytes()[-loader:]
-    assert resolve_resume('latest', str(tmp_path / 'A'), 'llmc')[0] == tmp_path / 'A' / 'model_00000012.bin'
-    again = llmc_run_config(
+    assert resolve_resume('latest', str(work / 'A'), 'llmc')[0] == work / 'A' / 'model_00000012.bin'
+    again = llmc_format_config(
+        work,
         tmp_path / 'm2',
         checkpoint_dir=str(tmp_path / 'B'),
-        resume_from=str(tmp_path / 'A' / 'model_00000005.bin'),
-        **common,
+        resume_from=str(work / 'A' / 'model_00000005.bin'),
     )
     code, resumed, out = train(again)
     assert code == 0, out[-2000:]
     assert [resumed[s] for s in range(6, 13)] == [full[s] for s in range(6, 13)]
     for name in ('model_00000012.bin', 'state_00000012_00000.bin'):
-        assert (tmp_path / 'B' / name).read_bytes() == (tmp_path / 'A' / name).read_bytes()
+        assert (tmp_path / 'B' / name).read_bytes() == (work / 'A' / name).read_bytes()
+
+
+@pytest.mark.slow
+def test_shards_swapped_under_the_same_names_are_refused_on_resuming_our_llmc_step(llmc_format_run, tmp_path):
+    """llm.c's loader state holds the shard count and samples per shard, which two shards of one
+    size swapped keep: the data identity recorded beside it tells them apart."""
+    import json
+
+    work, _, _ = llmc_format_run
+    one, two = work / 'data' / 'tiny_train_000001.bin', work / 'data' / 'tiny_train_000002.bin'
+    first, second = one.read_bytes(), two.read_bytes()
+    assert len(first) == len(second) and first != second
+    record = work / 'A' / 'jaxtrain_data_00000005.json'
+    shards = json.loads(record.read_text())['data']['shards']
+    assert [shard['path'] for shard in shards] == [str(one.resolve()), str(two.resolve())]
+    resuming = llmc_format_config(
+        work, tmp_path, resume_from=str(work / 'A' / 'model_00000005.bin'), checkpoint_dir=str(tmp_path / 'B')
+    )
+    one.write_bytes(second), two.write_bytes(first)
+    try:
+        with pytest.raises(CheckpointError) as refused:
+            train(resuming)
+    finally:
+        one.write_bytes(first), two.write_bytes(second)
+    message = str(refused.value)
+    assert '\n' not in message and f'shard 0 {one.resolve()}: other content at the same size' in message
+    assert f'listed under "data" in {record}' in message and '--accept_changed_data true' in message
 
 
 @pytest.mark.slow

@@ -22,6 +22,7 @@ import numpy as np
 from jaxtrain.checkpoint.format import Resumed, Verification, Weights, refuse_problems
 from jaxtrain.checkpoint.formats.infinitrain_trainer import adam_states, put_tree, with_adam_moments
 from jaxtrain.checkpoint.layout import CheckpointError
+from jaxtrain.checkpoint.resume_checks import check_data
 from jaxtrain.optim.optimizer import learning_rate_at
 from jaxtrain.parallel import sharding
 from llmc_io import llmc_run
@@ -122,6 +123,20 @@ def optimizer_state(opt_like, m_tree, v_tree, step: int):
     return with_adam_moments(opt_like, m_tree, v_tree, adam_count=step, schedule_count=step)
 
 
+def _check_data(ckpt, config) -> list[str]:
+    """The training data against the identity a step of ours recorded beside llm.c's state
+    (resume_checks.check_data: other data is refused unless accept_changed_data). A step
+    train_gpt2cu wrote records none: its loader state (check_loader) is all there is to check."""
+    if ckpt.data is None:
+        return [
+            f'resume: step {ckpt.step} of {ckpt.run_dir} records no data identity (train_gpt2cu writes '
+            "none): the shards were checked only as far as llm.c's loader state goes (their count and "
+            'samples per shard), not their content'
+        ]
+    recorded_in = llmc_run.data_record_path(ckpt.run_dir, ckpt.step)
+    return check_data({'data': ckpt.data}, config, ckpt.model_path, recorded_in)
+
+
 class LLMCRunFormat:
     """Reads llm.c run folders (and the model file of one of their steps) for a resume."""
 
@@ -206,6 +221,7 @@ class LLMCRunFormat:
             check_state_values(ckpt.state_path, ckpt.state)
         except LLMCFormatError as e:
             raise CheckpointError(f'{e}') from None
+        data_lines = _check_data(ckpt, config)
         # Then every check `ckpt verify` makes: the bf16 model file too, which a resume from master
         # weights does not read, and finite moments. A resume refuses what verify rejects.
         refuse_problems(self.verify(ckpt.model_path), ckpt.model_path, 'resume_from')
@@ -248,4 +264,4 @@ class LLMCRunFormat:
                 f'seed {config.seed}\'s'
             )
         ]
-        return Resumed(state, ckpt.model_path, record, messages)
+        return Resumed(state, ckpt.model_path, record, messages + data_lines)

@@ -121,7 +121,9 @@ class LLMCRunCheckpointer:
             master=tree_to_flat(where, numpy_params, self.header),
         )
         try:
-            llmc_run.write_step(self.root, self.header, numpy_params, state, version=5)
+            llmc_run.write_step(
+                self.root, self.header, numpy_params, state, version=5, data=trainer_state.get('data')
+            )
         except (OSError, LLMCFormatError) as e:
             raise CheckpointError(
                 f'checkpoint_dir: {self.root}: could not save step {step}: {e}; earlier steps are intact. '
@@ -142,6 +144,7 @@ class LLMCRunCheckpointer:
             llmc_run.done_path(self.root, step),
             llmc_run.model_path(self.root, step),
             state_path(self.root, step),
+            llmc_run.data_record_path(self.root, step),
         ):
             path.unlink(missing_ok=True)
 
