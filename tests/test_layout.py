@@ -134,7 +134,7 @@ def _module_graph() -> dict[str, set[str]]:
 
 
 def _package_of(module: str) -> str:
-    """jaxtrain.checkpoint.formats.orbax -> jaxtrain.checkpoint; jaxtrain.main -> jaxtrain."""
+    """jaxtrain.checkpoint.formats.orbax.restore -> jaxtrain.checkpoint; jaxtrain.main -> jaxtrain."""
     parts = module.split('.')
     if parts[0] != 'jaxtrain' or len(parts) < 2 or not (REPO / 'jaxtrain' / parts[1]).is_dir():
         return parts[0]

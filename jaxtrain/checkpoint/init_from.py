@@ -83,7 +83,7 @@ def _read_weights(where: Path, flag: str, lora_base: str | None):
 
 
 def _not_a_checkpoint(where: Path) -> str:
-    from jaxtrain.checkpoint.formats.infinitrain import gzipped_notice
+    from jaxtrain.checkpoint.formats.infinitrain.steps import gzipped_notice
 
     steps = [where] + (sorted(p for p in where.iterdir() if p.is_dir()) if where.is_dir() else [])
     gzipped = next((notice for step in steps if (notice := gzipped_notice(step))), None)

@@ -10,11 +10,11 @@ else needs to know it.
 from pathlib import Path
 
 from jaxtrain.checkpoint.format import CheckpointFormat, RunCheckpointer, Verification, refuse_problems
-from jaxtrain.checkpoint.formats import infinitrain as it
-from jaxtrain.checkpoint.formats.infinitrain_saver import InfiniTrainFormat
-from jaxtrain.checkpoint.formats.infinitrain_trainer import LRS_FORMAT
-from jaxtrain.checkpoint.formats.llmc_run import LLMCRunFormat
-from jaxtrain.checkpoint.formats.orbax import OrbaxFormat
+from jaxtrain.checkpoint.formats.infinitrain import steps as it
+from jaxtrain.checkpoint.formats.infinitrain.saver import InfiniTrainFormat
+from jaxtrain.checkpoint.formats.infinitrain.trainer import LRS_FORMAT
+from jaxtrain.checkpoint.formats.llmc_run.restore import LLMCRunFormat
+from jaxtrain.checkpoint.formats.orbax.restore import OrbaxFormat
 from jaxtrain.checkpoint.layout import CheckpointError, step_dir_name
 
 ORBAX = OrbaxFormat()

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxtrain.checkpoint import manager as ckpt_manager
-from jaxtrain.checkpoint.formats import orbax as orbax_format
+from jaxtrain.checkpoint.formats.orbax import restore as orbax_format
 from jaxtrain.checkpoint import trainer_state as ckpt_record
 from jaxtrain.train import kernel_profile
 from jaxtrain.parallel import sharding

@@ -89,13 +89,13 @@ def _kept_best(entries) -> set:
 
 
 def _is_llmc(path) -> bool:
-    from jaxtrain.tools import ckpt_llmc
+    from jaxtrain.checkpoint.formats.llmc_run import inspection as ckpt_llmc
 
     return ckpt_llmc.is_llmc(path)
 
 
 def _llmc_ls(args) -> int:
-    from jaxtrain.tools import ckpt_llmc
+    from jaxtrain.checkpoint.formats.llmc_run import inspection as ckpt_llmc
 
     listed = ckpt_llmc.ls(args.dir)
     if args.json:
@@ -106,7 +106,7 @@ def _llmc_ls(args) -> int:
 
 
 def _llmc_show(args) -> int:
-    from jaxtrain.tools import ckpt_llmc
+    from jaxtrain.checkpoint.formats.llmc_run import inspection as ckpt_llmc
 
     shown = ckpt_llmc.show(args.step_dir, args.tensors)
     if args.json:
@@ -116,15 +116,32 @@ def _llmc_show(args) -> int:
     return EXIT_OK
 
 
-def cmd_ls(args) -> int:
-    from jaxtrain.tools import ckpt_inspect
+def _validation(path) -> dict:
+    """{'val_loss', 'keep_best'} a step's record holds (either format), for ckpt ls's best marks; none
+    from a record whose digest fails (an edited val_loss is not ranked, as the run does not rank it)."""
+    from jaxtrain.checkpoint.keep_best import intact_record
 
-    from jaxtrain.tools import ckpt_infinitrain
+    record = intact_record(path)
+    if record is None:
+        return {}
+    return {
+        'val_loss': record.get('val_loss'),
+        'keep_best': int((record.get('training_config') or {}).get('keep_best', 0) or 0),
+        'lineage': record.get('lineage'),  # the run's ranking covers its own lineage (lineage.py)
+    }
+
+
+def cmd_ls(args) -> int:
+    from jaxtrain.checkpoint.formats.orbax import inspection as ckpt_inspect
+
+    from jaxtrain.checkpoint.formats.infinitrain import inspection as ckpt_infinitrain
 
     if _is_llmc(args.dir):
         return _llmc_ls(args)
     entries, latest = ckpt_inspect.list_checkpoints(args.dir)
-    entries = ckpt_infinitrain.annotate_entries(args.dir, entries)  # kind and loss; InfiniTrain dirs
+    entries = ckpt_infinitrain.annotate_entries(
+        args.dir, entries, _validation
+    )  # kind and loss; InfiniTrain dirs
     latest = ckpt_infinitrain.latest_step(entries, latest)
     best = _kept_best(entries)
     if args.json:
@@ -173,7 +190,7 @@ def cmd_ls(args) -> int:
 
 
 def _tensor_rows(step_dir, state: dict) -> list[dict]:
-    from jaxtrain.tools import ckpt_inspect
+    from jaxtrain.checkpoint.formats.orbax import inspection as ckpt_inspect
 
     rows = []
     recorded_all = state.get('checksums', {})
@@ -208,10 +225,10 @@ def _tensor_rows(step_dir, state: dict) -> list[dict]:
 
 
 def cmd_show(args) -> int:
-    from jaxtrain.tools import ckpt_inspect
+    from jaxtrain.checkpoint.formats.orbax import inspection as ckpt_inspect
     from jaxtrain.checkpoint.trainer_state import read_trainer_state
 
-    from jaxtrain.tools import ckpt_infinitrain
+    from jaxtrain.checkpoint.formats.infinitrain import inspection as ckpt_infinitrain
 
     if _is_llmc(args.step_dir):
         return _llmc_show(args)
@@ -256,7 +273,7 @@ def cmd_show(args) -> int:
 
 
 def _show_infinitrain(args) -> int:
-    from jaxtrain.tools import ckpt_infinitrain
+    from jaxtrain.checkpoint.formats.infinitrain import inspection as ckpt_infinitrain
 
     shown = ckpt_infinitrain.show(Path(args.step_dir), args.tensors)
     if args.json:
@@ -286,10 +303,10 @@ def _one_sided_items_summarised(changed: list[dict], one_sided: dict) -> list[li
 
 
 def cmd_diff(args) -> int:
-    from jaxtrain.tools import ckpt_inspect
+    from jaxtrain.checkpoint.formats.orbax import inspection as ckpt_inspect
     from jaxtrain.checkpoint.trainer_state import read_trainer_state
 
-    from jaxtrain.tools import ckpt_infinitrain
+    from jaxtrain.checkpoint.formats.infinitrain import inspection as ckpt_infinitrain
 
     kinds = [ckpt_infinitrain.kind_of(p) for p in (args.a, args.b)]
     step_a, step_b = (
@@ -361,9 +378,9 @@ def cmd_diff(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from jaxtrain.tools import ckpt_inspect
+    from jaxtrain.checkpoint.formats.orbax import inspection as ckpt_inspect
 
-    from jaxtrain.tools import ckpt_infinitrain
+    from jaxtrain.checkpoint.formats.infinitrain import inspection as ckpt_infinitrain
 
     from jaxtrain.checkpoint import registry
 
@@ -399,12 +416,12 @@ def cmd_verify(args) -> int:
 
 def cmd_export(args) -> int:
     from jaxtrain.tools import ckpt_export
-    from jaxtrain.tools import ckpt_inspect
+    from jaxtrain.checkpoint.formats.orbax import inspection as ckpt_inspect
 
-    from jaxtrain.tools import ckpt_infinitrain
+    from jaxtrain.checkpoint.formats.infinitrain import inspection as ckpt_infinitrain
 
     from jaxtrain.checkpoint import registry
-    from jaxtrain.tools.export_target import refuse_output_in_input, refuse_run_sources
+    from jaxtrain.checkpoint.export_target import refuse_output_in_input, refuse_run_sources
 
     if args.format != 'hf' and (args.dtype or args.max_shard_size or args.check):
         from jaxtrain.checkpoint.layout import CheckpointError
@@ -426,7 +443,7 @@ def cmd_export(args) -> int:
         source = ckpt_inspect.find_finished_step_dir(source)
     registry.refuse_damaged(source, 'ckpt export')  # as every way into a checkpoint does
     if args.format == 'llmc-run':
-        from jaxtrain.tools import ckpt_llmc_export
+        from jaxtrain.checkpoint.formats.llmc_run import export as ckpt_llmc_export
 
         written = ckpt_llmc_export.export(args.step_dir, args.output, args.force, args.version or 5)
         if args.json:

@@ -20,9 +20,9 @@ import llmc_io
 from jaxtrain.checkpoint.layout import CheckpointError
 from jaxtrain.checkpoint.trainer_state import read_trainer_state
 from jaxtrain.checkpoint.checksums import checksum_mismatches
-from jaxtrain.tools.ckpt_inspect import flatten, model_config_object, restore_item
+from jaxtrain.checkpoint.formats.orbax.inspection import flatten, model_config_object, restore_item
 from jaxtrain.tools.ckpt_merge_lora import merge_for_export
-from jaxtrain.tools.export_target import check_file_output, check_hf_output, refuse_base_file
+from jaxtrain.checkpoint.export_target import check_file_output, check_hf_output, refuse_base_file
 
 VERSIONS = {3: 'float32', 5: 'bfloat16'}
 

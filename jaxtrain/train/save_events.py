@@ -2,7 +2,7 @@
 (how long the loop was blocked), when it is committed on disk (how long the write took),
 and each step rotation deleted (and which keep rule let it go).
 
-Saves are written in the background (checkpoint/manager.py, formats/infinitrain_saver.py),
+Saves are written in the background (checkpoint/manager.py, formats/infinitrain/saver.py),
 so commits and deletions are found by looking at the checkpoint root: `poll()` lists it (with
 the format's own listing of committed steps), and only while something is still to happen (a
 save not yet committed, or more steps on disk than the keep rules keep), so a run that is not

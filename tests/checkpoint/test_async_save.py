@@ -8,7 +8,7 @@ import pytest
 
 from jaxtrain.checkpoint import layout as ckpt_layout
 from jaxtrain.checkpoint import manager as ckpt_manager
-from jaxtrain.checkpoint.formats import orbax as orbax_format
+from jaxtrain.checkpoint.formats.orbax import restore as orbax_format
 
 RECORD = {'step': 1, 'data_position': 1, 'epoch': 0, 'has_optimizer_state': True}
 RNG = jnp.array([0, 42], jnp.uint32)
@@ -164,7 +164,7 @@ def test_a_snapshot_never_saved_writes_nothing(tmp_path):
 def _infinitrain_saver(root):
     from types import SimpleNamespace
 
-    from jaxtrain.checkpoint.formats import infinitrain_saver
+    from jaxtrain.checkpoint.formats.infinitrain import saver as infinitrain_saver
     from tiny_models import tiny_config
 
     parts = SimpleNamespace(  # what a save reads of train/setup.py's TrainerSetup
@@ -190,8 +190,8 @@ def _tiny_gpt2_state():
 def test_a_background_infinitrain_save_is_the_synchronous_export_of_that_step(tmp_path):
     # The loop's order: snapshot, the next step donates the live state, then the write goes on
     # in the background; the files must be those of the state at the snapshot, byte for byte.
-    from jaxtrain.checkpoint.formats import infinitrain as it
-    from jaxtrain.checkpoint.formats.infinitrain_trainer import save_step_dir
+    from jaxtrain.checkpoint.formats.infinitrain import steps as it
+    from jaxtrain.checkpoint.formats.infinitrain.trainer import save_step_dir
 
     params, opt_state = _tiny_gpt2_state()
     at_snapshot = jax.tree.map(lambda x: np.array(x, copy=True), (params, opt_state))
@@ -224,7 +224,7 @@ def test_a_failed_background_infinitrain_save_stops_the_next_one(tmp_path, monke
     # not look committed, and the next save stops the run with the failure.
     import errno
 
-    from jaxtrain.checkpoint.formats import infinitrain as it
+    from jaxtrain.checkpoint.formats.infinitrain import steps as it
 
     real_write = it.write_state_dict
 

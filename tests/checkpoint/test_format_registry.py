@@ -10,7 +10,7 @@ from infinitrain_samples import SAMPLES, needs_samples
 
 from jaxtrain.checkpoint import format as ckpt_format
 from jaxtrain.checkpoint import layout, registry
-from jaxtrain.checkpoint.formats.infinitrain_saver import InfiniTrainCheckpointer
+from jaxtrain.checkpoint.formats.infinitrain.saver import InfiniTrainCheckpointer
 from jaxtrain.checkpoint.manager import Checkpointer
 
 

@@ -8,7 +8,7 @@ as a user's CPU run has; the experiment as real processes is tests/train/test_se
 
 import pytest
 
-from jaxtrain.checkpoint.formats import infinitrain as it
+from jaxtrain.checkpoint.formats.infinitrain import steps as it
 from cli_runs import assert_resumed_run_matches, run_cli, seed_experiment_setup
 
 pytestmark = pytest.mark.slow

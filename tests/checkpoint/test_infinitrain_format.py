@@ -1,5 +1,5 @@
-"""InfiniTrain step directories on disk (jaxtrain/checkpoint/formats/infinitrain.py): both kinds written, read
-back, atomic writes, rank_* subdirectories, the data position, and each malformed directory.
+"""InfiniTrain step directories on disk (jaxtrain/checkpoint/formats/infinitrain/steps.py): both kinds
+written, read back, atomic writes, rank_* subdirectories, the data position, and each malformed directory.
 
 The real files in ../shared/infinitrain are the independent reference: a copy of a real step directory is
 read, re-written through our writer and compared byte for byte.
@@ -12,7 +12,7 @@ import pytest
 
 import llmc_io
 from infinitrain_samples import SAMPLES, needs_samples, unpacked
-from jaxtrain.checkpoint.formats import infinitrain as it
+from jaxtrain.checkpoint.formats.infinitrain import steps as it
 from llmc_io import LLMCFormatError
 from llmc_io.infinitrain_state import InfiniTrainState
 from llmc_io.tensors import tree_leaves

@@ -8,7 +8,7 @@ import optax
 import pytest
 
 from infinitrain_samples import SAMPLES, unpacked
-from jaxtrain.checkpoint.formats.infinitrain_trainer import adam_states, read_step_dir
+from jaxtrain.checkpoint.formats.infinitrain.trainer import adam_states, read_step_dir
 from jaxtrain.train.setup import build_trainer
 from llmc_io import LLMCFormatError
 from llmc_io import infinitrain_layout as layout

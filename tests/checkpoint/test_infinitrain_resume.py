@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from infinitrain_samples import SAMPLES, run_keys, unpacked
-from jaxtrain.checkpoint.formats import infinitrain as it
-from jaxtrain.checkpoint.formats.infinitrain_trainer import model_header
+from jaxtrain.checkpoint.formats.infinitrain import steps as it
+from jaxtrain.checkpoint.formats.infinitrain.trainer import model_header
 from llmc_io.infinitrain_state import PR, InfiniTrainState
 from llmc_io.tensors import tree_leaves
 from trainer_runs import load_config, random_shard, tiny_llmc_model, train

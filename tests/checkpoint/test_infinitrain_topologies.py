@@ -15,7 +15,7 @@ import pytest
 from infinitrain_rank_fixtures import write_run
 from infinitrain_samples import needs_samples, saved_step_tensors, unpacked
 
-from jaxtrain.checkpoint.formats import infinitrain as it
+from jaxtrain.checkpoint.formats.infinitrain import steps as it
 from llmc_io import infinitrain_layout as layout
 from llmc_io.errors import LLMCFormatError
 from llmc_io.infinitrain_state import read_trainer_state

@@ -14,7 +14,7 @@ import pytest
 
 from cli_runs import run_cli
 from jaxtrain.checkpoint import layout
-from jaxtrain.checkpoint.formats import orbax as orbax_format
+from jaxtrain.checkpoint.formats.orbax import restore as orbax_format
 from jaxtrain.checkpoint.layout import CheckpointError
 from trainer_runs import random_shard, tiny_llmc_model
 

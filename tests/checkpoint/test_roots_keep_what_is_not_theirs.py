@@ -10,7 +10,7 @@ import pytest
 from trainer_runs import load_config, random_shard, tiny_llmc_model, train
 
 from jaxtrain.checkpoint import layout
-from jaxtrain.checkpoint.formats import infinitrain as it
+from jaxtrain.checkpoint.formats.infinitrain import steps as it
 
 pytestmark = pytest.mark.slow  # real runs of the trainer, in this process
 

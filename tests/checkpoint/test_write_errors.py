@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from jaxtrain.checkpoint import manager as ckpt_manager
-from jaxtrain.checkpoint.formats import infinitrain_saver
+from jaxtrain.checkpoint.formats.infinitrain import saver as infinitrain_saver
 from jaxtrain.checkpoint.layout import CheckpointError
 from jaxtrain.checkpoint.write_errors import write_failure
 

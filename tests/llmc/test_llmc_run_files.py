@@ -269,7 +269,7 @@ def test_missing_done_names_the_newest_committed_step(tmp_path):
     ],
 )
 def test_shuffle_state_for_other_shards_is_refused(tmp_path, shards, seq_len, field):
-    from jaxtrain.checkpoint.formats.llmc_run import check_loader
+    from jaxtrain.checkpoint.formats.llmc_run.restore import check_loader
 
     for name in shards:
         shutil.copy(RUN / 'data' / name, tmp_path / name)
@@ -284,7 +284,7 @@ def test_shuffle_state_for_other_shards_is_refused(tmp_path, shards, seq_len, fi
 
 def test_another_step_of_the_same_shards_is_refused():
     """The state at step 20 checked as if it were step 10: same sizes, another permutation."""
-    from jaxtrain.checkpoint.formats.llmc_run import check_loader
+    from jaxtrain.checkpoint.formats.llmc_run.restore import check_loader
 
     stream = LLMCShuffledStream(str(RUN / 'data' / 'tiny_train_*.bin'), 256, 64, 8192, accumulation=1)
     step = llmc_run.read_step(RUN / 'a', 20)

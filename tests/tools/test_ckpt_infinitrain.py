@@ -205,7 +205,7 @@ def test_infinitrain_s_own_checkpoint_against_ours_of_the_same_tensors_is_identi
     import dataclasses
 
     import llmc_io
-    from jaxtrain.tools import ckpt_infinitrain
+    from jaxtrain.checkpoint.formats.infinitrain import inspection as ckpt_infinitrain
     from trainer_runs import write_checkpoint
 
     theirs = real / 'head-gpt2/a/checkpoint_step_000010'

@@ -126,7 +126,7 @@ def test_export_continues_llmc_state_exactly(tmp_path, capsys):
         llmc.current_sample_idx,
     )
     # m, v, master weights are ours: the Adam moments and fp32 parameters of the checkpoint.
-    from jaxtrain.tools.ckpt_infinitrain import canonical_tensors
+    from jaxtrain.checkpoint.formats.infinitrain.inspection import canonical_tensors
 
     tensors = canonical_tensors(step_dir)
     step = llmc_run.read_step(tmp_path / 'llmc', 20, need_master=True)

@@ -12,7 +12,7 @@ from tiny_models import random_params, tiny_header
 from trainer_runs import write_checkpoint
 
 import llmc_io
-from jaxtrain.checkpoint.formats import infinitrain as it
+from jaxtrain.checkpoint.formats.infinitrain import steps as it
 from jaxtrain.tools import ckpt
 from llmc_io.infinitrain_state import read_trainer_state, write_trainer_state
 

@@ -17,7 +17,8 @@ from llmc_io.llmc_state import LLMCState, tree_to_flat, write_state
 import numpy_reference as ref
 from infinitrain_samples import SAMPLES, needs_samples
 from trainer_runs import write_checkpoint
-from jaxtrain.tools import ckpt_infinitrain, generate
+from jaxtrain.checkpoint.formats.infinitrain import inspection as ckpt_infinitrain
+from jaxtrain.tools import generate
 
 REPO = Path(__file__).resolve().parents[2]
 HEADER = llmc_io.GPT2Header(

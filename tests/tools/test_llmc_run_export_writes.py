@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from trainer_runs import write_checkpoint
 
-from jaxtrain.checkpoint.formats.llmc_run import locate
+from jaxtrain.checkpoint.formats.llmc_run.restore import locate
 from jaxtrain.tools import ckpt
 from llmc_io import llmc_run
 from llmc_io.errors import LLMCFormatError

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jaxtrain.checkpoint.formats import infinitrain as it
+from jaxtrain.checkpoint.formats.infinitrain import steps as it
 from jaxtrain.checkpoint.layout import DAMAGED
 from jaxtrain.checkpoint.record_digest import DIGEST_FIELD, digest_problem, step_name_problem
 from jaxtrain.checkpoint.record_fields import field_problems

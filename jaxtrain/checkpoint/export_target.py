@@ -3,7 +3,7 @@
 An export never replaces what is already at --output unless --force. Even with --force it
 never deletes a directory it did not write (an InfiniTrain step directory is replaced only when
 its own record says `ckpt export` wrote it, and it holds nothing else; an llm.c run folder's step
-only when its jaxtrain_export record vouches for its files, ckpt_llmc.py), never writes into a
+only when its jaxtrain_export record vouches for its files, llmc_run/export.py), never writes into a
 checkpoint (the step it reads included, under any name), never over a file of a committed llm.c
 step, never over or into what the checkpoint's run started from (--init_from, --llmc_filepath),
 and never over the llm.c file a checkpoint records as its base: a LoRA checkpoint is merged and
@@ -106,7 +106,7 @@ def check_file_output(output, force: bool) -> None:
 def _is_checkpoint(directory: Path) -> bool:
     """A step directory of any kind, or a root holding one: `--init_from ROOT` reads its newest step,
     and an HF folder written beside the steps would stand in for them."""
-    from jaxtrain.checkpoint.formats import infinitrain as it
+    from jaxtrain.checkpoint.formats.infinitrain import steps as it
     from llmc_io.llmc_run import is_run_dir
     from llmc_io.output_file import holds_step_dirs
 
@@ -146,7 +146,7 @@ def check_hf_output(output, force: bool) -> None:
 def check_step_dir_output(output, force: bool) -> bool:
     """True when --output is an earlier export to be replaced (--force); refuses any other
     existing directory."""
-    from jaxtrain.checkpoint.formats import infinitrain as it
+    from jaxtrain.checkpoint.formats.infinitrain import steps as it
     from llmc_io.errors import LLMCFormatError
     from llmc_io.infinitrain_state import read_trainer_state
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jaxtrain.checkpoint.formats.llmc_run import KIND
+from jaxtrain.checkpoint.formats.llmc_run.restore import KIND
 from jaxtrain.checkpoint.layout import CheckpointError
 from llmc_io import llmc_run
 from llmc_io.errors import LLMCFormatError
@@ -22,7 +22,7 @@ from llmc_io.llmc_state import LLMCState, tree_to_flat
 def _check_step_output(output: Path, step: int, force: bool, step_dir, recorded_base: str) -> None:
     """No step-`step` files in `output`, or (with --force) only files an earlier export wrote:
     llm.c's own files and a run's are never replaced (llmc_run.not_written_by_export)."""
-    from jaxtrain.tools.export_target import refuse_base_file
+    from jaxtrain.checkpoint.export_target import refuse_base_file
     from llmc_io.output_file import holds_step_dirs
 
     if holds_step_dirs(output):
@@ -51,7 +51,7 @@ def export(step_dir, output, force: bool = False, version: int = 5) -> dict:
     """Write step_dir (one of our Orbax steps) into the llm.c run folder `output`: the model as
     version 5 (bf16, train_gpt2cu's default build) or 3 (fp32, a PRECISION=FP32 build)."""
     from jaxtrain.data.llmc_shuffled_stream import LLMCShuffledStream
-    from jaxtrain.tools.ckpt_infinitrain import _from_orbax, kind_of
+    from jaxtrain.checkpoint.formats.infinitrain.inspection import _from_orbax, kind_of
 
     if kind_of(step_dir) != 'orbax':
         raise CheckpointError(
@@ -60,7 +60,7 @@ def export(step_dir, output, force: bool = False, version: int = 5) -> dict:
             'resume it with the trainer and save as orbax first'
         )
     from jaxtrain.checkpoint.trainer_state import read_trainer_state
-    from jaxtrain.tools.ckpt_inspect import find_step_dir
+    from jaxtrain.checkpoint.formats.orbax.inspection import find_step_dir
 
     # Where it would write, before the arrays are read: a refusal costs nothing.
     listed = read_trainer_state(find_step_dir(step_dir))

@@ -2,7 +2,7 @@
 across kinds, and export between kinds.
 
 Kinds: `orbax` (ours), `infinitrain` (HEAD model.ckpt), `infinitrain-bin` (PR llm.c model.bin),
-`infinitrain-pth` (PR model.pth) -- jaxtrain/checkpoint/formats/infinitrain.py.
+`infinitrain-pth` (PR model.pth) -- jaxtrain/checkpoint/formats/infinitrain/steps.py.
 Across kinds tensors are compared under common names: `params/<tree path>` (PARAMS_SPEC layout, kernels
 (in, out)), and Adam's `adam.m/<tree path>`, `adam.v/<tree path>`, `adam.t` (optax's mu / nu / count of
 its ScaleByAdamState; InfiniTrain's adam.m / adam.v / adam.t). The learning-rate schedule's count has no
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxtrain.checkpoint.formats import infinitrain as it
-from jaxtrain.checkpoint.formats.infinitrain_record import recorded_problems
-from jaxtrain.checkpoint.formats.infinitrain_trainer import LRS_FORMAT, infinitrain_state_for, model_header
+from jaxtrain.checkpoint.formats.infinitrain import steps as it
+from jaxtrain.checkpoint.formats.infinitrain.record import recorded_problems
+from jaxtrain.checkpoint.formats.infinitrain.trainer import LRS_FORMAT, infinitrain_state_for, model_header
 from jaxtrain.checkpoint.layout import CheckpointError, step_of
 from llmc_io.errors import LLMCFormatError
 from llmc_io.infinitrain_lr_scheduler import FILE_NAME
@@ -45,7 +45,7 @@ def _read(step_dir) -> it.InfiniTrainCheckpoint:
 
         extras = read_trainer_state(first / it.TRAINER_STATE).jaxtrain or {}
         if extras.get('model_config') and extras.get('model_family'):
-            from jaxtrain.tools.ckpt_inspect import expected_param_layouts
+            from jaxtrain.checkpoint.formats.orbax.inspection import expected_param_layouts
 
             expected = {
                 k: v[0]
@@ -77,7 +77,7 @@ def canonical_tensors(step_dir) -> dict[str, np.ndarray]:
     """{common name: array} of params and Adam moments, for a diff across kinds."""
     out = {}
     if kind_of(step_dir) == ORBAX:
-        from jaxtrain.tools.ckpt_inspect import read_tensors
+        from jaxtrain.checkpoint.formats.orbax.inspection import read_tensors
 
         out.update({f'params/{k}': v for k, v in read_tensors(step_dir, 'params').items()})
         if (Path(step_dir) / 'opt_state').is_dir():
@@ -103,9 +103,11 @@ def canonical_tensors(step_dir) -> dict[str, np.ndarray]:
 # --- ls ------------------------------------------------------------------------------------------------
 
 
-def annotate_entries(root, entries) -> list[dict]:
+def annotate_entries(root, entries, validation) -> list[dict]:
     """ckpt_inspect's StepEntry list as dicts with `kind` and `loss`; InfiniTrain directories (which that
-    listing sees as incomplete Orbax steps) re-described, and PR's checkpoint_final added."""
+    listing sees as incomplete Orbax steps) re-described, and PR's checkpoint_final added.
+    `validation(step_dir)` gives a committed step's {'val_loss', 'keep_best', 'lineage'} (the caller
+    asks the registry, which a format may not import)."""
     rows = []
     for e in entries:
         row = {**dataclasses.asdict(e), 'path': str(e.path), 'kind': ORBAX, 'loss': None}
@@ -123,7 +125,7 @@ def annotate_entries(root, entries) -> list[dict]:
             except CheckpointError:
                 pass
         if row.get('committed'):
-            row.update(_validation(e.path))
+            row.update(validation(e.path))
         rows.append(row)
     final = Path(root) / 'checkpoint_final'
     if it.detect_kind(final):
@@ -138,21 +140,6 @@ def annotate_entries(root, entries) -> list[dict]:
             }
         )
     return rows
-
-
-def _validation(path: Path) -> dict:
-    """{'val_loss', 'keep_best'} a step's record holds (either format), for ckpt ls's best marks; none
-    from a record whose digest fails (an edited val_loss is not ranked, as the run does not rank it)."""
-    from jaxtrain.checkpoint.keep_best import intact_record
-
-    record = intact_record(path)
-    if record is None:
-        return {}
-    return {
-        'val_loss': record.get('val_loss'),
-        'keep_best': int((record.get('training_config') or {}).get('keep_best', 0) or 0),
-        'lineage': record.get('lineage'),  # the run's ranking covers its own lineage (lineage.py)
-    }
 
 
 def _infinitrain_row(path: Path, kind: str) -> dict:
@@ -222,7 +209,7 @@ def show(step_dir, with_tensors: bool) -> dict:
         },
     }
     if s.generation == LR_SCHEDULER:  # no last_lr: the scheduler file holds the learning rate
-        from jaxtrain.checkpoint.formats.infinitrain_schedule import show_fields
+        from jaxtrain.checkpoint.formats.infinitrain.schedule import show_fields
 
         shown.update(show_fields(step_dir))
     else:
@@ -238,7 +225,7 @@ def show(step_dir, with_tensors: bool) -> dict:
     if s.jaxtrain:
         shown['jaxtrain'] = {k: v for k, v in s.jaxtrain.items() if k not in ('training_config', 'sha256')}
     if with_tensors:
-        from jaxtrain.tools.ckpt_inspect import tensor_stats
+        from jaxtrain.checkpoint.formats.orbax.inspection import tensor_stats
 
         shown['tensors'] = [
             {'name': name, 'shape': list(a.shape), 'dtype': a.dtype.name, **tensor_stats(a)}
@@ -290,7 +277,7 @@ def verify(step_dir):
         checked.append(f'optimizer: Adam m and v for every parameter, t = {t}')
         if t != ckpt.state.global_step:
             problems.append(f'{ckpt.path}: adam.t: expected global_step {ckpt.state.global_step}, found {t}')
-    from jaxtrain.checkpoint.formats.infinitrain_schedule import verify_scheduler
+    from jaxtrain.checkpoint.formats.infinitrain.schedule import verify_scheduler
 
     scheduler_problems, scheduler_checked = verify_scheduler(step_dir, ckpt.state.global_step)
     problems += scheduler_problems
@@ -345,7 +332,7 @@ def export(step_dir, output, fmt: str, force: bool = False, topology: Topology |
     """Write `output` (a checkpoint_step_NNNNNN directory) in InfiniTrain format `fmt` from any checkpoint;
     with `force`, over an earlier export there (export_target.py says what else is refused); with a
     topology, as the rank directories of that multi-GPU run."""
-    from jaxtrain.tools.export_target import EXPORTED_FROM, check_step_dir_output
+    from jaxtrain.checkpoint.export_target import EXPORTED_FROM, check_step_dir_output
 
     output = Path(output)
     if step_of(output) is None:
@@ -394,8 +381,8 @@ def export(step_dir, output, fmt: str, force: bool = False, topology: Topology |
         extras=extras,
     )
     kind, extra = fmt, {}
-    if fmt == LRS_FORMAT:  # HEAD's files, and the scheduler's state (formats/infinitrain_schedule.py)
-        from jaxtrain.checkpoint.formats.infinitrain_schedule import exported_scheduler
+    if fmt == LRS_FORMAT:  # HEAD's files, and the scheduler's state (formats/infinitrain/schedule.py)
+        from jaxtrain.checkpoint.formats.infinitrain.schedule import exported_scheduler
 
         kind, scheduler = it.HEAD_KIND, exported_scheduler(step_dir, record, step)
         extra = {} if scheduler is None else {FILE_NAME: scheduler}
@@ -430,7 +417,7 @@ def _next_lr(step_dir, ckpt) -> float:
     """last_lr, or where the LR-scheduler generation keeps it: lr_scheduler.ckpt's recover_lr (0 without)."""
     if ckpt.state.last_lr is not None:
         return ckpt.state.last_lr
-    from jaxtrain.checkpoint.formats.infinitrain_schedule import saved_scheduler
+    from jaxtrain.checkpoint.formats.infinitrain.schedule import saved_scheduler
 
     found = saved_scheduler(step_dir)
     if found:
@@ -470,7 +457,7 @@ def _header_from_files(ckpt):
 
 def _from_orbax(step_dir):
     from jaxtrain.checkpoint.trainer_state import read_trainer_state
-    from jaxtrain.tools.ckpt_inspect import find_step_dir, model_config_object, restore_item
+    from jaxtrain.checkpoint.formats.orbax.inspection import find_step_dir, model_config_object, restore_item
 
     # A folder that is no checkpoint at all is told so, not named a damaged one below.
     step_dir = find_step_dir(step_dir)

@@ -20,14 +20,14 @@ from pathlib import Path
 import numpy as np
 
 from jaxtrain.checkpoint.format import Resumed, Verification, Weights, refuse_problems
-from jaxtrain.checkpoint.formats.infinitrain_trainer import adam_states, put_tree, with_adam_moments
+from jaxtrain.checkpoint.formats.infinitrain.trainer import adam_states, put_tree, with_adam_moments
 from jaxtrain.checkpoint.layout import CheckpointError
 from jaxtrain.checkpoint.resume_checks import check_data
 from jaxtrain.optim.optimizer import learning_rate_at
 from jaxtrain.parallel import sharding
 from llmc_io import llmc_run
 from llmc_io.errors import LLMCFormatError
-from llmc_io.llmc_state import check_state_values, flat_to_tree
+from llmc_io.llmc_state import MATRIX_A, check_state_values, flat_to_tree, state_value_problems, tree_to_flat
 from llmc_io.tensors import tree_leaves
 
 KIND = 'llmc'
@@ -154,7 +154,7 @@ class LLMCRunFormat:
         return llmc_run.committed_steps(root)
 
     def open(self, config, parts, protected_steps):
-        from jaxtrain.checkpoint.formats.llmc_run_saver import LLMCRunCheckpointer
+        from jaxtrain.checkpoint.formats.llmc_run.saver import LLMCRunCheckpointer
 
         return LLMCRunCheckpointer(config, parts, protected_steps)
 
@@ -171,8 +171,6 @@ class LLMCRunFormat:
         sizes, finite m, v and master weights, the bf16 model within one bf16 step of the master
         weights (a resume reads only the master copy), the loader state well formed. A step that is
         not committed or not whole raises CheckpointError (read_step's line), as `ckpt show` does."""
-        from jaxtrain.tools.ckpt_llmc import verify
-
         try:
             return verify(path)
         except (LLMCFormatError, OSError) as e:  # the model file's values unreadable
@@ -265,3 +263,61 @@ class LLMCRunFormat:
             )
         ]
         return Resumed(state, ckpt.model_path, record, messages + data_lines)
+
+
+def read_step(path, need_master=False):
+    try:
+        run_dir, step = locate(path)
+        return llmc_run.read_step(run_dir, step, need_master)
+    except LLMCFormatError as e:
+        raise CheckpointError(str(e)) from None
+
+
+def verify(path) -> Verification:
+    """Everything read_step checks (DONE marker, header, sizes, one rank), then the values: finite m,
+    v and master weights, v >= 0, the bf16 model within one bf16 step of the master weights (llm.c
+    rounds them stochastically), the loader's permutations and mt19937 state well formed."""
+    import llmc_io
+
+    ckpt = read_step(path)  # a step that is not committed or not whole is an error, as for show
+    s, problems = ckpt.state, []
+    checked = [
+        f'step {ckpt.step} committed (DONE marker)',
+        f'model v{ckpt.model_version} header and size',
+        'state header and size',
+    ]
+    for field, expected, found in state_value_problems(s):
+        problems.append(f'{ckpt.state_path}: {field}: expected {expected}, found {found}')
+    checked.append('m, v' + (', master weights' if s.master is not None else '') + ' finite')
+    if s.master is not None:
+        model = tree_to_flat(ckpt.model_path, llmc_io.load_gpt2(ckpt.model_path)[1], ckpt.header)
+        master = np.asarray(s.master, np.float32)
+        ulp = np.abs(master) * 2.0**-7 + np.finfo(np.float32).tiny
+        far = int(np.count_nonzero(np.abs(model - master) > ulp))
+        if far:
+            problems.append(
+                f'{ckpt.model_path}: {far} value(s) more than one bf16 step from the master weights '
+                '(expected the model to be the master weights rounded)'
+            )
+        checked.append('model = master weights rounded to bf16')
+    if s.shuffle is not None:
+        sh = s.shuffle
+        for name, perm in (
+            ('shard_indices', sh.shard_indices),
+            ('intra_shard_indices', sh.intra_shard_indices),
+        ):
+            if sorted(perm.tolist()) != list(range(len(perm))):
+                problems.append(f'{ckpt.state_path}: {name}: expected a permutation of 0..{len(perm) - 1}')
+        if not 1 <= sh.rng.left <= 624 or tuple(sh.rng.matrix_a) != MATRIX_A:
+            problems.append(
+                f'{ckpt.state_path}: mt19937 state: expected left in 1..624 and MATRIX_A '
+                f'{MATRIX_A}, found left {sh.rng.left}, MATRIX_A {sh.rng.matrix_a}'
+            )
+        if s.current_shard_idx >= len(sh.shard_indices) or s.current_sample_idx > len(sh.intra_shard_indices):
+            problems.append(
+                f'{ckpt.state_path}: loader position: expected within {len(sh.shard_indices)} '
+                f'shards / {len(sh.intra_shard_indices)} samples, found shard '
+                f'{s.current_shard_idx} sample {s.current_sample_idx}'
+            )
+        checked.append('loader permutations and mt19937 state well formed')
+    return Verification(problems, checked)

@@ -21,9 +21,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxtrain.checkpoint.format import Resumed, Verification, Weights, fresh_optimizer_state, refuse_problems
-from jaxtrain.checkpoint.formats import infinitrain as it
-from jaxtrain.checkpoint.formats import infinitrain_schedule
-from jaxtrain.checkpoint.formats.infinitrain_trainer import LRS_FORMAT, read_step_dir, save_step_dir
+from jaxtrain.checkpoint.formats.infinitrain import steps as it
+from jaxtrain.checkpoint.formats.infinitrain import schedule as infinitrain_schedule
+from jaxtrain.checkpoint.formats.infinitrain.trainer import LRS_FORMAT, read_step_dir, save_step_dir
 from jaxtrain.checkpoint.layout import (
     CheckpointError,
     later_steps,
@@ -262,7 +262,7 @@ class InfiniTrainFormat:
         """Every rank's files parse and fit one model; the data-parallel replicas are equal; the
         jaxtrain record's digest and every file's recorded sha256 hold (rank directories
         included); finite weights, Adam's t, the scheduler file."""
-        from jaxtrain.tools.ckpt_infinitrain import verify
+        from jaxtrain.checkpoint.formats.infinitrain.inspection import verify
 
         return verify(step_dir)
 

@@ -59,7 +59,7 @@ class OrbaxFormat:
     def verify(self, step_dir) -> Verification:
         """Record, digest, field types, every item's tensors against their checksums, params'
         shapes against the model config. restore() checks the same on what a resume reads."""
-        from jaxtrain.tools.ckpt_inspect import verify
+        from jaxtrain.checkpoint.formats.orbax.inspection import verify
 
         return verify(step_dir)
 

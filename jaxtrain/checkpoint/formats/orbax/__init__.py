@@ -1,0 +1,5 @@
+"""jaxtrain's own step directories, written by Orbax (checkpoint/manager.py saves them).
+
+restore.py     OrbaxFormat: the restore into a run and its checks, the weights for --init_from.
+inspection.py  listing, reading, checksums and verification of a step, for `ckpt` and every way in.
+"""
