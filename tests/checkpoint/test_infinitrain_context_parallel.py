@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from infinitrain_samples import needs_samples, unpacked
 
-from jaxtrain.checkpoint.formats import infinitrain as it
+from jaxtrain.checkpoint.formats.infinitrain import steps as it
 from llmc_io.infinitrain_state import read_trainer_state, render_trainer_state
 from llmc_io.tensors import tree_leaves
 from trainer_runs import random_shard, tiny_llmc_model, train_named
