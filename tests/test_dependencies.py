@@ -11,7 +11,7 @@ import tomllib
 from trainer_runs import REPO
 
 # Imported only when their feature is asked for, with a one-line 'pip install' error otherwise.
-OPTIONAL_EXTRAS = {'pyarrow': 'parquet', 'wandb': 'wandb'}
+OPTIONAL_EXTRAS = {'pyarrow': 'parquet', 'wandb': 'wandb', 'torch': 'hf', 'transformers': 'hf'}
 
 
 def _declared(requirements) -> set[str]:
