@@ -11,8 +11,8 @@ Writing follows transformers' save_pretrained: tensors in order, a new shard whe
 would pass `max_shard_size` (a tensor larger than that gets a shard of its own), shards named
 `model-0000i-of-0000N.safetensors` and an index whose metadata carries `total_size` (the bytes of
 all tensors). One shard's tensors are converted and serialized at a time, and written through
-atomic_file (a temporary name, renamed when complete), so the host holds about one shard beside
-the tree.
+atomic_file (a temporary name, renamed when complete), so beside the tree the host holds at most
+one shard twice (its tensors, then their serialized bytes).
 """
 
 from __future__ import annotations
