@@ -84,7 +84,7 @@ class InfiniTrainState:
     tp_size: int = 1
     sp_size: int = 1
     pp_size: int = 1
-    # context parallel (upstream PR 181, feat/context_parallel abce8d2): None when the file has no such key
+    # context parallel (upstream PR 181, feat/context_parallel d03ba16): None when the file has no such key
     cp_size: int | None = None
     jaxtrain: dict | None = None  # our own section, when jaxtrain wrote the file
     notices: list = dataclasses.field(default_factory=list)  # one line each, for the log
@@ -252,7 +252,7 @@ def render_trainer_state(state: InfiniTrainState) -> str:
     fields.update(
         ddp_size=state.ddp_size, tp_size=state.tp_size, sp_size=state.sp_size, pp_size=state.pp_size
     )
-    if state.cp_size is not None:  # abce8d2 checkpoint.cc SaveTrainerState: cp_size between sp and pp
+    if state.cp_size is not None:  # d03ba16 checkpoint.cc:196: cp_size between sp and pp
         fields["cp_size"] = state.cp_size
         keys = tuple(k for key in keys for k in (("cp_size", key) if key == "pp_size" else (key,)))
     lines = []

@@ -29,8 +29,8 @@ def ckpt_load_done_line(trainer_state: dict, sequence_parallel: bool | None = No
     """From our trainer state: consumed_batches counts InfiniTrain's loader batches (rows of
     batch_size sequences) that the saved steps read, across all data-parallel ranks. The topology is
     the checkpoint's, as upstream prints the loaded trainer_state: an InfiniTrain file's own sizes
-    (`infinitrain_sizes`, with cp when the file has it: feat/context_parallel abce8d2), else our mesh,
-    pipeline stages and sequence-parallel setting."""
+    (`infinitrain_sizes`, with cp when the file has it: feat/context_parallel d03ba16), else our mesh,
+    pipeline stages and sequence-parallel setting (cp with a context axis)."""
     config = trainer_state.get('training_config', {})
     rows = config.get('batch_size', 1) * config.get('sequence_length', 1)
     consumed = trainer_state.get('data_position', 0) * trainer_state.get('tokens_per_step', rows) // rows
@@ -47,6 +47,8 @@ def ckpt_load_done_line(trainer_state: dict, sequence_parallel: bool | None = No
             'sp': tp if sequence_parallel else 1,
             'pp': topology.get('pp_size', 1),
         }
+        if mesh.get('context', 1) > 1:  # feat/context_parallel d03ba16 checkpoint.cc:108-109
+            sizes['cp'] = mesh['context']
     names = ('ddp', 'tp', 'sp', 'cp', 'pp') if sizes.get('cp') is not None else ('ddp', 'tp', 'sp', 'pp')
     # The LR-scheduler generation (InfiniTrain PR 151) keeps no last_lr and prints none.
     learning_rate = trainer_state.get('learning_rate', 0.0)

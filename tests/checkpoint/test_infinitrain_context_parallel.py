@@ -105,8 +105,9 @@ def test_a_cp2_dp2_tp2_zero1_layout_is_written_read_back_and_resumed(tmp_path):
         assert all(np.array_equal(a[k].view(np.uint32), b[k].view(np.uint32)) for k in a)
     assert back.moments[2] == ours.moments[2] and back.topology.cp == 2 and back.topology.zero_stage == 1
 
-    resumed, _ = train_named(tmp_path, 'resumed', files, common, resume_from=str(ranks))
+    resumed, out = train_named(tmp_path, 'resumed', files, common, resume_from=str(ranks))
     assert sorted(resumed) == [3, 4] and all(resumed[s] == whole[s] for s in (3, 4))
+    assert 'topology(ddp,tp,sp,cp,pp)=(2,2,1,2,1)' in out
     # onto CP 1: laid out again, with a notice naming upstream's CHECK
     other = dict(common, num_devices=4, context_parallel=1)
     moved, out = train_named(tmp_path, 'moved', files, other, resume_from=str(ranks))

@@ -186,5 +186,6 @@ def test_a_context_parallel_run_resumes_bit_for_bit_on_its_topology(models, tmp_
     assert 'batch: 2 x 32 (CP 2: 16 tokens a slice) x DP 2 (data x fsdp) x accumulation 1' in out
     assert 'DP=2, TP=1, SP=1, CP=2, PP=1)' in out
     resume = str(tmp_path / 'whole' / 'ck' / 'checkpoint_step_000002')
-    resumed, _ = train_named(tmp_path, 'resumed', files, common, resume_from=resume)
+    resumed, out = train_named(tmp_path, 'resumed', files, common, resume_from=resume)
     assert sorted(resumed) == [3, 4] and all(resumed[s] == whole[s] for s in (3, 4))
+    assert 'topology(ddp,tp,sp,cp,pp)=(2,1,1,2,1)' in out  # d03ba16 checkpoint.cc:108-109
