@@ -316,7 +316,7 @@ class Checkpointer:
             pending.result()  # re-raises the hand-off's CheckpointError
 
     def keep_best_steps(self, steps) -> None:
-        """--keep_best's ranking (checkpoint/keep_best.py): these steps are kept out of rotation
+        """--keep_best's ranking (checkpoint/keep.py): these steps are kept out of rotation
         from the next save on, in place of the ones given before."""
         self._keep_policy.best = frozenset(steps)
 

@@ -70,7 +70,7 @@ def _kept_best(entries) -> set:
     """The step directories --keep_best keeps: the N lowest validation losses among the steps of the
     newest step's lineage, N from that step's run (InfiniTrain PR's checkpoint_final, a copy, is
     never one of them)."""
-    from jaxtrain.checkpoint.keep_best import best_steps
+    from jaxtrain.checkpoint.keep import best_steps
 
     committed = [
         e
@@ -119,7 +119,7 @@ def _llmc_show(args) -> int:
 def _validation(path) -> dict:
     """{'val_loss', 'keep_best'} a step's record holds (either format), for ckpt ls's best marks; none
     from a record whose digest fails (an edited val_loss is not ranked, as the run does not rank it)."""
-    from jaxtrain.checkpoint.keep_best import intact_record
+    from jaxtrain.checkpoint.keep import intact_record
 
     record = intact_record(path)
     if record is None:
@@ -127,7 +127,7 @@ def _validation(path) -> dict:
     return {
         'val_loss': record.get('val_loss'),
         'keep_best': int((record.get('training_config') or {}).get('keep_best', 0) or 0),
-        'lineage': record.get('lineage'),  # the run's ranking covers its own lineage (lineage.py)
+        'lineage': record.get('lineage'),  # the run's ranking covers its own lineage (checkpoint/keep.py)
     }
 
 

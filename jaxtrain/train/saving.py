@@ -11,8 +11,8 @@ import jax
 import numpy as np
 
 from jaxtrain.checkpoint import ckpt_lines, layout, registry
-from jaxtrain.checkpoint.keep_best import best_steps, recorded_val_losses
-from jaxtrain.checkpoint.lineage import LINEAGE_FIELD, lineage_of, new_lineage, other_lineages_steps
+from jaxtrain.checkpoint.keep import best_steps, recorded_val_losses
+from jaxtrain.checkpoint.keep import LINEAGE_FIELD, lineage_of, new_lineage, other_lineages_steps
 from jaxtrain.checkpoint.lora_record import lora_record
 from jaxtrain.checkpoint.resume_checks import cached_sha256
 from jaxtrain.checkpoint.trainer_state import library_versions, trainer_state_record
@@ -48,7 +48,7 @@ class RunSaver:
         self.deleted_later_steps = []
         self.events = None
         self._report = report or (lambda line: None)
-        self.lineage = lineage_of(resume_dir) or new_lineage()  # recorded by every save (lineage.py)
+        self.lineage = lineage_of(resume_dir) or new_lineage()  # recorded by every save (checkpoint/keep.py)
         others = []  # steps of the root that other runs wrote: never rotated away, never ranked
         if config.checkpoint_dir:
             # The checkpoint this run resumed from is never rotated away.

@@ -9,7 +9,7 @@ import re
 import pytest
 
 import llmc_io
-from jaxtrain.checkpoint.keep_best import recorded_val_losses
+from jaxtrain.checkpoint.keep import recorded_val_losses
 from jaxtrain.tools import ckpt
 from trainer_runs import load_config, random_shard, tiny_llmc_model, train, write_checkpoint
 

@@ -193,7 +193,7 @@ class InfiniTrainCheckpointer:
             pending.result()  # re-raises the write's CheckpointError
 
     def keep_best_steps(self, steps) -> None:
-        """--keep_best's ranking (checkpoint/keep_best.py): kept out of rotation from the next save on."""
+        """--keep_best's ranking (checkpoint/keep.py): kept out of rotation from the next save on."""
         self.best = set(steps)
 
     def wait(self):
