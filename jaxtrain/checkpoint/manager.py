@@ -43,7 +43,7 @@ from jaxtrain.checkpoint.layout import (
     step_dir_name,
 )
 from jaxtrain.checkpoint.orbax_threads import release_waiting_threads
-from jaxtrain.checkpoint.pinned_host_pool import grow_pinned_host_pool, grow_pinned_host_pool_later
+from jaxtrain.checkpoint.pinned_host_pool import grow_pinned_host_pool
 from jaxtrain.checkpoint.record_digest import with_digest
 from jaxtrain.checkpoint.write_errors import write_failure
 
@@ -179,7 +179,6 @@ class Checkpointer:
         self.synchronous = False  # save() returns before the write is committed
         self._snapshot_bytes = None  # per device, measured by prepare() or the first save
         self._snapshot_program = _snapshot  # prepare() swaps in one compiled ahead of time
-        self.pinned_s = None  # seconds the hand-off thread took to grow the pinned pool, once done
         # The hand-off thread and Orbax's writers run Python beside the training loop; by
         # default a thread waits up to 5 ms for the GIL, which the loop would feel at every
         # dispatch while a save is in flight. 1 ms bounds that wait, while this checkpointer is
@@ -210,33 +209,20 @@ class Checkpointer:
         """Compiles the snapshot's program in the hand-off thread while training starts, so that
         the first save does not wait for the compilation (0.4-0.8 s for GPT-2 124M on an H200),
         and on a GPU grows the pinned host pool that saves copy into (pinned_host_pool.py), so
-        that the first save does not stall the steps after it. Where the device has room for a
-        copy of the state, the pool grows on the hand-off thread from that copy, beside step 1's
-        compilation; else here, before step 1. Returns a start line saying what it pins; None
-        where it pins nothing."""
+        that the first save does not stall the steps after it. Returns a start line saying what
+        that pinned and how long it took; None where it pinned nothing."""
         if jax.process_count() != 1:
             return None  # those saves hand the live state to Orbax, no snapshot
         items = _items(params, opt_state, rng)
-        self._snapshot_bytes = bytes_per_device(items)  # what snapshot() would measure at the first save
-        gib = sum(self._snapshot_bytes.values()) / 2**30
-        shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), items)
-        grow = grow_pinned_host_pool_later(items) if room_for_snapshot(self._snapshot_bytes) else None
-        if grow is not None:
-            self._pending = self._handoff.submit(self._ready_first_save, grow, shapes)
-            return f'saves: pinning {gib:.2f} GiB of host memory for checkpoint copies in the background'
         # Before the thread starts, so that nothing else runs on the device while it pins memory.
         pinned_s = grow_pinned_host_pool(items)
+        shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), items)
         self._pending = self._handoff.submit(self._compile_snapshot, shapes)
+        self._snapshot_bytes = bytes_per_device(items)  # what snapshot() would measure at the first save
         if pinned_s <= 0:
             return None
+        gib = sum(self._snapshot_bytes.values()) / 2**30
         return f'saves: pinned {gib:.2f} GiB of host memory for checkpoint copies in {pinned_s:.2f} s'
-
-    def _ready_first_save(self, grow, shapes):
-        try:
-            self.pinned_s = grow()
-        except Exception:  # not worth stopping a run for: the first save pins what it needs
-            self.pinned_s = None
-        self._compile_snapshot(shapes)
 
     def _compile_snapshot(self, shapes):
         try:

@@ -17,21 +17,20 @@ import time
 import jax
 
 
-def _pinned_device(leaves):
-    """The one GPU that `leaves` live on, where Orbax would copy them into pinned host memory; else None
-    (not a GPU, several processes, whose arrays are sharded across hosts, or several devices)."""
+def grow_pinned_host_pool(tree) -> float:
+    """Copies every array of `tree` (on one GPU) into pinned host memory at once and drops the
+    copies, so that the pool keeps room for a save of the same arrays. Blocks until done and
+    returns the seconds taken; 0.0 where Orbax would not use pinned memory (not a GPU, or
+    several processes, whose arrays are sharded across hosts) or the tree is not on one device."""
     if jax.default_backend() != 'gpu' or jax.process_count() != 1:
-        return None
+        return 0.0
+    leaves = [leaf for leaf in jax.tree.leaves(tree) if isinstance(leaf, jax.Array)]
     devices = {device for leaf in leaves for device in leaf.devices()}
     if len(devices) != 1:
-        return None
+        return 0.0
     (device,) = devices
     if not any(memory.kind == 'pinned_host' for memory in device.addressable_memories()):
-        return None
-    return device
-
-
-def _pin(device, leaves) -> float:
+        return 0.0
     began = time.perf_counter()
     pinned = jax.sharding.SingleDeviceSharding(device, memory_kind='pinned_host')
     # All at once, as a save copies them: the pool must hold the whole state, not its largest array.
@@ -39,34 +38,3 @@ def _pin(device, leaves) -> float:
     jax.block_until_ready(copies)
     del copies
     return time.perf_counter() - began
-
-
-def grow_pinned_host_pool(tree) -> float:
-    """Copies every array of `tree` (on one GPU) into pinned host memory at once and drops the
-    copies, so that the pool keeps room for a save of the same arrays. Blocks until done and
-    returns the seconds taken; 0.0 where Orbax would not use pinned memory."""
-    leaves = [leaf for leaf in jax.tree.leaves(tree) if isinstance(leaf, jax.Array)]
-    device = _pinned_device(leaves)
-    return 0.0 if device is None else _pin(device, leaves)
-
-
-def grow_pinned_host_pool_later(tree):
-    """The same growth, off the caller's thread: copies the arrays on their device now (dispatched,
-    not waited for), so that the caller's next step may donate the originals, and returns a function
-    that pins host memory from those copies, frees them and returns the seconds it took. Pinning
-    16.75 GiB (LLaMA-3.2 1B with AdamW) takes about 14 s, which a run would otherwise wait before
-    step 1; on a thread it overlaps step 1's compilation. None where nothing would be pinned."""
-    leaves = [leaf for leaf in jax.tree.leaves(tree) if isinstance(leaf, jax.Array)]
-    device = _pinned_device(leaves)
-    if device is None:
-        return None
-    copies = jax.device_put(leaves, may_alias=False)
-
-    def grow() -> float:
-        try:
-            return _pin(device, copies)
-        finally:
-            for copy in copies:
-                copy.delete()
-
-    return grow

@@ -241,28 +241,3 @@ def test_a_failed_background_infinitrain_save_stops_the_next_one(tmp_path, monke
         saver.snapshot(params, opt_state, RNG)  # the next save
     saver.close()
     assert it.step_dirs(tmp_path / 'ck') == [] and list((tmp_path / 'ck').iterdir()) == []
-
-
-def test_with_room_on_the_device_the_pool_grows_on_the_hand_off_thread(tmp_path, monkeypatch):
-    import threading
-
-    ran_on = []
-
-    def later(tree):
-        assert set(tree) == {'params', 'opt_state', 'rng'}
-        return lambda: ran_on.append(threading.current_thread().name) or 14.0
-
-    monkeypatch.setattr(ckpt_manager, 'grow_pinned_host_pool_later', later)
-    monkeypatch.setattr(
-        ckpt_manager, 'grow_pinned_host_pool', lambda tree: pytest.fail('pinned before step 1')
-    )
-    _, params, opt_state = _state()
-    checkpointer = ckpt_manager.Checkpointer(str(tmp_path), keep_latest=0, keep_every=0)
-    line = checkpointer.prepare(params, opt_state, RNG)
-    checkpointer.close()
-    nbytes = 16 * 4 * 3 + 4 + 2 * 4
-    assert (
-        line
-        == f'saves: pinning {nbytes / 2**30:.2f} GiB of host memory for checkpoint copies in the background'
-    )
-    assert ran_on[0].startswith('jaxtrain-save') and checkpointer.pinned_s == 14.0

@@ -40,22 +40,3 @@ def test_on_a_device_with_pinned_memory_the_state_survives_the_copy(monkeypatch)
     assert copied_kinds == ['pinned_host'] * 3  # every array, in one call
     after = jax.tree.map(np.asarray, state)  # not donated, not deleted
     jax.tree.map(np.testing.assert_array_equal, before, after)
-
-
-def test_grown_later_from_a_copy_the_loop_may_donate_the_state_first(monkeypatch):
-    # The loop's order: prepare() before step 1, then step 1 donates the state while the hand-off
-    # thread pins; the pinning reads its own device copy, which it frees when done.
-    if not any(m.kind == 'pinned_host' for m in jax.devices()[0].addressable_memories()):
-        pytest.skip("this jax's CPU device has no 'pinned_host' memory to copy into")
-    monkeypatch.setattr(pinned_host_pool.jax, 'default_backend', lambda: 'gpu')
-    state = _state()
-    grow = pinned_host_pool.grow_pinned_host_pool_later(state)
-    for leaf in jax.tree.leaves(state):
-        leaf.delete()  # what donation does to the live arrays
-    copies_before = len(jax.live_arrays())
-    assert grow() > 0.0
-    assert len(jax.live_arrays()) == copies_before - 3  # its three copies are gone
-
-
-def test_grown_later_is_nothing_on_a_cpu_run():
-    assert pinned_host_pool.grow_pinned_host_pool_later(_state()) is None
