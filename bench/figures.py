@@ -549,6 +549,23 @@ def fused_kernels(call: Call) -> None:
     call.record('fused_kernels', {f'line {i + 1}': line for i, line in enumerate(found)})
 
 
+def ckpt_io(call: Call) -> None:
+    """Checkpoint I/O in both formats beside PyTorch's and the disk's (bench/ckpt_io.py): LLaMA-3.2
+    1B's shape on a GPU, the tiny GPT-2 on a CPU."""
+    sys.path.insert(0, str(REPO / 'bench'))
+    import ckpt_io as figure
+
+    name = 'tiny' if call.device == 'cpu' else 'llama3.2-1b'
+    shape = figure.shape_of(name)
+    shard = SHARD
+    if name == 'llama3.2-1b':
+        _write_shard(LLAMA_SHARD, 128256, 'llama3')
+        shard = LLAMA_SHARD
+    flags = _loop_flags(shape['config'], shape['batch'], shape['sequence'])
+    env = {**os.environ, 'PYTHONPATH': _python_path()}
+    figure.measure(call, name, flags, shard, env, PEER_PYTHON)
+
+
 # name -> (function, what it needs, what it measures)
 FIGURES = {
     'loop': (loop, 'gpu', 'the real training loop, fast mode: step lines, wall clock, MFU'),
@@ -581,6 +598,11 @@ FIGURES = {
         fused_kernels,
         'gpu',
         '--fused_kernels against XLA: each kernel alone, then the loop with and without them',
+    ),
+    'ckpt_io': (
+        ckpt_io,
+        'any',
+        'checkpoint save, restore, start-up and RSS in both formats beside torch.save, DCP and dd',
     ),
     'decode': (decode, 'gpu', 'KV-cache decoding, GPT-2 124M bf16, 256 new tokens: tok/s at batch 1 and 16'),
     'decode_variants': (

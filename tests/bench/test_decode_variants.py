@@ -4,7 +4,6 @@ those it must equal fails the process (and only such a one: weights cast at anot
 round differently in bf16), a bad plan is refused in one line, the decode figure reads generate's
 --json, and the decode_variants figure refuses a failed script."""
 
-import importlib.util
 import json
 import statistics
 import subprocess
@@ -12,20 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f'bench_{name}', REPO / 'bench' / f'{name}.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from bench_loader import load_bench
 
 
 @pytest.fixture(scope='module')
 def variants():
-    return _load('decode_variants')
+    return load_bench('decode_variants')
 
 
 @pytest.fixture
@@ -105,7 +96,7 @@ def test_only_a_variant_that_must_match_fails_the_process(
 
 def test_the_decode_variants_figure_refuses_a_failed_script(tmp_path):
     """Rows were written, but the script exited 1 (a variant's tokens differed): no figure."""
-    figures = _load('figures')
+    figures = load_bench('figures')
     call = figures.Call(tmp_path, steps=0)
 
     def run(name, command, timeout=300, env=None):
@@ -131,7 +122,7 @@ def test_a_bad_plan_is_refused_in_one_line(variants, capsys):
 
 
 def test_the_decode_figure_reads_generates_json(tmp_path, capsys):
-    figures = _load('figures')
+    figures = load_bench('figures')
     call = figures.Call(tmp_path, steps=0)
     commands = []
 

@@ -11,6 +11,7 @@ its global_step.
 
 from __future__ import annotations
 
+import concurrent.futures
 from pathlib import Path
 
 from jaxtrain.checkpoint.formats.infinitrain import steps as it
@@ -49,10 +50,17 @@ def recorded_problems(step_dir, files_dir, state) -> tuple[list[str], list[str]]
     recorded = record.get('sha256')  # none in older rank directories; the digest shows none was removed
     if not isinstance(recorded, dict):
         return problems, checked
+    # A multi-rank step names every rank's files from the step directory (rank_000001/model.ckpt).
+    paths = {
+        name: Path(step_dir) / str(name) if '/' in str(name) else files_dir / str(name) for name in recorded
+    }
+    # Every file on its own thread (hashlib lets go of the GIL): the optimizer file's hash, not
+    # the sum of all of them, is what a 1B step's resume waits for.
+    with concurrent.futures.ThreadPoolExecutor(max(1, len(paths)), thread_name_prefix='sha256') as pool:
+        hashing = {name: pool.submit(file_sha256, path) for name, path in paths.items() if path.is_file()}
+        found_of = {name: hashing[name].result() if name in hashing else 'no file' for name in paths}
     for name, expected in recorded.items():
-        # A multi-rank step names every rank's files from the step directory (rank_000001/model.ckpt).
-        path = Path(step_dir) / str(name) if '/' in str(name) else files_dir / str(name)
-        found = file_sha256(path) if path.is_file() else 'no file'
+        path, found = paths[name], found_of[name]
         if found != expected:
             problems.append(
                 f'{path}: sha256: expected {expected} (recorded by jaxtrain), found {found}: the file was '

@@ -16,7 +16,6 @@ file is complete, so a killed save never leaves a directory that looks finished.
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import hashlib
 import os
@@ -33,6 +32,7 @@ from jaxtrain.checkpoint.layout import step_of
 from jaxtrain.checkpoint.record_digest import with_digest
 from llmc_io import infinitrain_names as names
 from llmc_io import infinitrain_ranks
+from llmc_io.atomic_file import fsync_directory
 from llmc_io.errors import LLMCFormatError
 from llmc_io.infinitrain_state import InfiniTrainState, read_trainer_state, write_trainer_state
 from llmc_io.infinitrain_topology import Topology
@@ -379,12 +379,12 @@ def write_checkpoint(
         else:
             _write_files(tmp, kind, family, params, header, moments, state, extra_files)
         os.chmod(tmp, 0o755)
-        _fsync_directory(tmp)  # the files' names, before the rename makes the step look complete
+        fsync_directory(tmp)  # the files' names, before the rename makes the step look complete
         if final_dir.exists():  # replace: the old one goes under a temporary name until the new is in place
             old = Path(tempfile.mkdtemp(prefix=final_dir.name + _TMP_MARK, dir=final_dir.parent))
             os.replace(final_dir, old)
         os.replace(tmp, final_dir)
-        _fsync_directory(final_dir.parent)  # the rename itself survives a power loss
+        fsync_directory(final_dir.parent)  # the rename itself survives a power loss
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         if old is not None and not final_dir.exists():
@@ -395,32 +395,25 @@ def write_checkpoint(
     return final_dir
 
 
-def _fsync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_files(tmp: Path, kind, family, params, header, moments, state, extra_files=None) -> None:
     """The files of one step directory, each streamed with its sha256 taken as it is written (not
-    read back), the model and optimizer files at the same time: each is bound by its own copies and
-    hashing as much as by the disk."""
+    read back). One file after the other: the leaves of a file are fetched (from the device, in a
+    background save) when its write starts and dropped when it ends, so the host holds one file's
+    arrays at a time, not the whole step."""
     model_name, opt_name = FILES[kind]
     vocab = header.vocab_size
-    writes = {}
-    with concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix='infinitrain-file') as pool:
-        if kind == PR_BIN_KIND:
-            writes[model_name] = pool.submit(_save_llmc, tmp / model_name, family, params, header)
-        else:
-            model = names.tree_to_state_dict(family, params, vocab, header.max_seq_len)
-            writes[model_name] = pool.submit(write_state_dict, tmp / model_name, model)
-        if moments is not None:
-            mu, nu, t = moments
-            adam = names.trees_to_moments(family, mu, nu, t, vocab, kind == HEAD_KIND)
-            writes[opt_name] = pool.submit(write_state_dict, tmp / opt_name, adam)
-        files = {name: write.result() for name, write in writes.items()}
+    files = {}
+    if kind == PR_BIN_KIND:
+        files[model_name] = _save_llmc(tmp / model_name, family, params, header)
+    else:
+        model = names.tree_to_state_dict(family, params, vocab, header.max_seq_len)
+        files[model_name] = write_state_dict(tmp / model_name, model)
+        del model
+    if moments is not None:
+        mu, nu, t = moments
+        adam = names.trees_to_moments(family, mu, nu, t, vocab, kind == HEAD_KIND)
+        files[opt_name] = write_state_dict(tmp / opt_name, adam)
+        del adam
     for name, payload in (extra_files or {}).items():
         (tmp / name).write_bytes(payload)
         files[name] = hashlib.sha256(payload).hexdigest()

@@ -225,12 +225,13 @@ def save_step_dir(
     if fmt not in SAVE_FORMATS:
         raise ValueError(f"checkpoint_format: expected one of {', '.join(SAVE_FORMATS)}, found {fmt!r}")
     header = model_header(family, model_config)
-    numpy_params = jax.tree.map(np.asarray, jax.device_get(params))
+    # The arrays stay where they are (a device copy, in a background save): each file's writer
+    # fetches the leaves it needs as it starts, so one file's arrays at a time are on the host.
     moments = None
     found = adam_states(opt_state) if opt_state is not None else []
     if found:
-        adam = jax.device_get(found[0])
-        moments = (jax.tree.map(np.asarray, adam.mu), jax.tree.map(np.asarray, adam.nu), int(adam.count))
+        adam = found[0]
+        moments = (adam.mu, adam.nu, int(np.asarray(adam.count)))
     position = int(record['data_position'])
     extras = {k: v for k, v in record.items() if k != 'messages'}
     extras.update(step=step, checkpoint_format=fmt, model_shape=dataclasses.asdict(header))
@@ -252,4 +253,4 @@ def save_step_dir(
     final = Path(root) / step_dir_name(step)
     kind = it.HEAD_KIND if fmt == LRS_FORMAT else fmt
     extra = {} if lr_scheduler is None else {'lr_scheduler.ckpt': lr_scheduler}
-    return it.write_checkpoint(final, kind, family, numpy_params, header, moments, state, extra_files=extra)
+    return it.write_checkpoint(final, kind, family, params, header, moments, state, extra_files=extra)
