@@ -16,7 +16,8 @@ direct-I/O write and read rates of the same disk. What is reported, per format:
   first_step_s         process start to the resumed run's first step record; restore_s its restore
   peak_rss_GiB         of the saving run and of the resumed run (the process's high-water mark)
 The checkpoints go to CKPT_IO_DIR (default .ckpt_io/ in the repository, on the disk measured) and
-are deleted after each format: at most two steps are on the disk at a time.
+are deleted after each format: at most two steps are on the disk at a time. CKPT_IO_FORMATS (a
+comma-separated list, default orbax,infinitrain) measures fewer formats where a call has little time.
 """
 
 import json
@@ -34,7 +35,7 @@ SHAPES = {
     'llama3.2-1b': ('configs/llama3.py:llama3.2-1b', 4, 2048, 60, 8 << 30),
     'tiny': ('configs/gpt2.py:tiny', 2, 64, 12, 64 << 20),
 }
-FORMATS = ('orbax', 'infinitrain')
+FORMATS = tuple(os.environ.get('CKPT_IO_FORMATS', 'orbax,infinitrain').split(','))
 GiB = 2**30
 
 
