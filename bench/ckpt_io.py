@@ -46,7 +46,7 @@ def shape_of(name: str) -> dict:
 
 def parameter_shapes(config: str) -> dict:
     """{name: dims} of the model's parameters, each layer's apart, as a PyTorch model holds them."""
-    from jaxtrain.checkpoint.formats.infinitrain_trainer import model_header
+    from jaxtrain.checkpoint.formats.infinitrain.trainer import model_header
     from jaxtrain.models import FAMILIES
 
     family, variant = Path(config.split(':')[0]).stem, config.split(':')[1]
