@@ -169,7 +169,7 @@ def _infinitrain_saver(root):
 
     parts = SimpleNamespace(  # what a save reads of train/setup.py's TrainerSetup
         setup=SimpleNamespace(model_config=tiny_config('gpt2')),
-        geometry=SimpleNamespace(accumulation=1, data_parallel=1),
+        geometry=SimpleNamespace(accumulation=1, data_parallel=1, context=1),
     )
     saver = infinitrain_saver.InfiniTrainCheckpointer(
         str(root), 'infinitrain', parts, family='gpt2', keep_latest=0, keep_every=0

@@ -61,7 +61,8 @@ def test_infinitrain_saves_refused_for_permission_do_not_say_free_space(tmp_path
 
     monkeypatch.setattr(infinitrain_saver, 'save_step_dir', refuse)
     parts = SimpleNamespace(  # what save reads of train/setup.py's TrainerSetup
-        setup=SimpleNamespace(model_config=None), geometry=SimpleNamespace(accumulation=1, data_parallel=1)
+        setup=SimpleNamespace(model_config=None),
+        geometry=SimpleNamespace(accumulation=1, data_parallel=1, context=1),
     )
     saver = infinitrain_saver.InfiniTrainCheckpointer(
         str(tmp_path / 'ck'), 'infinitrain', parts, family='gpt2', keep_latest=0, keep_every=0
