@@ -2,7 +2,9 @@
 axis by each --cp_comm_type against one device's attention (values and gradients), then
 whole train steps of GPT-2 and LLaMA-3 with C = 2 against the C = 1 run's losses (within
 1e-5: only the reduction order differs), alone and combined with the other axes, and the
-config checks and log lines that name C."""
+config checks and log lines that name C. CI runs GPT-2's three comm types and the pipeline
+(whose region is manual over context itself); LLaMA-3's runs, the other combinations and the
+Orbax resume are `heavy` (minutes of CPU: -m heavy), GQA being covered by the attention test."""
 
 import jax
 import jax.numpy as jnp
@@ -98,7 +100,7 @@ def _losses(model, family, **overrides):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('family', ['gpt2', 'llama3'])
+@pytest.mark.parametrize('family', ['gpt2', pytest.param('llama3', marks=pytest.mark.heavy)])
 def test_context_parallel_2_trains_with_the_losses_of_1(models, references, family):
     _needs_8_devices()
     reference = references(family)
@@ -115,9 +117,17 @@ def test_context_parallel_2_trains_with_the_losses_of_1(models, references, fami
 @pytest.mark.parametrize(
     'family, axes',
     [
-        ('gpt2', dict(mesh_data=2, mesh_tensor=2, sequence_parallel=True, cp_comm_type='p2p')),
+        pytest.param(
+            'gpt2',
+            dict(mesh_data=2, mesh_tensor=2, sequence_parallel=True, cp_comm_type='p2p'),
+            marks=pytest.mark.heavy,
+        ),
         ('gpt2', dict(mesh_data=2, pipeline_parallel=2, batch_size=1, cp_comm_type='all_gather')),
-        ('llama3', dict(mesh_data=1, mesh_fsdp=2, mesh_tensor=2, zero_stage=1, cp_comm_type='a2a')),
+        pytest.param(
+            'llama3',
+            dict(mesh_data=1, mesh_fsdp=2, mesh_tensor=2, zero_stage=1, cp_comm_type='a2a'),
+            marks=pytest.mark.heavy,
+        ),
     ],
     ids=['gpt2-tensor-sequence', 'gpt2-pipeline', 'llama3-fsdp-tensor-zero1'],
 )
@@ -166,7 +176,7 @@ def test_the_batch_line_and_the_step_line_name_the_context_size():
     assert step_line(1, 10, 5.0, 1e-4, 0.5, 512, {**sizes, 'CP': 1}, (0, 0)).endswith('SP=1, PP=1)')
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_a_context_parallel_run_resumes_bit_for_bit_on_its_topology(models, tmp_path):
     _needs_8_devices()
     files = dict(input_bin=random_shard(tmp_path / 'train.bin'), llmc_filepath=models['gpt2'])
