@@ -177,7 +177,7 @@ def compare_with_run(saved: dict, model_config: dict, training_config: dict) -> 
             incompatible.append(
                 f'{key}: checkpoint {saved_training.get(key)!r}, now {training_config.get(key)!r}'
             )
-    # The batch order (data/llmc_shuffled_stream.py): the saved position means another batch in the other one.
+    # The batch order (data/stream.py): the saved position means another batch in the other one.
     saved_order, order = saved_training.get('shuffle', 'none'), training_config.get('shuffle', 'none')
     if saved_order != order:
         incompatible.append(

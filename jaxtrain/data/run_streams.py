@@ -1,6 +1,6 @@
 """The train and validation streams of one run: which shards, at the run's batch geometry."""
 
-from jaxtrain.data.llmc_shuffled_stream import LLMCShuffledStream
+from jaxtrain.data.stream import LLMCShuffledStream
 from jaxtrain.data.stream import TokenStream
 
 

@@ -7,13 +7,20 @@ lm_head to write), LLaMA-3 to InfiniTrain's layout (version 3 only: save_llama3 
 header comes from trainer_state's model_config: the config dataclasses and the llmc_io headers
 share their field names (llmc_io/PARAMS_SPEC.md). The params are verified against their recorded checksums
 before anything is written, so damaged weights are never exported.
+
+`ckpt export --merge-lora`: a LoRA checkpoint's adapters folded into its base model.
+
+A LoRA checkpoint holds no base weights (checkpoint/lora_record.py): the base is the llm.c
+file its trainer state names, or the random init of its recorded seed drawn again, checked by
+sha256 before anything is merged. The merged
+tree is the base tree with W + (α/r)·B·A in each adapted projection (models/lora.py), the
+GPT-2 head still tied to wte, ready for the plain llm.c writers.
 """
 
 import dataclasses
 import math
 import os
 from pathlib import Path
-
 import numpy as np
 
 import llmc_io
@@ -21,8 +28,9 @@ from jaxtrain.checkpoint.layout import CheckpointError
 from jaxtrain.checkpoint.trainer_state import read_trainer_state
 from jaxtrain.checkpoint.checksums import checksum_mismatches
 from jaxtrain.checkpoint.formats.orbax.inspection import flatten, model_config_object, restore_item
-from jaxtrain.tools.ckpt_merge_lora import merge_for_export
 from jaxtrain.checkpoint.export_target import check_file_output, check_hf_output, refuse_base_file
+from jaxtrain.checkpoint.lora_record import base_params
+
 
 VERSIONS = {3: 'float32', 5: 'bfloat16'}
 
@@ -105,7 +113,7 @@ def export_llmc(
     step_dir, output, version: int = 3, merge_lora: bool = False, base: str = '', force: bool = False
 ) -> dict:
     """Writes the file; returns what was written, for the report. A LoRA checkpoint is
-    exported merged into its base (merge_lora; ckpt_merge_lora.py), never alone. An existing
+    exported merged into its base (merge_lora; ckpt_export.py), never alone. An existing
     file is replaced only with `force`, and never the base the checkpoint records (export_target.py)."""
     step_dir, output = Path(step_dir), Path(output)
     state = read_trainer_state(step_dir)
@@ -140,3 +148,26 @@ def export_llmc(
         'size_bytes': output.stat().st_size,
         'notes': notes,
     }
+
+
+def merge_for_export(step_dir, state: dict, adapters: dict, merge_lora: bool, base: str) -> dict:
+    """The tree to export: `adapters` merged into the base for a LoRA checkpoint with
+    --merge-lora; a LoRA checkpoint without it, or --merge-lora on a plain one, is refused."""
+    from jaxtrain.models.lora import merged_params
+
+    lora = state.get('lora')
+    if not lora:
+        if merge_lora:
+            raise CheckpointError(
+                f'--merge-lora: {step_dir}: expected a LoRA checkpoint, found a full one (no lora in its '
+                'trainer state); export it without --merge-lora'
+            )
+        return adapters
+    if not merge_lora:
+        raise CheckpointError(
+            f"{step_dir}: a LoRA checkpoint holds adapters only (rank {lora.get('rank')}, "
+            f"{lora.get('num_parameters', 0):,} parameters), not a model; pass --merge-lora to fold "
+            "them into "
+            f"its base {state.get('llmc_file') or '(the random init of its seed)'} and export the result"
+        )
+    return merged_params(base_params(state, base, step_dir), adapters, lora)

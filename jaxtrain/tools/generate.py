@@ -193,7 +193,7 @@ def _run_tokenizer(record) -> str:
 def load_tokenizer(args, family: str, config, record=None):
     """The tokenizer to decode with, or None (ids are printed) when there is none to take. A
     checkpoint's run's own --tokenizer (its record's) is taken when none is given."""
-    from jaxtrain.data.run_tokenizer import load_run_tokenizer
+    from jaxtrain.data.tokenizer import load_run_tokenizer
 
     tokenizer = args.tokenizer
     if not tokenizer and not args.tokenizer_bin:
@@ -215,7 +215,7 @@ def prompt_ids(args, tokenizer, eot_default: int, vocab_size: int) -> list[int]:
                 '--prompt: expected a --tokenizer or --tokenizer_bin to encode it with, found none; use '
                 '--prompt_ids'
             )
-        from jaxtrain.data.run_tokenizer import encode_prompt
+        from jaxtrain.data.tokenizer import encode_prompt
 
         return encode_prompt(tokenizer, args.prompt)
     start = tokenizer.eot_token if tokenizer is not None else eot_default

@@ -17,7 +17,7 @@ from jaxtrain.parallel import mesh as mesh_lib
 from jaxtrain.parallel import context_parallel, sequence_parallel, sharding
 from jaxtrain.train.pipeline import make_pipeline_loss_and_grads
 from jaxtrain.data.batch_geometry import BatchGeometry, batch_geometry
-from jaxtrain.data.mesh_default_batch import fit_default_total_to_mesh
+from jaxtrain.data.batch_geometry import fit_default_total_to_mesh
 from jaxtrain.models.cross_entropy_kernel import resolve_cross_entropy
 from jaxtrain.checkpoint.init_from import apply_init_from
 from jaxtrain.models.setup import DTYPES, ModelSetup, setup_model

@@ -189,7 +189,7 @@ def test_token_id_at_or_above_vocab_is_refused_before_any_batch_of_its_shard(tmp
 
 
 def test_token_id_at_or_above_vocab_in_llmcs_shuffled_order(tmp_path):
-    from jaxtrain.data.llmc_shuffled_stream import LLMCShuffledStream
+    from jaxtrain.data.stream import LLMCShuffledStream
 
     tokens = np.arange(30)
     tokens[19] = 50257

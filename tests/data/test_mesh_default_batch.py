@@ -6,7 +6,7 @@ line; a total the user chose, or a default that one micro-step fits into, is kep
 import pytest
 
 from jaxtrain.data.batch_geometry import batch_geometry
-from jaxtrain.data.mesh_default_batch import fit_default_total_to_mesh
+from jaxtrain.data.batch_geometry import fit_default_total_to_mesh
 from trainer_runs import load_config
 
 

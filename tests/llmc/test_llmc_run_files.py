@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import llmc_io
-from jaxtrain.data.llmc_shuffled_stream import LLMCShuffledStream
+from jaxtrain.data.stream import LLMCShuffledStream
 from llmc_io import llmc_run
 from llmc_io.errors import LLMCFormatError
 from llmc_io.llmc_shuffle import MT19937, LLMCOrder

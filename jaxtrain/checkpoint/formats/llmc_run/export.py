@@ -50,7 +50,7 @@ def _check_step_output(output: Path, step: int, force: bool, step_dir, recorded_
 def export(step_dir, output, force: bool = False, version: int = 5) -> dict:
     """Write step_dir (one of our Orbax steps) into the llm.c run folder `output`: the model as
     version 5 (bf16, train_gpt2cu's default build) or 3 (fp32, a PRECISION=FP32 build)."""
-    from jaxtrain.data.llmc_shuffled_stream import LLMCShuffledStream
+    from jaxtrain.data.stream import LLMCShuffledStream
     from jaxtrain.checkpoint.formats.infinitrain.inspection import _from_orbax, kind_of
 
     if kind_of(step_dir) != 'orbax':
