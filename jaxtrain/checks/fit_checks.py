@@ -25,8 +25,15 @@ def _shape_words(model_config) -> str:
 
 def check_model_flag(config) -> None:
     """A --model given beside an --init_from Hugging Face folder (whose config.json sets the
-    model) must name the same shape; one line naming both otherwise."""
+    model) must name the same shape; one line naming both otherwise. --tie_embeddings applies to
+    a named --model only: an llm.c LLaMA file's head is untied, and a folder's config.json says."""
     from_folder = hf_init_config(config)
+    if config.model_family == 'llama3' and config.get('tie_embeddings'):
+        untied = 'an llm.c LLaMA file (untied head)' if config.llmc_filepath else ''
+        if from_folder is not None and not from_folder.tie_embeddings:
+            untied = f'--init_from {config.init_from}, whose config.json has tie_word_embeddings false'
+        if untied:
+            raise ValueError(f'tie_embeddings: expected a named --model to tie, found {untied}; drop it')
     if from_folder is None or not _given_on_command_line('model'):
         return
     named = FAMILIES[config.model_family][2].get(config.model)

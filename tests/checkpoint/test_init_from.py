@@ -213,3 +213,10 @@ def test_a_model_flag_contradicting_the_folder_is_one_line(tmp_path, monkeypatch
     message = str(raised.value)
     assert message.startswith('model: --model small (8 layers, 512 channels') and '\n' not in message
     assert f'contradicts --init_from {tmp_path / "hf"}' in message and '(2 layers, 32 channels' in message
+    untied = {**HF_CONFIG, 'tie_word_embeddings': False}
+    write_folder(tmp_path / 'untied', untied, hf_tensors(untied, 'F32'), 1)
+    monkeypatch.setattr('sys.argv', ['jaxtrain'])
+    with pytest.raises(
+        ValueError, match='tie_embeddings: expected a named --model to tie, found --init_from'
+    ):
+        check_config(load_config('llama3', init_from=str(tmp_path / 'untied'), tie_embeddings=True))
