@@ -19,7 +19,7 @@ import traceback
 from absl import flags
 
 from jaxtrain.config.config_path import resolve_config_argument
-from jaxtrain.config.key_help import help_with_default
+from jaxtrain.config.help_topics import help_with_default
 from jaxtrain.config.keys import KEYS
 
 _TRUE, _FALSE = ('true', '1', 'yes', 'on'), ('false', '0', 'no', 'off')

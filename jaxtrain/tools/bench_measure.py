@@ -18,7 +18,7 @@ import numpy as np
 from jaxtrain.checkpoint import manager as ckpt_manager
 from jaxtrain.checkpoint.formats.orbax import restore as orbax_format
 from jaxtrain.checkpoint import trainer_state as ckpt_record
-from jaxtrain.train import kernel_profile
+from jaxtrain.train import step_trace as kernel_profile
 from jaxtrain.parallel import sharding
 from jaxtrain.models.setup import DTYPES
 from jaxtrain.models.attention import resolve_attention

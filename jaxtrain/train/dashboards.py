@@ -30,7 +30,7 @@ import os
 import socket
 import time
 
-from jaxtrain.train.output_directory import create_output_directory
+from jaxtrain.train.run_log import create_output_directory
 from jaxtrain.train.run_log import row_of, write_failure
 
 # Row key -> dashboard tag.

@@ -22,6 +22,12 @@ Every writer of the run's record (metrics.jsonl, config.json, the dashboards) wr
 loop's own thread, and none can block it: a write that fails raises RecordWriteError naming the
 file and the step, the failed writer is closed without further writes, and the loop ends the
 run on it (docs/dashboards.md says why ending, not going on without it).
+
+Creating a directory the run writes its logs into (--metrics_dir, --tensorboard_dir): a path the
+run cannot create is one line naming the key, not a bare `[Errno 2]` or `[Errno 13]`.
+
+The config checks refuse a path that is or lies under a file before anything runs; what only the
+attempt can tell (a read-only or virtual file system) is told here, when the directory is made.
 """
 
 import errno
@@ -31,10 +37,8 @@ import stat
 import sys
 import time
 from pathlib import Path
-
 import jax
 
-from jaxtrain.train.output_directory import create_output_directory
 from llmc_io.atomic_file import write_text_atomically
 
 
@@ -234,3 +238,15 @@ class RunLog:
             except RecordWriteError:
                 if not self.failed:  # else the error the run is ending on is the one to report
                     raise
+
+
+def create_output_directory(key: str, directory: str) -> Path:
+    path = Path(directory)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(
+            f'{key}: {directory}: expected a directory this run can create and write in, found '
+            f'{error.strerror} (while creating it); pass another --{key}'
+        ) from None
+    return path

@@ -2,7 +2,7 @@
 
 import pytest
 
-from jaxtrain.train.kernel_profile import category, summarize_trace
+from jaxtrain.train.step_trace import category, summarize_trace
 
 
 def _trace():
