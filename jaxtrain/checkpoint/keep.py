@@ -6,7 +6,7 @@ A step's validation loss is the one measured at that step (val_loss_every must r
 recorded in its trainer state as `val_loss`, in either format's record, so a resumed run and
 `ckpt ls` see the same ranking: the N lowest over the steps on disk, ties to the earlier step.
 A step without a validation loss never counts as one of the best, and neither does one whose record
-fails its digest (record_digest.py): a hand-edited val_loss must not rank a step best, nor let the
+fails its digest (trainer_state.py): a hand-edited val_loss must not rank a step best, nor let the
 real best be rotated away.
 
 Lineage. Which runs a checkpoint root's steps belong to: a run deletes only what its lineage wrote.
@@ -46,7 +46,7 @@ def intact_record(step_dir) -> dict | None:
     """The step's record (either format) when its digest holds and its step is its directory's,
     else None (unreadable, edited, renamed, or written without a digest)."""
     from jaxtrain.checkpoint import registry
-    from jaxtrain.checkpoint.record_digest import digest_problem, step_name_problem
+    from jaxtrain.checkpoint.trainer_state import digest_problem, step_name_problem
     from llmc_io.errors import LLMCFormatError
 
     try:

@@ -1,18 +1,36 @@
-"""The trainer-state record of a checkpoint: what it holds, reading it back, and
-comparing it with the run about to resume from it.
+"""The trainer-state record of a checkpoint: what it holds, reading it back, and comparing it with the
+run about to resume from it.
 
-The record is JSON (Orbax's JsonSave, `trainer_state/metadata`): step, data position,
-rng, learning rate, model and training config, dtype, topology, library versions, the
-llm.c source file and its sha256, and a checksum per tensor (checksums.py).
+The record is JSON (Orbax's JsonSave, `trainer_state/metadata`): step, data position, rng, learning
+rate, model and training config, dtype, topology, library versions, the llm.c source file and its
+sha256, and a checksum per tensor (checksums.py).
+
+Its digest, kept in the record itself as `record_sha256`. The per-tensor checksums cover the arrays;
+this covers every other field (step, data position, rng, the configs, the data's identity), so that
+an edited or damaged record is refused by resume and reported by `ckpt verify` instead of restoring
+step 5 from step 4's arrays. The digest is sha256 over the record's canonical JSON (sorted keys, no
+spaces) without its own field, so it does not depend on how Orbax's JsonSave formats the file. A
+record without the digest is refused too: every record jaxtrain writes has one, so a missing one
+means the field was removed with the others edited. The record's step must also be the one its
+directory is named after (a copied or renamed step directory is not that step). InfiniTrain step
+directories keep the same digest in their "jaxtrain" object.
+
+Its fields' types and ranges, checked before anything uses them. A record whose digest is right can
+still hold values no save writes (a copied record, a digest recomputed after an edit, a bug): a step
+of 2**40 (the state keeps it as int32), a string for an integer, a list where an object belongs, a
+LoRA rank of a billion. Resume used them as they were and failed deep inside with Python's own
+words; `ckpt verify` passed them. Both ask field_problems, which names the file, the field, what was
+expected and what was found.
 """
 
 import hashlib
 import json
+import math
 import platform
 import time
 from pathlib import Path
 
-from jaxtrain.checkpoint.layout import DAMAGED, TRAINER_STATE_FILE, CheckpointError
+from jaxtrain.checkpoint.layout import DAMAGED, TRAINER_STATE_FILE, CheckpointError, step_of
 
 
 def file_sha256(path: str) -> str:
@@ -49,10 +67,8 @@ def read_trainer_state(step_dir) -> dict:
 
 
 def check_resumable(trainer_state: dict, step_dir) -> None:
-    """The record's fields, checked before anything is restored (record_fields.py), so that an
-    edited or damaged trainer state is named here rather than failing later without its file."""
-    from jaxtrain.checkpoint.record_fields import field_problems
-
+    """The record's fields, checked before anything is restored, so that an edited or damaged
+    trainer state is named here rather than failing later without its file."""
     problems = field_problems(trainer_state, Path(step_dir) / TRAINER_STATE_FILE)
     if problems:
         more = f' (and {len(problems) - 1} more: python -m jaxtrain.ckpt verify {step_dir})'
@@ -208,3 +224,144 @@ def topology_change(saved: dict, now: dict) -> str:
     if all(saved.get(f) == now.get(f) for f in fields) and same_chunks:
         return f'same topology ({describe_topology(now)})'
     return f'topology changed: saved on {describe_topology(saved)}, now {describe_topology(now)}'
+
+
+DIGEST_FIELD = 'record_sha256'
+
+
+def record_digest(record: dict) -> str:
+    body = {key: value for key, value in record.items() if key != DIGEST_FIELD}
+    canonical = json.dumps(body, sort_keys=True, separators=(',', ':'), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def with_digest(record: dict) -> dict:
+    """The record as saved: every field, then its digest (computed last, over all of them)."""
+    return {**record, DIGEST_FIELD: record_digest(record)}
+
+
+def digest_problem(record: dict, step_dir, record_file=None) -> str:
+    """'' when the record's digest matches its fields; else one line (also for no digest)."""
+    record_file = record_file or Path(step_dir) / TRAINER_STATE_FILE
+    recorded = record.get(DIGEST_FIELD)
+    if recorded is None:
+        return (
+            f'{record_file}: {DIGEST_FIELD}: expected the digest jaxtrain writes into every record, found '
+            f'none: the field was removed, so the record may have been edited; {DAMAGED}'
+        )
+    found = record_digest(record)
+    if recorded == found:
+        return ''
+    return (
+        f'{record_file}: {DIGEST_FIELD}: expected the digest of the record\'s '
+        f'fields, {recorded}, found {found}: the trainer state was edited or damaged after it was saved; '
+        f'{DAMAGED}'
+    )
+
+
+def step_name_problem(step, step_dir, record_file=None) -> str:
+    """'' when the record's step is the one the directory is named after (or it has no step name)."""
+    named = step_of(Path(step_dir))
+    is_int = isinstance(step, int) and not isinstance(step, bool)
+    if named is None or not is_int or step == named:  # a step that is no integer: record_fields names it
+        return ''
+    record_file = record_file or Path(step_dir) / TRAINER_STATE_FILE
+    return (
+        f'{record_file}: step: expected {named}, the step its directory is named after, found {step!r}: '
+        f'the directory was renamed or the record edited; {DAMAGED}'
+    )
+
+
+def check_digest(record: dict, step_dir, record_file=None) -> None:
+    problem = digest_problem(record, step_dir, record_file) or step_name_problem(
+        record.get('step'), step_dir, record_file
+    )
+    if problem:
+        raise CheckpointError(problem)
+
+
+INT32 = 2**31  # step and data position live in the training state as int32
+MAX_LORA_RANK = 2**16  # far above any useful rank, far below an allocation that cannot succeed
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+
+
+def _found(record: dict, key: str) -> str:
+    return 'none' if key not in record else repr(record[key])[:120]
+
+
+def field_problems(record: dict, record_file, only_present: bool = False) -> list[str]:
+    """One line per field that no jaxtrain save writes (each: the file, the field, expected,
+    found). Fields a record may lack are only checked when present; with only_present, every
+    field is (an InfiniTrain step's "jaxtrain" object holds fewer when exported from upstream's)."""
+    problems = []
+
+    def problem(key: str, expected: str, found=None):
+        if only_present and key.split('.')[0] not in record:
+            return
+        problems.append(f'{record_file}: {key}: expected {expected}, found {found or _found(record, key)}')
+
+    for key in ('step', 'data_position'):
+        value = record.get(key)
+        if not (_is_int(value) and 0 <= value < INT32):
+            problem(key, 'an integer in [0, 2**31)')
+    for key in ('epoch', 'tokens_per_step'):
+        if key in record and not (_is_int(record[key]) and 0 <= record[key] < 2**62):
+            problem(key, 'an integer >= 0')
+    rng = record.get('rng')
+    if not (isinstance(rng, list) and rng and all(_is_int(x) and 0 <= x < 2**32 for x in rng)):
+        problem('rng', 'a list of uint32 key words')
+    for key in ('model_config', 'training_config', 'topology', 'versions', 'checksums'):
+        if key in record and not isinstance(record[key], dict):
+            problem(key, 'an object')
+    model_config = record.get('model_config')
+    for name, value in (model_config if isinstance(model_config, dict) else {}).items():
+        if _is_int(value) and not 0 <= value < INT32 or isinstance(value, float) and not math.isfinite(value):
+            problem(f'model_config.{name}', 'a model dimension in [0, 2**31)', repr(value))
+        elif not isinstance(value, (int, float, bool)):  # the model config dataclasses hold no other kind
+            problem(f'model_config.{name}', 'a number or true/false', repr(value)[:120])
+    checksums = record.get('checksums')
+    if isinstance(checksums, dict):
+        for item, sums in checksums.items():
+            if not isinstance(sums, dict):
+                problem(f'checksums.{item}', 'an object of per-tensor checksums', repr(sums)[:120])
+    if 'data' in record and not isinstance(record['data'], (dict, type(None))):
+        problem('data', 'an object (the training data\'s identity) or null')
+    if 'has_optimizer_state' in record and not isinstance(record['has_optimizer_state'], bool):
+        problem('has_optimizer_state', 'true or false')
+    for key in ('model_family', 'llmc_file', 'llmc_sha256', 'dtype'):
+        if key in record and not isinstance(record[key], str):
+            problem(key, 'text')
+    for key in ('loss', 'best_loss', 'val_loss', 'learning_rate'):
+        if record.get(key) is not None and not (_is_int(record[key]) or isinstance(record[key], float)):
+            problem(key, 'a number')
+    problems += _lora_problems(record, record_file)
+    return problems
+
+
+def _lora_problems(record: dict, record_file) -> list[str]:
+    lora = record.get('lora')
+    if lora is None:
+        return []
+    if not isinstance(lora, dict):
+        found = repr(lora)[:120]
+        return [f"{record_file}: lora: expected an object (the adapters' settings) or null, found {found}"]
+    problems = []
+    rank = lora.get('rank')
+    if not (_is_int(rank) and 1 <= rank <= MAX_LORA_RANK):
+        expected = f'an integer in [1, {MAX_LORA_RANK}]'
+        problems.append(f'{record_file}: lora.rank: expected {expected}, found {repr(rank)[:60]}')
+    if not _is_number(lora.get('alpha')):
+        found = repr(lora.get('alpha'))[:60]
+        problems.append(f'{record_file}: lora.alpha: expected a finite number, found {found}')
+    for key in ('targets', 'modules'):
+        value = lora.get(key)
+        if key in lora and not (isinstance(value, list) and all(isinstance(x, str) for x in value)):
+            problems.append(f'{record_file}: lora.{key}: expected a list of names, found {repr(value)[:60]}')
+    return problems

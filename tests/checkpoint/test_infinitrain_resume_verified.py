@@ -15,7 +15,7 @@ from cli_runs import run_cli
 from trainer_runs import random_shard, tiny_llmc_model
 
 from jaxtrain.checkpoint.formats.infinitrain import steps as it
-from jaxtrain.checkpoint.record_digest import with_digest
+from jaxtrain.checkpoint.trainer_state import with_digest
 from jaxtrain.tools import ckpt
 from llmc_io.statedict import read_state_dict, write_state_dict
 

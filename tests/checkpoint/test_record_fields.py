@@ -11,7 +11,7 @@ from cli_runs import run_cli
 from trainer_runs import random_shard, tiny_llmc_model
 
 from jaxtrain.checkpoint import layout
-from jaxtrain.checkpoint.record_digest import with_digest
+from jaxtrain.checkpoint.trainer_state import with_digest
 from jaxtrain.tools import ckpt
 
 pytestmark = pytest.mark.slow  # the trainer, in this process

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from cli_runs import run_cli, tree_digest
-from jaxtrain.checkpoint.record_digest import with_digest
+from jaxtrain.checkpoint.trainer_state import with_digest
 from trainer_runs import random_shard, tiny_llmc_model, write_shard
 
 HEADER_BYTES = 1024

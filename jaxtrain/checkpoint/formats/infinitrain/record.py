@@ -2,7 +2,7 @@
 
 jaxtrain adds a "jaxtrain" object to trainer_state.json (infinitrain.write_checkpoint): its
 own record (step, data position, rng, configs), the sha256 of every file beside it, and the
-record's digest (record_digest.py) over all of that. Resume and `ckpt verify` both check it
+record's digest (trainer_state.py) over all of that. Resume and `ckpt verify` both check it
 here, as they check an Orbax step's record and checksums: a weight edited in model.ckpt, an
 edited global_step or data position, or a renamed directory is refused, not trained from.
 A directory InfiniTrain itself wrote has no such object; only its name is checked against
@@ -16,8 +16,8 @@ from pathlib import Path
 
 from jaxtrain.checkpoint.formats.infinitrain import steps as it
 from jaxtrain.checkpoint.layout import DAMAGED
-from jaxtrain.checkpoint.record_digest import DIGEST_FIELD, digest_problem, step_name_problem
-from jaxtrain.checkpoint.record_fields import field_problems
+from jaxtrain.checkpoint.trainer_state import DIGEST_FIELD, digest_problem, step_name_problem
+from jaxtrain.checkpoint.trainer_state import field_problems
 from jaxtrain.checkpoint.trainer_state import file_sha256
 
 

@@ -29,7 +29,7 @@ import numpy as np
 import llmc_io
 from jaxtrain.checkpoint.keep_policy import kept_steps
 from jaxtrain.checkpoint.layout import step_of
-from jaxtrain.checkpoint.record_digest import with_digest
+from jaxtrain.checkpoint.trainer_state import with_digest
 from llmc_io import infinitrain_names as names
 from llmc_io import infinitrain_ranks
 from llmc_io.atomic_file import fsync_directory

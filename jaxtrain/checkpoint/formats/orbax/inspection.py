@@ -29,8 +29,8 @@ from jaxtrain.checkpoint.layout import (
     step_dir_names,
     step_of,
 )
-from jaxtrain.checkpoint.record_digest import DIGEST_FIELD, digest_problem, step_name_problem
-from jaxtrain.checkpoint.record_fields import field_problems
+from jaxtrain.checkpoint.trainer_state import DIGEST_FIELD, digest_problem, step_name_problem
+from jaxtrain.checkpoint.trainer_state import field_problems
 from jaxtrain.checkpoint.trainer_state import read_trainer_state
 
 ARRAY_ITEMS = ('params', 'opt_state')

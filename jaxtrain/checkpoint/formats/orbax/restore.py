@@ -22,7 +22,7 @@ from jaxtrain.checkpoint.format import Resumed, Verification, Weights, fresh_opt
 from jaxtrain.checkpoint.layout import DAMAGED, CheckpointError, committed_steps, damaged_advice, is_committed
 from jaxtrain.checkpoint.lora_record import resume_problems as lora_resume_problems
 from jaxtrain.checkpoint.manager import Checkpointer
-from jaxtrain.checkpoint.record_digest import check_digest
+from jaxtrain.checkpoint.trainer_state import check_digest
 from jaxtrain.checkpoint.resume_checks import check_data, check_weights_file
 from jaxtrain.checkpoint.trainer_state import (
     check_resumable,
