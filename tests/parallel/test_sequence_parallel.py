@@ -29,7 +29,7 @@ def _run(model, sequence_parallel: bool, tokens):
         learning_rate=1e-3,
     )
     parts = build_trainer(config)
-    assert parts.parallel_sizes == {'DP': 2, 'TP': 4, 'SP': 4 if sequence_parallel else 1, 'PP': 1}
+    assert parts.parallel_sizes == {'DP': 2, 'TP': 4, 'SP': 4 if sequence_parallel else 1, 'CP': 1, 'PP': 1}
     inputs, targets = sharding.put_global((tokens[0], tokens[1]), parts.train_batch_sharding)
     compiled = parts.train_step.lower(parts.state, inputs, targets).compile()
     state, losses = parts.state, []
