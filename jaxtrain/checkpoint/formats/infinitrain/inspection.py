@@ -351,7 +351,8 @@ def export(step_dir, output, fmt: str, force: bool = False, topology: Topology |
         record = dict(
             ckpt.state.jaxtrain or {}, step=ckpt.state.global_step, learning_rate=_next_lr(step_dir, ckpt)
         )
-        record.setdefault('best_loss', ckpt.state.best_loss)
+        if ckpt.state.best_loss is not None and math.isfinite(ckpt.state.best_loss):  # inf: none yet
+            record.setdefault('best_loss', ckpt.state.best_loss)  # (the record is JSON, which has no inf)
         shape = record.get('model_shape')
         header = model_header(family, shape) if shape else _header_from_files(ckpt)
         record.setdefault('data_batch_idx', ckpt.state.data_batch_idx)
