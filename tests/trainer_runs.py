@@ -125,3 +125,44 @@ def write_checkpoint(root, step, family, header, params, opt_state=None, **recor
     )
     checkpointer.close()
     return Path(root) / f'checkpoint_step_{step:06d}'
+
+
+LLMC_RUN_FIXTURE = REPO / 'tests' / 'fixtures' / 'llmc_run'
+
+
+def llmc_step_as_orbax(root, step, **training):
+    """llm.c's own step `step` of tests/fixtures/llmc_run/a (train_gpt2cu -b 4 -t 64 -d 256 on its
+    data/) as one of our committed Orbax steps under root, written by write_checkpoint without
+    training: its fp32 master weights as params, its m and v as AdamW's moments, and a training
+    config an llm.c export takes (`training` adds to it). Returns (the step directory, the params)."""
+    import optax
+
+    from llmc_io import llmc_run
+    from llmc_io.llmc_state import flat_to_tree
+
+    llmc = llmc_run.read_step(LLMC_RUN_FIXTURE / 'a', step, need_master=True)
+    params = flat_to_tree(llmc.state.master, llmc.header)
+    adam, *rest = optax.adamw(1e-3).init(params)
+    moments = flat_to_tree(llmc.state.m, llmc.header), flat_to_tree(llmc.state.v, llmc.header)
+    opt_state = (adam._replace(count=np.int32(step), mu=moments[0], nu=moments[1]), *rest)
+    training_config = {
+        'optimizer': 'adamw',
+        'save_optimizer_state': True,
+        'shuffle': 'llmc',
+        'input_bin': str(LLMC_RUN_FIXTURE / 'data' / 'tiny_train_*.bin'),
+        'batch_size': 4,
+        'sequence_length': 64,
+        **training,
+    }
+    step_dir = write_checkpoint(
+        root,
+        step,
+        'gpt2',
+        llmc.header,
+        params,
+        opt_state,
+        tokens_per_step=256,
+        training_config=training_config,
+        has_optimizer_state=True,
+    )
+    return step_dir, params

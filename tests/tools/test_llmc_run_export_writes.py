@@ -14,13 +14,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from trainer_runs import write_checkpoint
+from trainer_runs import llmc_step_as_orbax
 
 from jaxtrain.checkpoint.formats.llmc_run.restore import locate
 from jaxtrain.tools import ckpt
 from llmc_io import llmc_run
 from llmc_io.errors import LLMCFormatError
-from llmc_io.llmc_state import flat_to_tree
 
 RUN = Path(__file__).resolve().parents[1] / 'fixtures' / 'llmc_run'
 STEP = 10
@@ -29,32 +28,7 @@ MODEL, STATE, DONE = f'model_{STEP:08d}.bin', f'state_{STEP:08d}_00000.bin', f'D
 
 @pytest.fixture(scope='module')
 def step_dir(tmp_path_factory):
-    import optax
-
-    llmc = llmc_run.read_step(RUN / 'a', STEP, need_master=True)
-    params = flat_to_tree(llmc.state.master, llmc.header)
-    adam, *rest = optax.adamw(1e-3).init(params)
-    moments = flat_to_tree(llmc.state.m, llmc.header), flat_to_tree(llmc.state.v, llmc.header)
-    opt_state = (adam._replace(count=np.int32(STEP), mu=moments[0], nu=moments[1]), *rest)
-    training = {
-        'optimizer': 'adamw',
-        'save_optimizer_state': True,
-        'shuffle': 'llmc',
-        'input_bin': str(RUN / 'data' / 'tiny_train_*.bin'),
-        'batch_size': 4,
-        'sequence_length': 64,
-    }
-    return write_checkpoint(
-        tmp_path_factory.mktemp('orbax'),
-        STEP,
-        'gpt2',
-        llmc.header,
-        params,
-        opt_state,
-        tokens_per_step=256,  # train_gpt2cu -b 4 -t 64 -d 256 (commands.txt)
-        training_config=training,
-        has_optimizer_state=True,
-    )
+    return llmc_step_as_orbax(tmp_path_factory.mktemp('orbax'), STEP)[0]
 
 
 def export(capsys, step_dir, output, *flags) -> tuple[int, str]:
