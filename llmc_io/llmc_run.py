@@ -10,7 +10,8 @@ A step we write (write_step) loses its DONE marker before any of its files chang
 fails part-way (a full disk) leaves a step that is not committed, never a committed mix of old and
 new files. `ckpt export --format llmc-run` also writes jaxtrain_export_%08d.json: the sha256 of the
 model and state files it wrote. llm.c ignores it; it is how a later export with --force tells the
-files an export wrote (replaceable) from those train_gpt2cu or a run wrote (never replaced).
+files an export wrote (replaceable) from those train_gpt2cu or a run wrote (never replaced), and what
+verify checks those files against (changed_since_export).
 
 A step we write also records the identity of the training data it was trained on, beside llm.c's
 state, in jaxtrain_data_%08d.json (jaxtrain/data/identity.py's record; llm.c ignores the file), so
@@ -215,6 +216,22 @@ def not_written_by_export(run_dir, step: int) -> list[str]:
         if not ours:
             foreign.append(path.name)
     return foreign
+
+
+def changed_since_export(run_dir, step: int) -> list[tuple[Path, str, str]]:
+    """(file, sha256 recorded, sha256 found) for each model or state file of `step` whose bytes are
+    not those the step's jaxtrain_export record vouches for; [] without a readable record (a step
+    train_gpt2cu or a run wrote has none)."""
+    try:
+        recorded = json.loads(export_record_path(run_dir, step).read_text()).get('files', {})
+    except (OSError, ValueError, AttributeError):
+        return []
+    changed = []
+    for path in step_files(run_dir, step):
+        expected = recorded.get(path.name) if isinstance(recorded, dict) else None
+        if expected is not None and (found := _sha256(path)) != expected:
+            changed.append((path, expected, found))
+    return changed
 
 
 def remove_stale_temporaries(run_dir, step: int | None = None) -> list[str]:

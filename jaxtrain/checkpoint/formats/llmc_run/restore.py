@@ -169,7 +169,8 @@ class LLMCRunFormat:
     def verify(self, path) -> Verification:
         """RUN_DIR (its newest committed step) or RUN_DIR/model_%08d.bin: DONE marker, headers and
         sizes, finite m, v and master weights, the bf16 model within one bf16 step of the master
-        weights (a resume reads only the master copy), the loader state well formed. A step that is
+        weights (a resume reads only the master copy), the loader state well formed, an export's
+        recorded sha256s. A step that is
         not committed or not whole raises CheckpointError (read_step's line), as `ckpt show` does."""
         try:
             return verify(path)
@@ -276,7 +277,8 @@ def read_step(path, need_master=False):
 def verify(path) -> Verification:
     """Everything read_step checks (DONE marker, header, sizes, one rank), then the values: finite m,
     v and master weights, v >= 0, the bf16 model within one bf16 step of the master weights (llm.c
-    rounds them stochastically), the loader's permutations and mt19937 state well formed."""
+    rounds them stochastically), the loader's permutations and mt19937 state well formed, and the
+    sha256 of the files an export's record vouches for."""
     import llmc_io
 
     ckpt = read_step(path)  # a step that is not committed or not whole is an error, as for show
@@ -288,6 +290,12 @@ def verify(path) -> Verification:
     ]
     for field, expected, found in state_value_problems(s):
         problems.append(f'{ckpt.state_path}: {field}: expected {expected}, found {found}')
+    # llm.c's files carry no checksums; an export's record does, and only it sees a changed low bit.
+    exported = llmc_run.export_record_path(ckpt.run_dir, ckpt.step)
+    for file, expected, found in llmc_run.changed_since_export(ckpt.run_dir, ckpt.step):
+        problems.append(f'{file}: sha256: expected {expected} ({exported.name}), found {found}')
+    if exported.is_file():
+        checked.append(f'sha256 of the files {exported.name} records')
     checked.append('m, v' + (', master weights' if s.master is not None else '') + ' finite')
     if s.master is not None:
         model = tree_to_flat(ckpt.model_path, llmc_io.load_gpt2(ckpt.model_path)[1], ckpt.header)
