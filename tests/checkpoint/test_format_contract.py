@@ -2,8 +2,8 @@
 run over the registry's own list so a newly registered format is covered or fails here: a step
 saved through the format's writer is listed as committed and its record names the step; the
 weights every way in reads are the arrays that were saved (bit for bit, or rounded to bf16 as
-llm.c's model file documents); a byte flipped in a tensor file is reported by verify and refused,
-in one line naming the file, by every way in; `ckpt ls|show` name the step, and an export to
+llm.c's model file documents); a byte flipped in the model's or the optimizer's tensor file is
+reported by verify and refused, in one line naming the file, by every way in; `ckpt ls|show` name the step, and an export to
 another format reads back equal.
 
 One step, llm.c's own step 10 (tests/fixtures/llmc_run/a) as our Orbax checkpoint written by the
@@ -37,12 +37,14 @@ EXPORTED_AS = {
     'infinitrain-bin': 'infinitrain-bin',
     'llmc': 'llmc-run',
 }
-# The file holding the model's tensors, relative to the path every way in takes.
-TENSOR_FILE = {
-    'infinitrain': 'model.ckpt',
-    'infinitrain-lrs': 'model.ckpt',
-    'infinitrain-bin': 'model.bin',
-    'llmc': f'model_{STEP:08d}.bin',
+# The files holding the model's tensors and the optimizer's, relative to the path every way in takes
+# (Orbax: the item directories).
+TENSOR_FILES = {
+    'orbax': ('params', 'opt_state'),
+    'infinitrain': ('model.ckpt', 'optimizer.ckpt'),
+    'infinitrain-lrs': ('model.ckpt', 'optimizer.ckpt'),
+    'infinitrain-bin': ('model.bin', 'optimizer.bin'),
+    'llmc': (f'model_{STEP:08d}.bin', f'state_{STEP:08d}_00000.bin'),
 }
 # Another format each one exports to (none from an llm.c run folder): (--format, flags).
 EXPORTS_TO = {
@@ -120,21 +122,23 @@ def test_the_weights_every_way_in_reads_are_the_saved_ones(name, saved):
         _assert_bitwise(tree_leaves(flat_to_tree(run.state.master, run.header)), source)
 
 
-def _tensor_file(name, path: Path) -> tuple[Path, str]:
+def _tensor_file(name, path: Path, part: int) -> tuple[Path, str]:
     """(the file to damage, how a refusal names it): Orbax's data files are content-addressed, so its
-    refusals name the tensor in params/ whose checksum no longer matches."""
-    if name in TENSOR_FILE:
-        return path / TENSOR_FILE[name], str(path / TENSOR_FILE[name])
-    largest = max((p for p in (path / 'params').rglob('*') if p.is_file()), key=lambda p: p.stat().st_size)
-    return largest, f'{path / "params"}/'
+    refusals name the tensor in the item whose checksum no longer matches."""
+    tensors = path / TENSOR_FILES[name][part]
+    if name != 'orbax':
+        return tensors, str(tensors)
+    largest = max((p for p in tensors.rglob('*') if p.is_file()), key=lambda p: p.stat().st_size)
+    return largest, f'{tensors}/'
 
 
+@pytest.mark.parametrize('part', [0, 1], ids=['model', 'optimizer'])
 @pytest.mark.parametrize('name', registry.FORMAT_NAMES)
-def test_a_flipped_byte_in_a_tensor_file_is_refused_by_every_way_in(name, saved, tmp_path, capsys):
+def test_a_flipped_byte_in_a_tensor_file_is_refused_by_every_way_in(name, part, saved, tmp_path, capsys):
     source = saved[0][name]
     path = tmp_path / source.relative_to(_root(name, source).parent)
     shutil.copytree(_root(name, source), _root(name, path))
-    tensors, named = _tensor_file(name, path)
+    tensors, named = _tensor_file(name, path, part)
     damaged = bytearray(tensors.read_bytes())
     damaged[len(damaged) // 2] ^= 0xFF
     tensors.write_bytes(bytes(damaged))
