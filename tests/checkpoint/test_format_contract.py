@@ -3,8 +3,8 @@ run over the registry's own list so a newly registered format is covered or fail
 saved through the format's writer is listed as committed and its record names the step; the
 weights every way in reads are the arrays that were saved (bit for bit, or rounded to bf16 as
 llm.c's model file documents); a byte flipped in the model's or the optimizer's tensor file is
-reported by verify and refused, in one line naming the file, by every way in; `ckpt ls|show` name the step, and an export to
-another format reads back equal.
+reported by verify and refused, in one line naming the file, by every way in; `ckpt ls|show` name
+the step, and an export to another format reads back equal.
 
 One step, llm.c's own step 10 (tests/fixtures/llmc_run/a) as our Orbax checkpoint written by the
 trainer's Checkpointer without training, is exported to each other format with `ckpt export`. The
@@ -93,6 +93,9 @@ def test_a_saved_step_is_committed_and_its_record_names_it(name, saved, capsys):
     }
     assert fmt.read_record(path)['step'] == STEP
     assert registry.verify(path).problems == []
+    newest, newest_format = registry.newest_step(_root(name, path))  # --resume_from latest
+    assert newest_format.title == fmt.title
+    assert newest == (path / f'model_{STEP:08d}.bin' if name == 'llmc' else path)
 
 
 def _expected(name, source: dict) -> dict:
