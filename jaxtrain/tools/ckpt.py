@@ -33,7 +33,9 @@ import sys
 import traceback
 
 from jaxtrain.tools.command_line import program_name, reader_gone
-from jaxtrain.tools.ckpt_commands import EXIT_ERROR, PROG, cmd_diff, cmd_export, cmd_ls, cmd_show, cmd_verify
+from jaxtrain.tools.ckpt_commands import PROG, cmd_diff, cmd_export, cmd_ls, cmd_verify
+from jaxtrain.tools.ckpt_show import cmd_show
+from jaxtrain.tools.command_line import EXIT_ERROR
 from jaxtrain.tools.hf_check import cmd_check_hf
 from jaxtrain.config.quiet_absl import quiet_absl
 

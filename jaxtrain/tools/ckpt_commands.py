@@ -1,57 +1,24 @@
-"""The `python -m jaxtrain.ckpt` commands: ls, show, diff, verify, export (ckpt.py parses
-the command line and calls them). Each returns the exit status; the tables are drawn here."""
+"""The `python -m jaxtrain.ckpt` commands ls, diff, verify and export (ckpt.py parses the command
+line and calls them; show and the text every command draws are ckpt_show.py's). Each returns the
+exit status."""
 
-import json
-import math
 import os
 from pathlib import Path
 
-from jaxtrain.tools.ckpt_show_text import field_list_lines, show_text, when_written as _when
+from jaxtrain.tools.ckpt_show import (
+    field_list_lines,
+    human_bytes,
+    is_llmc_run,
+    number,
+    print_json,
+    table,
+    when_written as _when,
+)
+from jaxtrain.tools.command_line import EXIT_FINDINGS, EXIT_OK
 
-EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2  # findings: diff saw a difference, verify a problem
 PROG = 'python -m jaxtrain.ckpt'  # in messages; also `jaxtrain ckpt`
-TENSOR_COLUMNS = ('item', 'tensor', 'shape', 'dtype', 'sharding', 'min', 'max', 'mean', 'std', 'checksum', '')
 # The commands import ckpt_inspect (and with it JAX) inside their functions, so that main() can
 # choose the platform first and --help answers at once.
-
-
-# --- rendering -------------------------------------------------------------------------
-
-
-def _table(headers, rows: list[list]) -> str:
-    cells = [[str(c) for c in row] for row in rows]
-    widths = [max([len(h)] + [len(row[i]) for row in cells]) for i, h in enumerate(headers)]
-    lines = ['  '.join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
-    lines += ['  '.join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
-    return '\n'.join(lines)
-
-
-def _number(x) -> str:
-    if x is None:
-        return 'n/a'
-    return f'{x:.6g}' if isinstance(x, float) else str(x)
-
-
-def _json_safe(value):
-    """Strict JSON: NaN and infinities become strings."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
-
-
-def _print_json(value):
-    print(json.dumps(_json_safe(value), indent=2, default=str))
-
-
-def _bytes(n: int) -> str:
-    for unit in ('B', 'KiB', 'MiB', 'GiB'):
-        if n < 1024 or unit == 'GiB':
-            return f'{n:.0f} {unit}' if unit == 'B' else f'{n:.1f} {unit}'
-        n /= 1024
 
 
 # --- ls ----------------------------------------------------------------------------------
@@ -88,31 +55,14 @@ def _kept_best(entries) -> set:
     return {e['path'] for e in committed if e['step'] in steps}
 
 
-def _is_llmc(path) -> bool:
-    from jaxtrain.checkpoint.formats.llmc_run import inspection as ckpt_llmc
-
-    return ckpt_llmc.is_llmc(path)
-
-
 def _llmc_ls(args) -> int:
     from jaxtrain.checkpoint.formats.llmc_run import inspection as ckpt_llmc
 
     listed = ckpt_llmc.ls(args.dir)
     if args.json:
-        _print_json(listed)
+        print_json(listed)
     else:
-        print(ckpt_llmc.ls_text(listed, _table, _number))
-    return EXIT_OK
-
-
-def _llmc_show(args) -> int:
-    from jaxtrain.checkpoint.formats.llmc_run import inspection as ckpt_llmc
-
-    shown = ckpt_llmc.show(args.step_dir, args.tensors)
-    if args.json:
-        _print_json(shown)
-    else:
-        print(ckpt_llmc.show_text(shown, _table, _number))
+        print(ckpt_llmc.ls_text(listed, table, number))
     return EXIT_OK
 
 
@@ -136,7 +86,7 @@ def cmd_ls(args) -> int:
 
     from jaxtrain.checkpoint.formats.infinitrain import inspection as ckpt_infinitrain
 
-    if _is_llmc(args.dir):
+    if is_llmc_run(args.dir):
         return _llmc_ls(args)
     entries, latest = ckpt_inspect.list_checkpoints(args.dir)
     entries = ckpt_infinitrain.annotate_entries(
@@ -145,7 +95,7 @@ def cmd_ls(args) -> int:
     latest = ckpt_infinitrain.latest_step(entries, latest)
     best = _kept_best(entries)
     if args.json:
-        _print_json(
+        print_json(
             {
                 'root': str(args.dir),
                 'latest': latest,
@@ -162,7 +112,7 @@ def cmd_ls(args) -> int:
             Path(e['path']).name,
             e['kind'],
             e['status'],
-            _bytes(e['size_bytes']),
+            human_bytes(e['size_bytes']),
             _when(e['written_at']) + ('' if e['written_from'] == 'trainer_state' else ' (mtime)'),
             'yes' if e['has_optimizer_state'] else 'no',
             _loss_cell(e),
@@ -173,7 +123,7 @@ def cmd_ls(args) -> int:
         ]
         for e in entries
     ]
-    print(_table(['step', 'directory', 'kind', 'state', 'size', 'written', 'optimizer', 'loss', ''], rows))
+    print(table(['step', 'directory', 'kind', 'state', 'size', 'written', 'optimizer', 'loss', ''], rows))
     packed = [e for e in entries if e['status'].startswith('gzipped')]
     if packed:
         print(f"{len(packed)} step(s) hold gzipped InfiniTrain files: gunzip {args.dir}/*/*.gz to use them")
@@ -183,103 +133,6 @@ def cmd_ls(args) -> int:
         kind = next(e['kind'] for e in entries if ckpt_infinitrain.is_latest(e, latest))
         flag = '' if kind == 'orbax' else f" --checkpoint_format {kind.replace('-pth', '-bin')}"
         print(f'latest: step {latest} (what --resume_from latest --checkpoint_dir {args.dir}{flag} picks)')
-    return EXIT_OK
-
-
-# --- show --------------------------------------------------------------------------------
-
-
-def _tensor_rows(step_dir, state: dict) -> list[dict]:
-    from jaxtrain.checkpoint.formats.orbax import inspection as ckpt_inspect
-
-    rows = []
-    recorded_all = state.get('checksums', {})
-    for item in ckpt_inspect.ARRAY_ITEMS:
-        saved = (step_dir / item).is_dir()  # if not, its recorded tensors are listed as missing
-        tensors = ckpt_inspect.read_tensors(step_dir, item) if saved else {}
-        layouts = ckpt_inspect.tensor_layouts(step_dir, item) if saved else {}
-        found = ckpt_inspect.recomputed_checksums(tensors)
-        recorded = recorded_all.get(item, {})
-        for name in sorted(set(tensors) | set(recorded)):
-            row = {'item': item, 'name': name}
-            if name not in tensors:
-                row.update(checksum=recorded[name], checksum_status='missing: recorded but not saved')
-                rows.append(row)
-                continue
-            array, layout = tensors[name], layouts.get(name)
-            row.update(
-                shape=list(array.shape),
-                dtype=array.dtype.name,
-                sharding=layout.sharding if layout else 'n/a',
-                **ckpt_inspect.tensor_stats(array),
-                checksum=found[name],
-            )
-            if name not in recorded:
-                row['checksum_status'] = 'not recorded'
-            elif recorded[name] == found[name]:
-                row['checksum_status'] = 'ok'
-            else:
-                row['checksum_status'] = f'MISMATCH: recorded {recorded[name]}'
-            rows.append(row)
-    return rows
-
-
-def cmd_show(args) -> int:
-    from jaxtrain.checkpoint.formats.orbax import inspection as ckpt_inspect
-    from jaxtrain.checkpoint.trainer_state import read_trainer_state
-
-    from jaxtrain.checkpoint.formats.infinitrain import inspection as ckpt_infinitrain
-
-    if _is_llmc(args.step_dir):
-        return _llmc_show(args)
-    if ckpt_infinitrain.kind_of(args.step_dir) != 'orbax':
-        return _show_infinitrain(args)
-    gzipped = ckpt_infinitrain.it.gzipped_notice(args.step_dir)
-    if gzipped:
-        raise ckpt_infinitrain.CheckpointError(gzipped)
-    step_dir = ckpt_inspect.find_finished_step_dir(args.step_dir)
-    state = read_trainer_state(step_dir)
-    rows = _tensor_rows(step_dir, state) if args.tensors else None
-    if args.json:
-        shown = {
-            'path': str(step_dir),
-            'kind': 'orbax',
-            'trainer_state': {k: v for k, v in state.items() if k != 'checksums'},
-        }
-        if rows is not None:
-            shown['tensors'] = rows
-        _print_json(shown)
-        return EXIT_OK
-    print(show_text(step_dir, state, args.all))
-    if rows is not None:
-        table = [
-            [
-                r['item'],
-                r['name'],
-                ('x'.join(map(str, r['shape'])) or '()') if 'shape' in r else '',
-                r.get('dtype', ''),
-                r.get('sharding', ''),
-                *(_number(r.get(k)) for k in ('min', 'max', 'mean', 'std')),
-                r['checksum'],
-                r['checksum_status'],
-            ]
-            for r in rows
-        ]
-        print()
-        print(_table(TENSOR_COLUMNS, table))
-        bad = [r for r in rows if r['checksum_status'] != 'ok']
-        print(f'checksums: {len(rows) - len(bad)} of {len(rows)} ok' + ('' if not bad else ' (see verify)'))
-    return EXIT_OK
-
-
-def _show_infinitrain(args) -> int:
-    from jaxtrain.checkpoint.formats.infinitrain import inspection as ckpt_infinitrain
-
-    shown = ckpt_infinitrain.show(Path(args.step_dir), args.tensors)
-    if args.json:
-        _print_json(shown)
-    else:
-        print(ckpt_infinitrain.show_text(shown, _table, _number))
     return EXIT_OK
 
 
@@ -295,7 +148,7 @@ def _one_sided_items_summarised(changed: list[dict], one_sided: dict) -> list[li
         if item in one_sided:
             counted[item] = counted.get(item, 0) + 1
             continue
-        rows.append([t['name'], t['status'], _number(t.get('max_abs_diff')), _number(t.get('max_rel_diff'))])
+        rows.append([t['name'], t['status'], number(t.get('max_abs_diff')), number(t.get('max_rel_diff'))])
     for item, count in counted.items():
         side, other = one_sided[item], 'B' if one_sided[item] == 'A' else 'A'
         rows.append([f'{item}/ ({count} tensors)', f'only in {side}: {other} has no {item}', '', ''])
@@ -336,7 +189,7 @@ def cmd_diff(args) -> int:
     model_equal = not any(f.startswith(('model_config.', 'model_family')) for f, _, _ in fields)
     identical = model_equal and all(t['status'] == 'identical' for t in tensors)
     if args.json:
-        _print_json(
+        print_json(
             {
                 'a': str(step_a),
                 'b': str(step_b),
@@ -350,7 +203,7 @@ def cmd_diff(args) -> int:
         return EXIT_OK if identical else EXIT_FINDINGS
     print(f'A: {step_a} ({kinds[0]})\nB: {step_b} ({kinds[1]})')
     if fields:
-        print(_table(['field', 'A', 'B'], [[f, repr(a), repr(b)] for f, a, b in fields]))
+        print(table(['field', 'A', 'B'], [[f, repr(a), repr(b)] for f, a, b in fields]))
     elif one_side:
         print('configs: identical where both record them')
     else:
@@ -364,7 +217,7 @@ def cmd_diff(args) -> int:
     if changed:
         print()
         print(
-            _table(
+            table(
                 ['tensor', 'status', 'max abs diff', 'max rel diff'],
                 _one_sided_items_summarised(changed, one_sided),
             )
@@ -385,7 +238,7 @@ def cmd_verify(args) -> int:
     from jaxtrain.checkpoint import registry
 
     kind = ckpt_infinitrain.kind_of(args.step_dir)
-    if _is_llmc(args.step_dir):
+    if is_llmc_run(args.step_dir):
         kind, step_dir = 'llmc', Path(args.step_dir)
     elif kind == 'orbax':
         step_dir = ckpt_inspect.find_step_dir(args.step_dir)
@@ -394,7 +247,7 @@ def cmd_verify(args) -> int:
     result = registry.verify(step_dir)  # the same function every way into a checkpoint calls
     ok = not result.problems
     if args.json:
-        _print_json(
+        print_json(
             {
                 'path': str(step_dir),
                 'kind': kind,
@@ -439,7 +292,7 @@ def cmd_export(args) -> int:
 
         raise CheckpointError(f'--version: expected none with --format hf (--dtype), found {args.version}')
     source = args.step_dir
-    if ckpt_infinitrain.kind_of(source) == 'orbax' and not _is_llmc(source):
+    if ckpt_infinitrain.kind_of(source) == 'orbax' and not is_llmc_run(source):
         source = ckpt_inspect.find_finished_step_dir(source)
     registry.refuse_damaged(source, 'ckpt export')  # as every way into a checkpoint does
     if args.format == 'llmc-run':
@@ -447,7 +300,7 @@ def cmd_export(args) -> int:
 
         written = ckpt_llmc_export.export(args.step_dir, args.output, args.force, args.version or 5)
         if args.json:
-            _print_json({'path': str(args.step_dir), **written})
+            print_json({'path': str(args.step_dir), **written})
         else:
             print(ckpt_llmc_export.export_line(written))
         return EXIT_OK
@@ -461,7 +314,7 @@ def cmd_export(args) -> int:
             )
         written = ckpt_infinitrain.export(args.step_dir, args.output, args.format, args.force, topology)
         if args.json:
-            _print_json({'path': str(args.step_dir), **written})
+            print_json({'path': str(args.step_dir), **written})
         else:
             print(ckpt_infinitrain.export_line(written))
         return EXIT_OK
@@ -488,13 +341,13 @@ def cmd_export(args) -> int:
 
             written['check'] = check_hf(args.output, str(step_dir))
         if args.json:
-            _print_json({'path': str(step_dir), **written})
+            print_json({'path': str(step_dir), **written})
         else:
             files = ', '.join(os.path.basename(f) for f in written['files'])
             print(
                 f"wrote {written['output']}: {written['model_family']} as a Hugging Face folder ({files}, "
                 f"{written['dtype']}), {written['num_parameters']:,} parameters, "
-                f"{_bytes(written['size_bytes'])}; "
+                f"{human_bytes(written['size_bytes'])}; "
                 f"load it with {written['hf_class']}.from_pretrained"
             )
             if args.check:
@@ -504,11 +357,12 @@ def cmd_export(args) -> int:
         step_dir, args.output, args.version or 3, args.merge_lora, args.base, args.force
     )
     if args.json:
-        _print_json({'path': str(step_dir), **written})
+        print_json({'path': str(step_dir), **written})
         return EXIT_OK
     print(
         f"wrote {written['output']}: {written['model_family']} llm.c file, version {written['version']} "
-        f"({written['dtype']}), {written['num_parameters']:,} parameters, {_bytes(written['size_bytes'])}; "
+        f"({written['dtype']}), {written['num_parameters']:,} parameters, "
+        f"{human_bytes(written['size_bytes'])}; "
         f"train from it with --llmc_filepath {written['output']}"
     )
     for note in written['notes']:

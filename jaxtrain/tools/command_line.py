@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 
+EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2  # findings: diff saw a difference, verify a problem
 EXIT_READER_GONE = 128 + signal.SIGPIPE
 
 
