@@ -74,6 +74,8 @@ def file_size(path: str | os.PathLike) -> int:
 def read_int32s(path: str | os.PathLike, count: int = HEADER_INTS, offset: int = 0) -> np.ndarray:
     """`count` little-endian int32 values at byte `offset`, as a native int64 array."""
     size = file_size(path)
+    if offset == 0:
+        refuse_gzipped(path)
     need = offset + 4 * count
     if size < need:
         raise LLMCFormatError(
@@ -88,6 +90,24 @@ def read_int32s(path: str | os.PathLike, count: int = HEADER_INTS, offset: int =
         raw = f.read(4 * count)
     # int64 so that arithmetic on header values (sizes of multi-GB files) cannot overflow.
     return np.frombuffer(raw, dtype=INT32_LE).astype(np.int64)
+
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def refuse_gzipped(path: str | os.PathLike) -> None:
+    """A gzipped llm.c file (as samples are shipped) is named as such, with the command that unpacks
+    it, rather than reported as an unknown magic (gzip's bytes read as an int32)."""
+    with open(path, "rb") as f:
+        if f.read(2) != GZIP_MAGIC:
+            return
+    folder = os.path.dirname(os.path.abspath(path))
+    unpack = (
+        f"unpack it first: gunzip -k {path}"
+        if os.access(folder, os.W_OK) and os.stat(folder).st_mode & 0o222
+        else f"its folder is read-only: unpack a copy elsewhere: gunzip -c {path} > FILE"
+    )
+    raise LLMCFormatError(path, "header[0] magic", "an llm.c file", "a gzipped file (magic 1f 8b)", unpack)
 
 
 def read_header(path: str | os.PathLike) -> np.ndarray:

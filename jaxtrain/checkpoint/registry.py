@@ -42,9 +42,13 @@ def for_flag(name: str) -> CheckpointFormat:
 
 
 def for_step_dir(step_dir) -> CheckpointFormat:
+    """The format that reads step_dir. A step whose InfiniTrain files are still gzipped (as samples
+    are shipped) is refused here, so every way in says so rather than calling it a damaged Orbax save."""
     if LLMC_RUN.owns(step_dir):
         return LLMC_RUN
     kind = it.detect_kind(step_dir)
+    if kind is None and (gzipped := it.gzipped_notice(step_dir)):
+        raise CheckpointError(gzipped)
     return _INFINITRAIN[kind] if kind else ORBAX
 
 

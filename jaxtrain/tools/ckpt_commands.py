@@ -161,6 +161,10 @@ def cmd_diff(args) -> int:
 
     from jaxtrain.checkpoint.formats.infinitrain import inspection as ckpt_infinitrain
 
+    from jaxtrain.checkpoint import registry
+
+    for side in (args.a, args.b):
+        registry.for_step_dir(side)  # refuses a gzipped InfiniTrain step, as every way in does
     kinds = [ckpt_infinitrain.kind_of(p) for p in (args.a, args.b)]
     step_a, step_b = (
         ckpt_inspect.find_finished_step_dir(p) if k == 'orbax' else Path(p)

@@ -4,6 +4,7 @@ A handful of runs go through a real subprocess, as a user would start it (exit c
 traceback); the rest call the same main() in-process, since each interpreter start costs ~0.4 s here.
 """
 
+import gzip
 import os
 import subprocess
 import sys
@@ -98,6 +99,22 @@ def test_info_on_a_text_file_names_every_magic_it_reads_and_how_to_tokenize_it(t
         assert str(magic) in result.stderr
     assert "20240328 (GPT-2 tokenizer file)" in result.stderr
     assert "python -m llmc_io shard FILE" in result.stderr
+
+
+def test_info_on_a_gzipped_model_file_says_gzipped_with_the_gunzip_command(tmp_path, run):
+    """A model file gzipped (gzip's 1f 8b magic, RFC 1952) as InfiniTrain's samples ship model.bin.gz."""
+    packed = tmp_path / "model.bin.gz"
+    packed.write_bytes(gzip.compress(Path(tiny_file(tmp_path)[0]).read_bytes()))
+    result = run("info", packed)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert "gzipped" in result.stderr and f"gunzip -k {packed}" in result.stderr
+    assert "not an llm.c magic" not in result.stderr
+    packed.parent.chmod(0o555)  # a read-only folder: gunzip could not unpack it in place
+    try:
+        result = run("info", packed)
+    finally:
+        packed.parent.chmod(0o755)
+    assert f"read-only: unpack a copy elsewhere: gunzip -c {packed} > FILE" in result.stderr
 
 
 def test_info_on_a_token_shard(tmp_path):

@@ -7,6 +7,8 @@ two separate training runs with the same settings, one saving Orbax and one --ch
 
 import itertools
 import json
+import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -229,7 +231,7 @@ def test_infinitrain_s_own_checkpoint_against_ours_of_the_same_tensors_is_identi
 
 
 @needs_samples
-def test_gzipped_sample_steps_are_named_with_the_gunzip_hint(real, capsys):
+def test_gzipped_sample_steps_are_named_with_the_gunzip_hint(real, capsys, tmp_path):
     """head-llama3 ships its step files gzipped (the samples' README): ls names them InfiniTrain's,
     gzipped, and says how to unpack them; show is one line with the command; the unpacked copy
     of the same root lists both steps committed."""
@@ -243,9 +245,20 @@ def test_gzipped_sample_steps_are_named_with_the_gunzip_hint(real, capsys):
     code, out, err = run_tool(capsys, 'ls', packed)
     assert f'2 step(s) hold gzipped InfiniTrain files: gunzip {packed}/*/*.gz to use them' in out
     assert 'orbax' not in out and 'incomplete' not in out
-    code, out, err = run_tool(capsys, 'show', packed / 'checkpoint_step_000010')
-    assert code == 2 and len(err.strip().splitlines()) == 1 and 'damaged' not in err
-    assert f"unpack them first: gunzip {packed / 'checkpoint_step_000010'}/*.gz" in err
+    step = packed / 'checkpoint_step_000010'
+    for argv in (['show', step], ['verify', step], ['diff', step, step]):
+        code, out, err = run_tool(capsys, *argv)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and 'damaged' not in err, argv
+        # The shared samples are read-only: gunzip cannot unpack them where they lie.
+        assert f'read-only: copy the step elsewhere and gunzip there: cp -r {step} DIR' in err, argv
+    writable = tmp_path / step.name
+    shutil.copytree(step, writable)
+    writable.chmod(0o755)
+    from jaxtrain.checkpoint.layout import CheckpointError
+    from jaxtrain.checkpoint.resume import resolve_resume
+
+    with pytest.raises(CheckpointError, match=re.escape(f'unpack them first: gunzip {writable}/*.gz')):
+        resolve_resume(str(writable), '')  # --resume_from STEP
     code, out, err = run_tool(capsys, 'ls', real / 'head-llama3' / 'a', '--json')
     assert [e['status'] for e in json.loads(out)['checkpoints']] == ['committed', 'committed']
     from jaxtrain.tools import generate

@@ -300,10 +300,15 @@ def gzipped_notice(step_dir) -> str | None:
     kind = gzipped_kind(step_dir)
     if kind is None:
         return None
-    return (
-        f"{step_dir}: expected InfiniTrain's {FILES[kind][0]}, found it gzipped ("
-        f"{', '.join(gzipped_files(step_dir))}); unpack them first: gunzip {step_dir}/*.gz"
-    )
+    packed = ', '.join(gzipped_files(step_dir))
+    found = f"{step_dir}: expected InfiniTrain's {FILES[kind][0]}, found it gzipped ({packed})"
+    # gunzip unpacks in place: a read-only step (shared samples: no write bit, even for root) is copied out.
+    if not (os.access(step_dir, os.W_OK) and os.stat(step_dir).st_mode & 0o222):
+        return (
+            f'{found}; the directory is read-only: copy the step elsewhere and gunzip there: '
+            f'cp -r {step_dir} DIR && chmod -R u+w DIR && gunzip DIR/*.gz'
+        )
+    return f'{found}; unpack them first: gunzip {step_dir}/*.gz'
 
 
 # ---- the data position ------------------------------------------------------------------------------------
