@@ -78,6 +78,21 @@ def newest_step(root) -> tuple[Path, CheckpointFormat] | None:
     return Path(root) / step_dir_name(step), for_step_dir(Path(root) / step_dir_name(step))
 
 
+def refuse_other_kind_for_latest(root, fmt: CheckpointFormat) -> None:
+    """--resume_from latest found no committed step of fmt's kind in root: when root holds another
+    kind, one line naming it and the flag that resumes it (rather than starting fresh, and then
+    refusing the mixed root)."""
+    found = newest_step(root)
+    if found is None:
+        return
+    step, other = found
+    use = f'--checkpoint_format {other.name}' if other.name in WRITERS else f'--resume_from {step}'
+    raise CheckpointError(
+        f'resume_from: latest: {Path(root).absolute()}: expected {fmt.name} checkpoints '
+        f'(--checkpoint_format {fmt.name}), found {other.title} ones ({Path(step).name}); pass {use}'
+    )
+
+
 def open_checkpointer(config, parts, protected_steps) -> RunCheckpointer:
     """The run's checkpointer for config.checkpoint_format, refusing a root that holds the other kind:
     Orbax's rotation would count (and delete) InfiniTrain step directories as its own, and ours would

@@ -43,6 +43,7 @@ def resolve_resume(
         fmt = registry.for_flag(checkpoint_format)
         steps = fmt.committed_steps(checkpoint_dir)
         if not steps:
+            registry.refuse_other_kind_for_latest(checkpoint_dir, fmt)
             return None, f'resume_from=latest: no committed checkpoint in {checkpoint_dir}; starting fresh'
         if hasattr(fmt, 'step_path'):  # a format whose steps are not checkpoint_step_NNNNNN directories
             return fmt.step_path(checkpoint_dir, steps[-1]), ''

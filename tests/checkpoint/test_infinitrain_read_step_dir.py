@@ -8,6 +8,7 @@ import optax
 import pytest
 
 from infinitrain_samples import SAMPLES, unpacked
+from jaxtrain.checkpoint.layout import CheckpointError
 from jaxtrain.checkpoint.formats.infinitrain.trainer import adam_states, read_step_dir
 from jaxtrain.train.setup import build_trainer
 from llmc_io import LLMCFormatError
@@ -104,14 +105,21 @@ def test_optimizer_mismatch_says_what_it_drops(real):
         )
 
 
-def test_latest_picks_the_newest_infinitrain_step(real):
+def test_latest_picks_the_newest_infinitrain_step(real, tmp_path):
     from jaxtrain.checkpoint.resume import resolve_resume
 
     root = real / 'pr-gpt2' / 'a'
     newest = resolve_resume('latest', str(root), 'infinitrain-bin')[0]
     assert newest == (root / 'checkpoint_step_000020').absolute()  # not checkpoint_final
-    step_dir, notice = resolve_resume('latest', str(root), 'orbax')  # orbax asked: none of ours there
-    assert step_dir is None and 'no committed checkpoint' in notice
+    # orbax asked (no --checkpoint_format): one line naming the kind there, not "starting fresh"
+    with pytest.raises(CheckpointError) as refused:
+        resolve_resume('latest', str(root), 'orbax')
+    assert 'found InfiniTrain ones (checkpoint_step_000020)' in str(refused.value)
+    assert str(refused.value).endswith('pass --checkpoint_format infinitrain-bin')
+    assert resolve_resume('latest', str(tmp_path), 'orbax') == (
+        None,
+        f'resume_from=latest: no committed checkpoint in {tmp_path}; starting fresh',
+    )
     explicit = resolve_resume(str(root / 'checkpoint_step_000010'), '', 'orbax')[0]
     assert explicit == root / 'checkpoint_step_000010'  # any kind, whatever the format written
 
