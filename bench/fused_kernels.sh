@@ -40,7 +40,7 @@ import numpy as np
 
 from jaxtrain.models import bias_gelu_kernel as bg
 from jaxtrain.models import layernorm_kernel as lnk
-from jaxtrain.models.gelu import gelu_tanh
+from jaxtrain.models.gpt2 import gelu_tanh
 
 cpu = os.environ.get('FUSED_KERNELS_CPU') == '1'
 N, C = (256, 64) if cpu else (16384, 768)

@@ -54,7 +54,7 @@ def _enable_compilation_cache():
 
 class _WithoutOrbaxErrors(std_logging.Filter):
     """Orbax logs a failed background save with its tracebacks before raising it to the
-    loop, which reports it in one line (checkpoint/write_errors.py); the tracebacks need --verbose."""
+    loop, which reports it in one line (checkpoint/layout.py); the tracebacks need --verbose."""
 
     def filter(self, record):
         return record.levelno < std_logging.ERROR or '/orbax/' not in record.pathname.replace('\\', '/')

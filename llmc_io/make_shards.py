@@ -26,6 +26,16 @@ without a validation shard). Nothing is written when an input is refused.
 A prefix that already has shards (any split, any number) is refused; with --force all of them
 are removed before the new ones are written, so OUTPUT_train_*.bin never mixes two corpora. An
 input that is one of those shards is refused, --force or not.
+
+The documents of text inputs, for `llmc_io shard`: what llm.c's data scripts call a document.
+
+- a text file is one document, or, with split_blank_lines, one per "\n\n"-separated section, each but
+  the last keeping its "\n\n" (llm.c dev/data/tinyshakespeare.py at d36f0e6 does so "for backwards
+  compatibility": it meant to drop them);
+- a `.jsonl` file holds one JSON object per line, the document in its `text_field`
+  (FineWeb's rows, as llm.c's fineweb.py reads them through `datasets`);
+- a `.parquet` file (FineWeb's own files) holds one document per row of column `text_field`, read
+  with pyarrow when it is installed.
 """
 
 from __future__ import annotations
@@ -34,15 +44,15 @@ import argparse
 import glob
 import os
 import re
-
 import numpy as np
+import json
 
 from llmc_io import header as hdr
 from llmc_io.byte_tokens import encode_documents
-from llmc_io.documents import read_documents, split_sections
 from llmc_io.errors import LLMCFormatError
 from llmc_io.output_file import refuse_inputs
 from llmc_io.shards import MAX_TOKENS, SHARD_KINDS, read_shard, write_shard
+
 
 SOURCES = ("text", "ids", "shard")
 DEFAULT_SHARD_TOKENS = 10**8  # llm.c's fineweb.py shard_size
@@ -266,3 +276,78 @@ def run(args) -> None:
     for name in names:
         count = (os.path.getsize(name) - hdr.HEADER_BYTES) // kind.dtype.itemsize
         print(f"wrote {name}: {args.family} shard (magic {kind.magic}, {kind.dtype.name}), {count:,} tokens")
+
+
+BLANK_LINE = "\n\n"
+
+
+def _decode(path: str, data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise LLMCFormatError(
+            path,
+            f"byte {error.start}",
+            "UTF-8 text",
+            repr(data[error.start : error.start + 4]),
+            "a BPE tokenizer reads text; without --tokenizer the bytes are taken as they are",
+        ) from None
+
+
+def split_sections(text: str) -> list[str]:
+    sections = text.split(BLANK_LINE)
+    return [s + BLANK_LINE if i != len(sections) - 1 else s for i, s in enumerate(sections)]
+
+
+def _jsonl(path: str, text_field: str) -> list[str]:
+    documents = []
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                raise LLMCFormatError(path, f"line {number}", "one JSON object", repr(line[:40])) from None
+            if not isinstance(row, dict) or not isinstance(row.get(text_field), str):
+                found = (
+                    "no such key"
+                    if not isinstance(row, dict) or text_field not in row
+                    else type(row[text_field]).__name__
+                )
+                raise LLMCFormatError(
+                    path,
+                    f"line {number} field {text_field!r}",
+                    "a string",
+                    found,
+                    "pick the field with --text_field",
+                )
+            documents.append(row[text_field])
+    return documents
+
+
+def _parquet(path: str, text_field: str) -> list[str]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise LLMCFormatError(
+            path, "reader", "pyarrow to read parquet", "it is not installed", "pip install pyarrow"
+        ) from None
+    try:
+        table = pq.read_table(path, columns=[text_field])
+    except Exception as error:  # noqa: BLE001  pyarrow's errors name the missing column or the bad file
+        raise LLMCFormatError(
+            path, f"column {text_field!r}", "a parquet file with that column", str(error).splitlines()[0]
+        ) from None
+    return [str(value) for value in table.column(text_field).to_pylist() if value is not None]
+
+
+def read_documents(path: str, text_field: str = "text", split_blank_lines: bool = False) -> list[str]:
+    """The documents of one input file, by its extension (.jsonl, .parquet, else text)."""
+    if path.endswith(".jsonl"):
+        return _jsonl(path, text_field)
+    if path.endswith(".parquet"):
+        return _parquet(path, text_field)
+    with open(path, "rb") as f:
+        text = _decode(path, f.read())
+    return split_sections(text) if split_blank_lines else [text]

@@ -45,7 +45,7 @@ from jaxtrain.checkpoint.layout import (
 from jaxtrain.checkpoint.orbax_threads import release_waiting_threads
 from jaxtrain.checkpoint.pinned_host_pool import grow_pinned_host_pool
 from jaxtrain.checkpoint.trainer_state import with_digest
-from jaxtrain.checkpoint.write_errors import write_failure
+from jaxtrain.checkpoint.layout import write_failure
 
 
 # --- rotation ---------------------------------------------------------------------

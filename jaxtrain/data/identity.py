@@ -65,6 +65,6 @@ def identity_differences(saved: dict, now: dict) -> tuple[list[str], list[str]]:
 
 def run_data_identity(config) -> dict:
     """The identity of the training data this config names (the stream's sorted glob)."""
-    from jaxtrain.data.run_streams import data_paths
+    from jaxtrain.data.stream import data_paths
 
     return data_identity(sorted(glob.glob(data_paths(config)[0])), built_in=not config.input_bin)

@@ -2,14 +2,14 @@
 
 Axis letters: N rows (tokens), F features (GPT-2's 4C), P row groups of the backward pass.
 
-What it replaces: GPT-2's MLP computes gelu_tanh(x @ W + b) (gelu.py); XLA runs the bias add and
+What it replaces: GPT-2's MLP computes gelu_tanh(x @ W + b) (gpt2.py); XLA runs the bias add and
 the GELU as a fusion forward, and the GELU derivative and the bias gradient (a column sum)
 backward. Here the matmul is left without its bias, and one kernel reads its output once and
 writes gelu(pre + b); the backward reads pre and the output gradient once, writes d(pre) and
 per-program partial sums of the bias gradient.
 
 Numerics: pre + b and the GELU are computed in fp32 (the bias is not rounded to the model
-dtype first) and rounded once to pre's dtype; the derivative is gelu.py's, in fp32, from the
+dtype first) and rounded once to pre's dtype; the derivative is gpt2.py's, in fp32, from the
 same fp32 pre + b, so forward and backward agree on the point they differentiate at.
 
 Deterministic: no atomics. Each backward program owns a fixed range of rows and sums them in

@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 
-from jaxtrain.checkpoint.ownership import release_held
+from jaxtrain.checkpoint.root_access import release_held
 
 
 class StopRequest:

@@ -1,4 +1,4 @@
-"""The lock of a checkpoint root (checkpoint/ownership.py): a holder that is running, on
+"""The lock of a checkpoint root (checkpoint/root_access.py): a holder that is running, on
 another host, gone, reused or unreadable. Two real trainer processes in one directory:
 tests/train/test_concurrent_runs.py."""
 
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from jaxtrain.checkpoint import ownership
+from jaxtrain.checkpoint import root_access as ownership
 from jaxtrain.checkpoint.layout import CheckpointError
 
 

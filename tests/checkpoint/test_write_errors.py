@@ -1,4 +1,4 @@
-"""A failed save's one line gives the advice that fits its cause (write_errors.py): free space
+"""A failed save's one line gives the advice that fits its cause (layout.py): free space
 for a full disk, a writable directory for permission denied, another file system for a
 read-only one; and an open Checkpointer's GIL switch interval is the process's again after
 close()."""
@@ -12,7 +12,7 @@ import pytest
 from jaxtrain.checkpoint import manager as ckpt_manager
 from jaxtrain.checkpoint.formats.infinitrain import saver as infinitrain_saver
 from jaxtrain.checkpoint.layout import CheckpointError
-from jaxtrain.checkpoint.write_errors import write_failure
+from jaxtrain.checkpoint.layout import write_failure
 
 
 @pytest.mark.parametrize(

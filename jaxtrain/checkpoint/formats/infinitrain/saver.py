@@ -35,7 +35,7 @@ from jaxtrain.checkpoint.layout import (
 )
 from jaxtrain.checkpoint.manager import Snapshot, bytes_per_device, room_for_snapshot
 from jaxtrain.checkpoint.trainer_state import compare_with_run
-from jaxtrain.checkpoint.write_errors import write_failure
+from jaxtrain.checkpoint.layout import write_failure
 from jaxtrain.optim.optimizer import spelled_with_infinitrain_flags
 from jaxtrain.parallel import sharding
 from llmc_io.errors import LLMCFormatError

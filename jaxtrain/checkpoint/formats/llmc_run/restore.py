@@ -193,7 +193,7 @@ class LLMCRunFormat:
         return Weights(family, params, what, dataclasses.asdict(header), {'step': step, 'kind': KIND})
 
     def restore_into(self, config, parts, path: Path) -> Resumed:
-        from jaxtrain.data.run_streams import data_paths, train_stream  # the data the run will read
+        from jaxtrain.data.stream import data_paths, train_stream  # the data the run will read
 
         state = parts.state
         try:

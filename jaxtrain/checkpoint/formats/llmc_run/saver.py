@@ -52,7 +52,7 @@ class LLMCRunCheckpointer:
     synchronous = True
 
     def __init__(self, config, parts, protected_steps=()):
-        from jaxtrain.data.run_streams import data_paths, train_stream
+        from jaxtrain.data.stream import data_paths, train_stream
 
         refuse_unless_llmc_run(config)
         self.root = Path(config.checkpoint_dir).absolute()
