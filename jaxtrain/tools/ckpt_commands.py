@@ -155,6 +155,22 @@ def _one_sided_items_summarised(changed: list[dict], one_sided: dict) -> list[li
     return rows
 
 
+def _llmc_run_refused(path, command: str, to: str):
+    """The one line for an llm.c run folder (or its model file) given to a command that reads Orbax and
+    InfiniTrain steps only: its model file is an llm.c file already, which llmc_io converts."""
+    from jaxtrain.checkpoint.formats.llmc_run.restore import locate
+    from jaxtrain.checkpoint.layout import CheckpointError
+    from llmc_io import llmc_run
+
+    model = llmc_run.model_path(*locate(path))
+    return CheckpointError(
+        f'{path}: expected an Orbax or InfiniTrain step directory for {command}, found an llm.c run '
+        f'folder (ckpt show and verify read those, export only with --format llmc-run); its model file '
+        f'converts with: python -m llmc_io convert {model} OUT{" --to hf" if to else ""}, and '
+        f'--init_from {model} starts a run from it'
+    )
+
+
 def cmd_diff(args) -> int:
     from jaxtrain.checkpoint.formats.orbax import inspection as ckpt_inspect
     from jaxtrain.checkpoint.trainer_state import read_trainer_state
@@ -164,6 +180,8 @@ def cmd_diff(args) -> int:
     from jaxtrain.checkpoint import registry
 
     for side in (args.a, args.b):
+        if is_llmc_run(side):
+            raise _llmc_run_refused(side, 'ckpt diff', '')
         registry.for_step_dir(side)  # refuses a gzipped InfiniTrain step, as every way in does
     kinds = [ckpt_infinitrain.kind_of(p) for p in (args.a, args.b)]
     step_a, step_b = (
@@ -299,6 +317,10 @@ def cmd_export(args) -> int:
     if ckpt_infinitrain.kind_of(source) == 'orbax' and not is_llmc_run(source):
         source = ckpt_inspect.find_finished_step_dir(source)
     registry.refuse_damaged(source, 'ckpt export')  # as every way into a checkpoint does
+    if args.format != 'llmc-run' and is_llmc_run(source):
+        raise _llmc_run_refused(
+            source, f'ckpt export --format {args.format}', 'hf' if args.format == 'hf' else ''
+        )
     if args.format == 'llmc-run':
         from jaxtrain.checkpoint.formats.llmc_run import export as ckpt_llmc_export
 
