@@ -8,7 +8,8 @@ import pytest
 from test_faults import logged_losses, trainers, unfinished  # noqa: F401  trainers is a fixture
 from trainer_runs import random_shard, tiny_llmc_model
 
-from jaxtrain.checkpoint import layout, ownership
+from jaxtrain.checkpoint import layout
+from jaxtrain.checkpoint import root_access as ownership
 from jaxtrain.checkpoint.trainer_state import read_trainer_state
 from jaxtrain.tools import ckpt as ckpt_tool
 

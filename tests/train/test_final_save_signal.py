@@ -18,7 +18,8 @@ import pytest
 from test_faults import KILL_ROTATION_ENV, todays_rotation, trainers  # noqa: F401  a fixture
 from trainer_runs import random_shard, tiny_llmc_model
 
-from jaxtrain.checkpoint import layout, ownership
+from jaxtrain.checkpoint import layout
+from jaxtrain.checkpoint import root_access as ownership
 
 TRIES = 10
 STEP_LINE = 'step    3/3 |'
