@@ -259,18 +259,29 @@ def cmd_verify(args) -> int:
 
     from jaxtrain.checkpoint import registry
 
-    kind = ckpt_infinitrain.kind_of(args.step_dir)
+    kind, root = ckpt_infinitrain.kind_of(args.step_dir), None
     if is_llmc_run(args.step_dir):
         kind, step_dir = 'llmc', Path(args.step_dir)
     elif kind == 'orbax':
-        step_dir = ckpt_inspect.find_step_dir(args.step_dir)
+        try:
+            step_dir = ckpt_inspect.find_step_dir(args.step_dir)
+        except ckpt_inspect.CheckpointError:
+            newest = registry.newest_step(args.step_dir) if Path(args.step_dir).is_dir() else None
+            if newest is None:
+                raise
+            # A root, as --init_from and generate take one: its newest committed step of any kind.
+            (step_dir, fmt), root = newest, args.step_dir
+            kind = fmt.name
     else:
         step_dir = Path(args.step_dir)
     result = registry.verify(step_dir)  # the same function every way into a checkpoint calls
     ok = not result.problems
+    if root is not None and not args.json:
+        print(f'{root}: a checkpoint root; verifying its newest committed step, {Path(step_dir).name}')
     if args.json:
         print_json(
             {
+                **({'root': str(root)} if root is not None else {}),
                 'path': str(step_dir),
                 'kind': kind,
                 'ok': ok,

@@ -318,6 +318,13 @@ def test_verify_good_checkpoint(runs, capsys):
     assert code == 0 and out.startswith('OK:')
     code, result = run_json(capsys, 'verify', runs.step(runs.a, 4))
     assert code == 0 and result['ok'] and result['problems'] == []
+    # A root, as --init_from takes one: its newest committed step (runs.a saved steps 2 and 4).
+    code, out, _ = run_tool(capsys, 'verify', runs.a)
+    first, second = out.splitlines()[:2]
+    assert code == 0 and first.endswith('verifying its newest committed step, checkpoint_step_000004')
+    assert second.startswith(f"OK: {runs.step(runs.a, 4)} (orbax)")
+    code, result = run_json(capsys, 'verify', runs.a)
+    assert code == 0 and (result['root'], result['path']) == (str(runs.a), str(runs.step(runs.a, 4)))
 
 
 def test_verify_names_the_tensor_whose_checksum_fails(perturbed, capsys):
