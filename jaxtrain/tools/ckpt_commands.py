@@ -165,7 +165,7 @@ def _llmc_run_refused(path, command: str, to: str):
     model = llmc_run.model_path(*locate(path))
     return CheckpointError(
         f'{path}: expected an Orbax or InfiniTrain step directory for {command}, found an llm.c run '
-        f'folder (ckpt show and verify read those, export only with --format llmc-run); its model file '
+        f'folder (ckpt ls, show and verify read those); its model file '
         f'converts with: python -m llmc_io convert {model} OUT{" --to hf" if to else ""}, and '
         f'--init_from {model} starts a run from it'
     )
@@ -328,7 +328,7 @@ def cmd_export(args) -> int:
     if ckpt_infinitrain.kind_of(source) == 'orbax' and not is_llmc_run(source):
         source = ckpt_inspect.find_finished_step_dir(source)
     registry.refuse_damaged(source, 'ckpt export')  # as every way into a checkpoint does
-    if args.format != 'llmc-run' and is_llmc_run(source):
+    if is_llmc_run(source):
         raise _llmc_run_refused(
             source, f'ckpt export --format {args.format}', 'hf' if args.format == 'hf' else ''
         )

@@ -162,13 +162,14 @@ def test_export_of_a_folder_that_is_no_checkpoint_says_so(tmp_path, capsys, fmt,
 
 
 def test_diff_and_export_to_other_formats_refuse_a_run_folder_with_the_convert_command(tmp_path, capsys):
-    """diff and export --format hf/llmc/infinitrain read Orbax and InfiniTrain steps only: one line naming
+    """diff and export (every --format) read Orbax and InfiniTrain steps only: one line naming
     the run folder's newest model file (its DONE_00000020) and the llmc_io command that converts it."""
     model = RUN / 'a' / 'model_00000020.bin'
     for argv, hint in (
         (['diff', RUN / 'a', model], f'python -m llmc_io convert {model} OUT,'),
         (['export', RUN / 'a', '--format', 'hf', '--output', tmp_path / 'hf'], f'{model} OUT --to hf'),
         (['export', model, '--format', 'infinitrain', '--output', tmp_path / 'checkpoint_step_000020'], ''),
+        (['export', RUN / 'a', '--format', 'llmc-run', '--output', tmp_path / 'run'], ''),
     ):
         code, out, err = run_tool(capsys, *argv)
         assert code == 2 and len(err.strip().splitlines()) == 1, err
