@@ -18,6 +18,7 @@ import math
 import os
 from pathlib import Path
 
+from llmc_io.dtypes import fp32_repr
 from llmc_io.errors import LLMCFormatError
 from llmc_io.gpt2 import GPT2Header
 from llmc_io.llama3 import LLaMA3Header
@@ -245,8 +246,10 @@ def llama3_config(header: LLaMA3Header, dtype: str) -> dict:
         "head_dim": header.head_dim,
         "hidden_act": "silu",
         "max_position_embeddings": header.max_seq_len,
-        "rms_norm_eps": header.norm_eps,
-        "rope_theta": header.rope_theta,
+        # The header holds fp32 (1e-5 as 9.99999975e-06); the shortest decimal of it is what the
+        # source config said, and transformers computes in fp32 either way.
+        "rms_norm_eps": float(fp32_repr(header.norm_eps)),
+        "rope_theta": float(fp32_repr(header.rope_theta)),
         "rope_scaling": {"rope_type": "llama3", **dict(zip(_ROPE_KEYS, scaling))} if scaling else None,
         "attention_bias": False,
         "mlp_bias": False,

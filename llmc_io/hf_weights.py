@@ -37,7 +37,7 @@ DTYPES = {"F32": np.dtype("<f4"), "BF16": np.dtype(ml_dtypes.bfloat16), "F16": n
 EXPORT_DTYPES = {"float32": DTYPES["F32"], "bfloat16": DTYPES["BF16"], "float16": DTYPES["F16"]}
 # A header larger than this is not a header (the reference reader's limit is 100 MB).
 MAX_HEADER_BYTES = 100_000_000
-DEFAULT_MAX_SHARD_SIZE = "5GB"  # transformers' save_pretrained
+DEFAULT_MAX_SHARD_SIZE = "50GB"  # transformers 5's save_pretrained (4.x took 5GB)
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
 

@@ -165,7 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar='SIZE',
         default=None,
         help='--format hf: the largest weight file before the next shard, as save_pretrained takes it '
-        '(5GB = 5e9 bytes, 500MiB; default 5GB); one model.safetensors when the weights fit',
+        '(5GB = 5e9 bytes, 500MiB; default 50GB, as transformers 5); one model.safetensors when the '
+        'weights fit',
     )
     export.add_argument(
         '--merge-lora',
