@@ -1,17 +1,86 @@
-"""Context-parallel InfiniTrain step directories (branch feat/context_parallel d03ba16): the trainer
-state of the generation that merges PR 151 and PR 181, `ckpt export --cp` and the other ckpt commands
+"""Context-parallel InfiniTrain step directories (branch feat/context_parallel d03ba16): the real files
+of a CPU build of d03ba16 (tests/fixtures/infinitrain_cp, one rank), the trainer state of the
+generation that merges PR 151 and PR 181, `ckpt export --cp` and the other ckpt commands
 on its rank directories, and a CP 2 × DP 2 × TP 2 ZeRO-1 layout written from a run on 8 fake devices,
 read back bit for bit and resumed. The rank layout itself is held against a writer that follows
 upstream's code in tests/checkpoint/test_infinitrain_topologies.py (its cp topologies)."""
 
+import hashlib
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
-from infinitrain_samples import needs_samples, unpacked
+from infinitrain_samples import SAMPLES, needs_samples, unpacked
 
+from jaxtrain.checkpoint.ckpt_lines import ckpt_load_done_line
 from jaxtrain.checkpoint.formats.infinitrain import steps as it
+from jaxtrain.train.run_log import step_line
 from llmc_io.infinitrain_state import read_trainer_state, render_trainer_state
+from llmc_io.infinitrain_topology import Topology
 from llmc_io.tensors import tree_leaves
 from trainer_runs import random_shard, tiny_llmc_model, train_named
+
+
+REAL = Path(__file__).resolve().parents[1] / 'fixtures' / 'infinitrain_cp'
+STEP_LINE = re.compile(r'main\.cc:\d+\] (step .*)$')
+
+
+def test_the_d03ba16_binary_s_trainer_state_and_load_line_are_ours(tmp_path):
+    for step_dir in ('a/checkpoint_step_000010', 'a/checkpoint_step_000020', 'b/checkpoint_step_000020'):
+        path = REAL / step_dir / 'trainer_state.json'
+        state = read_trainer_state(path)
+        assert (state.generation, state.cp_size, state.notices) == (
+            'head',
+            1,
+            [],
+        )  # valid JSON, cp_size at CP 1
+        assert render_trainer_state(state).encode() == path.read_bytes()
+    # (b) resumed a/checkpoint_step_000010: upstream prints the loaded state's sizes, cp included
+    loaded = read_trainer_state(REAL / 'a/checkpoint_step_000010/trainer_state.json')
+    record = {
+        'step': loaded.global_step,
+        'data_position': loaded.data_batch_idx,
+        'tokens_per_step': 128,
+        'training_config': {'batch_size': 2, 'sequence_length': 64},
+        'learning_rate': loaded.last_lr,
+        'infinitrain_sizes': {'ddp': 1, 'tp': 1, 'sp': 1, 'cp': loaded.cp_size, 'pp': 1},
+    }
+    theirs = [
+        line.split('] ', 1)[1] for line in (REAL / 'b.log').read_text().splitlines() if 'Load done' in line
+    ]
+    assert theirs == [ckpt_load_done_line(record)]
+
+
+def test_the_d03ba16_step_lines_are_ours_with_cp():
+    lines = [m.group(1) for m in map(STEP_LINE.search, (REAL / 'a.log').read_text().splitlines()) if m]
+    assert len(lines) == 20
+    for line in lines:
+        step, loss, lr, ms, tps = re.match(
+            r'step +(\d+)/20 \| train loss (\S+) \| lr (\S+) \| \((\S+) ms \| (\d+) tok/s', line
+        ).groups()
+        sizes = {'DP': 1, 'TP': 1, 'SP': 1, 'CP': 2, 'PP': 1}  # ours prints CP only when it is > 1
+        ours = step_line(int(step), 20, float(loss), float(lr), float(ms) / 1e3, 128, sizes, (0, 0))
+        assert re.sub(r'\d+ tok/s', 'T', ours) == re.sub(r'\d+ tok/s', 'T', line.replace('CP=1', 'CP=2'))
+    # the ranks of (c)'s CP group, as the binary printed its layout before it aborted (no CPU collectives)
+    log = (REAL / 'c.log').read_text()
+    assert 'order: {TP -> CP -> DP -> PP}' in log and '- CP 0 (dp=0, tp=0, cp=-, pp=0): [0, 1]' in log
+    assert [Topology(cp=2).rank_of(0, 0, 0, cp) for cp in range(2)] == [0, 1]
+
+
+@needs_samples
+def test_the_d03ba16_binary_writes_head_s_model_files_and_losses_at_cp_1():
+    recorded = dict(reversed(line.split()) for line in (REAL / 'md5.txt').read_text().splitlines())
+    for step_dir in ('a/checkpoint_step_000010', 'a/checkpoint_step_000020', 'b/checkpoint_step_000020'):
+        head = hashlib.md5((SAMPLES / 'head-gpt2' / step_dir / 'model.ckpt').read_bytes()).hexdigest()
+        assert recorded[f'{step_dir}/model.ckpt'] == head
+    loss = re.compile(r'step +(\d+)/20 \| train loss (\S+)')
+    for log in ('a.log', 'b.log'):
+        ours = [m.groups() for m in map(loss.search, (REAL / log).read_text().splitlines()) if m]
+        head = [
+            m.groups() for m in map(loss.search, (SAMPLES / 'head-gpt2' / log).read_text().splitlines()) if m
+        ]
+        assert ours == head and len(ours) == (20 if log == 'a.log' else 10)
 
 
 def test_the_merged_pr151_and_pr181_trainer_state_round_trips(tmp_path):
