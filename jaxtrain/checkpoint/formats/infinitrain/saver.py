@@ -72,8 +72,12 @@ class _HostFetch:
         self.leaf, self.shape, self.dtype = leaf, leaf.shape, leaf.dtype
 
     def __array__(self, dtype=None, copy=None):
-        (device,) = self.leaf.devices()
-        if any(memory.kind == 'pinned_host' for memory in device.addressable_memories()):
+        devices = self.leaf.devices()
+        # an array over several devices (a mesh's sharded or replicated leaf) is gathered plainly
+        device = next(iter(devices)) if len(devices) == 1 else None
+        if device is not None and any(
+            memory.kind == 'pinned_host' for memory in device.addressable_memories()
+        ):
             pinned = jax.sharding.SingleDeviceSharding(device, memory_kind='pinned_host')
             value = np.array(jax.device_put(self.leaf, pinned))
         else:
