@@ -237,3 +237,34 @@ def test_no_source_file_cites_an_issue_or_a_round():
                 if CITATION.search(line):
                     offenders.append(f'{path.relative_to(REPO)}:{number}: {line.strip()}')
     assert offenders == []
+
+
+# The rooms of docs/layout.md's drawing, bottom to top; a room imports only rooms below it or
+# beside it (the same rank). `jaxtrain` is the entry modules at the top (main.py, cli.py, ...).
+ROOM_RANKS = {
+    'llmc_io': 0,
+    'jaxtrain.config': 1,
+    'jaxtrain.models': 2,
+    'jaxtrain.data': 2,
+    'jaxtrain.optim': 2,
+    'jaxtrain.parallel': 2,
+    'jaxtrain.checkpoint': 3,
+    'jaxtrain.checks': 4,
+    'jaxtrain.train': 4,
+    'jaxtrain.tools': 5,
+    'jaxtrain': 5,
+}
+
+
+def test_every_room_imports_only_rooms_below_or_beside_it():
+    packages = {_package_of(module) for module in _module_graph()}
+    assert packages <= set(ROOM_RANKS), (
+        f'a package docs/layout.md does not draw: {packages - set(ROOM_RANKS)}'
+    )
+    upward = [
+        f'{module} -> {dependency}'
+        for module, dependencies in sorted(_module_graph().items())
+        for dependency in sorted(dependencies)
+        if ROOM_RANKS[_package_of(dependency)] > ROOM_RANKS[_package_of(module)]
+    ]
+    assert upward == []
