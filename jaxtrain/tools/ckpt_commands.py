@@ -304,6 +304,7 @@ def cmd_export(args) -> int:
     from jaxtrain.tools import ckpt_export
     from jaxtrain.checkpoint.formats.orbax import inspection as ckpt_inspect
 
+    from jaxtrain.checkpoint.formats.infinitrain import export as infinitrain_export
     from jaxtrain.checkpoint.formats.infinitrain import inspection as ckpt_infinitrain
 
     from jaxtrain.checkpoint import registry
@@ -317,7 +318,7 @@ def cmd_export(args) -> int:
             f'{flag}: expected --format hf, the only format it applies to, found --format {args.format}'
         )
 
-    topology = ckpt_infinitrain.topology_from_args(args)
+    topology = infinitrain_export.topology_from_args(args)
     refuse_output_in_input(args.output, args.step_dir)
     refuse_run_sources(args.output, args.step_dir)
     if args.format == 'hf' and args.version is not None:  # the flags first, then the checkpoint
@@ -349,11 +350,11 @@ def cmd_export(args) -> int:
                 f'--version: expected none with --format {args.format} (InfiniTrain reads fp32 only), '
                 f'found {args.version}'
             )
-        written = ckpt_infinitrain.export(args.step_dir, args.output, args.format, args.force, topology)
+        written = infinitrain_export.export(args.step_dir, args.output, args.format, args.force, topology)
         if args.json:
             print_json({'path': str(args.step_dir), **written})
         else:
-            print(ckpt_infinitrain.export_line(written))
+            print(infinitrain_export.export_line(written))
         return EXIT_OK
     if ckpt_infinitrain.kind_of(args.step_dir) != 'orbax':
         raise ckpt_infinitrain.CheckpointError(

@@ -225,15 +225,16 @@ def test_a_failed_background_infinitrain_save_stops_the_next_one(tmp_path, monke
     import errno
 
     from jaxtrain.checkpoint.formats.infinitrain import steps as it
+    from jaxtrain.checkpoint.formats.infinitrain import writer
 
-    real_write = it.write_state_dict
+    real_write = writer.write_state_dict
 
     def fill_the_disk(path, tensors):
         if path.name == 'optimizer.ckpt':
             raise OSError(errno.ENOSPC, 'No space left on device')
         return real_write(path, tensors)
 
-    monkeypatch.setattr(it, 'write_state_dict', fill_the_disk)
+    monkeypatch.setattr(writer, 'write_state_dict', fill_the_disk)
     params, opt_state = _tiny_gpt2_state()
     saver, _ = _infinitrain_saver(tmp_path / 'ck')
     saver.save(1, params, opt_state, RNG, dict(RECORD))  # returns: the write is in the background

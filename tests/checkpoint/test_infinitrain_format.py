@@ -13,6 +13,7 @@ import pytest
 import llmc_io
 from infinitrain_samples import SAMPLES, needs_samples, unpacked
 from jaxtrain.checkpoint.formats.infinitrain import steps as it
+from jaxtrain.checkpoint.formats.infinitrain import writer
 from llmc_io import LLMCFormatError
 from llmc_io.infinitrain_state import InfiniTrainState
 from llmc_io.tensors import tree_leaves
@@ -45,7 +46,7 @@ def test_real_step_dir_rewritten_byte_for_byte(real, tmp_path, folder, kind):
     ckpt = it.read_checkpoint(src)
     assert (ckpt.kind, ckpt.state.global_step, ckpt.ranks) == (kind, 10, 1)
     header, _ = llmc_io.load_model(real / folder / 'model.bin')
-    out = it.write_checkpoint(
+    out = writer.write_checkpoint(
         tmp_path / 'checkpoint_step_000010', kind, ckpt.family, ckpt.params, header, ckpt.moments, ckpt.state
     )
     model, opt = it.FILES[kind]
@@ -136,7 +137,7 @@ def test_failed_write_leaves_nothing(tmp_path):
     params = {'wte': {'embedding': np.full((8, 4), np.nan, np.float32)}}  # not a whole GPT-2 tree
     state = InfiniTrainState('pr', 1, 1, 0.1, optimizer_type='SGD', checkpoint_format='bin')
     with pytest.raises(LLMCFormatError):
-        it.write_checkpoint(
+        writer.write_checkpoint(
             tmp_path / 'checkpoint_step_000001', it.PR_BIN_KIND, 'gpt2', params, header, None, state
         )
     assert list(tmp_path.iterdir()) == []

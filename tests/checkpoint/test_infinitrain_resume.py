@@ -17,6 +17,7 @@ import pytest
 
 from infinitrain_samples import SAMPLES, run_keys, unpacked
 from jaxtrain.checkpoint.formats.infinitrain import steps as it
+from jaxtrain.checkpoint.formats.infinitrain import writer
 from jaxtrain.checkpoint.formats.infinitrain.trainer import model_header
 from llmc_io.infinitrain_state import PR, InfiniTrainState
 from llmc_io.tensors import tree_leaves
@@ -47,7 +48,7 @@ def _to_pr_bin(src, dst_root):
         checkpoint_format='bin',
         jaxtrain=extras,
     )
-    return it.write_checkpoint(
+    return writer.write_checkpoint(
         dst_root / src.name, it.PR_BIN_KIND, ckpt.family, ckpt.params, header, ckpt.moments, state
     )
 

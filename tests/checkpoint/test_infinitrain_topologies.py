@@ -16,6 +16,7 @@ from infinitrain_rank_fixtures import write_run
 from infinitrain_samples import needs_samples, saved_step_tensors, unpacked
 
 from jaxtrain.checkpoint.formats.infinitrain import steps as it
+from jaxtrain.checkpoint.formats.infinitrain import writer
 from llmc_io import infinitrain_layout as layout
 from llmc_io.errors import LLMCFormatError
 from llmc_io.infinitrain_state import read_trainer_state
@@ -198,7 +199,7 @@ def test_export_lays_out_what_upstream_saves_and_reads_back(tmp_path, topology):
     # the reader's trees, written back for the same topology through the export path
     header = _Header()
     exported = tmp_path / 'ours' / 'checkpoint_step_000007'
-    it.write_checkpoint(
+    writer.write_checkpoint(
         exported,
         it.HEAD_KIND,
         'llama3',

@@ -212,7 +212,7 @@ def test_infinitrain_s_own_checkpoint_against_ours_of_the_same_tensors_is_identi
 
     theirs = real / 'head-gpt2/a/checkpoint_step_000010'
     header, _ = llmc_io.load_model(str(real / 'head-gpt2/model.bin'))
-    ours = write_checkpoint(tmp_path / 'ours', 10, 'gpt2', header, ckpt_infinitrain._read(theirs).params)
+    ours = write_checkpoint(tmp_path / 'ours', 10, 'gpt2', header, ckpt_infinitrain.read_step(theirs).params)
     code, out, err = run_tool(capsys, 'diff', theirs, ours)
     assert code == 0 and out.rstrip().endswith('identical'), out + err
     assert 'model config differs' not in out

@@ -17,7 +17,7 @@ from llmc_io.llmc_state import LLMCState, tree_to_flat, write_state
 import numpy_reference as ref
 from infinitrain_samples import SAMPLES, needs_samples
 from trainer_runs import write_checkpoint
-from jaxtrain.checkpoint.formats.infinitrain import inspection as ckpt_infinitrain
+from jaxtrain.checkpoint.formats.infinitrain import export as infinitrain_export
 from jaxtrain.tools import generate
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,7 +82,7 @@ def test_greedy_from_llmc_file_and_checkpoint_match_the_reference(model_files, c
     (tmp_path / 'run' / 'DONE_00000003').touch()
     sources = [['--llmc_filepath', root / 'model.bin'], ['--checkpoint', root / 'ck']]  # ck: an Orbax root
     # The Orbax step exported as InfiniTrain's HEAD files (jaxtrain's record of the shape inside).
-    ckpt_infinitrain.export(
+    infinitrain_export.export(
         root / 'ck' / 'checkpoint_step_000003', tmp_path / 'it' / 'checkpoint_step_000003', 'infinitrain'
     )
     # And as a Hugging Face folder (config.json + model.safetensors), which --init_from reads too.

@@ -1,9 +1,11 @@
 """InfiniTrain's step directories, every generation (HEAD, PR, PR 151's scheduler file) and rank layout.
 
-steps.py       on disk: kind detection, reading into NumPy trees, atomic writing, pruning.
+steps.py       on disk: kind detection, reading into NumPy trees, pruning.
+writer.py      writing a step directory of any generation and topology, atomically.
 record.py      the "jaxtrain" object jaxtrain adds to trainer_state.json, checked.
 trainer.py     the bridge to the trainer: optax state <-> Adam moments, the data position, live trees.
 schedule.py    lr_scheduler.ckpt <-> the run's schedule.
 saver.py       InfiniTrainFormat (resume, verify, weights) and the run's background checkpointer.
-inspection.py  `ckpt ls|show|verify|export` rows and exports of these directories.
+inspection.py  `ckpt ls|show|verify` rows of these directories.
+export.py      `ckpt export` into these directories (and from them to llm.c and HF files).
 """

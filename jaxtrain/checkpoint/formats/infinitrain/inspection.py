@@ -20,12 +20,9 @@ import numpy as np
 
 from jaxtrain.checkpoint.formats.infinitrain import steps as it
 from jaxtrain.checkpoint.formats.infinitrain.record import recorded_problems
-from jaxtrain.checkpoint.formats.infinitrain.trainer import LRS_FORMAT, infinitrain_state_for, model_header
-from jaxtrain.checkpoint.layout import CheckpointError, step_of
+from jaxtrain.checkpoint.layout import CheckpointError
 from llmc_io.errors import LLMCFormatError
-from llmc_io.infinitrain_lr_scheduler import FILE_NAME
 from llmc_io.infinitrain_state import HEAD, LR_SCHEDULER, PR
-from llmc_io.infinitrain_topology import Topology
 from llmc_io.tensors import tree_leaves
 
 ORBAX = 'orbax'
@@ -36,7 +33,7 @@ def kind_of(path) -> str:
     return it.detect_kind(path) or ORBAX
 
 
-def _read(step_dir) -> it.InfiniTrainCheckpoint:
+def read_step(step_dir) -> it.InfiniTrainCheckpoint:
     """Read with the shapes of our model config when jaxtrain wrote it (GPT-2: Vp rows), else the files'."""
     try:
         first = it.rank_dirs(step_dir)[0]
@@ -65,7 +62,7 @@ def record_of(step_dir) -> dict:
         from jaxtrain.checkpoint.trainer_state import read_trainer_state
 
         return read_trainer_state(step_dir)
-    ckpt = _read(step_dir)
+    ckpt = read_step(step_dir)
     record = dict(ckpt.state.jaxtrain or {})
     record.setdefault('model_family', ckpt.family)
     record['step'] = ckpt.state.global_step
@@ -90,7 +87,7 @@ def canonical_tensors(step_dir) -> dict[str, np.ndarray]:
                 elif key.rsplit('/', 1)[0] in prefixes and key.endswith('count'):
                     out['adam.t'] = np.asarray(value, np.int64)
         return out
-    ckpt = _read(step_dir)
+    ckpt = read_step(step_dir)
     out.update({f'params/{k}': v for k, v in tree_leaves(ckpt.params).items()})
     if ckpt.moments is not None:
         mu, nu, t = ckpt.moments
@@ -180,7 +177,7 @@ def is_latest(entry: dict, latest) -> bool:
 
 
 def show(step_dir, with_tensors: bool) -> dict:
-    ckpt = _read(step_dir)
+    ckpt = read_step(step_dir)
     s = ckpt.state
     files = {p.name: p.stat().st_size for p in sorted(ckpt.path.iterdir()) if p.is_file()}
     header = {k: v.shape for k, v in tree_leaves(ckpt.params).items()}
@@ -264,7 +261,7 @@ def verify(step_dir):
 
     problems, checked = [], []
     try:
-        ckpt = _read(step_dir)
+        ckpt = read_step(step_dir)
     except CheckpointError as e:
         return Verification([str(e)], checked)
     checked.append(f'model file and trainer_state.json readable ({ckpt.ranks} rank dir(s))')
@@ -298,185 +295,3 @@ def verify(step_dir):
     checked += passed
     checked += ckpt.notices
     return Verification(problems, checked)
-
-
-# --- export --------------------------------------------------------------------------------------------
-
-
-def topology_from_args(args) -> Topology | None:
-    """The multi-GPU layout export's flags name, None for one GPU; refused with any format but infinitrain."""
-    topology = Topology(
-        ddp=args.ddp,
-        tp=args.tp,
-        cp=args.cp,
-        pp=args.pp,
-        vpp=args.vpp,
-        sequence_parallel=args.sequence_parallel,
-        zero_stage=args.zero_stage,
-    )
-    if topology == Topology():
-        return None
-    if args.format not in (it.HEAD_KIND, LRS_FORMAT):
-        raise CheckpointError(
-            f'--ddp/--tp/--cp/--pp/--vpp/--zero_stage/--sequence_parallel: expected only with --format '
-            f'infinitrain or infinitrain-lrs (HEAD rank directories), found --format {args.format}'
-        )
-    try:
-        topology.validate('export')
-    except LLMCFormatError as e:
-        raise CheckpointError(str(e)) from None
-    return topology
-
-
-def export(step_dir, output, fmt: str, force: bool = False, topology: Topology | None = None) -> dict:
-    """Write `output` (a checkpoint_step_NNNNNN directory) in InfiniTrain format `fmt` from any checkpoint;
-    with `force`, over an earlier export there (export_target.py says what else is refused); with a
-    topology, as the rank directories of that multi-GPU run."""
-    from jaxtrain.checkpoint.export_target import EXPORTED_FROM, check_step_dir_output
-
-    output = Path(output)
-    if step_of(output) is None:
-        raise CheckpointError(
-            f'--output: {output}: expected a checkpoint_step_NNNNNN directory to create, '
-            f'found another name (InfiniTrain\'s --load / --resume_from take such a directory)'
-        )
-    if Path(step_dir).absolute() == output.absolute():
-        raise CheckpointError(f'--output: {output}: expected another directory than STEP_DIR, found the same')
-    replacing = check_step_dir_output(output, force)
-    if kind_of(step_dir) == ORBAX:
-        family, params, moments, record, header = _from_orbax(step_dir)
-    else:
-        ckpt = _read(step_dir)
-        family, params, moments = ckpt.family, ckpt.params, ckpt.moments
-        record = dict(
-            ckpt.state.jaxtrain or {}, step=ckpt.state.global_step, learning_rate=_next_lr(step_dir, ckpt)
-        )
-        if ckpt.state.best_loss is not None and math.isfinite(ckpt.state.best_loss):  # inf: none yet
-            record.setdefault('best_loss', ckpt.state.best_loss)  # (the record is JSON, which has no inf)
-        shape = record.get('model_shape')
-        header = model_header(family, shape) if shape else _header_from_files(ckpt)
-        record.setdefault('data_batch_idx', ckpt.state.data_batch_idx)
-    step = int(record['step'])
-    position_batches = record.get('data_batch_idx')
-    if position_batches is None:
-        tokens = record.get('tokens_per_step')
-        rows = record.get('training_config', {})
-        per_batch = rows.get('batch_size', 0) * rows.get('sequence_length', 0)
-        position_batches = (
-            record['data_position'] * (tokens // per_batch)
-            if tokens and per_batch
-            else record['data_position']
-        )
-    extras = {k: v for k, v in record.items() if k != 'data_batch_idx'}
-    extras.update(
-        checkpoint_format=fmt, model_shape=dataclasses.asdict(header), **{EXPORTED_FROM: str(Path(step_dir))}
-    )
-    state = infinitrain_state_for(
-        fmt,
-        family,
-        step=step,
-        batch_idx=int(position_batches),
-        learning_rate=float(record.get('learning_rate', 0.0)),
-        best_loss=record.get('best_loss'),
-        optimizer_type='Adam' if moments else 'SGD',
-        extras=extras,
-    )
-    kind, extra = fmt, {}
-    if fmt == LRS_FORMAT:  # HEAD's files, and the scheduler's state (formats/infinitrain/schedule.py)
-        from jaxtrain.checkpoint.formats.infinitrain.schedule import exported_scheduler
-
-        kind, scheduler = it.HEAD_KIND, exported_scheduler(step_dir, record, step)
-        extra = {} if scheduler is None else {FILE_NAME: scheduler}
-    try:
-        it.write_checkpoint(
-            output,
-            kind,
-            family,
-            params,
-            header,
-            moments,
-            state,
-            replace=replacing,
-            topology=topology,
-            extra_files=extra,
-        )
-    except LLMCFormatError as e:
-        raise CheckpointError(str(e)) from None
-    return {
-        'output': str(output),
-        'kind': fmt,
-        'model_family': family,
-        'step': step,
-        'optimizer_file': moments is not None,
-        'topology': topology.describe() if topology else None,
-        'upstream_flags': topology.upstream_flags() if topology else '',
-        'ranks': topology.world if topology else 1,
-    }
-
-
-def _next_lr(step_dir, ckpt) -> float:
-    """last_lr, or where the LR-scheduler generation keeps it: lr_scheduler.ckpt's recover_lr (0 without)."""
-    if ckpt.state.last_lr is not None:
-        return ckpt.state.last_lr
-    from jaxtrain.checkpoint.formats.infinitrain.schedule import saved_scheduler
-
-    found = saved_scheduler(step_dir)
-    if found:
-        return float(found[1].get('recover_lr', 0.0))
-    return float((ckpt.state.jaxtrain or {}).get('learning_rate', 0.0))
-
-
-def export_line(written: dict) -> str:
-    no_optimizer = '' if written['optimizer_file'] else ' (no optimizer file: no Adam state)'
-    if written.get('topology'):
-        return (
-            f"wrote {written['output']}: {written['kind']} checkpoint of {written['model_family']} step "
-            f"{written['step']} as {written['ranks']} rank directories ({written['topology']})"
-            f"{no_optimizer}; "
-            f"InfiniTrain resumes it with {written['upstream_flags']} --load {written['output']}"
-        )
-    return (
-        f"wrote {written['output']}: {written['kind']} checkpoint of {written['model_family']} step "
-        f"{written['step']}{no_optimizer}; InfiniTrain resumes it with --load (HEAD) / --resume_from (PR) "
-        f"{written['output']}"
-    )
-
-
-def _header_from_files(ckpt):
-    """The model header of an upstream-written directory: only the PR's llm.c model.bin carries one."""
-    if ckpt.kind == it.PR_BIN_KIND:
-        import llmc_io
-
-        return llmc_io.load_model(ckpt.path / it.FILES[ckpt.kind][0])[0]
-    raise CheckpointError(
-        f'{ckpt.path}: model shape: expected jaxtrain\'s record of it or an llm.c model.bin, found neither '
-        '(a CKPT file has no head count or RoPE settings, and HEAD\'s trainer_state.json holds config '
-        'defaults); '
-        'export from the PR generation\'s directory, or resume it with --llmc_filepath and save again'
-    )
-
-
-def _from_orbax(step_dir):
-    from jaxtrain.checkpoint.trainer_state import read_trainer_state
-    from jaxtrain.checkpoint.formats.orbax.inspection import find_step_dir, model_config_object, restore_item
-
-    # A folder that is no checkpoint at all is told so, not named a damaged one below.
-    step_dir = find_step_dir(step_dir)
-    record = read_trainer_state(step_dir)
-    family = record['model_family']
-    header = model_header(family, dataclasses.asdict(model_config_object(family, record['model_config'])))
-    params = restore_item(step_dir, 'params')
-    moments = None
-    if (Path(step_dir) / 'opt_state').is_dir():
-        tensors = canonical_tensors(step_dir)
-        if 'adam.t' in tensors:
-            mu, nu = {}, {}
-            from llmc_io.tensors import tree_set
-
-            for name, value in tensors.items():
-                if name.startswith('adam.m/'):
-                    tree_set(mu, name[len('adam.m/') :], value)
-                elif name.startswith('adam.v/'):
-                    tree_set(nu, name[len('adam.v/') :], value)
-            moments = (mu, nu, int(tensors['adam.t']))
-    return family, params, moments, record, header

@@ -28,6 +28,7 @@ import optax
 
 import llmc_io
 from jaxtrain.checkpoint.formats.infinitrain import steps as it
+from jaxtrain.checkpoint.formats.infinitrain import writer
 from jaxtrain.checkpoint.formats.infinitrain.record import recorded_problems
 from jaxtrain.checkpoint.layout import CheckpointError, step_dir_name
 from llmc_io.infinitrain_state import CONFIG_DEFAULTS, HEAD, LR_SCHEDULER, PR, InfiniTrainState
@@ -253,4 +254,4 @@ def save_step_dir(
     final = Path(root) / step_dir_name(step)
     kind = it.HEAD_KIND if fmt == LRS_FORMAT else fmt
     extra = {} if lr_scheduler is None else {'lr_scheduler.ckpt': lr_scheduler}
-    return it.write_checkpoint(final, kind, family, params, header, moments, state, extra_files=extra)
+    return writer.write_checkpoint(final, kind, family, params, header, moments, state, extra_files=extra)

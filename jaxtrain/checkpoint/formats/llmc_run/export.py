@@ -51,7 +51,8 @@ def export(step_dir, output, force: bool = False, version: int = 5) -> dict:
     """Write step_dir (one of our Orbax steps) into the llm.c run folder `output`: the model as
     version 5 (bf16, train_gpt2cu's default build) or 3 (fp32, a PRECISION=FP32 build)."""
     from jaxtrain.data.stream import LLMCShuffledStream
-    from jaxtrain.checkpoint.formats.infinitrain.inspection import _from_orbax, kind_of
+    from jaxtrain.checkpoint.formats.infinitrain.export import state_from_orbax
+    from jaxtrain.checkpoint.formats.infinitrain.inspection import kind_of
 
     if kind_of(step_dir) != 'orbax':
         raise CheckpointError(
@@ -65,7 +66,7 @@ def export(step_dir, output, force: bool = False, version: int = 5) -> dict:
     # Where it would write, before the arrays are read: a refusal costs nothing.
     listed = read_trainer_state(find_step_dir(step_dir))
     _check_step_output(Path(output), int(listed['step']), force, step_dir, listed.get('llmc_file', ''))
-    family, params, moments, record, header = _from_orbax(step_dir)
+    family, params, moments, record, header = state_from_orbax(step_dir)
     if family != 'gpt2':
         raise CheckpointError(f'{step_dir}: model_family: expected gpt2 (train_gpt2cu), found {family}')
     if moments is None:

@@ -1,0 +1,175 @@
+"""InfiniTrain step directories written: every generation's files into a temporary directory that is
+renamed when complete, one rank directory per rank of a topology, each rank's sha256 recorded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+import llmc_io
+from jaxtrain.checkpoint.trainer_state import with_digest
+from llmc_io import infinitrain_names as names
+from llmc_io import infinitrain_ranks
+from llmc_io.atomic_file import fsync_directory
+from llmc_io.errors import LLMCFormatError
+from llmc_io.infinitrain_state import InfiniTrainState, read_trainer_state, write_trainer_state
+from llmc_io.infinitrain_topology import Topology
+from llmc_io.statedict import write_state_dict
+from jaxtrain.checkpoint.formats.infinitrain.steps import (
+    FILES,
+    HEAD_KIND,
+    PR_BIN_KIND,
+    TRAINER_STATE,
+    TMP_MARK,
+)
+
+
+def write_checkpoint(
+    final_dir,
+    kind: str,
+    family: str,
+    params: dict,
+    header,
+    moments,
+    state: InfiniTrainState,
+    replace: bool = False,
+    topology: Topology | None = None,
+    extra_files: dict[str, bytes] | None = None,
+) -> Path:
+    """Write one step directory atomically. params: NumPy tree; header: llmc_io GPT2Header / LLaMA3Header of
+    model; moments: (mu, nu, t) or None (no optimizer file, as upstream does for SGD). An existing
+    final_dir is an error unless `replace` (the caller has checked that it wrote it): a directory
+    someone else put there is never deleted. topology: a multi-GPU run's layout to write rank_NNNNNN/
+    directories for (HEAD files only). extra_files: more files of the directory (of each rank's) by name
+    (lr_scheduler.ckpt), written before the sha256s are taken."""
+    final_dir = Path(final_dir)
+    if topology is not None and topology.world > 1 and kind != HEAD_KIND:
+        raise LLMCFormatError(
+            final_dir,
+            '--format',
+            f'{HEAD_KIND} for a multi-GPU topology',
+            kind,
+            'rank directories are written as HEAD (b24d92f) files only',
+        )
+    if final_dir.exists() and not replace:
+        raise LLMCFormatError(
+            final_dir,
+            'directory',
+            'a step directory to create',
+            'one already there',
+            'it is left as it is; move it away, or choose another directory',
+        )
+    final_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=final_dir.name + TMP_MARK, dir=final_dir.parent))
+    old = None
+    try:
+        if topology is not None and topology.world > 1:
+            _write_ranks(tmp, family, params, header, moments, state, topology, extra_files)
+        else:
+            _write_files(tmp, kind, family, params, header, moments, state, extra_files)
+        os.chmod(tmp, 0o755)
+        fsync_directory(tmp)  # the files' names, before the rename makes the step look complete
+        if final_dir.exists():  # replace: the old one goes under a temporary name until the new is in place
+            old = Path(tempfile.mkdtemp(prefix=final_dir.name + TMP_MARK, dir=final_dir.parent))
+            os.replace(final_dir, old)
+        os.replace(tmp, final_dir)
+        fsync_directory(final_dir.parent)  # the rename itself survives a power loss
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not final_dir.exists():
+            os.replace(old, final_dir)
+        raise
+    if old is not None:
+        shutil.rmtree(old)
+    return final_dir
+
+
+def _write_files(tmp: Path, kind, family, params, header, moments, state, extra_files=None) -> None:
+    """The files of one step directory, each streamed with its sha256 taken as it is written (not
+    read back). One file after the other: the leaves of a file are fetched (from the device, in a
+    background save) when its write starts and dropped when it ends, so the host holds one file's
+    arrays at a time, not the whole step."""
+    model_name, opt_name = FILES[kind]
+    vocab = header.vocab_size
+    files = {}
+    if kind == PR_BIN_KIND:
+        files[model_name] = _save_llmc(tmp / model_name, family, params, header)
+    else:
+        model = names.tree_to_state_dict(family, params, vocab, header.max_seq_len)
+        files[model_name] = write_state_dict(tmp / model_name, model)
+        del model
+    if moments is not None:
+        mu, nu, t = moments
+        adam = names.trees_to_moments(family, mu, nu, t, vocab, kind == HEAD_KIND)
+        files[opt_name] = write_state_dict(tmp / opt_name, adam)
+        del adam
+    for name, payload in (extra_files or {}).items():
+        (tmp / name).write_bytes(payload)
+        files[name] = hashlib.sha256(payload).hexdigest()
+    if state.jaxtrain is not None:  # lets resume and `ckpt verify` prove these are the files we wrote
+        files = dict(sorted(files.items()))
+        # The digest covers the whole object (step, data position, rng, configs, the files' sha256).
+        state = dataclasses.replace(state, jaxtrain=with_digest(dict(state.jaxtrain, sha256=files)))
+    write_trainer_state(tmp / TRAINER_STATE, state)
+
+
+def _write_ranks(
+    tmp: Path, family, params, header, moments, state, topology: Topology, extra_files=None
+) -> None:
+    # With TP > 1 GPT-2's model vocabulary is the padded one (example/gpt2/checkpoint_loader.cc:81-82).
+    vocab = header.padded_vocab_size if family == 'gpt2' and topology.tp > 1 else header.vocab_size
+    model = names.tree_to_state_dict(family, params, vocab, header.max_seq_len)
+    optimizer = None
+    if moments is not None:
+        mu, nu, t = moments
+        optimizer = names.trees_to_moments(family, mu, nu, t, vocab, head_keys=False)
+    if state.jaxtrain is not None:  # what trainer_state.json cannot say, for reading these files back
+        state = dataclasses.replace(
+            state,
+            jaxtrain=dict(
+                state.jaxtrain, virtual_pipeline_parallel=topology.vpp, zero_stage=topology.zero_stage
+            ),
+        )
+    heads = (header.num_heads, getattr(header, 'num_kv_heads', header.num_heads))
+    rank_dirs_written = infinitrain_ranks.write_step(tmp, family, model, optimizer, state, topology, heads)
+    for rank_dir in rank_dirs_written:  # every rank saves the same scheduler (its own copy)
+        for name, payload in (extra_files or {}).items():
+            (rank_dir / name).write_bytes(payload)
+    if state.jaxtrain is not None:
+        _record_rank_sha256(tmp, rank_dirs_written)
+
+
+def _record_rank_sha256(step_dir: Path, ranks: list[Path]) -> None:
+    """Every rank's trainer_state.json gets the sha256 of every rank's files, named from the step
+    directory (rank_000001/model.ckpt): two ranks' files swapped, or data-parallel replicas edited
+    alike (which still agree with each other), are then told from the files we wrote."""
+    from jaxtrain.checkpoint.trainer_state import file_sha256
+
+    files = {
+        f'{rank.name}/{p.name}': file_sha256(p)  # read back in pieces: a rank's files may be large
+        for rank in ranks
+        for p in sorted(rank.iterdir())
+        if p.name != TRAINER_STATE
+    }
+    for rank in ranks:
+        rank_state = read_trainer_state(rank / TRAINER_STATE)
+        record = with_digest(dict(rank_state.jaxtrain, sha256=files))
+        write_trainer_state(rank / TRAINER_STATE, dataclasses.replace(rank_state, jaxtrain=record))
+
+
+def _save_llmc(path: Path, family: str, params: dict, header) -> str:
+    """SaveAsLLMC's model.bin; returns its sha256."""
+    if family == 'gpt2':
+        # SaveAsLLMC (f9cb65b5) writes header V, and the model's vocab (V at TP=1) in the Vp slot: no padding.
+        trimmed = dict(params, wte={'embedding': np.asarray(params['wte']['embedding'])[: header.vocab_size]})
+        return llmc_io.save_gpt2(
+            path, dataclasses.replace(header, padded_vocab_size=header.vocab_size), trimmed
+        )
+    return llmc_io.save_llama3(path, header, params)  # major/minor 1/0, floats bit-cast, as SaveAsLLMC
