@@ -26,16 +26,6 @@ without a validation shard). Nothing is written when an input is refused.
 A prefix that already has shards (any split, any number) is refused; with --force all of them
 are removed before the new ones are written, so OUTPUT_train_*.bin never mixes two corpora. An
 input that is one of those shards is refused, --force or not.
-
-The documents of text inputs, for `llmc_io shard`: what llm.c's data scripts call a document.
-
-- a text file is one document, or, with split_blank_lines, one per "\n\n"-separated section, each but
-  the last keeping its "\n\n" (llm.c dev/data/tinyshakespeare.py at d36f0e6 does so "for backwards
-  compatibility": it meant to drop them);
-- a `.jsonl` file holds one JSON object per line, the document in its `text_field`
-  (FineWeb's rows, as llm.c's fineweb.py reads them through `datasets`);
-- a `.parquet` file (FineWeb's own files) holds one document per row of column `text_field`, read
-  with pyarrow when it is installed.
 """
 
 from __future__ import annotations
@@ -279,6 +269,17 @@ def run(args) -> None:
 
 
 BLANK_LINE = "\n\n"
+
+
+# The documents of text inputs: what llm.c's data scripts call a document.
+#
+# - a text file is one document, or, with split_blank_lines, one per "\n\n"-separated section, each but
+#   the last keeping its "\n\n" (llm.c dev/data/tinyshakespeare.py at d36f0e6 does so "for backwards
+#   compatibility": it meant to drop them);
+# - a `.jsonl` file holds one JSON object per line, the document in its `text_field`
+#   (FineWeb's rows, as llm.c's fineweb.py reads them through `datasets`);
+# - a `.parquet` file (FineWeb's own files) holds one document per row of column `text_field`, read
+#   with pyarrow when it is installed.
 
 
 def _decode(path: str, data: bytes) -> str:
