@@ -338,3 +338,9 @@ def n_embd_of(tensors: dict) -> int:
 
 def expected_rank_count(topology: Topology) -> int:
     return math.prod((topology.ddp, topology.tp, topology.cp, topology.pp))
+
+
+def stage_chunks(topology: Topology, stage: int, num_layers: int):
+    """(layers per chunk of pipeline `stage`, whether it is the first stage, whether the last)."""
+    chunks = tuple(b - a for a, b in sorted(chunk_ranges(num_layers, topology.pp, stage, topology.vpp)))
+    return chunks, stage == 0, stage == topology.pp - 1

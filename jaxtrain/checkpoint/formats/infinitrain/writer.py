@@ -16,7 +16,7 @@ import numpy as np
 import llmc_io
 from jaxtrain.checkpoint.trainer_state import with_digest
 from llmc_io import infinitrain_names as names
-from llmc_io import infinitrain_ranks
+from llmc_io import infinitrain_rank_writer
 from llmc_io.atomic_file import fsync_directory
 from llmc_io.errors import LLMCFormatError
 from llmc_io.infinitrain_state import InfiniTrainState, read_trainer_state, write_trainer_state
@@ -138,7 +138,9 @@ def _write_ranks(
             ),
         )
     heads = (header.num_heads, getattr(header, 'num_kv_heads', header.num_heads))
-    rank_dirs_written = infinitrain_ranks.write_step(tmp, family, model, optimizer, state, topology, heads)
+    rank_dirs_written = infinitrain_rank_writer.write_step(
+        tmp, family, model, optimizer, state, topology, heads
+    )
     for rank_dir in rank_dirs_written:  # every rank saves the same scheduler (its own copy)
         for name, payload in (extra_files or {}).items():
             (rank_dir / name).write_bytes(payload)
