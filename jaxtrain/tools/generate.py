@@ -69,8 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
         default='',
         metavar='FILE',
         help="a Hugging Face tokenizer.json or tiktoken BPE file (LLaMA-3's tokenizer.model) to encode "
-        "--prompt and decode with ('' = a --checkpoint's run's --tokenizer, else --tokenizer_bin's or the "
-        'built-in)',
+        "--prompt and decode with ('' = a --checkpoint's run's --tokenizer or a Hugging Face folder's "
+        "tokenizer.json, else --tokenizer_bin's or the built-in)",
     )
     prompt = parser.add_mutually_exclusive_group()
     prompt.add_argument(
@@ -191,14 +191,22 @@ def _run_tokenizer(record) -> str:
 
 
 def load_tokenizer(args, family: str, config, record=None):
-    """The tokenizer to decode with, or None (ids are printed) when there is none to take. A
-    checkpoint's run's own --tokenizer (its record's) is taken when none is given."""
+    """The tokenizer to decode with, or None (ids are printed) when there is none to take. When none
+    is given: the checkpoint's run's own --tokenizer (its record's), else a Hugging Face folder's
+    tokenizer.json."""
     from jaxtrain.data.tokenizer import load_run_tokenizer
 
     tokenizer = args.tokenizer
     if not tokenizer and not args.tokenizer_bin:
-        tokenizer = _run_tokenizer(record)
+        tokenizer = _run_tokenizer(record) or _folder_tokenizer(args.checkpoint)
     return load_run_tokenizer(args.tokenizer_bin, tokenizer, family, config.vocab_size)
+
+
+def _folder_tokenizer(checkpoint) -> str:
+    """A Hugging Face folder's own tokenizer.json (`ckpt export --format hf` writes the run's there),
+    so that generating from the folder decodes as its run did; else ''."""
+    found = Path(checkpoint or '') / 'tokenizer.json' if checkpoint else None
+    return str(found) if found is not None and found.is_file() else ''
 
 
 def prompt_ids(args, tokenizer, eot_default: int, vocab_size: int) -> list[int]:

@@ -332,3 +332,27 @@ def test_infinitrain_steps_and_roots_decode_as_the_reference(tmp_path, capsys):
         )
         assert code == 0, err
         assert out.split('--- sample 1/1\n')[1].split('\n')[0] == ' '.join(map(str, expected[2:]))
+
+
+def test_a_hugging_face_folder_decodes_with_its_own_tokenizer_json(tmp_path):
+    """An exported HF folder holds the run's tokenizer.json; generate from the folder takes it when no
+    --tokenizer is given, as it takes a checkpoint's recorded one."""
+    import argparse
+
+    import tokenizers
+
+    from text_tokenizers import train_bpe
+
+    folder = tmp_path / 'hf_model'
+    folder.mkdir()
+    train_bpe(folder / 'tokenizer.json', 'gpt2', vocab_size=512)
+    args = argparse.Namespace(checkpoint=str(folder), tokenizer='', tokenizer_bin='')
+    config = argparse.Namespace(vocab_size=512)
+    tokenizer = generate.load_tokenizer(args, 'gpt2', config, record=None)
+    text = 'def main(argv):\n    return'
+    expected = tokenizers.Tokenizer.from_file(str(folder / 'tokenizer.json')).encode(text).ids
+    from jaxtrain.data.tokenizer import encode_prompt
+
+    assert encode_prompt(tokenizer, text) == expected
+    bare = argparse.Namespace(checkpoint=str(tmp_path), tokenizer='', tokenizer_bin='')
+    assert generate._folder_tokenizer(bare.checkpoint) == ''  # no tokenizer.json there: the built-in one
