@@ -189,7 +189,9 @@ class RunSaver:
         if self.last_val is not None and self.last_val[0] == step:
             record['val_loss'] = self.last_val[1]
         self._rank_best(step)
-        as_given = layout.Path(config.checkpoint_dir) / layout.step_dir_name(step)  # as InfiniTrain prints it
+        # As InfiniTrain prints it: under --checkpoint_dir as given, named as the format names the step
+        # (an llm.c run folder's step is its model file).
+        as_given = layout.Path(config.checkpoint_dir) / self.checkpointer.step_dir(step).name
         self._report(ckpt_lines.ckpt_save_begin_line(as_given, step))
         self.checkpointer.save_snapshot(step, snapshot, record)
         # InfiniTrain's "done" line: the save is handed off here; save_events.py says when it is committed.

@@ -161,6 +161,7 @@ def test_checkpoint_format_llmc_saves_a_run_folder_that_resumes_exactly(llmc_for
     work, full, out = llmc_format_run
     assert llmc_run.committed_steps(work / 'A') == [5, 10, 12]
     assert f"save: step 5 -> {work / 'A' / 'model_00000005.bin'}" in out
+    assert f'[CKPT] Save done: dir="{work / "A" / "model_00000005.bin"}"' in out  # the file that exists
     loader = 8 + 2 * 4 + 8 + 5 * 4 + 2520
     ours = (work / 'A' / 'state_00000010_00000.bin').read_bytes()
     assert ours[-loader:] == (RUN / 'a' / 'state_00000010_00000.bin').read_bytes()[-loader:]
