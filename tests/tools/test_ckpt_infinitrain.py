@@ -266,3 +266,33 @@ def test_gzipped_sample_steps_are_named_with_the_gunzip_hint(real, capsys, tmp_p
     assert generate.main(['--checkpoint', str(packed)]) == 2  # a root of them: its step's one line
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and 'gunzip' in err and 'model.ckpt.gz' in err
+
+
+@needs_samples
+def test_show_prints_one_short_line_a_field(real, tmp_path, capsys):
+    """`ckpt show` for people: mappings as name=value pairs wrapped at 100 columns, upstream's shape
+    fields said to be its config defaults (the real head-gpt2 files hold 2 layers of 96 channels but
+    record GPT2Config()'s 12 x 768), and jaxtrain's record named by its fields, not dumped."""
+    step = real / 'head-gpt2/a/checkpoint_step_000010'
+    code, out, err = run_tool(capsys, 'show', step)
+    assert code == 0, err
+    assert _wrapped_at_100(out)
+    fields = {line.split()[0]: line for line in out.splitlines() if line and not line.startswith(' ')}
+    assert 'num_layers=2 channels=96' in fields['model']
+    assert 'n_layer=12' in fields['shape_fields'] and 'n_embd=768' in fields['shape_fields']
+    assert "upstream's config defaults" in out
+    ours = tmp_path / 'ours' / 'checkpoint_step_000010'
+    pr_step = real / 'pr-gpt2/a/checkpoint_step_000010'  # its model.bin header gives the shape
+    code, _, err = run_tool(capsys, 'export', pr_step, '--format', 'infinitrain', '--output', ours)
+    assert code == 0, err
+    code, out, err = run_tool(capsys, 'show', tmp_path / 'ours' / 'checkpoint_step_000010')
+    assert code == 0, err
+    assert _wrapped_at_100(out)
+    jaxtrain_row = next(line for line in out.splitlines() if line.startswith('jaxtrain '))
+    assert 'fields (' in jaxtrain_row and '--json' in out
+
+
+def _wrapped_at_100(text: str) -> bool:
+    """Every line within 100 columns, but for one that is a single word after its key (a long path
+    cannot be broken)."""
+    return all(len(line) <= 100 or len(line.split()) <= 2 for line in text.splitlines())

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -238,9 +239,14 @@ def show_text(shown: dict, table, number) -> str:
     width = max(len(k) for k in shown)
     lines = []
     for key, value in shown.items():
-        if key == 'notices':
-            value = '; '.join(value) or 'none'
-        lines.append(f'{key.ljust(width)}  {value}')
+        lines += textwrap.wrap(
+            _text_value(key, value),
+            width=100,
+            initial_indent=f'{key.ljust(width)}  ',
+            subsequent_indent=' ' * (width + 2),
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
     if tensors is not None:
         rows = [
             [t['name'], 'x'.join(map(str, t['shape'])) or '()', t['dtype']]
@@ -249,6 +255,23 @@ def show_text(shown: dict, table, number) -> str:
         ]
         lines += ['', table(['tensor', 'shape', 'dtype', 'min', 'max', 'mean', 'std'], rows)]
     return '\n'.join(lines)
+
+
+def _text_value(key: str, value) -> str:
+    """One field of `show` for people: a mapping as `name=value` pairs; the jaxtrain record by its
+    field names (`--json` has their values); upstream's shape fields with what they are."""
+    if key == 'notices':
+        return '; '.join(value) or 'none'
+    if key == 'jaxtrain' and isinstance(value, dict):
+        return f"{len(value)} fields ({', '.join(value)}); --json shows their values"
+    if isinstance(value, dict):
+        text = ' '.join(f'{k}={v}' for k, v in value.items())
+        if key == 'shape_fields':
+            # Upstream writes its GPT2Config()/LLaMA3Config() defaults here for a run started from an
+            # llm.c file; `model` above is what the tensors hold.
+            text += ' (trainer_state.json\'s; upstream\'s config defaults when it started from an llm.c file)'
+        return text
+    return str(value)
 
 
 # --- verify --------------------------------------------------------------------------------------------
