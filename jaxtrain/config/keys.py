@@ -245,7 +245,8 @@ KEYS = (
     (
         'resume_from',
         '',
-        "a checkpoint_step_NNNNNN directory (ours or InfiniTrain's), or 'latest' (newest in checkpoint_dir)",
+        "a checkpoint step of any kind (a checkpoint_step_NNNNNN directory, ours or InfiniTrain's; an llm.c "
+        "run folder or its model_NNNNNNNN.bin), or 'latest' (newest in checkpoint_dir)",
     ),
     (
         'overwrite_later_checkpoints',
