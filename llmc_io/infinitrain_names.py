@@ -20,6 +20,8 @@ int64, 0-d.
 
 from __future__ import annotations
 
+import concurrent.futures
+import os
 import re
 
 import numpy as np
@@ -199,8 +201,14 @@ def state_dict_to_tree(path, tensors: dict, expected_shapes: dict[str, tuple[int
             tree_set(tree, tree_path, np.ascontiguousarray(value, dtype=np.float32))
         else:
             per_layer.setdefault(tree_path, [None] * num_layers)[layer] = value
-    for tree_path, values in per_layer.items():
-        tree_set(tree, tree_path, np.ascontiguousarray(np.stack(values), dtype=np.float32))
+    # Each stacked leaf is a copy of its layers (transposed where the file is (out, in)); NumPy's
+    # copies let go of the GIL, so the leaves are made side by side.
+    with concurrent.futures.ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
+        stacked = pool.map(
+            lambda values: np.ascontiguousarray(np.stack(values), dtype=np.float32), per_layer.values()
+        )
+        for tree_path, value in zip(per_layer, stacked):
+            tree_set(tree, tree_path, value)
     if family == GPT2:
         wte = arrays["transformer.wte.weight"]
         if arrays[TIED_HEAD].shape != wte.shape or not np.array_equal(

@@ -15,7 +15,9 @@ bf16 tensors travel as their uint16 bit patterns, with dtype code 9 kept beside 
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import hashlib
 import os
 import struct
 from collections.abc import Mapping
@@ -80,8 +82,9 @@ def dtype_code(array: np.ndarray) -> int:
 class _Reader:
     """Bounds-checked sequential reads; every shortfall names the field being read."""
 
-    def __init__(self, path: str, f, size: int):
+    def __init__(self, path: str, f, size: int, hasher=None):
         self.path, self.f, self.size, self.pos = path, f, size, 0
+        self.hasher = hasher  # a _Hasher every byte read goes through, or None
 
     def _check_room(self, nbytes: int, field: str) -> None:
         if self.pos + nbytes > self.size:
@@ -97,6 +100,8 @@ class _Reader:
         self._check_room(nbytes, field)
         data = self.f.read(nbytes)
         self.pos += nbytes
+        if self.hasher is not None:
+            self.hasher.update(data)
         return data
 
     def read_array(self, dtype: np.dtype, dims, nbytes: int, field: str) -> np.ndarray:
@@ -106,20 +111,58 @@ class _Reader:
         if self.f.readinto(as_bytes(array)) != array.nbytes:
             raise LLMCFormatError(self.path, field, f"{array.nbytes} bytes", "a short read")
         self.pos += array.nbytes
+        if self.hasher is not None:
+            self.hasher.update(as_bytes(array))
         return array
 
     def unpack(self, fmt: str, field: str):
         return struct.unpack("<" + fmt, self.take(struct.calcsize("<" + fmt), field))
 
 
-def read_state_dict(path: str | os.PathLike) -> dict[str, CkptTensor]:
-    """{name: CkptTensor} of a CKPT file, in file order. Raises LLMCFormatError on any malformation."""
+class _Hasher:
+    """sha256 of what a reader reads, taken on another thread while the next tensor is read (hashlib
+    lets go of the GIL): a file read once gives both its tensors and its digest."""
+
+    def __init__(self):
+        self.digest = hashlib.sha256()
+        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sha256")
+        self.pending = None
+
+    def update(self, data) -> None:
+        if self.pending is not None:
+            self.pending.result()
+        self.pending = self.pool.submit(self.digest.update, data)
+
+    def hexdigest(self) -> str:
+        if self.pending is not None:
+            self.pending.result()
+        return self.digest.hexdigest()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+
+
+def read_state_dict(path: str | os.PathLike, sha256_of: dict | None = None) -> dict[str, CkptTensor]:
+    """{name: CkptTensor} of a CKPT file, in file order. Raises LLMCFormatError on any malformation.
+    sha256_of: a dict that gets {path: the file's sha256 (hex)}, taken from the same read."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise LLMCFormatError(path, "file", "a CKPT state-dict file", "nothing there")
+    hasher = _Hasher() if sha256_of is not None else None
+    try:
+        tensors = _read_state_dict(path, hasher)
+        if hasher is not None:
+            sha256_of[path] = hasher.hexdigest()
+        return tensors
+    finally:
+        if hasher is not None:
+            hasher.close()
+
+
+def _read_state_dict(path: str, hasher) -> dict[str, CkptTensor]:
     size = os.path.getsize(path)
     with open(path, "rb") as f:
-        r = _Reader(path, f, size)
+        r = _Reader(path, f, size, hasher)
         (magic,) = r.unpack("I", "magic")
         if magic != CKPT_MAGIC:
             raise LLMCFormatError(

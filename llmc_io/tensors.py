@@ -8,6 +8,7 @@ Linear weights are stored (out, in) in the file; a tree path ending in "/kernel"
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import itertools
 import os
@@ -95,10 +96,26 @@ def read_tensors(
     return tensors
 
 
+# Elements per piece of all_finite's check: 64 MiB of fp32.
+_FINITE_PIECE = 1 << 24
+
+
+def all_finite(values: np.ndarray) -> bool:
+    """Whether every value is finite, checked in pieces on several threads (NumPy's ufuncs let go
+    of the GIL): a 1B model's weights and moments, 17 GiB, in seconds rather than half a minute,
+    and never a boolean copy of a whole tensor."""
+    flat = np.asarray(values).reshape(-1)
+    if flat.size <= _FINITE_PIECE:
+        return bool(np.isfinite(flat).all())
+    pieces = (flat[start : start + _FINITE_PIECE] for start in range(0, flat.size, _FINITE_PIECE))
+    with concurrent.futures.ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
+        return all(pool.map(lambda piece: bool(np.isfinite(piece).all()), pieces))
+
+
 def check_finite(path: str | os.PathLike, spec: TensorSpec, values: np.ndarray) -> None:
-    finite = np.isfinite(values)
-    if finite.all():
+    if all_finite(values):
         return
+    finite = np.isfinite(values)
     bad = ~finite
     num_nan = int(np.isnan(values).sum())
     first = tuple(int(i) for i in np.argwhere(bad)[0])

@@ -8,6 +8,7 @@ step early."""
 import dataclasses
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -114,6 +115,28 @@ def test_the_unedited_copy_resumes_and_verifies(saved, tmp_path, capsys):
     assert 'sha256 of 2 files as recorded' in out  # model.ckpt, optimizer.ckpt
     result = resume(saved, step_dir, 3)
     assert result.code == 0 and 'restored step 2' in result.out, result.err
+
+
+def test_a_resume_reads_each_file_once(saved, tmp_path, monkeypatch):
+    # The read that restores the arrays also takes the files' sha256; neither the recorded-sha256
+    # check nor verify's checks read model.ckpt or optimizer.ckpt again.
+    from jaxtrain.checkpoint.formats.infinitrain import record
+    from llmc_io import statedict
+
+    step_dir = copy(saved, tmp_path)
+    opened = []
+    real_open = open
+
+    def counting_open(file, *args, **kwargs):
+        if str(file).endswith('.ckpt'):
+            opened.append(Path(file).name)
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(statedict, 'open', counting_open, raising=False)
+    monkeypatch.setattr(record, 'file_sha256', lambda path: opened.append(f'hashed {Path(path).name}'))
+    result = resume(saved, step_dir, 3)
+    assert result.code == 0 and 'restored step 2' in result.out, result.err
+    assert sorted(opened) == ['model.ckpt', 'optimizer.ckpt']
 
 
 def test_a_field_out_of_range_with_a_recomputed_digest_is_refused(saved, tmp_path, capsys):

@@ -137,6 +137,46 @@ def test_a_streamed_file_is_upstreams_bytes_in_slices_with_its_sha256(tmp_path, 
     assert digest == hashlib.sha256(expected).hexdigest()
 
 
+def test_a_file_flushed_and_hashed_behind_its_write_is_the_same_bytes(tmp_path, monkeypatch):
+    # A flush to the disk every 16 bytes and the hash one piece behind the write: every stage of
+    # the pipeline runs many times, and the file and its digest are still upstream's bytes.
+    import hashlib
+
+    from llmc_io import atomic_file, statedict
+
+    monkeypatch.setattr(statedict, 'SLICE_BYTES', 16)
+    monkeypatch.setattr(atomic_file, 'FLUSH_BYTES', 16)
+    monkeypatch.setattr(atomic_file, 'HASH_BEHIND', 1)
+    calls = []
+    real_fdatasync = atomic_file.os.fdatasync
+    monkeypatch.setattr(atomic_file.os, 'fdatasync', lambda fd: (calls.append(fd), real_fdatasync(fd)))
+    rng = np.random.default_rng(3)
+    weights = rng.standard_normal((40, 7)).astype('<f4')
+    expected = _cpp_save_state_dict([('w', 11, (7, 40), weights.T.tobytes())])
+    path = tmp_path / 'model.ckpt'
+    digest = write_state_dict(path, {'w': CkptTensor(11, weights.T)})
+    assert path.read_bytes() == expected and digest == hashlib.sha256(expected).hexdigest()
+    assert len(calls) >= 7  # flushed behind the write (a flush a row of 160 bytes), not only at its end
+
+
+def test_a_read_takes_the_files_sha256_as_it_reads(tmp_path):
+    import hashlib
+
+    entries, _, _ = _sample_entries()
+    blob = _cpp_save_state_dict(entries)
+    path = tmp_path / 'optimizer.ckpt'
+    path.write_bytes(blob)
+    digests = {}
+    tensors = read_state_dict(path, digests)
+    assert digests == {str(path): hashlib.sha256(blob).hexdigest()}
+    assert list(tensors) == [e[0] for e in entries]
+    path.write_bytes(blob + b'x')  # a read that fails records no digest
+    digests = {}
+    with pytest.raises(LLMCFormatError, match='end of file'):
+        read_state_dict(path, digests)
+    assert digests == {}
+
+
 def test_a_piece_that_fails_leaves_the_old_file_and_no_temporary(tmp_path):
     from llmc_io.atomic_file import write_pieces_atomically
 

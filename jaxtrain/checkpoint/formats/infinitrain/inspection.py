@@ -24,7 +24,7 @@ from jaxtrain.checkpoint.formats.infinitrain.record import recorded_problems
 from jaxtrain.checkpoint.layout import CheckpointError
 from llmc_io.errors import LLMCFormatError
 from llmc_io.infinitrain_state import HEAD, LR_SCHEDULER, PR
-from llmc_io.tensors import tree_leaves
+from llmc_io.tensors import all_finite, tree_leaves
 
 ORBAX = 'orbax'
 
@@ -277,20 +277,23 @@ def _text_value(key: str, value) -> str:
 # --- verify --------------------------------------------------------------------------------------------
 
 
-def verify(step_dir):
+def verify(step_dir, ckpt: it.InfiniTrainCheckpoint | None = None):
     """Verification(problems, checked) of an InfiniTrain directory: every file parses byte-exactly, names and
-    shapes fit one model, GPT-2's tied copy and causal masks, Adam's keys and t, finiteness, our sha256s."""
+    shapes fit one model, GPT-2's tied copy and causal masks, Adam's keys and t, finiteness, our sha256s.
+    ckpt: the directory as a resume has just read it (its reading made the parse's checks, and took
+    its files' sha256), or None to read it here."""
     from jaxtrain.checkpoint.format import Verification
 
     problems, checked = [], []
-    try:
-        ckpt = read_step(step_dir)
-    except CheckpointError as e:
-        return Verification([str(e)], checked)
+    if ckpt is None:
+        try:
+            ckpt = read_step(step_dir)
+        except CheckpointError as e:
+            return Verification([str(e)], checked)
     checked.append(f'model file and trainer_state.json readable ({ckpt.ranks} rank dir(s))')
     checked.append(f'params: {len(tree_leaves(ckpt.params))} tensors fit one {ckpt.family} model')
     for name, value in tree_leaves(ckpt.params).items():
-        if not np.all(np.isfinite(value)):
+        if not all_finite(value):
             problems.append(f'{ckpt.path}: params[{name}]: expected finite values, found NaN or inf')
     if ckpt.moments is not None:
         t = ckpt.moments[2]
@@ -313,7 +316,7 @@ def verify(step_dir):
         if not differences:
             kind = 'data- and context-parallel' if ckpt.topology.cp > 1 else 'data-parallel'
             checked.append(f'weights of the {ckpt.topology.replicas} {kind} replicas bit-identical')
-    found, passed = recorded_problems(step_dir, ckpt.path, ckpt.state)  # digest, step, files' sha256
+    found, passed = recorded_problems(step_dir, ckpt.path, ckpt.state, ckpt.sha256)  # digest, step, sha256s
     problems += found
     checked += passed
     checked += ckpt.notices

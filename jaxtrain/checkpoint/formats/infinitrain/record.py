@@ -12,6 +12,7 @@ its global_step.
 from __future__ import annotations
 
 import concurrent.futures
+import os
 from pathlib import Path
 
 from jaxtrain.checkpoint.formats.infinitrain import steps as it
@@ -21,9 +22,11 @@ from jaxtrain.checkpoint.trainer_state import field_problems
 from jaxtrain.checkpoint.trainer_state import file_sha256
 
 
-def recorded_problems(step_dir, files_dir, state) -> tuple[list[str], list[str]]:
+def recorded_problems(step_dir, files_dir, state, known: dict | None = None) -> tuple[list[str], list[str]]:
     """(problems, what was checked) of one step directory. files_dir: where the model file and
-    trainer_state.json are (rank_000000 for a multi-rank step); state: its InfiniTrainState."""
+    trainer_state.json are (rank_000000 for a multi-rank step); state: its InfiniTrainState.
+    known: {file path: sha256} already taken by the read of these files (steps.read_checkpoint),
+    which are then not read again."""
     files_dir = Path(files_dir)
     record_file = files_dir / it.TRAINER_STATE
     problems, checked = [], []
@@ -57,7 +60,9 @@ def recorded_problems(step_dir, files_dir, state) -> tuple[list[str], list[str]]
     # Every file on its own thread (hashlib lets go of the GIL): the optimizer file's hash, not
     # the sum of all of them, is what a 1B step's resume waits for.
     with concurrent.futures.ThreadPoolExecutor(max(1, len(paths)), thread_name_prefix='sha256') as pool:
-        hashing = {name: pool.submit(file_sha256, path) for name, path in paths.items() if path.is_file()}
+        hashing = {
+            name: pool.submit(_sha256, path, known or {}) for name, path in paths.items() if path.is_file()
+        }
         found_of = {name: hashing[name].result() if name in hashing else 'no file' for name in paths}
     for name, expected in recorded.items():
         path, found = paths[name], found_of[name]
@@ -69,6 +74,10 @@ def recorded_problems(step_dir, files_dir, state) -> tuple[list[str], list[str]]
     if not any('sha256: expected' in p for p in problems):
         checked.append(f'sha256 of {len(recorded)} files as recorded')
     return problems, checked
+
+
+def _sha256(path: Path, known: dict) -> str:
+    return known.get(os.fspath(path)) or file_sha256(path)
 
 
 def _other_rank_records(step_dir, files_dir: Path, record: dict) -> list[str]:

@@ -24,7 +24,8 @@ import numpy as np
 from jaxtrain.checkpoint.format import Resumed, Verification, Weights, fresh_optimizer_state, refuse_problems
 from jaxtrain.checkpoint.formats.infinitrain import steps as it
 from jaxtrain.checkpoint.formats.infinitrain import schedule as infinitrain_schedule
-from jaxtrain.checkpoint.formats.infinitrain.trainer import LRS_FORMAT, read_step_dir, save_step_dir
+from jaxtrain.checkpoint.formats.infinitrain.trainer import LRS_FORMAT, expected_shapes, read_step_dir
+from jaxtrain.checkpoint.formats.infinitrain.trainer import save_step_dir
 from jaxtrain.checkpoint.layout import (
     CheckpointError,
     later_steps,
@@ -330,21 +331,29 @@ class InfiniTrainFormat:
         """Everything is checked (model family, names, shapes, vocabulary, batch geometry)
         before the run's state is touched."""
         state = parts.state
+        run_pipeline = (config.pipeline_parallel, config.virtual_pipeline_parallel)
         try:
+            # Read once: the same arrays and the sha256 taken while reading serve the restore and
+            # verify below (a 1B step is 17 GiB; each further read of it is seconds).
+            ckpt = it.read_checkpoint(step_dir, expected_shapes(state.params), run_pipeline=run_pipeline)
             params, opt_state, saved = read_step_dir(
                 step_dir,
                 state.params,
                 state.opt_state,
                 batches_per_step(parts),
                 config.optimizer,
-                (config.pipeline_parallel, config.virtual_pipeline_parallel),
+                run_pipeline,
                 parts.geometry.context,
+                ckpt=ckpt,
             )
         except LLMCFormatError as e:
             raise CheckpointError(f'{e}') from None
         # Then every check `ckpt verify` makes, on the files that read did not need too (the other
         # ranks, the replicas): a resume refuses what verify rejects.
-        refuse_problems(self.verify(step_dir), step_dir, 'resume_from')
+        from jaxtrain.checkpoint.formats.infinitrain.inspection import verify
+
+        refuse_problems(verify(step_dir, ckpt), step_dir, 'resume_from')
+        del ckpt  # its NumPy arrays: the state is on the devices now
         messages = list(saved.pop('messages'))
         generation = saved.pop('generation')
         messages += infinitrain_schedule.resume_schedule(

@@ -61,6 +61,9 @@ class InfiniTrainCheckpoint:
     ranks: int  # rank directories found (1 without rank_*)
     notices: list
     topology: Topology | None = None  # how a multi-GPU run laid its ranks out
+    # {file path: sha256 (hex)} of the files whose digest the read itself took (record.py then
+    # need not read them again)
+    sha256: dict = dataclasses.field(default_factory=dict)
 
 
 def _model_file_kind(directory: Path) -> str | None:
@@ -132,7 +135,7 @@ def _fit_vocab(params: dict, expected: dict | None) -> dict:
     return params
 
 
-def _read_model(path: Path, kind: str, expected: dict | None) -> tuple[str, dict]:
+def _read_model(path: Path, kind: str, expected: dict | None, sha256_of: dict) -> tuple[str, dict]:
     if kind == PR_BIN_KIND:
         header, params = llmc_io.load_model(path)
         family = 'gpt2' if isinstance(header, llmc_io.GPT2Header) else 'llama3'
@@ -164,7 +167,7 @@ def _read_model(path: Path, kind: str, expected: dict | None) -> tuple[str, dict
                         'the checkpoint is for another model family',
                     )
         return family, params
-    tensors = read_state_dict(path)
+    tensors = read_state_dict(path, sha256_of)
     shapes = expected if expected is not None else _expected_shapes_from_state_dict(path, tensors)
     return names.family_of(tensors), names.state_dict_to_tree(path, tensors, shapes)
 
@@ -221,13 +224,16 @@ def read_checkpoint(
             f'{step_dir}: {len(ranks)} rank directories; reading rank_000000 (data-parallel replicas)'
         )
     model_path = first / FILES[kind][0]
-    family, params = _read_model(model_path, kind, expected_shapes)
+    sha256_of = {}
+    family, params = _read_model(model_path, kind, expected_shapes, sha256_of)
     moments = None
     opt_path = first / FILES[kind][1]
     if with_optimizer and opt_path.is_file():
         shapes = expected_shapes or {k: v.shape for k, v in tree_leaves(params).items()}
-        moments = names.moments_to_trees(opt_path, read_state_dict(opt_path), shapes)
-    return InfiniTrainCheckpoint(first, kind, family, params, moments, state, len(ranks), notices)
+        moments = names.moments_to_trees(opt_path, read_state_dict(opt_path, sha256_of), shapes)
+    return InfiniTrainCheckpoint(
+        first, kind, family, params, moments, state, len(ranks), notices, sha256=sha256_of
+    )
 
 
 def _read_ranks(step_dir, ranks, expected_shapes, with_optimizer, vpp, run_pipeline) -> InfiniTrainCheckpoint:

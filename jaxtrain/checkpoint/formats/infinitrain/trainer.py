@@ -56,8 +56,12 @@ def _to_device(like, value):
 
 
 def put_tree(like_tree, numpy_tree):
-    """numpy_tree on the device, with like_tree's dtypes and shardings."""
-    return jax.tree.map(_to_device, like_tree, numpy_tree)
+    """numpy_tree on the device, with like_tree's dtypes and shardings: one device_put of every
+    leaf, whose transfers then run side by side rather than one after the other."""
+    likes, structure = jax.tree.flatten(like_tree)
+    values = structure.flatten_up_to(numpy_tree)
+    hosted = [np.asarray(value, dtype=like.dtype) for like, value in zip(likes, values)]
+    return structure.unflatten(jax.device_put(hosted, [like.sharding for like in likes]))
 
 
 def with_adam_moments(opt_like, mu, nu, adam_count: int, schedule_count: int):
@@ -88,6 +92,7 @@ def read_step_dir(
     optimizer: str,
     run_pipeline: tuple[int, int] = (1, 1),
     run_context: int = 1,
+    ckpt: it.InfiniTrainCheckpoint | None = None,
 ):
     """(params, opt_state or None, record) from an InfiniTrain step directory, on the shardings of the
     live trees. None: no moments to restore (no optimizer file, or this run's optimizer has none); the
@@ -95,10 +100,13 @@ def read_step_dir(
     unless jaxtrain wrote the checkpoint), learning_rate, kind and `messages` (lines for the log).
     run_pipeline: this run's (pipeline_parallel, virtual_pipeline_parallel), which tell a multi-GPU
     save's virtual stages apart where its files cannot (llmc_io/infinitrain_ranks.py). run_context:
-    this run's context_parallel, said against the saved cp_size."""
-    ckpt = it.read_checkpoint(path, expected_shapes(params_like), run_pipeline=run_pipeline)
+    this run's context_parallel, said against the saved cp_size. ckpt: the directory as
+    read_checkpoint already read it with params_like's shapes, or None to read it here."""
+    if ckpt is None:
+        ckpt = it.read_checkpoint(path, expected_shapes(params_like), run_pipeline=run_pipeline)
     state = ckpt.state
-    problems, _ = recorded_problems(path, ckpt.path, state)  # before anything is put on the devices
+    # before anything is put on the devices; the files the read hashed are not read again
+    problems, _ = recorded_problems(path, ckpt.path, state, ckpt.sha256)
     if problems:
         more = f'; {len(problems) - 1} more: python -m jaxtrain.ckpt verify {path}' if problems[1:] else ''
         raise CheckpointError(problems[0] + more)

@@ -4,6 +4,7 @@ renamed when complete, one rank directory per rank of a topology, each rank's sh
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import hashlib
 import os
@@ -93,23 +94,31 @@ def write_checkpoint(
 
 def _write_files(tmp: Path, kind, family, params, header, moments, state, extra_files=None) -> None:
     """The files of one step directory, each streamed with its sha256 taken as it is written (not
-    read back). One file after the other: the leaves of a file are fetched (from the device, in a
-    background save) when its write starts and dropped when it ends, so the host holds one file's
-    arrays at a time, not the whole step."""
+    read back). The model file and the optimizer file are written side by side, each on its own
+    thread: one file's hash (a single stream, about 1.1 GB/s on a GPU host) then no longer bounds
+    the whole step. The leaves of a file are fetched (from the device, in a background save) as its
+    write starts and dropped when it ends, so the host holds at most the step's arrays once."""
     model_name, opt_name = FILES[kind]
     vocab = header.vocab_size
-    files = {}
-    if kind == PR_BIN_KIND:
-        files[model_name] = _save_llmc(tmp / model_name, family, params, header)
-    else:
-        model = names.tree_to_state_dict(family, params, vocab, header.max_seq_len)
-        files[model_name] = write_state_dict(tmp / model_name, model)
-        del model
-    if moments is not None:
+
+    def write_model() -> str:
+        if kind == PR_BIN_KIND:
+            return _save_llmc(tmp / model_name, family, params, header)
+        return write_state_dict(
+            tmp / model_name, names.tree_to_state_dict(family, params, vocab, header.max_seq_len)
+        )
+
+    def write_moments() -> str:
         mu, nu, t = moments
-        adam = names.trees_to_moments(family, mu, nu, t, vocab, kind == HEAD_KIND)
-        files[opt_name] = write_state_dict(tmp / opt_name, adam)
-        del adam
+        return write_state_dict(
+            tmp / opt_name, names.trees_to_moments(family, mu, nu, t, vocab, kind == HEAD_KIND)
+        )
+
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='infinitrain-model-file') as other:
+        model_written = other.submit(write_model)
+        files = {opt_name: write_moments()} if moments is not None else {}
+        files[model_name] = model_written.result()
+    files = {name: files[name] for name in (model_name, opt_name) if name in files}
     for name, payload in (extra_files or {}).items():
         (tmp / name).write_bytes(payload)
         files[name] = hashlib.sha256(payload).hexdigest()
