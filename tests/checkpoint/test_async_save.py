@@ -126,7 +126,7 @@ def test_prepare_grows_the_pinned_pool_with_the_saved_items(tmp_path, monkeypatc
     (a CPU, where the real function returns 0.0)."""
     grown = []
 
-    def grow(tree):
+    def grow(tree, limit_bytes=None):
         grown.append(tree)
         return pinned_s
 

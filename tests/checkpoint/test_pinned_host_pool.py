@@ -40,3 +40,16 @@ def test_on_a_device_with_pinned_memory_the_state_survives_the_copy(monkeypatch)
     assert copied_kinds == ['pinned_host'] * 3  # every array, in one call
     after = jax.tree.map(np.asarray, state)  # not donated, not deleted
     jax.tree.map(np.testing.assert_array_equal, before, after)
+
+
+def test_with_a_limit_the_largest_arrays_that_fit_are_pinned():
+    state = {
+        'a': jnp.zeros(100, jnp.float32),  # 400 bytes
+        'b': jnp.zeros(60, jnp.float32),  # 240
+        'c': jnp.zeros(50, jnp.float32),  # 200
+        'd': jnp.zeros(10, jnp.float32),  # 40
+    }
+    sizes = lambda limit: sorted(leaf.nbytes for leaf in pinned_host_pool.leaves_to_pin(state, limit))  # noqa: E731
+    assert sizes(None) == [40, 200, 240, 400]
+    assert sizes(700) == [40, 240, 400]  # 400 + 240 fit; 200 would not, 40 does
+    assert sizes(100) == [400]  # the largest always: a save cannot split an array

@@ -31,7 +31,7 @@ def fresh_then_resumed(tmp_path_factory):
     code, _, fresh = train(load_config('gpt2', num_iteration=1, save_steps=1, **files))
     assert code == 0, fresh
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ckpt_manager, 'grow_pinned_host_pool', lambda tree: 0.72)
+        patch.setattr(ckpt_manager, 'grow_pinned_host_pool', lambda tree, limit=None: 0.72)
         config = load_config('gpt2', num_iteration=2, save_steps=1, resume_from='latest', **files)
         code, _, resumed = train(config)
     assert code == 0, resumed
