@@ -134,8 +134,16 @@ def main() -> None:
         for name, dtype in (('bfloat16', torch.bfloat16), ('float32', torch.float32)):
             logits = model.to(dtype)(x).logits.float()
             losses[name] = float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten()))
-        source_logits = model.to(torch.bfloat16)(x[:1, :64]).logits.float().cpu().numpy()
     del model
+    torch.cuda.empty_cache()
+    # The reference logits come from the source folder loaded as the export will be: a model cast
+    # with .to(bfloat16) also casts RoPE's inv_freq buffer, which from_pretrained keeps in fp32, and
+    # that alone moves bf16 logits by about 0.1.
+    source_model = transformers.LlamaForCausalLM.from_pretrained(source, dtype=torch.bfloat16).cuda().eval()
+    with torch.no_grad():
+        source_logits = source_model(x[:1, :64]).logits.float().cpu().numpy()
+    source_rope = dict(source_model.config.rope_parameters or {})
+    del source_model
     torch.cuda.empty_cache()
     emit(transformers_step1_loss=losses)
 
@@ -199,7 +207,9 @@ def main() -> None:
     )
     with torch.no_grad():
         export_logits = exported(x[:1, :64]).logits.float().cpu().numpy()
+    export_rope = dict(exported.config.rope_parameters or {})
     emit(
+        rope_parameters_as_transformers_reads_them={'source': source_rope, 'export': export_rope},
         jaxtrain_export={k: v for k, v in export.items() if k != 'stdout'},
         export_files=sorted(p.name for p in (work / 'export').iterdir()),
         export_tensors_differing_from_source=differing[:5],
