@@ -29,7 +29,7 @@ import numpy as np
 from llmc_io import infinitrain_layout as layout
 from llmc_io.errors import LLMCFormatError
 from llmc_io.statedict import KFLOAT32, KINT64, CkptTensor
-from llmc_io.tensors import tree_leaves, tree_set
+from llmc_io.tensors import contiguous, copy_into, tree_leaves, tree_set
 
 GPT2, LLAMA3 = layout.GPT2, layout.LLAMA3
 
@@ -141,6 +141,14 @@ def _fail(path, field, expected, found, hint=None):
     raise LLMCFormatError(path, field, expected, found, hint)
 
 
+def _stacked(layers: list) -> np.ndarray:
+    """The layers' arrays (views, transposed where the file is (out, in)) as one fp32 array."""
+    out = np.empty((len(layers), *layers[0].shape), np.float32)
+    for i, layer in enumerate(layers):
+        copy_into(out[i], layer)
+    return out
+
+
 def state_dict_to_tree(path, tensors: dict, expected_shapes: dict[str, tuple[int, ...]]) -> dict:
     """Upstream model StateDict -> our tree, checked against the tree shapes our model expects.
 
@@ -198,15 +206,13 @@ def state_dict_to_tree(path, tensors: dict, expected_shapes: dict[str, tuple[int
             _fail(path, f"tensor '{name}' shape", f"{tuple(leaf_shape)}", f"{tuple(value.shape)}")
         value = np.swapaxes(value, -1, -2) if transposed else value
         if layer is None:
-            tree_set(tree, tree_path, np.ascontiguousarray(value, dtype=np.float32))
+            tree_set(tree, tree_path, contiguous(value, np.float32))
         else:
             per_layer.setdefault(tree_path, [None] * num_layers)[layer] = value
     # Each stacked leaf is a copy of its layers (transposed where the file is (out, in)); NumPy's
     # copies let go of the GIL, so the leaves are made side by side.
     with concurrent.futures.ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
-        stacked = pool.map(
-            lambda values: np.ascontiguousarray(np.stack(values), dtype=np.float32), per_layer.values()
-        )
+        stacked = pool.map(_stacked, per_layer.values())
         for tree_path, value in zip(per_layer, stacked):
             tree_set(tree, tree_path, value)
     if family == GPT2:

@@ -26,6 +26,7 @@ import numpy as np
 
 from llmc_io.atomic_file import as_bytes, write_pieces_atomically
 from llmc_io.errors import LLMCFormatError
+from llmc_io.tensors import contiguous
 
 CKPT_MAGIC = 0x54504B43
 CKPT_VERSION = 1
@@ -256,7 +257,7 @@ def _data_slices(entry: CkptTensor):
         return [lambda: np.asarray(array, dtype=disk_dtype, order="C")]
     rows = max(1, SLICE_BYTES // max(1, array[0].nbytes))
     return [
-        lambda start=start: np.ascontiguousarray(array[start : start + rows], dtype=disk_dtype)
+        lambda start=start: contiguous(array[start : start + rows], disk_dtype)
         for start in range(0, array.shape[0], rows)
     ]
 

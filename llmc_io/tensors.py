@@ -96,6 +96,36 @@ def read_tensors(
     return tensors
 
 
+# The side of the square tiles a transposed matrix is copied in. NumPy's own copy of a transposed
+# (2048, 8192) fp32 view walks one side with a stride of a whole row and ran at 0.3-0.65 GB/s a
+# thread; 256 x 256 tiles (256 KiB, in a core's L2) ran at 1.3 GB/s.
+_TILE = 256
+
+
+def copy_into(out: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """out[...] = values (converted to out's dtype), in tiles where values is a transposed view
+    (a 2-D array that is not C-contiguous); returns out."""
+    if values.ndim != 2 or values.flags.c_contiguous or values.size < _TILE * _TILE:
+        np.copyto(out, values, casting="unsafe")
+        return out
+    rows, cols = values.shape
+    for i in range(0, rows, _TILE):
+        for j in range(0, cols, _TILE):
+            out[i : i + _TILE, j : j + _TILE] = values[i : i + _TILE, j : j + _TILE]
+    return out
+
+
+def contiguous(values: np.ndarray, dtype=None) -> np.ndarray:
+    """np.ascontiguousarray(values, dtype), with a transposed view copied in tiles (copy_into)."""
+    values = np.asarray(values)
+    dtype = np.dtype(dtype or values.dtype)
+    if values.flags.c_contiguous and values.dtype == dtype:
+        return values
+    if values.ndim == 0:
+        return np.asarray(values, dtype=dtype)
+    return copy_into(np.empty(values.shape, dtype), values)
+
+
 # Elements per piece of all_finite's check: 64 MiB of fp32.
 _FINITE_PIECE = 1 << 24
 

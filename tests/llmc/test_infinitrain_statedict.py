@@ -189,3 +189,15 @@ def test_a_piece_that_fails_leaves_the_old_file_and_no_temporary(tmp_path):
     with pytest.raises(MemoryError):
         write_pieces_atomically(path, [lambda: b'new'] * 20 + [broken] + [lambda: b'x'] * 20, makers=2)
     assert [p.name for p in tmp_path.iterdir()] == ['model.ckpt'] and path.read_bytes() == b'old'
+
+
+@pytest.mark.parametrize('shape', [(600, 300), (5, 3), (257, 513)])
+def test_a_transposed_view_copied_in_tiles_equals_numpys_copy(shape):
+    from llmc_io.tensors import contiguous
+
+    weights = np.random.default_rng(5).standard_normal(shape).astype(np.float32)
+    for view in (weights.T, weights[::2].T, weights):
+        for dtype in (np.float32, np.float64):
+            copied = contiguous(view, dtype)
+            assert copied.flags.c_contiguous and copied.dtype == dtype
+            np.testing.assert_array_equal(copied, np.ascontiguousarray(view, dtype=dtype))
