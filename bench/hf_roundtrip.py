@@ -4,10 +4,11 @@
     python bench/hf_roundtrip.py --work /tmp/hf_roundtrip [--json out.json]
 
 1. transformers builds a random-init LlamaForCausalLM with Llama-3.2-1B's config (tied embeddings,
-   rope_scaling llama3 factor 32, bfloat16) and saves it itself: save_pretrained(max_shard_size="500MB").
+   rope_scaling llama3 factor 32, bfloat16) and saves it itself: save_pretrained(max_shard_size="500MB");
+   with --shape llama3-8b, Llama-3-8B's (untied, unscaled RoPE) at max_shard_size="5GB".
 2. jaxtrain starts a run from that folder with --init_from alone (configs/llama3.py, no --model;
-   bf16 compute, learning rate 0, one step); its step-1 loss is set beside transformers' loss of the
-   same batch (bf16 on the GPU, and fp32).
+   bf16 compute, learning rate 0 with SGD, one step); its step-1 loss is set beside transformers'
+   loss of the same batch (bf16 on the GPU, and fp32).
 3. `ckpt check-hf` compares jaxtrain's logits on the folder with transformers' (fp32, CPU).
 4. `ckpt export --format hf --dtype bfloat16 --max_shard_size 500MB` of the step: every tensor is
    compared bit for bit with the source folder's (learning rate 0 leaves the weights as read), and
@@ -49,6 +50,25 @@ LLAMA_32_1B = dict(  # meta-llama/Llama-3.2-1B's config.json, less its special-t
     bos_token_id=128000,
     eos_token_id=128001,
 )
+# meta-llama/Meta-Llama-3-8B's config.json: untied, unscaled RoPE; its Hub folder has 4 shards.
+LLAMA_3_8B = dict(
+    vocab_size=128256,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-5,
+    rope_theta=500000.0,
+    rope_scaling=None,
+    tie_word_embeddings=False,
+    bos_token_id=128000,
+    eos_token_id=128001,
+)
+# --shape: (config, the max_shard_size transformers saves the source with and jaxtrain exports with)
+SHAPES = {'llama3.2-1b': (LLAMA_32_1B, '500MB'), 'llama3-8b': (LLAMA_3_8B, '5GB')}
 # Runs the module named by argv[1] as __main__ with the rest as its arguments; prints its peak RSS.
 _MEASURED = (
     'import resource, runpy, sys\n'
@@ -92,6 +112,12 @@ def main() -> None:
     parser.add_argument('--json', default='', help='also write the report here')
     parser.add_argument('--batch_size', type=int, default=4)
     parser.add_argument('--sequence_length', type=int, default=256)
+    parser.add_argument('--shape', choices=sorted(SHAPES), default='llama3.2-1b', help='the model config')
+    parser.add_argument(
+        '--checkpoint_dir',
+        default='',
+        help="where jaxtrain's step goes (default WORK/ck); /dev/shm when the disk holds only the folders",
+    )
     args = parser.parse_args()
     import safetensors.numpy
     import torch
@@ -112,12 +138,14 @@ def main() -> None:
 
     # 1. The source folder, saved by transformers itself.
     start = time.perf_counter()
-    config = transformers.LlamaConfig(**LLAMA_32_1B)
+    shape, shard_size = SHAPES[args.shape]
+    report['shape'] = args.shape
+    config = transformers.LlamaConfig(**shape)
     torch.manual_seed(0)
     with torch.device('cuda'):
         model = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
     source = work / 'source'
-    model.save_pretrained(source, max_shard_size='500MB')
+    model.save_pretrained(source, max_shard_size=shard_size)
     emit(
         source_save_seconds=round(time.perf_counter() - start, 1),
         source_files=sorted(p.name for p in source.iterdir()),
@@ -149,7 +177,7 @@ def main() -> None:
     emit(transformers_step1_loss=losses)
 
     # 3. jaxtrain: --init_from the folder alone, one step at learning rate 0, bf16 compute.
-    checkpoints, metrics = work / 'ck', work / 'metrics'
+    checkpoints, metrics = Path(args.checkpoint_dir or work / 'ck'), work / 'metrics'
     train = run_measured(
         'jaxtrain.main',
         [
@@ -167,7 +195,12 @@ def main() -> None:
             '--save_optimizer_state=false',
             '--sample_every=0',
             f'--metrics_dir={metrics}',
+            # At learning rate 0 the optimizer changes nothing; SGD keeps no moments, so that an 8B
+            # model's fp32 weights, gradients and bf16 copies fit one 141 GB GPU (AdamW's 64 GB of
+            # moments would not).
+            '--optimizer=sgd',
         ],
+        env={'XLA_PYTHON_CLIENT_MEM_FRACTION': '0.92'},
     )
     rows = [json.loads(line) for line in (metrics / 'metrics.jsonl').read_text().splitlines()]
     emit(
@@ -193,7 +226,7 @@ def main() -> None:
             '--dtype',
             'bfloat16',
             '--max_shard_size',
-            '500MB',
+            shard_size,
         ],
     )
     read = lambda folder: {  # noqa: E731
