@@ -2,7 +2,7 @@
 
     python -m llmc_io info FILE                 what a model file, token shard, tokenizer (llm.c's, a
                                                 tokenizer.json or a tiktoken file) or HF folder holds
-    python -m llmc_io convert IN OUT [--version 3|5] [--to llmc|hf] [--force]
+    python -m llmc_io convert IN OUT [--version 3|5] [--to llmc|hf [--dtype D] [--max_shard_size S]] [--force]
                                                 IN: an llm.c file or an HF model folder
     python -m llmc_io shard INPUT... --family gpt2|llama3 --output PREFIX [--from text|ids|shard]
                                                 [--tokenizer tokenizer.json|tokenizer.model] [--force]
@@ -29,6 +29,7 @@ from llmc_io.dtypes import fp32_repr
 from llmc_io.errors import LLMCFormatError
 from llmc_io.gpt2 import GPT2Header, load_gpt2, save_gpt2
 from llmc_io.hf import load_hf, save_hf
+from llmc_io.hf_weights import DEFAULT_MAX_SHARD_SIZE, parse_size
 from llmc_io.llama3 import LAYOUT_INFINITRAIN, load_llama3, save_llama3
 from llmc_io.llama3_header import HF_ONLY_FIELDS
 from llmc_io.model import model_info
@@ -102,8 +103,19 @@ def _parser() -> argparse.ArgumentParser:
         "--to",
         choices=("llmc", "hf"),
         default="llmc",
-        help="llmc: an llm.c / InfiniTrain file (default); hf: an HF folder (config.json + "
-        "model.safetensors, fp32) that transformers loads as GPT2LMHeadModel / LlamaForCausalLM",
+        help="llmc: an llm.c / InfiniTrain file (default); hf: an HF folder (config.json, "
+        "generation_config.json and safetensors, sharded past --max_shard_size) that transformers "
+        "loads as GPT2LMHeadModel / LlamaForCausalLM",
+    )
+    convert.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        help="with --to hf: the tensors' dtype (default float32); llm.c files take --version instead",
+    )
+    convert.add_argument(
+        "--max_shard_size",
+        help=f"with --to hf: the largest shard, e.g. 5GB or 500MB (default {DEFAULT_MAX_SHARD_SIZE}, "
+        "as transformers' save_pretrained); past it the folder has shards and an index",
     )
     convert.add_argument(
         "--version",
@@ -275,8 +287,9 @@ def _convert_hf(args) -> None:
         header, params = _load(info, args)
         kind = info.kind
     if args.to == "hf":
-        written = save_hf(args.output, header, params)
-        print(f"wrote {', '.join(written)}: {kind} as a Hugging Face folder (fp32)")
+        dtype = args.dtype or "float32"
+        written = save_hf(args.output, header, params, dtype, args.max_shard_size or DEFAULT_MAX_SHARD_SIZE)
+        print(f"wrote {', '.join(written)}: {kind} as a Hugging Face folder ({dtype})")
         return
     version = args.version or 3
     _save_llmc(args.output, header, params, version)
@@ -298,6 +311,25 @@ def _check_convert_output(args) -> None:
 
 
 def _convert(args) -> None:
+    for flag in ("dtype", "max_shard_size"):
+        if getattr(args, flag) is not None and args.to != "hf":
+            raise LLMCFormatError(
+                args.output,
+                f"--{flag}",
+                "given with --to hf only",
+                f"--to {args.to}",
+                "llm.c files take --version 3 (fp32) or 5 (bf16)",
+            )
+    if args.max_shard_size is not None:  # a malformed size is refused before anything is read
+        try:
+            parse_size(args.max_shard_size)
+        except ValueError:
+            raise LLMCFormatError(
+                args.output,
+                "--max_shard_size",
+                "a size such as 5GB, 500MB or 2GiB",
+                repr(args.max_shard_size),
+            ) from None
     _check_convert_output(args)
     if os.path.isdir(args.input) or args.to == "hf":
         _convert_hf(args)

@@ -300,3 +300,35 @@ def test_convert_force_replaces_only_hf_files_llmc_io_wrote(tmp_path, run):
     assert (hub / "model.safetensors").read_bytes() == b"their weights"
     assert run("convert", path, tmp_path / "ours", "--to", "hf").returncode == 0
     assert run("convert", path, tmp_path / "ours", "--to", "hf", "--force").returncode == 0
+
+
+def test_convert_to_hf_in_bfloat16_shards_read_by_the_safetensors_library(tmp_path, run):
+    import json
+
+    import ml_dtypes
+    from safetensors.numpy import load_file
+
+    path, _ = tiny_file(tmp_path)
+    result = run(
+        "convert", path, tmp_path / "hf", "--to", "hf", "--dtype", "bfloat16", "--max_shard_size", "2KB"
+    )
+    assert result.returncode == 0 and "as a Hugging Face folder (bfloat16)" in result.stdout, result.stderr
+    index = json.loads((tmp_path / "hf" / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 1 and all(name.endswith(f"-of-{len(shards):05d}.safetensors") for name in shards)
+    tensors = {k: v for name in shards for k, v in load_file(str(tmp_path / "hf" / name)).items()}
+    assert set(tensors) == set(index["weight_map"])
+    _, params = llmc_io.load_gpt2(path)
+    wte = params["wte"]["embedding"][: TINY["V"]]
+    assert tensors["transformer.wte.weight"].dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(tensors["transformer.wte.weight"], wte.astype(ml_dtypes.bfloat16))
+    assert index["metadata"]["total_size"] == sum(t.nbytes for t in tensors.values())
+
+
+def test_convert_takes_dtype_and_shard_size_with_to_hf_only(tmp_path, run):
+    path, _ = tiny_file(tmp_path)
+    line = _one_line_error(run("convert", path, tmp_path / "out.bin", "--dtype", "bfloat16"))
+    assert "--dtype: expected given with --to hf only, found --to llmc" in line and "--version" in line
+    line = _one_line_error(run("convert", path, tmp_path / "hf", "--to", "hf", "--max_shard_size", "lots"))
+    assert "--max_shard_size: expected a size such as 5GB" in line and "'lots'" in line
+    assert not (tmp_path / "out.bin").exists() and not (tmp_path / "hf").exists()
