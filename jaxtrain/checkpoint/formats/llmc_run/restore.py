@@ -172,10 +172,7 @@ class LLMCRunFormat:
         weights (a resume reads only the master copy), the loader state well formed, an export's
         recorded sha256s. A step that is
         not committed or not whole raises CheckpointError (read_step's line), as `ckpt show` does."""
-        try:
-            return verify(path)
-        except (LLMCFormatError, OSError) as e:  # the model file's values unreadable
-            return Verification([str(e)], [])
+        return _verified(path)
 
     def read_weights(self, path) -> Weights:
         """The step's model file (a run folder's newest committed step, or the one named)."""
@@ -223,7 +220,7 @@ class LLMCRunFormat:
         data_lines = _check_data(ckpt, config)
         # Then every check `ckpt verify` makes: the bf16 model file too, which a resume from master
         # weights does not read, and finite moments. A resume refuses what verify rejects.
-        refuse_problems(self.verify(ckpt.model_path), ckpt.model_path, 'resume_from')
+        refuse_problems(_verified(ckpt.model_path, ckpt), ckpt.model_path, 'resume_from')
         s = ckpt.state
         source = 'fp32 master weights' if s.master is not None else f'the bf16 model (v{ckpt.model_version})'
         if s.master is not None:
@@ -274,14 +271,23 @@ def read_step(path, need_master=False):
         raise CheckpointError(str(e)) from None
 
 
-def verify(path) -> Verification:
+def _verified(path, ckpt=None) -> Verification:
+    try:
+        return verify(path, ckpt)
+    except (LLMCFormatError, OSError) as e:  # the model file's values unreadable
+        return Verification([str(e)], [])
+
+
+def verify(path, ckpt=None) -> Verification:
     """Everything read_step checks (DONE marker, header, sizes, one rank), then the values: finite m,
     v and master weights, v >= 0, the bf16 model within one bf16 step of the master weights (llm.c
     rounds them stochastically), the loader's permutations and mt19937 state well formed, and the
-    sha256 of the files an export's record vouches for."""
+    sha256 of the files an export's record vouches for. ckpt: the step as a resume has just read it
+    (read_step's checks made), or None to read it here."""
     import llmc_io
 
-    ckpt = read_step(path)  # a step that is not committed or not whole is an error, as for show
+    if ckpt is None:
+        ckpt = read_step(path)  # a step that is not committed or not whole is an error, as for show
     s, problems = ckpt.state, []
     checked = [
         f'step {ckpt.step} committed (DONE marker)',
