@@ -17,7 +17,9 @@ direct-I/O write and read rates of the same disk. What is reported, per format:
   peak_rss_GiB         of the saving run and of the resumed run (the process's high-water mark)
 The checkpoints go to CKPT_IO_DIR (default .ckpt_io/ in the repository, on the disk measured) and
 are deleted after each format: at most two steps are on the disk at a time. CKPT_IO_FORMATS (a
-comma-separated list, default orbax,infinitrain) measures fewer formats where a call has little time.
+comma-separated list, default orbax,infinitrain) measures fewer formats where a call has little time;
+CKPT_IO_TOOLS=1 also times `ckpt export` of each resumed step into the other format and `ckpt diff`
+of the two, both from a cold cache.
 """
 
 import json
@@ -36,7 +38,35 @@ SHAPES = {
     'tiny': ('configs/gpt2.py:tiny', 2, 64, 12, 64 << 20),
 }
 FORMATS = tuple(os.environ.get('CKPT_IO_FORMATS', 'orbax,infinitrain').split(','))
+TOOLS = os.environ.get('CKPT_IO_TOOLS') == '1'  # also time `ckpt export` and `ckpt diff` of each step
 GiB = 2**30
+
+
+def tool_times(out: Path, env: dict, step_dir: Path, fmt: str, exported: Path, read_rate) -> dict:
+    """`ckpt export` of the step into another format (Orbax's into InfiniTrain's, InfiniTrain's into
+    its PR generation: `ckpt export` writes no Orbax), then `ckpt diff` of the two (both cold):
+    seconds, and the rate over the bytes each reads."""
+    other = 'infinitrain' if fmt == 'orbax' else 'infinitrain-bin'
+    values, nbytes = {}, size_of(step_dir)
+    drop_from_page_cache(step_dir)
+    for name, args in (
+        (f'export to {other}', ['export', str(step_dir), '--format', other, '--output', str(exported)]),
+        ('diff with the export', ['diff', str(step_dir), str(exported)]),
+    ):
+        began = time.perf_counter()
+        command = [sys.executable, '-m', 'jaxtrain.ckpt', *args]
+        code, _, rss, _ = run_measured(out, f'ckpt_io_{fmt}_{args[0]}', command, env, timeout=600)
+        seconds = time.perf_counter() - began
+        read = nbytes * (2 if args[0] == 'diff' else 1)
+        values[f'{name}_s'] = round(seconds, 2) if code in (0, 1) else f'exit {code}'
+        values[f'{name} GB/s read'] = round(read / 1e9 / seconds, 3)
+        values[f'{name} vs dd read'] = _ratio(read / 1e9 / seconds, read_rate)
+        values[f'{name} peak_rss_GiB'] = round(rss / GiB, 2)
+        if exported.exists():
+            drop_from_page_cache(exported)
+        drop_from_page_cache(step_dir)
+    shutil.rmtree(exported.parent, ignore_errors=True)
+    return values
 
 
 def shape_of(name: str) -> dict:
@@ -289,6 +319,8 @@ def measure(
             values['DCP load + start_s'] = round(dcp['load_s'] + base_first, 2)
         values['resume run peak_rss_GiB'] = round(rss / GiB, 2)
         values['rss bound_GiB'] = round(nbytes / GiB + 2, 2)
+        if TOOLS:
+            values.update(tool_times(out, env, step_dir, fmt, work / 'exported' / step_dir.name, read))
         shutil.rmtree(root, ignore_errors=True)
         call.record(f'ckpt_io_{fmt}', values)
     shutil.rmtree(work, ignore_errors=True)

@@ -66,6 +66,7 @@ def test_the_figure_runs_at_the_tiny_shape_on_a_cpu(ckpt_io, tmp_path, monkeypat
     monkeypatch.setenv('JAX_PLATFORMS', 'cpu')
     monkeypatch.setenv('CKPT_IO_DIR', str(tmp_path / 'disk'))
     monkeypatch.setattr(figures, 'SHARD', tmp_path / 'train.bin')
+    monkeypatch.setattr(ckpt_io, 'TOOLS', True)
     figures._write_shard(tmp_path / 'train.bin')
     call = figures.Call(tmp_path / 'out', 0)
     call.out.mkdir()
@@ -79,6 +80,10 @@ def test_the_figure_runs_at_the_tiny_shape_on_a_cpu(ckpt_io, tmp_path, monkeypat
     assert found['step_GiB'] > 0 and found['commit_s'] > 0 and found['blocked_ms'] < 1000
     assert isinstance(found['verify_s'], float) and found['restore_s'] > 0
     assert found['resumed first_step_s'] > found['restore_s']
+    # the step exported to InfiniTrain's PR generation and diffed with it
+    assert isinstance(found['export to infinitrain-bin_s'], float) and isinstance(
+        found['diff with the export_s'], float
+    )
     assert call.found['ckpt_io_disk']['write GB/s'] > 0
     assert not (tmp_path / 'disk').exists()  # every step it wrote is gone
     written = [json.loads(x)['figure'] for x in (call.out / 'figures.jsonl').read_text().splitlines()]
