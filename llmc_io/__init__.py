@@ -27,7 +27,7 @@ from llmc_io.llama3 import LAYOUT_INFINITRAIN, LLaMA3Header, load_llama3, save_l
 from llmc_io.llama3_header import LAYOUT_LLMC
 from llmc_io.model import load_model, model_info
 from llmc_io.shards import ShardInfo, read_shard, shard_info, write_shard
-from llmc_io.tokenizer import Tokenizer, read_tokenizer, write_tokenizer
+from llmc_io.text.tokenizer import Tokenizer, read_tokenizer, write_tokenizer
 
 __all__ = [
     "LAYOUT_INFINITRAIN",

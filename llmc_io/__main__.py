@@ -24,18 +24,21 @@ import signal
 import sys
 
 from llmc_io import header as hdr
-from llmc_io import gpt2_tokenizer_json, make_shards, output_file, tokenizer_export
+from llmc_io import output_file
+from llmc_io.text import gpt2_tokenizer_json
+from llmc_io.text import make_shards
+from llmc_io.text import tokenizer_export
 from llmc_io.dtypes import fp32_repr
 from llmc_io.errors import LLMCFormatError
 from llmc_io.gpt2 import GPT2Header, load_gpt2, save_gpt2
 from llmc_io.hf import load_hf, save_hf
-from llmc_io.hf_weights import DEFAULT_MAX_SHARD_SIZE, parse_size
+from llmc_io.hf.weights import DEFAULT_MAX_SHARD_SIZE, parse_size
 from llmc_io.llama3 import LAYOUT_INFINITRAIN, load_llama3, save_llama3
 from llmc_io.llama3_header import HF_ONLY_FIELDS
 from llmc_io.model import model_info
 from llmc_io.shards import read_shard, shard_info
-from llmc_io.text_tokenizer import is_bpe_tokenizer_file
-from llmc_io.tokenizer import GPT2_TOKENIZER_MAGIC, is_tokenizer_file, read_tokenizer
+from llmc_io.text.bpe import is_bpe_tokenizer_file
+from llmc_io.text.tokenizer import GPT2_TOKENIZER_MAGIC, is_tokenizer_file, read_tokenizer
 
 EXIT_ERROR = 2
 _SHARD_MAGICS = (hdr.GPT2_SHARD_MAGIC, hdr.LLAMA3_SHARD_MAGIC)
@@ -162,7 +165,7 @@ def _tokenizer_info(path) -> None:
 
 
 def _bpe_info(path) -> None:
-    from llmc_io.text_tokenizer import is_hf_tokenizer_json, load_text_tokenizer
+    from llmc_io.text.bpe import is_hf_tokenizer_json, load_text_tokenizer
 
     if is_hf_tokenizer_json(path):
         tokenizer = load_text_tokenizer(path, "gpt2")

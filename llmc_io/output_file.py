@@ -110,8 +110,8 @@ def foreign_hf_files(folder) -> list[str]:
     """The Hugging Face files in `folder` (config, weights, tokenizer) that llmc_io did not write:
     all of them unless its config.json holds `llmc_header`, which save_hf writes beside HF's keys.
     A folder that another program wrote (a model downloaded from the Hub) is thus never replaced."""
-    from llmc_io.hf_config import CONFIG_FILE, GENERATION_CONFIG_FILE
-    from llmc_io.hf_weights import INDEX_FILE, SHARD_NAME, SINGLE_FILE
+    from llmc_io.hf.config import CONFIG_FILE, GENERATION_CONFIG_FILE
+    from llmc_io.hf.weights import INDEX_FILE, SHARD_NAME, SINGLE_FILE
 
     named = (
         CONFIG_FILE,

@@ -23,7 +23,7 @@ they start with example/):
   R6 GPT-2 vocab   example/gpt2/checkpoint_loader.cc:81-82: with TP > 1 the model vocabulary is Vp.
   R7 Adam          src/optimizer.cc:79-90 Adam::StateDict: adam.m.{i}, adam.v.{i} over the optimizer's
                    parameters, adam.t int64 0-d. Without ZeRO those are model->Parameters() of the rank
-                   (example/llama3/main.cc:299); their order is libc++'s (llmc_io/infinitrain_layout.py,
+                   (example/llama3/main.cc:299); their order is libc++'s (llmc_io/infinitrain/layout.py,
                    checked against the real one-rank files).
   R8 ZeRO-1/2      src/nn/parallel/ddp/param_and_grad_buffer.cc:429-503 (buffer: reverse parameter order,
                    starts padded to 64, bucket cut at >= 1e6 elements, end padded to lcm(ddp, 128)),
@@ -53,7 +53,7 @@ from pathlib import Path
 
 import numpy as np
 
-from llmc_io import infinitrain_layout
+from llmc_io.infinitrain import layout as infinitrain_layout
 
 _F32, _I64 = 11, 8
 

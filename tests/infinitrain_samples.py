@@ -116,8 +116,9 @@ def run_keys(real: Path, folder: str) -> dict:
 def saved_step_tensors(step: Path) -> tuple[str, dict, dict | None, int]:
     """(family, {name: array}, {name: (m, v)} or None without optimizer.ckpt, adam t) of a real
     single-rank step directory, read with llmc_io's state-dict reader."""
-    from llmc_io import infinitrain_layout, infinitrain_names
-    from llmc_io.statedict import read_state_dict
+    from llmc_io.infinitrain import layout as infinitrain_layout
+    from llmc_io.infinitrain import names as infinitrain_names
+    from llmc_io.infinitrain.statedict import read_state_dict
 
     model = {n: t.array for n, t in read_state_dict(step / 'model.ckpt').items()}
     family = infinitrain_names.family_of(model)

@@ -148,7 +148,7 @@ def check_step_dir_output(output, force: bool) -> bool:
     existing directory."""
     from jaxtrain.checkpoint.formats.infinitrain import steps as it
     from llmc_io.errors import LLMCFormatError
-    from llmc_io.infinitrain_state import read_trainer_state
+    from llmc_io.infinitrain.state import read_trainer_state
 
     output = Path(output)
     if not output.exists():

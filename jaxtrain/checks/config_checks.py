@@ -9,7 +9,7 @@ from jaxtrain.checkpoint.registry import FORMAT_NAMES
 from jaxtrain.checks.fit_checks import check_fit
 from jaxtrain.config.path_checks import path_problems
 from jaxtrain.parallel.context_parallel import COMM_TYPES as CP_COMM_TYPES
-from llmc_io.lora_weights import LAYOUTS as LORA_LAYOUTS
+from llmc_io.infinitrain.lora_weights import LAYOUTS as LORA_LAYOUTS
 from jaxtrain.models import cross_entropy_kernel
 from jaxtrain.models import recompute
 from jaxtrain.models.attention import IMPLEMENTATIONS

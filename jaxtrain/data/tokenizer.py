@@ -1,7 +1,7 @@
 """The tokenizer that turns a run's token ids into text (samples, `jaxtrain.generate`) and back.
 
 One of: llm.c's tokenizer file (`tokenizer_bin`, decode only: it holds no merges), a BPE
-tokenizer (`tokenizer`: a Hugging Face tokenizer.json or a tiktoken BPE file, llmc_io/text_tokenizer.py),
+tokenizer (`tokenizer`: a Hugging Face tokenizer.json or a tiktoken BPE file, llmc_io/text/bpe.py),
 or, for GPT-2's or LLaMA-3's vocabulary without either, the built-in byte-level tokenizer of the
 default corpus.
 
@@ -20,7 +20,7 @@ decodes it; there the start token is <|begin_of_text|>, where the corpus's docum
 
 from __future__ import annotations
 
-from llmc_io.tokenizer import GPT2_VOCAB_SIZE, Tokenizer
+from llmc_io.text.tokenizer import GPT2_VOCAB_SIZE, Tokenizer
 from jaxtrain.data.default_corpus import DOCUMENT_START, EOT_TOKEN, TOKEN_TO_BYTE
 
 
@@ -64,7 +64,7 @@ def load_run_tokenizer(tokenizer_bin: str, tokenizer: str, family: str, vocab_si
             f'{tokenizer_bin}); pass one'
         )
     if tokenizer:
-        from llmc_io.text_tokenizer import load_text_tokenizer
+        from llmc_io.text.bpe import load_text_tokenizer
 
         return load_text_tokenizer(tokenizer, family)
     if tokenizer_bin:

@@ -1,5 +1,5 @@
 """Giving a model setup its LoRA adapters (lora.py), and moving them to and from
-InfiniTrain's LoRA weights file (llmc_io/lora_weights.py).
+InfiniTrain's LoRA weights file (llmc_io/infinitrain/lora_weights.py).
 
 InfiniTrain names a tensor by its module path: `transformer.h.{i}.attn.c_attn.lora_A` is
 layer i's A of attention's c_attn, shaped (r, in) as ours; our tree stacks the L layers.
@@ -16,7 +16,12 @@ import numpy as np
 from flax import nnx
 
 from llmc_io.errors import LLMCFormatError
-from llmc_io.lora_weights import ordered_for_layout, read_lora_weights, without_ddp_prefix, write_lora_weights
+from llmc_io.infinitrain.lora_weights import (
+    ordered_for_layout,
+    read_lora_weights,
+    without_ddp_prefix,
+    write_lora_weights,
+)
 from jaxtrain.models.lora import PROJECTIONS, LoRAParam, init_lora_params, resolve_spec
 
 _UPSTREAM_NAME = re.compile(r'^transformer\.h\.(\d+)\.(\w+)\.(\w+)\.(lora_A|lora_B)$')
@@ -103,7 +108,7 @@ def load_upstream_lora(path: str, like: dict, spec) -> dict:
 
 def save_lora_weights(path: str, lora_params: dict, layout: str = 'master') -> str:
     """--lora_save_path at the end of a run (process 0 writes) in --lora_save_layout's layout
-    (llmc_io/lora_weights.py); returns the log line."""
+    (llmc_io/infinitrain/lora_weights.py); returns the log line."""
     if jax.process_count() > 1:  # adapters sharded over fsdp span processes: gather them whole
         from jax.experimental import multihost_utils
 

@@ -76,7 +76,7 @@ def hf_init_config(config):
     unread), or None when --init_from names no such folder."""
     from llmc_io.gpt2 import GPT2Header
     from llmc_io.hf import is_hf_folder
-    from llmc_io.hf_config import hf_header
+    from llmc_io.hf.config import hf_header
 
     if not config.init_from or not is_hf_folder(config.init_from):
         return None

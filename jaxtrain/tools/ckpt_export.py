@@ -55,7 +55,7 @@ def verified_params(step_dir, merge_lora: bool = False, base: str = '') -> tuple
 
 def _run_tokenizer(step_dir, family: str, given: str):
     """The BPE tokenizer to export beside the model: --tokenizer, else the one the run named."""
-    from llmc_io.text_tokenizer import load_text_tokenizer
+    from llmc_io.text.bpe import load_text_tokenizer
 
     named = read_trainer_state(step_dir).get('training_config', {}).get('tokenizer', '')
     path = given or named
@@ -84,8 +84,8 @@ def export_hf(
     (tokenizer.json, tokenizer_config.json) when it names one (or `tokenizer` is given); an
     existing folder's files only with `force` (export_target.py)."""
     from llmc_io.hf import save_hf
-    from llmc_io.hf_tokenizer_files import write_hf_tokenizer_files
-    from llmc_io.hf_weights import DEFAULT_MAX_SHARD_SIZE, parse_size
+    from llmc_io.hf.tokenizer_files import write_hf_tokenizer_files
+    from llmc_io.hf.weights import DEFAULT_MAX_SHARD_SIZE, parse_size
 
     try:
         shard_bytes = parse_size(max_shard_size or DEFAULT_MAX_SHARD_SIZE)

@@ -119,8 +119,8 @@ def gpt2_forward(weight, config: dict, tokens_BxT) -> np.ndarray:
 
 
 def numpy_logits(folder, tokens_BxT) -> np.ndarray:
-    from llmc_io.hf_config import read_config
-    from llmc_io.hf_weights import FolderTensors
+    from llmc_io.hf.config import read_config
+    from llmc_io.hf.weights import FolderTensors
 
     config, tensors = read_config(folder), FolderTensors(folder)
     loaded: dict = {}
@@ -171,7 +171,7 @@ def jaxtrain_logits(weights, tokens_BxT) -> np.ndarray:
 def check_hf(folder, against: str = '') -> dict:
     """{'max_abs_diff', 'max_abs_logit', 'reference', 'jaxtrain', 'tokens'} for the report."""
     from jaxtrain.checkpoint.init_from import read_weights
-    from llmc_io.hf_config import hf_header
+    from llmc_io.hf.config import hf_header
 
     folder = Path(folder)
     header = hf_header(folder)

@@ -19,7 +19,7 @@ from jaxtrain.checkpoint import registry
 from jaxtrain.checkpoint.init_from import read_init_weights
 from jaxtrain.checkpoint.layout import CheckpointError
 from jaxtrain.tools import ckpt
-from llmc_io.statedict import read_state_dict, write_state_dict
+from llmc_io.infinitrain.statedict import read_state_dict, write_state_dict
 
 LLMC_RUN = Path(__file__).resolve().parents[1] / 'fixtures' / 'llmc_run' / 'a'
 STEP = 'checkpoint_step_000002'
@@ -195,7 +195,7 @@ def test_a_damaged_replica_the_resume_does_not_read_is_refused(saved, tmp_path):
     """Data-parallel replicas in a directory that records no sha256 (as InfiniTrain writes them): a
     resume reads rank 0 only, so a weight edited in rank 1's copy used to pass it while `ckpt verify`
     rejected it. The resume now refuses what verify rejects."""
-    from llmc_io.infinitrain_state import read_trainer_state, write_trainer_state
+    from llmc_io.infinitrain.state import read_trainer_state, write_trainer_state
 
     step = copy_of(saved, 'ddp', tmp_path)
     for rank in ('rank_000000', 'rank_000001'):  # no jaxtrain record: as InfiniTrain's own save

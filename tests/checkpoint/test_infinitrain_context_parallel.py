@@ -16,8 +16,8 @@ from infinitrain_samples import SAMPLES, needs_samples, unpacked
 from jaxtrain.checkpoint.ckpt_lines import ckpt_load_done_line
 from jaxtrain.checkpoint.formats.infinitrain import steps as it
 from jaxtrain.train.run_log import step_line
-from llmc_io.infinitrain_state import read_trainer_state, render_trainer_state
-from llmc_io.infinitrain_topology import Topology
+from llmc_io.infinitrain.state import read_trainer_state, render_trainer_state
+from llmc_io.infinitrain.topology import Topology
 from llmc_io.tensors import tree_leaves
 from trainer_runs import random_shard, tiny_llmc_model, train_named
 

@@ -15,7 +15,7 @@ from infinitrain_samples import SAMPLES, needs_samples, unpacked
 from jaxtrain.checkpoint.formats.infinitrain import steps as it
 from jaxtrain.checkpoint.formats.infinitrain import writer
 from llmc_io import LLMCFormatError
-from llmc_io.infinitrain_state import InfiniTrainState
+from llmc_io.infinitrain.state import InfiniTrainState
 from llmc_io.tensors import tree_leaves
 
 

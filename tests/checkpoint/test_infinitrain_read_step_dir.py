@@ -12,8 +12,8 @@ from jaxtrain.checkpoint.layout import CheckpointError
 from jaxtrain.checkpoint.formats.infinitrain.trainer import adam_states, read_step_dir
 from jaxtrain.train.setup import build_trainer
 from llmc_io import LLMCFormatError
-from llmc_io import infinitrain_layout as layout
-from llmc_io.statedict import read_state_dict
+from llmc_io.infinitrain import layout
+from llmc_io.infinitrain.statedict import read_state_dict
 from trainer_runs import load_config
 
 

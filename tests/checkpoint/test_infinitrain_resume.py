@@ -19,7 +19,7 @@ from infinitrain_samples import SAMPLES, run_keys, unpacked
 from jaxtrain.checkpoint.formats.infinitrain import steps as it
 from jaxtrain.checkpoint.formats.infinitrain import writer
 from jaxtrain.checkpoint.formats.infinitrain.trainer import model_header
-from llmc_io.infinitrain_state import PR, InfiniTrainState
+from llmc_io.infinitrain.state import PR, InfiniTrainState
 from llmc_io.tensors import tree_leaves
 from trainer_runs import load_config, random_shard, tiny_llmc_model, train
 

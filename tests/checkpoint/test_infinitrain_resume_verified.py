@@ -18,7 +18,7 @@ from trainer_runs import random_shard, tiny_llmc_model
 from jaxtrain.checkpoint.formats.infinitrain import steps as it
 from jaxtrain.checkpoint.trainer_state import with_digest
 from jaxtrain.tools import ckpt
-from llmc_io.statedict import read_state_dict, write_state_dict
+from llmc_io.infinitrain.statedict import read_state_dict, write_state_dict
 
 pytestmark = pytest.mark.slow  # the trainer, in this process
 
@@ -121,7 +121,7 @@ def test_a_resume_reads_each_file_once(saved, tmp_path, monkeypatch):
     # The read that restores the arrays also takes the files' sha256; neither the recorded-sha256
     # check nor verify's checks read model.ckpt or optimizer.ckpt again.
     from jaxtrain.checkpoint.formats.infinitrain import record
-    from llmc_io import statedict
+    from llmc_io.infinitrain import statedict
 
     step_dir = copy(saved, tmp_path)
     opened = []

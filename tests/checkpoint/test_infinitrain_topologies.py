@@ -17,11 +17,11 @@ from infinitrain_samples import needs_samples, saved_step_tensors, unpacked
 
 from jaxtrain.checkpoint.formats.infinitrain import steps as it
 from jaxtrain.checkpoint.formats.infinitrain import writer
-from llmc_io import infinitrain_layout as layout
+from llmc_io.infinitrain import layout
 from llmc_io.errors import LLMCFormatError
-from llmc_io.infinitrain_state import read_trainer_state
-from llmc_io.infinitrain_topology import Topology, chunk_ranges
-from llmc_io.statedict import read_state_dict
+from llmc_io.infinitrain.state import read_trainer_state
+from llmc_io.infinitrain.topology import Topology, chunk_ranges
+from llmc_io.infinitrain.statedict import read_state_dict
 from llmc_io.tensors import tree_leaves
 
 # (ddp, tp, pp, vpp, zero_stage, sequence_parallel[, cp]); at most 8 ranks, as on the 8 fake devices.
@@ -226,7 +226,7 @@ def test_export_lays_out_what_upstream_saves_and_reads_back(tmp_path, topology):
         )
         assert state.cp_size == theirs.cp_size
     _same_checkpoint(it.read_checkpoint(exported, vpp=vpp), read)
-    # the per-rank entry order is upstream's unordered_map order of that stage (llmc_io/infinitrain_layout.py)
+    # the per-rank entry order is upstream's unordered_map order of that stage (llmc_io/infinitrain/layout.py)
     rank0 = list(read_state_dict(exported / 'rank_000000' / 'model.ckpt'))
     chunks = tuple(b - a for a, b in sorted(chunk_ranges(4, pp, 0, vpp)))
     prefixed = ddp * (cp or 1) > 1 or pp > 1
@@ -257,7 +257,7 @@ def _bad_input_cases():
         path.write_text(path.read_text().replace('"pp_size": 2', '"pp_size": 1'))
 
     def piece_too_short(step):
-        from llmc_io.statedict import CkptTensor, write_state_dict
+        from llmc_io.infinitrain.statedict import CkptTensor, write_state_dict
 
         path = step / 'rank_000001' / 'optimizer.ckpt'
         tensors = read_state_dict(path)
@@ -270,7 +270,7 @@ def _bad_input_cases():
             path.write_text(path.read_text().replace('"pp_size"', '"cp_size": 2,\n  "pp_size"'))
 
     def slice_too_wide(step):
-        from llmc_io.statedict import CkptTensor, write_state_dict
+        from llmc_io.infinitrain.statedict import CkptTensor, write_state_dict
 
         path = step / 'rank_000000' / 'model.ckpt'
         tensors = read_state_dict(path)
@@ -356,7 +356,7 @@ def test_zero_pieces_of_models_with_several_buckets():
     every parameter exactly once over the DDP ranks, for DDP sizes that do and do not divide 128."""
     from infinitrain_rank_fixtures import _zero_pieces
 
-    from llmc_io.infinitrain_zero import pieces
+    from llmc_io.infinitrain.zero import pieces
 
     c, v, t = 768, 50304, 1024
     layer = [
@@ -409,7 +409,7 @@ def _synthetic_tree(tmp_path, model, adam):
 
 def test_verify_compares_the_data_parallel_replicas(tmp_path, capsys):
     from jaxtrain.tools import ckpt
-    from llmc_io.statedict import CkptTensor, write_state_dict
+    from llmc_io.infinitrain.statedict import CkptTensor, write_state_dict
 
     model, adam = _synthetic()
     step = write_run(
@@ -437,7 +437,7 @@ def test_verify_compares_the_data_parallel_replicas(tmp_path, capsys):
     ],
 )
 def test_tp_ranks_of_unequal_shapes_are_one_line(name, expected):
-    from llmc_io.infinitrain_topology import tp_merge
+    from llmc_io.infinitrain.topology import tp_merge
 
     parts = [np.zeros((4, 8), np.float32), np.zeros((2, 8), np.float32)]
     with pytest.raises(LLMCFormatError) as error:

@@ -12,7 +12,7 @@ import pytest
 import llmc_io
 from llmc_io.atomic_file import atomic_output
 from llmc_io.hf import load_hf, save_hf
-from llmc_io.lora_weights import read_lora_weights, write_lora_weights
+from llmc_io.infinitrain.lora_weights import read_lora_weights, write_lora_weights
 
 HEADER = llmc_io.GPT2Header(
     max_seq_len=8, vocab_size=20, padded_vocab_size=32, num_layers=1, num_heads=2, channels=8

@@ -18,7 +18,7 @@ from jaxtrain.models import FAMILIES
 from jaxtrain.models.setup import config_from_header
 from llmc_io.__main__ import main as llmc_main
 from llmc_io.hf import load_hf
-from llmc_io.hf_config import rope_scaling
+from llmc_io.hf.config import rope_scaling
 
 
 def jaxtrain_logits(header, params):

@@ -9,7 +9,7 @@ import pytest
 from infinitrain_samples import SAMPLES, needs_samples
 
 from llmc_io.errors import LLMCFormatError
-from llmc_io.infinitrain_lr_scheduler import (
+from llmc_io.infinitrain.lr_scheduler import (
     entry_order,
     parse_lr_scheduler,
     read_lr_scheduler,

@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 
 from llmc_io import LLMCFormatError
-from llmc_io import infinitrain_layout as layout
-from llmc_io import infinitrain_names as names
-from llmc_io.infinitrain_state import (
+from llmc_io.infinitrain import layout
+from llmc_io.infinitrain import names
+from llmc_io.infinitrain.state import (
     InfiniTrainState,
     read_trainer_state,
     render_trainer_state,
     write_trainer_state,
 )
-from llmc_io.libcxx_order import LibcxxStringMap, string_hash
-from llmc_io.statedict import CkptTensor
+from llmc_io.infinitrain.libcxx_order import LibcxxStringMap, string_hash
+from llmc_io.infinitrain.statedict import CkptTensor
 from llmc_io.tensors import tree_leaves, tree_set
 
 C, L, V, VP, T, H = 8, 3, 10, 16, 4, 24

@@ -14,10 +14,10 @@ import pytest
 
 import llmc_io
 from infinitrain_samples import FOLDERS, SAMPLES, listed_md5s, needs_samples, step_dirs, unpacked
-from llmc_io import infinitrain_layout as layout
-from llmc_io import infinitrain_names as names
-from llmc_io.infinitrain_state import CONFIG_DEFAULTS, read_trainer_state, render_trainer_state
-from llmc_io.statedict import read_state_dict, state_dict_bytes
+from llmc_io.infinitrain import layout
+from llmc_io.infinitrain import names
+from llmc_io.infinitrain.state import CONFIG_DEFAULTS, read_trainer_state, render_trainer_state
+from llmc_io.infinitrain.statedict import read_state_dict, state_dict_bytes
 
 pytestmark = needs_samples
 FAMILY = {

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from llmc_io import LLMCFormatError
-from llmc_io.statedict import CkptTensor, read_state_dict, state_dict_bytes, write_state_dict
+from llmc_io.infinitrain.statedict import CkptTensor, read_state_dict, state_dict_bytes, write_state_dict
 
 
 def _cpp_save_state_dict(entries):
@@ -123,7 +123,7 @@ def test_a_streamed_file_is_upstreams_bytes_in_slices_with_its_sha256(tmp_path, 
     # Slices of 16 bytes: the (5, 3) weight goes out in one-row pieces, transposed from a (3, 5) view.
     import hashlib
 
-    from llmc_io import statedict
+    from llmc_io.infinitrain import statedict
 
     monkeypatch.setattr(statedict, 'SLICE_BYTES', 16)
     base = np.arange(15, dtype=np.float64).reshape(3, 5)  # float64: converted to fp32 slice by slice
@@ -142,7 +142,8 @@ def test_a_file_flushed_and_hashed_behind_its_write_is_the_same_bytes(tmp_path, 
     # the pipeline runs many times, and the file and its digest are still upstream's bytes.
     import hashlib
 
-    from llmc_io import atomic_file, statedict
+    from llmc_io import atomic_file
+    from llmc_io.infinitrain import statedict
 
     monkeypatch.setattr(statedict, 'SLICE_BYTES', 16)
     monkeypatch.setattr(atomic_file, 'FLUSH_BYTES', 16)

@@ -8,7 +8,7 @@ import pytest
 
 from llmc_io.__main__ import main
 from llmc_io.errors import LLMCFormatError
-from llmc_io.tokenizer import read_tokenizer, write_tokenizer
+from llmc_io.text.tokenizer import read_tokenizer, write_tokenizer
 
 PIECES = [b"a", b"b", b" the", "\u00e9".encode(), b"<|endoftext|>"]
 

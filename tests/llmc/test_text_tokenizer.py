@@ -377,8 +377,8 @@ def test_a_tokenizer_without_the_familys_document_start_is_named(tmp_path, capsy
 
 @pytest.mark.parametrize('family', ['gpt2', 'llama3'])
 def test_a_tiktoken_file_as_hf_files_encodes_the_same(tmp_path, family):
-    from llmc_io.hf_tokenizer_files import write_hf_tokenizer_files
-    from llmc_io.text_tokenizer import load_text_tokenizer
+    from llmc_io.hf.tokenizer_files import write_hf_tokenizer_files
+    from llmc_io.text.bpe import load_text_tokenizer
 
     ranks = tiktoken_file_from(train_bpe(tmp_path / 'tokenizer.json', family), tmp_path / 'tokenizer.model')
     (tmp_path / 'hf').mkdir()
@@ -414,7 +414,7 @@ def test_info_describes_bpe_tokenizer_files(tmp_path, capsys):
 
 def test_a_json_that_is_no_tokenizer_is_one_line_saying_what_to_pass(tmp_path):
     from llmc_io.errors import LLMCFormatError
-    from llmc_io.text_tokenizer import load_text_tokenizer
+    from llmc_io.text.bpe import load_text_tokenizer
 
     path = tmp_path / 'tokenizer.json'
     path.write_text('{"model": {"type": "BPE"}}')

@@ -10,7 +10,7 @@ import pytest
 from infinitrain_samples import SAMPLES, needs_samples
 
 from jaxtrain.optim.infinitrain_lr_schedule import ScheduleError, ScheduleSpec, learning_rates, state_at
-from llmc_io.infinitrain_lr_scheduler import read_lr_scheduler, render_lr_scheduler
+from llmc_io.infinitrain.lr_scheduler import read_lr_scheduler, render_lr_scheduler
 
 STEP_LR = re.compile(r'step +(\d+)/\d+ \| train loss [\d.]+ \| lr (\S+) ')
 # The flags of each run, from the folders' commands.txt.

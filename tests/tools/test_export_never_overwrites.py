@@ -14,7 +14,7 @@ from trainer_runs import write_checkpoint
 import llmc_io
 from jaxtrain.checkpoint.formats.infinitrain import steps as it
 from jaxtrain.tools import ckpt
-from llmc_io.infinitrain_state import read_trainer_state, write_trainer_state
+from llmc_io.infinitrain.state import read_trainer_state, write_trainer_state
 
 GPT2 = tiny_header('gpt2', max_seq_len=16, vocab_size=50, padded_vocab_size=64, channels=16)
 

@@ -301,7 +301,7 @@ def test_infinitrain_steps_and_roots_decode_as_the_reference(tmp_path, capsys):
     checkpoint_final/ copy beside it)."""
     from infinitrain_rank_fixtures import write_run
 
-    from llmc_io.statedict import read_state_dict
+    from llmc_io.infinitrain.statedict import read_state_dict
 
     step = SAMPLES / 'head-gpt2' / 'a' / 'checkpoint_step_000010'
     model = {n: t.array for n, t in read_state_dict(step / 'model.ckpt').items()}

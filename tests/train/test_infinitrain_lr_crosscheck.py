@@ -11,7 +11,7 @@ import pytest
 from cli_runs import run_cli
 from infinitrain_samples import SAMPLES, sample_commands
 
-from llmc_io.infinitrain_state import read_trainer_state
+from llmc_io.infinitrain.state import read_trainer_state
 
 STEP = re.compile(r'step\s+(\d+)/\d+\s+\|\s+train loss\s+([\d.]+)\s+\|\s+lr\s+(\S+)\s')
 GLOG_PREFIX = re.compile(r'^[IWEF]\d{8} [\d:.]+ +\d+ [\w.]+:\d+\] ')

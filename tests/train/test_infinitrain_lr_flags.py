@@ -284,8 +284,8 @@ def test_our_lr_scheduler_generation_saves_verifies_exports_and_resumes(pr151_ru
     prints the uninterrupted run's steps 11-20."""
     from jaxtrain.optim.infinitrain_lr_schedule import state_at
     from jaxtrain.tools import ckpt
-    from llmc_io.infinitrain_lr_scheduler import read_lr_scheduler
-    from llmc_io.infinitrain_state import read_trainer_state
+    from llmc_io.infinitrain.lr_scheduler import read_lr_scheduler
+    from llmc_io.infinitrain.state import read_trainer_state
 
     run_root, full, common = pr151_run
     spec = _spec('a.log')
@@ -335,8 +335,8 @@ def test_infinitrain_lrs_names_the_generation_for_a_constant_schedule(lrs_sample
     """Upstream master with no schedule flags runs a constant LambdaLR and saves it; so does
     --checkpoint_format infinitrain-lrs. Plain infinitrain stays HEAD's layout (last_lr, no file)."""
     from jaxtrain.optim.infinitrain_lr_schedule import ScheduleSpec, state_at
-    from llmc_io.infinitrain_lr_scheduler import read_lr_scheduler
-    from llmc_io.infinitrain_state import read_trainer_state
+    from llmc_io.infinitrain.lr_scheduler import read_lr_scheduler
+    from llmc_io.infinitrain.state import read_trainer_state
 
     # Run (n) less its --lr_decay_style none: the same constant lr, spelled by no schedule flag.
     run_n = _sample_flags('n.log')
@@ -373,8 +373,8 @@ def test_export_infinitrain_lrs_from_orbax_and_from_infinitrain(cosine_orbax_run
     give at the step; from an InfiniTrain step, its own file, byte for byte."""
     from jaxtrain.optim.infinitrain_lr_schedule import state_at
     from jaxtrain.tools import ckpt
-    from llmc_io.infinitrain_lr_scheduler import render_lr_scheduler
-    from llmc_io.infinitrain_state import read_trainer_state
+    from llmc_io.infinitrain.lr_scheduler import render_lr_scheduler
+    from llmc_io.infinitrain.state import read_trainer_state
 
     spec = _spec('a.log')
     first = tmp_path / 'lrs' / 'checkpoint_step_000010'
@@ -417,7 +417,7 @@ def test_export_infinitrain_lrs_as_rank_directories(pr151_run, tmp_path, capsys)
     """Upstream saves per rank, so every rank_NNNNNN/ of a multi-GPU export carries the same
     lr_scheduler.ckpt; reading it back takes rank 0's."""
     from jaxtrain.tools import ckpt
-    from llmc_io.infinitrain_state import read_trainer_state
+    from llmc_io.infinitrain.state import read_trainer_state
 
     source = pr151_run[0] / 'full/checkpoint_step_000010'  # a warmup of 5 steps, then the decay
     out = tmp_path / 'ranks/checkpoint_step_000010'

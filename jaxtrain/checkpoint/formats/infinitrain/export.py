@@ -13,8 +13,8 @@ from jaxtrain.checkpoint.formats.infinitrain import writer
 from jaxtrain.checkpoint.formats.infinitrain.trainer import LRS_FORMAT, infinitrain_state_for, model_header
 from jaxtrain.checkpoint.layout import CheckpointError, step_of
 from llmc_io.errors import LLMCFormatError
-from llmc_io.infinitrain_lr_scheduler import FILE_NAME
-from llmc_io.infinitrain_topology import Topology
+from llmc_io.infinitrain.lr_scheduler import FILE_NAME
+from llmc_io.infinitrain.topology import Topology
 from jaxtrain.checkpoint.formats.infinitrain.inspection import ORBAX, read_step, canonical_tensors, kind_of
 
 

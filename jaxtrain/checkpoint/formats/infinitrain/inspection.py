@@ -23,7 +23,7 @@ from jaxtrain.checkpoint.formats.infinitrain import steps as it
 from jaxtrain.checkpoint.formats.infinitrain.record import recorded_problems
 from jaxtrain.checkpoint.layout import CheckpointError
 from llmc_io.errors import LLMCFormatError
-from llmc_io.infinitrain_state import HEAD, LR_SCHEDULER, PR
+from llmc_io.infinitrain.state import HEAD, LR_SCHEDULER, PR
 from llmc_io.tensors import all_finite, tree_leaves
 
 ORBAX = 'orbax'
@@ -39,7 +39,7 @@ def read_step(step_dir) -> it.InfiniTrainCheckpoint:
     try:
         first = it.rank_dirs(step_dir)[0]
         expected = None
-        from llmc_io.infinitrain_state import read_trainer_state
+        from llmc_io.infinitrain.state import read_trainer_state
 
         extras = read_trainer_state(first / it.TRAINER_STATE).jaxtrain or {}
         if extras.get('model_config') and extras.get('model_family'):
@@ -144,7 +144,7 @@ def _infinitrain_row(path: Path, kind: str) -> dict:
     row = {'kind': kind, 'committed': True, 'status': 'committed', 'written_from': 'mtime'}
     try:
         first = it.rank_dirs(path)[0]
-        from llmc_io.infinitrain_state import read_trainer_state
+        from llmc_io.infinitrain.state import read_trainer_state
 
         state = read_trainer_state(first / it.TRAINER_STATE)
         extras = state.jaxtrain or {}
@@ -309,7 +309,7 @@ def verify(step_dir, ckpt: it.InfiniTrainCheckpoint | None = None):
         if it.detect_kind(rank) != ckpt.kind:
             problems.append(f'{rank}: expected the same {ckpt.kind} files as rank_000000, found others')
     if ckpt.topology is not None and ckpt.topology.replicas > 1:
-        from llmc_io.infinitrain_ranks import replica_differences
+        from llmc_io.infinitrain.ranks import replica_differences
 
         differences = replica_differences(it.rank_dirs(step_dir), ckpt.topology)
         problems += differences

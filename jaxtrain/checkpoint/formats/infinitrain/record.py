@@ -84,7 +84,7 @@ def _other_rank_records(step_dir, files_dir: Path, record: dict) -> list[str]:
     """Every rank of a multi-rank step carries the same jaxtrain record as the first (whose digest,
     step and files are checked): one that differs was edited or comes from another save."""
     from llmc_io.errors import LLMCFormatError
-    from llmc_io.infinitrain_state import read_trainer_state
+    from llmc_io.infinitrain.state import read_trainer_state
 
     problems = []
     for rank in it.rank_dirs(step_dir):

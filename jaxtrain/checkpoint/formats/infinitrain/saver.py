@@ -40,7 +40,7 @@ from jaxtrain.checkpoint.layout import write_failure
 from jaxtrain.optim.optimizer import spelled_with_infinitrain_flags
 from jaxtrain.parallel import sharding
 from llmc_io.errors import LLMCFormatError
-from llmc_io.infinitrain_state import read_trainer_state as read_infinitrain_state
+from llmc_io.infinitrain.state import read_trainer_state as read_infinitrain_state
 
 
 def batches_per_step(parts) -> int:

@@ -29,8 +29,8 @@ from jaxtrain.checkpoint.layout import CheckpointError
 from jaxtrain.optim.infinitrain_lr_schedule import Replay, ScheduleSpec, state_at
 from jaxtrain.optim.optimizer import ReplayedSchedule, schedule_spec
 from llmc_io.errors import LLMCFormatError
-from llmc_io.infinitrain_lr_scheduler import FILE_NAME, describe, read_lr_scheduler, render_lr_scheduler
-from llmc_io.infinitrain_state import LR_SCHEDULER
+from llmc_io.infinitrain.lr_scheduler import FILE_NAME, describe, read_lr_scheduler, render_lr_scheduler
+from llmc_io.infinitrain.state import LR_SCHEDULER
 
 _RECOVER_LR_RTOL = 1e-5
 

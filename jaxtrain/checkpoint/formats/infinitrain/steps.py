@@ -6,7 +6,7 @@ Kinds (what `ckpt ls` prints), after InfiniTensor/InfiniTrain's own code:
   infinitrain-bin   PR f9cb65b5 infini_train/src/checkpoint.cc, --checkpoint_format bin: model.bin (an llm.c
                     file, SaveAsLLMC), [optimizer.bin (CKPT, name-keyed Adam)], trainer_state.json (PR schema)
   infinitrain-pth   the same with --checkpoint_format pth: model.pth / optimizer.pth, both CKPT
-A multi-rank run writes each rank under `<step dir>/rank_{:06d}`; llmc_io/infinitrain_ranks.py merges
+A multi-rank run writes each rank under `<step dir>/rank_{:06d}`; llmc_io/infinitrain/ranks.py merges
 the tensor-, context- and pipeline-parallel shards and checks that data-parallel replicas agree.
 No optimizer file is normal: SGD has an empty StateDict and upstream then writes none.
 
@@ -27,12 +27,12 @@ import numpy as np
 import llmc_io
 from jaxtrain.checkpoint.keep_policy import kept_steps
 from jaxtrain.checkpoint.layout import step_of
-from llmc_io import infinitrain_names as names
-from llmc_io import infinitrain_ranks
+from llmc_io.infinitrain import names
+from llmc_io.infinitrain import ranks as infinitrain_ranks
 from llmc_io.errors import LLMCFormatError
-from llmc_io.infinitrain_state import InfiniTrainState, read_trainer_state
-from llmc_io.infinitrain_topology import Topology
-from llmc_io.statedict import read_state_dict
+from llmc_io.infinitrain.state import InfiniTrainState, read_trainer_state
+from llmc_io.infinitrain.topology import Topology
+from llmc_io.infinitrain.statedict import read_state_dict
 from llmc_io.tensors import tree_leaves
 
 HEAD_KIND = 'infinitrain'
@@ -237,7 +237,7 @@ def read_checkpoint(
 
 
 def _read_ranks(step_dir, ranks, expected_shapes, with_optimizer, vpp, run_pipeline) -> InfiniTrainCheckpoint:
-    """A multi-GPU HEAD run: every rank put back into one model (llmc_io/infinitrain_ranks.py)."""
+    """A multi-GPU HEAD run: every rank put back into one model (llmc_io/infinitrain/ranks.py)."""
     merged = infinitrain_ranks.read_step(step_dir, ranks, vpp, run_pipeline)
     model_path = ranks[0] / FILES[HEAD_KIND][0]
     shapes = expected_shapes or _expected_shapes_from_state_dict(model_path, merged.model)

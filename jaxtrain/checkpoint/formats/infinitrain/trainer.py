@@ -1,7 +1,7 @@
 """InfiniTrain step directories <-> the trainer's live state: read_step_dir and save_step_dir.
 
 What maps to what:
-  params                 <-> model.ckpt / model.bin / model.pth (llmc_io.infinitrain_names)
+  params                 <-> model.ckpt / model.bin / model.pth (llmc_io.infinitrain.names)
   optax ScaleByAdamState <-> Adam's StateDict: mu/nu = adam.m/adam.v by parameter name, count = adam.t
   ScaleByScheduleState   <-  global_step (the learning rate continues where the checkpoint stopped)
   data_position          <-> data_batch_idx / consumed_batches: one of our windows is accumulation x
@@ -31,7 +31,7 @@ from jaxtrain.checkpoint.formats.infinitrain import steps as it
 from jaxtrain.checkpoint.formats.infinitrain import writer
 from jaxtrain.checkpoint.formats.infinitrain.record import recorded_problems
 from jaxtrain.checkpoint.layout import CheckpointError, step_dir_name
-from llmc_io.infinitrain_state import CONFIG_DEFAULTS, HEAD, LR_SCHEDULER, PR, InfiniTrainState
+from llmc_io.infinitrain.state import CONFIG_DEFAULTS, HEAD, LR_SCHEDULER, PR, InfiniTrainState
 from llmc_io.tensors import tree_leaves
 
 LRS_FORMAT = 'infinitrain-lrs'  # HEAD's files, LR-scheduler generation (formats/infinitrain/schedule.py)
@@ -99,7 +99,7 @@ def read_step_dir(
     caller then starts fresh moments at the record's step. The record has step, data_position, rng (None
     unless jaxtrain wrote the checkpoint), learning_rate, kind and `messages` (lines for the log).
     run_pipeline: this run's (pipeline_parallel, virtual_pipeline_parallel), which tell a multi-GPU
-    save's virtual stages apart where its files cannot (llmc_io/infinitrain_ranks.py). run_context:
+    save's virtual stages apart where its files cannot (llmc_io/infinitrain/ranks.py). run_context:
     this run's context_parallel, said against the saved cp_size. ckpt: the directory as
     read_checkpoint already read it with params_like's shapes, or None to read it here."""
     if ckpt is None:

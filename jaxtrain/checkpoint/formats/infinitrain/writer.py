@@ -16,13 +16,13 @@ import numpy as np
 
 import llmc_io
 from jaxtrain.checkpoint.trainer_state import with_digest
-from llmc_io import infinitrain_names as names
-from llmc_io import infinitrain_rank_writer
+from llmc_io.infinitrain import names
+from llmc_io.infinitrain import rank_writer as infinitrain_rank_writer
 from llmc_io.atomic_file import fsync_directory
 from llmc_io.errors import LLMCFormatError
-from llmc_io.infinitrain_state import InfiniTrainState, read_trainer_state, write_trainer_state
-from llmc_io.infinitrain_topology import Topology
-from llmc_io.statedict import write_state_dict
+from llmc_io.infinitrain.state import InfiniTrainState, read_trainer_state, write_trainer_state
+from llmc_io.infinitrain.topology import Topology
+from llmc_io.infinitrain.statedict import write_state_dict
 from jaxtrain.checkpoint.formats.infinitrain.steps import (
     FILES,
     HEAD_KIND,

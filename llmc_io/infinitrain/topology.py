@@ -2,7 +2,7 @@
 
 Everything here is derived from InfiniTensor/InfiniTrain b24d92f (the HEAD this project follows); each rule
 names its file and lines. The one global view is the single-rank StateDict (TP = PP = 1 names, Linear weights
-(out, in)), which llmc_io/infinitrain_names.py turns into our tree; this module only moves tensors between
+(out, in)), which llmc_io/infinitrain/names.py turns into our tree; this module only moves tensors between
 that view and the per-rank views.
 
 * Rank numbering: axis order TP -> DP -> PP, so rank = tp + T*dp + T*D*pp

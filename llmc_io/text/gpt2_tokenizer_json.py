@@ -17,7 +17,7 @@ import json
 from llmc_io.atomic_file import write_text_atomically
 from llmc_io.errors import LLMCFormatError
 from llmc_io.output_file import check_new_file
-from llmc_io.text_tokenizer import GPT2_ENDOFTEXT
+from llmc_io.text.bpe import GPT2_ENDOFTEXT
 
 
 def add_parser(commands, parents) -> None:

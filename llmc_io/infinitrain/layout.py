@@ -3,7 +3,7 @@
 * `state_dict_order(family, L)`: the entry order of Module::StateDict() (what SaveStateDict writes);
 * `parameter_order(family, L)`: Module::Parameters(), whose position i is HEAD's Adam key `adam.m.{i}`.
 
-Both are std::unordered_map traversals (llmc_io/libcxx_order.py), so they depend on which keys were inserted
+Both are std::unordered_map traversals (libcxx_order.py), so they depend on which keys were inserted
 into which map in which order. That sequence is taken from InfiniTensor/InfiniTrain b24d92f (the same in
 f9cb65b5 for these classes):
   infini_train/src/nn/modules/transformer/transformer.cc  TransformerFirstStage/Layer/Chunk/LastStage/Model
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 
-from llmc_io.libcxx_order import LibcxxStringMap
+from llmc_io.infinitrain.libcxx_order import LibcxxStringMap
 
 GPT2 = "gpt2"
 LLAMA3 = "llama3"

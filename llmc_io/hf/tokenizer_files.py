@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from llmc_io.atomic_file import write_bytes_atomically, write_text_atomically
-from llmc_io.text_tokenizer import (
+from llmc_io.text.bpe import (
     DOCUMENT_START,
     END_OF_TEXT,
     GPT2_SPLIT,

@@ -38,7 +38,7 @@ import numpy as np
 import json
 
 from llmc_io import header as hdr
-from llmc_io.byte_tokens import encode_documents
+from llmc_io.text.byte_tokens import encode_documents
 from llmc_io.errors import LLMCFormatError
 from llmc_io.output_file import refuse_inputs
 from llmc_io.shards import MAX_TOKENS, SHARD_KINDS, read_shard, write_shard
@@ -152,7 +152,7 @@ def read_tokens(
             tokenizer, "--tokenizer", "--from text (ids and shards are tokens already)", f"--from {source}"
         )
     if source == "text" and tokenizer:
-        from llmc_io.text_tokenizer import load_text_tokenizer
+        from llmc_io.text.bpe import load_text_tokenizer
 
         bpe = load_text_tokenizer(tokenizer, family)
         parts = [_bpe_text(path, bpe, text_field, split_blank_lines) for path in paths]

@@ -7,7 +7,7 @@ with NO comma after vocab_size, so the file is not JSON; upstream reads it back 
 LLaMA3Config() defaults when the model came from --llmc_filepath (main.cc never updates model_config), and
 its resume CHECKs them against the same defaults.
 The LR-scheduler generation (PR 151, a7949ac0; not in master at b24d92f) writes HEAD's keys
-without last_lr, as valid JSON: the learning rate lives in lr_scheduler.ckpt (infinitrain_lr_scheduler.py).
+without last_lr, as valid JSON: the learning rate lives in lr_scheduler.ckpt (lr_scheduler.py).
 PR generation (f9cb65b5, infini_train/src/checkpoint.cc) writes valid JSON:
     global_step, data_batch_idx, data_batch_stride, best_loss, last_lr, optimizer_type, checkpoint_format,
     ddp/tp/sp/pp_size

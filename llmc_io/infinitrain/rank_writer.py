@@ -1,6 +1,6 @@
 """A single-rank view written back as a multi-GPU InfiniTrain step directory (`rank_NNNNNN/` per global
-rank) for a named topology: the reverse of llmc_io/infinitrain_ranks.py's reading, by the same rules
-(llmc_io/infinitrain_topology.py, llmc_io/infinitrain_zero.py).
+rank) for a named topology: the reverse of llmc_io/infinitrain/ranks.py's reading, by the same rules
+(llmc_io/infinitrain/topology.py, llmc_io/infinitrain/zero.py).
 """
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ from pathlib import Path
 
 import numpy as np
 
-from llmc_io import infinitrain_layout as layout
-from llmc_io import infinitrain_topology as topo
-from llmc_io import infinitrain_zero as zero
-from llmc_io.infinitrain_state import InfiniTrainState, write_trainer_state
-from llmc_io.libcxx_order import LibcxxStringMap
-from llmc_io.statedict import KFLOAT32, KINT64, CkptTensor, write_state_dict
-from llmc_io.infinitrain_ranks import MODEL_FILE, OPTIMIZER_FILE, TRAINER_STATE
+from llmc_io.infinitrain import layout
+from llmc_io.infinitrain import topology as topo
+from llmc_io.infinitrain import zero
+from llmc_io.infinitrain.state import InfiniTrainState, write_trainer_state
+from llmc_io.infinitrain.libcxx_order import LibcxxStringMap
+from llmc_io.infinitrain.statedict import KFLOAT32, KINT64, CkptTensor, write_state_dict
+from llmc_io.infinitrain.ranks import MODEL_FILE, OPTIMIZER_FILE, TRAINER_STATE
 
 
 def write_step(

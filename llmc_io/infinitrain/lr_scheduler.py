@@ -28,7 +28,7 @@ import numpy as np
 
 from llmc_io.atomic_file import write_bytes_atomically
 from llmc_io.errors import LLMCFormatError
-from llmc_io.libcxx_order import LibcxxStringMap
+from llmc_io.infinitrain.libcxx_order import LibcxxStringMap
 
 FILE_NAME = 'lr_scheduler.ckpt'
 MAGIC = 0x53524C53

@@ -1,15 +1,15 @@
 """A multi-GPU InfiniTrain step directory (`rank_NNNNNN/` per global rank) <-> one single-rank view.
 
 Reading puts the ranks' model and Adam files back into the StateDicts a one-GPU run of the same model
-would write (TP = PP = 1 names; Adam keyed by parameter name), which llmc_io/infinitrain_names.py turns
-into our trees; llmc_io/infinitrain_rank_writer.py does the reverse for a named topology. The rules
-(rank numbering, `module.` prefix, stages, slices, ZeRO pieces) are in llmc_io/infinitrain_topology.py
-and llmc_io/infinitrain_zero.py with upstream's file and line; this module checks that the directories
+would write (TP = PP = 1 names; Adam keyed by parameter name), which llmc_io/infinitrain/names.py turns
+into our trees; llmc_io/infinitrain/rank_writer.py does the reverse for a named topology. The rules
+(rank numbering, `module.` prefix, stages, slices, ZeRO pieces) are in llmc_io/infinitrain/topology.py
+and llmc_io/infinitrain/zero.py with upstream's file and line; this module checks that the directories
 agree and moves the tensors.
 
 Only HEAD's files (b24d92f: model.ckpt, optimizer.ckpt with positional `adam.m.{i}`) are handled, and those
 of the context-parallel branch built on it (d03ba16: a CP axis in the rank order, cp_size in
-trainer_state.json; llmc_io/infinitrain_topology.py has its rules): a multi-GPU run of the PR generation
+trainer_state.json; llmc_io/infinitrain/topology.py has its rules): a multi-GPU run of the PR generation
 was never sampled, and its name-keyed Adam file under `module.` has no upstream test to check against.
 """
 
@@ -21,12 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
-from llmc_io import infinitrain_layout as layout
-from llmc_io import infinitrain_topology as topo
-from llmc_io import infinitrain_zero as zero
+from llmc_io.infinitrain import layout
+from llmc_io.infinitrain import topology as topo
+from llmc_io.infinitrain import zero
 from llmc_io.errors import LLMCFormatError
-from llmc_io.infinitrain_state import InfiniTrainState, read_trainer_state
-from llmc_io.statedict import KFLOAT32, KINT64, CkptTensor, read_state_dict
+from llmc_io.infinitrain.state import InfiniTrainState, read_trainer_state
+from llmc_io.infinitrain.statedict import KFLOAT32, KINT64, CkptTensor, read_state_dict
 
 MODEL_FILE, OPTIMIZER_FILE, TRAINER_STATE = "model.ckpt", "optimizer.ckpt", "trainer_state.json"
 _RANK_NAME = re.compile(r"^rank_(\d+)$")
@@ -183,7 +183,7 @@ def read_step(
             str(len(ranks)),
             "copy the whole step directory of every rank",
         )
-    # the weights of one replica: DP and CP ranks hold the same (llmc_io/infinitrain_topology.py)
+    # the weights of one replica: DP and CP ranks hold the same (llmc_io/infinitrain/topology.py)
     models = {
         i: read_state_dict(r / MODEL_FILE)
         for i, r in enumerate(ranks)

@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 
 from llmc_io.output_file import check_new_file
-from llmc_io.text_tokenizer import FAMILIES, TextTokenizer, load_text_tokenizer
-from llmc_io.tokenizer import GPT2_TOKENIZER_MAGIC, LLAMA3_TOKENIZER_MAGIC, write_tokenizer
+from llmc_io.text.bpe import FAMILIES, TextTokenizer, load_text_tokenizer
+from llmc_io.text.tokenizer import GPT2_TOKENIZER_MAGIC, LLAMA3_TOKENIZER_MAGIC, write_tokenizer
 
 MAGIC = {"gpt2": GPT2_TOKENIZER_MAGIC, "llama3": LLAMA3_TOKENIZER_MAGIC}
 

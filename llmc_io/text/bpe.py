@@ -24,7 +24,7 @@ import binascii
 import json
 import os
 
-from llmc_io.byte_tokens import PRINTABLE_BYTES
+from llmc_io.text.byte_tokens import PRINTABLE_BYTES
 from llmc_io.errors import LLMCFormatError
 
 FAMILIES = ("gpt2", "llama3")

@@ -15,7 +15,7 @@ f1e2ace, for GPT-2):
   head: the even components first, then the odd ones. Attention is then the same function.
   A tied LLaMA (tie_word_embeddings, Llama-3.2-1B and 3B) has no lm_head in either tree.
 
-config.json: hf_config.py. The weight files (single or sharded; F32, BF16 or F16): hf_weights.py.
+config.json: config.py. The weight files (single or sharded; F32, BF16 or F16): weights.py.
 Exports are built one tensor at a time from the tree (`(shape, make)` pairs), so that a shard's
 worth of converted tensors is all the host holds beside the tree.
 """
@@ -33,7 +33,7 @@ import numpy as np
 from llmc_io.atomic_file import TEMP_SUFFIX, write_text_atomically
 from llmc_io.errors import LLMCFormatError
 from llmc_io.gpt2 import GPT2Header
-from llmc_io.hf_config import (
+from llmc_io.hf.config import (
     CONFIG_FILE,
     GENERATION_CONFIG_FILE,
     generation_config,
@@ -42,7 +42,7 @@ from llmc_io.hf_config import (
     llama3_config,
     read_config,
 )
-from llmc_io.hf_weights import DEFAULT_MAX_SHARD_SIZE, FolderTensors, parse_size, write_weights
+from llmc_io.hf.weights import DEFAULT_MAX_SHARD_SIZE, FolderTensors, parse_size, write_weights
 from llmc_io.llama3 import LLaMA3Header
 
 _GPT2_LAYER = {  # HF name in transformer.h.{i} -> our tree path under h/

@@ -14,7 +14,7 @@ A tied LLaMA (a tree without lm_head: Llama-3.2-1B, 3B) has no such tie upstream
 `lm_head.weight`: the one tensor (and its Adam moments) is written twice, as GPT-2's is, and read back into
 a tied tree only where both copies are equal.
 Adam keys: HEAD `adam.m.{i}` / `adam.v.{i}` with i the position in Module::Parameters()
-(llmc_io/infinitrain_layout.py derives it), PR f9cb65b5 `adam.m.<NamedParameters name>`; both have `adam.t`,
+(llmc_io/infinitrain/layout.py derives it), PR f9cb65b5 `adam.m.<NamedParameters name>`; both have `adam.t`,
 int64, 0-d.
 """
 
@@ -26,9 +26,9 @@ import re
 
 import numpy as np
 
-from llmc_io import infinitrain_layout as layout
+from llmc_io.infinitrain import layout
 from llmc_io.errors import LLMCFormatError
-from llmc_io.statedict import KFLOAT32, KINT64, CkptTensor
+from llmc_io.infinitrain.statedict import KFLOAT32, KINT64, CkptTensor
 from llmc_io.tensors import contiguous, copy_into, tree_leaves, tree_set
 
 GPT2, LLAMA3 = layout.GPT2, layout.LLAMA3
