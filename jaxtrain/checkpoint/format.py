@@ -125,6 +125,11 @@ class CheckpointFormat(Protocol):
         """The steps of this format committed under root, oldest first."""
         ...
 
+    def step_path(self, root, step: int) -> Path:
+        """Where committed step `step` under root is, as every way in takes it: its
+        checkpoint_step_NNNNNN directory, or an llm.c run folder's model file."""
+        ...
+
     def open(self, config, parts, protected_steps) -> RunCheckpointer:
         """The run's checkpointer for config.checkpoint_dir; protected steps are never rotated away."""
         ...

@@ -107,12 +107,10 @@ def lineage_of(step_dir) -> str | None:
 
 def other_lineages_steps(fmt, root, lineage: str) -> list[int]:
     """The committed steps of format `fmt` under root that are not of `lineage` (kept out of rotation)."""
-    from jaxtrain.checkpoint.layout import step_dir_name
-
     root = Path(root)
     others = []
     for step in fmt.committed_steps(root):
-        path = fmt.step_path(root, step) if hasattr(fmt, 'step_path') else root / step_dir_name(step)
+        path = fmt.step_path(root, step)
         if lineage_of(path) != lineage:
             others.append(step)
     return others

@@ -1,8 +1,8 @@
 """Which checkpoint format (format.py) a flag or a step directory means.
 
 `--checkpoint_format` picks the format a run writes (`for_flag`); a step directory's files
-pick the format it is read with (`for_step_dir`): an llm.c run folder's step, InfiniTrain's
-when its model file is one of theirs, else ours, whose resolve and restore then say what is
+pick the format it is read with (`for_step_dir`): the first of READERS that owns it (an llm.c
+run folder's step, an InfiniTrain kind's), else ours, last, whose checks then say what is
 wrong with it. A new format implements format.CheckpointFormat and is listed here; nothing
 else needs to know it.
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from jaxtrain.checkpoint.format import CheckpointFormat, RunCheckpointer, Verification, refuse_problems
 from jaxtrain.checkpoint.formats.infinitrain import steps as it
-from jaxtrain.checkpoint.formats.infinitrain.saver import InfiniTrainFormat
+from jaxtrain.checkpoint.formats.infinitrain.format import InfiniTrainFormat
 from jaxtrain.checkpoint.formats.infinitrain.trainer import LRS_FORMAT
 from jaxtrain.checkpoint.formats.llmc_run.restore import LLMCRunFormat
 from jaxtrain.checkpoint.formats.orbax.restore import OrbaxFormat
@@ -24,11 +24,14 @@ _INFINITRAIN = {kind: InfiniTrainFormat(kind) for kind in it.KINDS}  # every kin
 WRITERS: dict[str, CheckpointFormat] = {
     ORBAX.name: ORBAX,
     it.HEAD_KIND: _INFINITRAIN[it.HEAD_KIND],
-    LRS_FORMAT: InfiniTrainFormat(LRS_FORMAT),  # HEAD's files, PR 151's generation
+    LRS_FORMAT: InfiniTrainFormat(LRS_FORMAT, reads=it.HEAD_KIND),  # HEAD's files, PR 151's generation
     it.PR_BIN_KIND: _INFINITRAIN[it.PR_BIN_KIND],
     LLMC_RUN.name: LLMC_RUN,
 }
 FORMAT_NAMES = tuple(WRITERS)
+# The formats a step directory is offered to, in order: Orbax last, the fallback whose checks say
+# what is wrong with a directory no format owns.
+READERS: tuple[CheckpointFormat, ...] = (LLMC_RUN, *_INFINITRAIN.values(), ORBAX)
 _FAMILIES = (
     ORBAX,
     _INFINITRAIN[it.HEAD_KIND],
@@ -42,14 +45,9 @@ def for_flag(name: str) -> CheckpointFormat:
 
 
 def for_step_dir(step_dir) -> CheckpointFormat:
-    """The format that reads step_dir. A step whose InfiniTrain files are still gzipped (as samples
-    are shipped) is refused here, so every way in says so rather than calling it a damaged Orbax save."""
-    if LLMC_RUN.owns(step_dir):
-        return LLMC_RUN
-    kind = it.detect_kind(step_dir)
-    if kind is None and (gzipped := it.gzipped_notice(step_dir)):
-        raise CheckpointError(gzipped)
-    return _INFINITRAIN[kind] if kind else ORBAX
+    """The first of READERS that owns step_dir; Orbax when none does (its checks say what is wrong).
+    A format may refuse a step of its own it cannot read as it is (format.CheckpointFormat.owns)."""
+    return next((fmt for fmt in READERS[:-1] if fmt.owns(step_dir)), READERS[-1])
 
 
 def verify(path) -> Verification:
@@ -73,9 +71,8 @@ def newest_step(root) -> tuple[Path, CheckpointFormat] | None:
     if not found:
         return None
     step, fmt = max(found, key=lambda pair: pair[0])
-    if hasattr(fmt, 'step_path'):
-        return fmt.step_path(root, step), fmt
-    return Path(root) / step_dir_name(step), for_step_dir(Path(root) / step_dir_name(step))
+    path = fmt.step_path(root, step)
+    return path, for_step_dir(path)  # the kind: InfiniTrain's HEAD or PR files
 
 
 def refuse_other_kind_for_latest(root, fmt: CheckpointFormat) -> None:

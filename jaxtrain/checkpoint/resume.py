@@ -45,10 +45,8 @@ def resolve_resume(
         if not steps:
             registry.refuse_other_kind_for_latest(checkpoint_dir, fmt)
             return None, f'resume_from=latest: no committed checkpoint in {checkpoint_dir}; starting fresh'
-        if hasattr(fmt, 'step_path'):  # a format whose steps are not checkpoint_step_NNNNNN directories
-            return fmt.step_path(checkpoint_dir, steps[-1]), ''
         # Absolute: Orbax refuses relative paths, and the README's commands use them.
-        return Path(checkpoint_dir).absolute() / step_dir_name(steps[-1]), ''
+        return Path(fmt.step_path(checkpoint_dir, steps[-1])).absolute(), ''
     path = Path(resume_from).absolute()
     if registry.for_step_dir(path) is not registry.ORBAX:
         return path, ''

@@ -26,6 +26,7 @@ def test_the_protocols_declare_what_the_run_uses():
         'title',
         'owns',
         'committed_steps',
+        'step_path',
         'open',
         'read_record',
         'restore_into',

@@ -20,7 +20,14 @@ import orbax.checkpoint as ocp
 
 from jaxtrain.checkpoint.checksums import checksum_mismatches
 from jaxtrain.checkpoint.format import Resumed, Verification, Weights, fresh_optimizer_state
-from jaxtrain.checkpoint.layout import DAMAGED, CheckpointError, committed_steps, damaged_advice, is_committed
+from jaxtrain.checkpoint.layout import (
+    DAMAGED,
+    CheckpointError,
+    committed_steps,
+    damaged_advice,
+    is_committed,
+    step_dir_name,
+)
 from jaxtrain.checkpoint.lora_record import resume_problems as lora_resume_problems
 from jaxtrain.checkpoint.manager import Checkpointer
 from jaxtrain.checkpoint.trainer_state import check_digest
@@ -45,6 +52,9 @@ class OrbaxFormat:
 
     def committed_steps(self, root) -> list[int]:
         return committed_steps(root)
+
+    def step_path(self, root, step: int) -> Path:
+        return Path(root) / step_dir_name(step)
 
     def open(self, config, parts, protected_steps) -> Checkpointer:
         return Checkpointer(

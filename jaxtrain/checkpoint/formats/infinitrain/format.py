@@ -1,0 +1,161 @@
+"""InfiniTrain step directories as a checkpoint format (checkpoint/format.py): which steps a root
+holds, the run's checkpointer (saver.py), reading, verifying and restoring a step of any kind, and
+what `ckpt` shows of it (inspection.py) and writes from it (export.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from jaxtrain.checkpoint.format import Resumed, Verification, Weights, fresh_optimizer_state, refuse_problems
+from jaxtrain.checkpoint.formats.infinitrain import schedule as infinitrain_schedule
+from jaxtrain.checkpoint.formats.infinitrain import steps as it
+from jaxtrain.checkpoint.formats.infinitrain.saver import InfiniTrainCheckpointer, batches_per_step
+from jaxtrain.checkpoint.formats.infinitrain.trainer import LRS_FORMAT, expected_shapes, read_step_dir
+from jaxtrain.checkpoint.layout import CheckpointError, step_dir_name
+from jaxtrain.checkpoint.trainer_state import compare_with_run
+from jaxtrain.optim.optimizer import spelled_with_infinitrain_flags
+from jaxtrain.parallel import sharding
+from llmc_io.errors import LLMCFormatError
+from llmc_io.infinitrain.state import read_trainer_state as read_infinitrain_state
+
+
+class InfiniTrainFormat:
+    """One InfiniTrain kind (infinitrain.py's KINDS): every kind restores; infinitrain and
+    infinitrain-bin also write."""
+
+    title = 'InfiniTrain'
+
+    def __init__(self, kind: str, reads: str | None = None):
+        self.name = kind
+        self.reads = reads or kind  # the kind of files it owns: infinitrain-lrs writes HEAD's
+
+    def owns(self, step_dir) -> bool:
+        """A step directory of this kind. One whose files are still gzipped (as samples are shipped)
+        is refused here, so every way in says so rather than calling it a damaged Orbax save."""
+        kind = it.detect_kind(step_dir)
+        if kind is None and (gzipped := it.gzipped_notice(step_dir)):
+            raise CheckpointError(gzipped)
+        return kind == self.reads
+
+    def committed_steps(self, root) -> list[int]:
+        return [it.step_number(d) for d in it.step_dirs(root)]
+
+    def step_path(self, root, step: int) -> Path:
+        return Path(root) / step_dir_name(step)
+
+    def open(self, config, parts, protected_steps) -> InfiniTrainCheckpointer:
+        # infinitrain with InfiniTrain's schedule flags writes their generation (infinitrain_schedule.py).
+        lrs = self.name == it.HEAD_KIND and spelled_with_infinitrain_flags(config)
+        fmt = LRS_FORMAT if lrs else self.name
+        return InfiniTrainCheckpointer(
+            config.checkpoint_dir,
+            fmt,
+            parts,
+            family=config.model_family,
+            keep_latest=config.max_checkpoint_keep,
+            keep_every=config.keep_every_steps,
+            protected_steps=protected_steps,
+            config=config,
+        )
+
+    def read_record(self, step_dir) -> dict:
+        """The "jaxtrain" object of trainer_state.json (what only we write) as saved, so that its
+        record_sha256 can be checked; else InfiniTrain's own step and best_loss."""
+        state = read_infinitrain_state(it.rank_dirs(step_dir)[0] / it.TRAINER_STATE)
+        if state.jaxtrain is not None:
+            return dict(state.jaxtrain)
+        return {'step': state.global_step, 'best_loss': state.best_loss}
+
+    def verify(self, step_dir) -> Verification:
+        """Every rank's files parse and fit one model; the data-parallel replicas are equal; the
+        jaxtrain record's digest and every file's recorded sha256 hold (rank directories
+        included); finite weights, Adam's t, the scheduler file."""
+        from jaxtrain.checkpoint.formats.infinitrain.inspection import verify
+
+        return verify(step_dir)
+
+    def read_weights(self, step_dir) -> Weights:
+        """The model file of any generation and rank layout; the model config is jaxtrain's record of
+        it, else what the files say (model_shape_from_files)."""
+        try:
+            ckpt = it.read_checkpoint(step_dir, None, with_optimizer=False)
+        except LLMCFormatError as e:
+            raise CheckpointError(str(e)) from None
+        record = dict(ckpt.state.jaxtrain) if ckpt.state.jaxtrain else None
+        model_config = (record or {}).get('model_config') or (record or {}).get('model_shape')
+        what = f'InfiniTrain checkpoint {step_dir} ({ckpt.kind})'
+        return Weights(
+            ckpt.family, ckpt.params, what, model_config or it.model_shape_from_files(ckpt), record
+        )
+
+    def restore_into(self, config, parts, step_dir: Path) -> Resumed:
+        """Everything is checked (model family, names, shapes, vocabulary, batch geometry)
+        before the run's state is touched."""
+        state = parts.state
+        run_pipeline = (config.pipeline_parallel, config.virtual_pipeline_parallel)
+        try:
+            # Read once: the same arrays and the sha256 taken while reading serve the restore and
+            # verify below (a 1B step is 17 GiB; each further read of it is seconds).
+            ckpt = it.read_checkpoint(step_dir, expected_shapes(state.params), run_pipeline=run_pipeline)
+            params, opt_state, saved = read_step_dir(
+                step_dir,
+                state.params,
+                state.opt_state,
+                batches_per_step(parts),
+                config.optimizer,
+                run_pipeline,
+                parts.geometry.context,
+                ckpt=ckpt,
+            )
+        except LLMCFormatError as e:
+            raise CheckpointError(f'{e}') from None
+        # Then every check `ckpt verify` makes, on the files that read did not need too (the other
+        # ranks, the replicas): a resume refuses what verify rejects.
+        from jaxtrain.checkpoint.formats.infinitrain.inspection import verify
+
+        refuse_problems(verify(step_dir, ckpt), step_dir, 'resume_from')
+        del ckpt  # its NumPy arrays: the state is on the devices now
+        messages = list(saved.pop('messages'))
+        generation = saved.pop('generation')
+        messages += infinitrain_schedule.resume_schedule(
+            config, parts.schedule, step_dir, saved['step'], generation
+        )
+        if 'model_config' in saved:  # written by jaxtrain: the compatibility check of our own checkpoints
+            incompatible, changes = compare_with_run(
+                saved, dataclasses.asdict(parts.setup.model_config), config.to_dict()
+            )
+            if incompatible:
+                raise CheckpointError(
+                    f'{step_dir}: does not fit this run: '
+                    + '; '.join(incompatible)
+                    + '. Resume it with the settings it was saved with, or start a new run.'
+                )
+            messages += [f'resume: changed since the checkpoint: {change}' for change in changes]
+        if opt_state is None:
+            opt_state = fresh_optimizer_state(parts, params, saved['step'])
+        replicated = parts.replicated
+        rng = (
+            state.rng
+            if saved['rng'] is None
+            else sharding.put_global(np.asarray(saved['rng'], np.uint32), replicated)
+        )
+        if saved['rng'] is None:
+            messages.append(
+                f'resume: {step_dir} was written by InfiniTrain: no rng saved, keeping seed {config.seed}\'s'
+            )
+        state = state.replace(
+            step=sharding.put_global(np.int32(saved['step']), replicated),
+            data_position=sharding.put_global(np.int32(saved['data_position']), replicated),
+            params=params,
+            opt_state=opt_state,
+            rng=rng,
+        )
+        messages.append(
+            f"resume: restored step {saved['step']} from {step_dir} ({saved['kind']}, data position "
+            f"{saved['data_position']})"
+        )
+        return Resumed(state, step_dir, saved, messages)
