@@ -1,6 +1,6 @@
 """A single-rank view written back as a multi-GPU InfiniTrain step directory (`rank_NNNNNN/` per global
 rank) for a named topology: the reverse of llmc_io/infinitrain/ranks.py's reading, by the same rules
-(llmc_io/infinitrain/topology.py, llmc_io/infinitrain/zero.py).
+(llmc_io/infinitrain/topology.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import numpy as np
 
 from llmc_io.infinitrain import layout
 from llmc_io.infinitrain import topology as topo
-from llmc_io.infinitrain import zero
 from llmc_io.infinitrain.state import InfiniTrainState, write_trainer_state
 from llmc_io.infinitrain.libcxx_order import LibcxxStringMap
 from llmc_io.infinitrain.statedict import KFLOAT32, KINT64, CkptTensor, write_state_dict
@@ -112,7 +111,7 @@ def _rank_optimizer(
     values: dict[str, np.ndarray] = {}
     if topology.zero_stage:
         numels = [[(p, local[prefix + p].array.size) for p in c] for c in chunk_params]
-        shards = zero.pieces(numels, topology.replicas, topology.zero_shard(rank))
+        shards = topo.pieces(numels, topology.replicas, topology.zero_shard(rank))
         entries = [(pc.name, slice(pc.start, pc.stop)) for pc in shards]
     else:
         entries = [(p, None) for p in params]

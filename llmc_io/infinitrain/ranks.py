@@ -4,7 +4,7 @@ Reading puts the ranks' model and Adam files back into the StateDicts a one-GPU 
 would write (TP = PP = 1 names; Adam keyed by parameter name), which llmc_io/infinitrain/names.py turns
 into our trees; llmc_io/infinitrain/rank_writer.py does the reverse for a named topology. The rules
 (rank numbering, `module.` prefix, stages, slices, ZeRO pieces) are in llmc_io/infinitrain/topology.py
-and llmc_io/infinitrain/zero.py with upstream's file and line; this module checks that the directories
+with upstream's file and line; this module checks that the directories
 agree and moves the tensors.
 
 Only HEAD's files (b24d92f: model.ckpt, optimizer.ckpt with positional `adam.m.{i}`) are handled, and those
@@ -23,7 +23,6 @@ import numpy as np
 
 from llmc_io.infinitrain import layout
 from llmc_io.infinitrain import topology as topo
-from llmc_io.infinitrain import zero
 from llmc_io.errors import LLMCFormatError
 from llmc_io.infinitrain.state import InfiniTrainState, read_trainer_state
 from llmc_io.infinitrain.statedict import KFLOAT32, KINT64, CkptTensor, read_state_dict
@@ -342,7 +341,7 @@ def _merge_optimizer(ranks, models, optimizers, topology, num_layers, model, not
                     if (rank_tp, rank_stage) != (tp, stage):
                         continue
                     numels = [[(p, int(np.prod(shape_of(p)))) for p in c] for c in chunk_params]
-                    got = zero.pieces(numels, topology.replicas, topology.zero_shard(rank))
+                    got = topo.pieces(numels, topology.replicas, topology.zero_shard(rank))
                     tensors = optimizers[rank]
                     _check_keys(ranks[rank] / OPTIMIZER_FILE, tensors, len(got), "ZeRO pieces")
                     for i, piece in enumerate(got):

@@ -356,7 +356,7 @@ def test_zero_pieces_of_models_with_several_buckets():
     every parameter exactly once over the DDP ranks, for DDP sizes that do and do not divide 128."""
     from infinitrain_rank_fixtures import _zero_pieces
 
-    from llmc_io.infinitrain.zero import pieces
+    from llmc_io.infinitrain.topology import pieces
 
     c, v, t = 768, 50304, 1024
     layer = [
