@@ -1,4 +1,4 @@
-"""InfiniTrain's lr_scheduler.ckpt (the SLRS file of PR 151): a strict reader and a byte-exact writer.
+"""InfiniTrain's lr_scheduler.ckpt (the SLRS file of PR 151): a strict reader, and the bytes upstream writes.
 
 Upstream: InfiniTensor/InfiniTrain a7949ac0f46fb3de64520a18bc13ebc70b6bc158,
 infini_train/src/checkpoint/checkpoint.cc (SaveLRSchedulerState, LoadLRSchedulerState,
@@ -26,7 +26,6 @@ import struct
 
 import numpy as np
 
-from llmc_io.atomic_file import write_bytes_atomically
 from llmc_io.errors import LLMCFormatError
 from llmc_io.infinitrain.libcxx_order import LibcxxStringMap
 
@@ -192,10 +191,6 @@ def render_lr_scheduler(state: dict) -> bytes:
         raw = name.encode('utf-8')
         parts.append(struct.pack('<I', len(raw)) + raw + _encode_value(name, state[name]))
     return b''.join(parts)
-
-
-def write_lr_scheduler(path: str | os.PathLike, state: dict) -> None:
-    write_bytes_atomically(path, render_lr_scheduler(state))
 
 
 def describe(value) -> str:
