@@ -25,9 +25,8 @@ import sys
 
 from llmc_io import header as hdr
 from llmc_io import output_file
-from llmc_io.text import gpt2_tokenizer_json
 from llmc_io.text import make_shards
-from llmc_io.text import tokenizer_export
+from llmc_io.text import tokenizer_files
 from llmc_io.dtypes import fp32_repr
 from llmc_io.errors import LLMCFormatError
 from llmc_io.gpt2 import GPT2Header, load_gpt2, save_gpt2
@@ -133,8 +132,8 @@ def _parser() -> argparse.ArgumentParser:
         "itself or a file of a committed llm.c checkpoint step",
     )
     make_shards.add_parser(commands, [common])
-    tokenizer_export.add_parser(commands, [common])
-    gpt2_tokenizer_json.add_parser(commands, [common])
+    tokenizer_files.add_tokenizer_parser(commands, [common])
+    tokenizer_files.add_gpt2_tokenizer_parser(commands, [common])
     return parser
 
 
@@ -381,8 +380,8 @@ def main(argv=None) -> int:
             "info": _info,
             "convert": _convert,
             "shard": make_shards.run,
-            "tokenizer": tokenizer_export.run,
-            "gpt2-tokenizer": gpt2_tokenizer_json.run,
+            "tokenizer": tokenizer_files.run_tokenizer,
+            "gpt2-tokenizer": tokenizer_files.run_gpt2_tokenizer,
         }
         commands[args.command](args)
     except BrokenPipeError:  # `| head` has read what it wanted: no error, nothing on stderr

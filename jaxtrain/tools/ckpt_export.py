@@ -84,7 +84,7 @@ def export_hf(
     (tokenizer.json, tokenizer_config.json) when it names one (or `tokenizer` is given); an
     existing folder's files only with `force` (export_target.py)."""
     from llmc_io.hf import save_hf
-    from llmc_io.hf.tokenizer_files import write_hf_tokenizer_files
+    from llmc_io.text.tokenizer_files import write_hf_tokenizer_files
     from llmc_io.hf.weights import DEFAULT_MAX_SHARD_SIZE, parse_size
 
     try:

@@ -377,7 +377,7 @@ def test_a_tokenizer_without_the_familys_document_start_is_named(tmp_path, capsy
 
 @pytest.mark.parametrize('family', ['gpt2', 'llama3'])
 def test_a_tiktoken_file_as_hf_files_encodes_the_same(tmp_path, family):
-    from llmc_io.hf.tokenizer_files import write_hf_tokenizer_files
+    from llmc_io.text.tokenizer_files import write_hf_tokenizer_files
     from llmc_io.text.bpe import load_text_tokenizer
 
     ranks = tiktoken_file_from(train_bpe(tmp_path / 'tokenizer.json', family), tmp_path / 'tokenizer.model')
