@@ -22,7 +22,7 @@ The train stream in llm.c's permuted order (`--shuffle llmc`), still a pure func
 One llm.c batch ("sample") is a micro-step's tokens: rows_per_micro_step x seq_len (+1 target).
 Step `position` reads samples position*A .. position*A + A - 1 of llm.c's sequence (A = gradient
 accumulation), which may cross shard and epoch boundaries as llm.c's micro-steps do. Which shard
-and sample the k-th one is comes from llmc_io.llmc_shuffle, replaying dataloader.h's mt19937 from
+and sample the k-th one is comes from llmc_io.llmc_state, replaying dataloader.h's mt19937 from
 its seed: the saved position alone makes a resume exact, and the llm.c loader state at any position
 (for an llm.c state file, or to check one) is recomputed from it.
 
@@ -36,7 +36,7 @@ import operator
 from typing import Iterator
 import numpy as np
 
-from llmc_io.llmc_shuffle import LLMCOrder
+from llmc_io.llmc_state import LLMCOrder
 
 
 class DataError(ValueError):

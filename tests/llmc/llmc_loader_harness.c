@@ -1,5 +1,5 @@
 // Prints the batches llm.c's own DataLoader (llmc/dataloader.h, shuffling on) serves, then its state:
-// the independent reference for llmc_io/llmc_shuffle.py. Usage: harness PATTERN B T NUM_BATCHES
+// the independent reference for llmc_io/llmc_state.py. Usage: harness PATTERN B T NUM_BATCHES
 // Output lines: "batch TOK0 TOK1 ... TOK(B*T)" (the B*T+1 tokens read), then
 // "state SHARD_IDX SAMPLE_IDX", "shards ...", "intra ...", "mt LEFT NEXT WORD0 ... WORD623".
 #include <stdio.h>

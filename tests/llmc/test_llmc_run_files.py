@@ -18,8 +18,7 @@ import llmc_io
 from jaxtrain.data.stream import LLMCShuffledStream
 from llmc_io import llmc_run
 from llmc_io.errors import LLMCFormatError
-from llmc_io.llmc_shuffle import MT19937, LLMCOrder
-from llmc_io.llmc_state import flat_to_tree, read_state, tree_to_flat, write_state
+from llmc_io.llmc_state import MT19937, LLMCOrder, flat_to_tree, read_state, tree_to_flat, write_state
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = REPO / 'tests' / 'fixtures' / 'llmc_run'
