@@ -27,7 +27,7 @@ from llmc_io import header as hdr
 from llmc_io import output_file
 from llmc_io.text import make_shards
 from llmc_io.text import tokenizer_files
-from llmc_io.dtypes import fp32_repr
+from llmc_io.header import fp32_repr
 from llmc_io.errors import LLMCFormatError
 from llmc_io.gpt2 import GPT2Header, load_gpt2, save_gpt2
 from llmc_io.hf import load_hf, save_hf

@@ -3,6 +3,8 @@
 A header is 256 little-endian int32 slots (docs/formats.md conventions); slots a writer does not name are 0.
 The magic number in slot 0 says what kind of file it is, so a wrong file can be named in the error
 ("this is a GPT-2 token shard") rather than merely rejected.
+Header float fields are fp32 values; some layouts store their bit patterns in int32 slots (the
+conversions at the end).
 """
 
 from __future__ import annotations
@@ -141,3 +143,35 @@ def pack_header(slots: dict[int, int], num_ints: int = HEADER_INTS) -> bytes:
             raise ValueError(f"header[{index}]: expected a value that fits int32, found {value}")
         header[index] = int(value)
     return header.tobytes()
+
+
+# --- fp32 values in int32 slots ---------------------------------------------------------------------
+
+
+def float_to_int32_bits(value: float) -> int:
+    """The fp32 bit pattern of `value`, as the signed int32 stored in a header slot."""
+    return int(np.array(value, dtype=np.float32).view(np.int32))
+
+
+def int32_bits_to_float(bits: int) -> float:
+    """The fp32 value whose bit pattern is the int32 header slot `bits`."""
+    return float(np.array(bits, dtype=np.int32).view(np.float32))
+
+
+def round_to_fp32(value: float) -> float:
+    """`value` rounded to the nearest fp32, the precision a header float slot holds."""
+    return float(np.float32(value))
+
+
+def fp32_repr(value: float) -> str:
+    """The shortest decimal that reads back as the same fp32: '1.4', not '1.399999976158142'."""
+    return str(np.float32(value))
+
+
+def is_fp32_subnormal_or_zero(bits: int) -> bool:
+    """True when an int32 slot, read as fp32, has a zero exponent: +-0 or a subnormal.
+
+    A small non-negative integer (e.g. 1, 0, 500000, anything below 2**23) looks like this, which is
+    how an integer-truncated float slot is told apart from a real fp32 bit pattern.
+    """
+    return (int(bits) & 0x7F800000) == 0

@@ -27,7 +27,7 @@ import os
 import numpy as np
 
 from llmc_io import header as hdr
-from llmc_io.dtypes import (
+from llmc_io.header import (
     float_to_int32_bits,
     fp32_repr,
     int32_bits_to_float,

@@ -10,9 +10,7 @@ import math
 
 
 from llmc_io import header as hdr
-from llmc_io.dtypes import (
-    round_to_fp32,
-)
+from llmc_io.header import round_to_fp32
 from llmc_io.tensors import (
     VERSION_DTYPES,
     resolve,

@@ -4,6 +4,10 @@ A format is a table of rows (llm.c name, tree path, file shape). File shapes are
 symbols ("L", "3C", ...) that a header turns into numbers, so the table reads like docs/formats.md.
 Linear weights are stored (out, in) in the file; a tree path ending in "/kernel" holds the transpose,
 (in, out), as Flax does (llmc_io/PARAMS_SPEC.md). Per-layer tensors are stacked over L on axis 0 in both.
+
+bf16 is the top half of an fp32 after round-to-nearest-even, exactly as torch's `.to(torch.bfloat16)`
+(which llm.c's Python writers use), so that a bf16 file we write is byte-identical to theirs.
+NumPy has no bf16 dtype; bf16 values travel as their uint16 bit patterns.
 """
 
 from __future__ import annotations
@@ -17,8 +21,31 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 
 from llmc_io.atomic_file import write_pieces_atomically
-from llmc_io.dtypes import bf16_bits_to_fp32, fp32_to_bf16_bits
 from llmc_io.errors import LLMCFormatError
+
+# torch turns every NaN (either sign, any payload) into this one quiet NaN.
+BF16_NAN_BITS = 0x7FC0
+
+
+def fp32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """uint16 bf16 bit patterns of `x` rounded to nearest, ties to even; NaN -> 0x7FC0.
+
+    Values beyond the largest bf16 round to +-inf; subnormals are kept (no flush to zero).
+    """
+    x32 = np.ascontiguousarray(x, dtype=np.float32)
+    u = x32.view(np.uint32)
+    # Adding 0x7FFF plus the lowest kept bit rounds half to even. uint32 cannot overflow here except
+    # for NaNs with the top bits set, and NaNs are replaced below.
+    lowest_kept = (u >> 16) & 1
+    with np.errstate(over="ignore"):
+        rounded = ((u + np.uint32(0x7FFF) + lowest_kept) >> 16).astype(np.uint16)
+    return np.where(np.isnan(x32), np.uint16(BF16_NAN_BITS), rounded)
+
+
+def bf16_bits_to_fp32(bits: np.ndarray) -> np.ndarray:
+    """float32 values of uint16 bf16 bit patterns (exact: bf16 is a truncated fp32)."""
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
 
 # Version slot -> (dtype name, on-disk NumPy dtype of one value).
 VERSION_DTYPES = {3: ("float32", np.dtype("<f4")), 5: ("bfloat16", np.dtype("<u2"))}

@@ -18,7 +18,7 @@ import math
 import os
 from pathlib import Path
 
-from llmc_io.dtypes import fp32_repr
+from llmc_io.header import fp32_repr
 from llmc_io.errors import LLMCFormatError
 from llmc_io.gpt2 import GPT2Header
 from llmc_io.llama3 import LLaMA3Header

@@ -8,14 +8,8 @@ rule (every NaN -> 0x7FC0) differs from ml_dtypes (which keeps the sign), so NaN
 import numpy as np
 import pytest
 
-from llmc_io.dtypes import (
-    bf16_bits_to_fp32,
-    float_to_int32_bits,
-    fp32_to_bf16_bits,
-    int32_bits_to_float,
-    is_fp32_subnormal_or_zero,
-    round_to_fp32,
-)
+from llmc_io.header import float_to_int32_bits, int32_bits_to_float, is_fp32_subnormal_or_zero, round_to_fp32
+from llmc_io.tensors import bf16_bits_to_fp32, fp32_to_bf16_bits
 
 # fp32 bit pattern -> bf16 bit pattern, by hand.
 HAND_CASES = {
