@@ -8,7 +8,7 @@ documents. The stream is capped so building takes about a second and is written 
 ordinary llm.c GPT-2 shards (magic 20240520, version 1, uint16), to the cache directory.
 
 LLaMA-3 gets the same bytes as the same ids (its tokenizer's first 256 ids are the bytes in
-GPT-2's order: llmc_io/text/byte_tokens.py), each file preceded by <|begin_of_text|> 128000 (llm.c's
+GPT-2's order: llmc_io/text/bpe.py), each file preceded by <|begin_of_text|> 128000 (llm.c's
 dev/data delimiter for llama-3) instead of 50256, in LLaMA-3 shards (magic 20240801, uint32).
 """
 
@@ -23,7 +23,8 @@ import time
 
 import numpy as np
 
-from llmc_io.text.byte_tokens import BYTE_TO_TOKEN, DOCUMENT_START, TOKEN_TO_BYTE, encode_bytes  # noqa: F401
+from llmc_io.text.bpe import BYTE_TO_TOKEN, TOKEN_TO_BYTE, encode_bytes  # noqa: F401
+from llmc_io.text.bpe import DOCUMENT_START_ID as DOCUMENT_START
 
 EOT_TOKEN = 50256
 TRAIN_TOKENS = 3 * 2**20  # 3,145,728: enough that a small model does not memorise it in minutes

@@ -38,7 +38,7 @@ import numpy as np
 import json
 
 from llmc_io import header as hdr
-from llmc_io.text.byte_tokens import encode_documents
+from llmc_io.text.bpe import encode_documents
 from llmc_io.errors import LLMCFormatError
 from llmc_io.output_file import refuse_inputs
 from llmc_io.shards import MAX_TOKENS, SHARD_KINDS, read_shard, write_shard

@@ -9,7 +9,7 @@ import numpy as np
 
 from jaxtrain.data import default_corpus
 from jaxtrain.data.tokenizer import builtin_tokenizer_for, default_corpus_tokenizer
-from llmc_io.text.byte_tokens import encode_documents
+from llmc_io.text.bpe import encode_documents
 
 
 def test_gpt2_facts_and_eot():
