@@ -149,8 +149,12 @@ def _stacked(layers: list) -> np.ndarray:
     return out
 
 
-def state_dict_to_tree(path, tensors: dict, expected_shapes: dict[str, tuple[int, ...]]) -> dict:
+def state_dict_to_tree(
+    path, tensors: dict, expected_shapes: dict[str, tuple[int, ...]], consume: bool = False
+) -> dict:
     """Upstream model StateDict -> our tree, checked against the tree shapes our model expects.
+    consume: each layer's entry is removed from `tensors` once its stacked leaf is made, so that
+    the file's arrays and the tree's are never all in memory at once.
 
     `expected_shapes` is {tree path: shape} of the model being resumed (its family, L, Vp come from it).
     Every name must fit: a missing, unexpected or mis-shaped tensor is one LLMCFormatError naming it.
@@ -185,6 +189,7 @@ def state_dict_to_tree(path, tensors: dict, expected_shapes: dict[str, tuple[int
         if code is not None and code != KFLOAT32:
             _fail(path, f"tensor '{n}' dtype", "11 (kFLOAT32)", str(code))
     per_layer: dict[str, list] = {}
+    layer_names: dict[str, list] = {}
     tree: dict = {}
     for name, (tree_path, layer, transposed) in table.items():
         value = arrays[name]
@@ -209,11 +214,22 @@ def state_dict_to_tree(path, tensors: dict, expected_shapes: dict[str, tuple[int
             tree_set(tree, tree_path, contiguous(value, np.float32))
         else:
             per_layer.setdefault(tree_path, [None] * num_layers)[layer] = value
+            layer_names.setdefault(tree_path, []).append(name)
     # Each stacked leaf is a copy of its layers (transposed where the file is (out, in)); NumPy's
     # copies let go of the GIL, so the leaves are made side by side.
     with concurrent.futures.ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
-        stacked = pool.map(_stacked, per_layer.values())
-        for tree_path, value in zip(per_layer, stacked):
+
+        def stack(tree_path: str) -> np.ndarray:
+            value = _stacked(per_layer[tree_path])
+            if consume:  # the layers' file arrays go as soon as their copy is made
+                per_layer[tree_path] = None
+                for name in layer_names[tree_path]:
+                    tensors.pop(name, None)
+                    arrays.pop(name, None)
+            return value
+
+        stacked = pool.map(stack, list(per_layer))
+        for tree_path, value in zip(list(per_layer), stacked):
             tree_set(tree, tree_path, value)
     if family == GPT2:
         wte = arrays["transformer.wte.weight"]
@@ -260,8 +276,9 @@ def detect_head_keys(names) -> bool:
     return any(re.fullmatch(r"adam\.[mv]\.\d+", n) for n in names)
 
 
-def moments_to_trees(path, tensors: dict, expected_shapes: dict[str, tuple[int, ...]]):
-    """Adam StateDict -> (mu tree, nu tree, t): moments mapped by name (HEAD: via the derived index order)."""
+def moments_to_trees(path, tensors: dict, expected_shapes: dict[str, tuple[int, ...]], consume: bool = False):
+    """Adam StateDict -> (mu tree, nu tree, t): moments mapped by name (HEAD: via the derived index order).
+    consume: each moment leaves `tensors` as it is converted (state_dict_to_tree)."""
     family = GPT2 if "wpe/embedding" in expected_shapes else LLAMA3
     num_layers = expected_shapes["h/ln_1/scale"][0]
     head = detect_head_keys(tensors)
@@ -293,7 +310,7 @@ def moments_to_trees(path, tensors: dict, expected_shapes: dict[str, tuple[int, 
             key = adam_key(kind, family, num_layers, name, head)
             if key not in tensors:
                 _fail(path, f"tensor '{key}'", "present", "missing")
-            named[name] = tensors[key]
+            named[name] = tensors.pop(key) if consume else tensors[key]
         # The tied GPT-2 tensor is one parameter: its moment stands for both stored names.
         if family == GPT2:
             named[TIED_HEAD] = named["transformer.wte.weight"]
@@ -301,7 +318,7 @@ def moments_to_trees(path, tensors: dict, expected_shapes: dict[str, tuple[int, 
                 named[f"transformer.h.{i}.attn.bias"] = CkptTensor(
                     KFLOAT32, causal_mask(expected_shapes["wpe/embedding"][0])
                 )
-        trees.append(state_dict_to_tree(path, named, expected_shapes))
+        trees.append(state_dict_to_tree(path, named, expected_shapes, consume))
     return trees[0], trees[1], int(t.array)
 
 
