@@ -18,7 +18,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from jaxtrain.parallel import deterministic_flag
+from jaxtrain.parallel import platform
 from jaxtrain.config import flags as key_flags
 from jaxtrain.config import help_topics, infinitrain_flags
 from jaxtrain.config.config_path import shipped_config
@@ -80,14 +80,14 @@ def main(argv):
     try:
         import jax
 
-        from jaxtrain.parallel import distributed, platform
+        from jaxtrain.parallel import distributed
         from jaxtrain.checks.config_checks import check_config, deterministic_wanted
 
         config = flags.FLAGS.config
         key_flags.apply_key_flags(config, _KEY_FLAGS, warn=print)
         infinitrain_flags.apply(config, _INFINITRAIN_FLAGS)
-        deterministic_flag.request(
-            deterministic_wanted(config) and not deterministic_flag.pinned_to_cpu(config.device)
+        platform.request_deterministic(
+            deterministic_wanted(config) and not platform.pinned_to_cpu(config.device)
         )
         _enable_compilation_cache()
         platform.request(config.device)

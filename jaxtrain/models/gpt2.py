@@ -44,7 +44,7 @@ from jaxtrain.models.layernorm_kernel import add_layernorm
 from jaxtrain.models.recompute import OFF, Recompute
 from jaxtrain.models.lora import LoRALinear, linear
 from jaxtrain.models.precision_tap import tap  # no-op unless --precision_check
-from jaxtrain.parallel.sequence_parallel import split_over_time  # no-op unless --sequence_parallel
+from jaxtrain.parallel.sharding import split_over_time  # no-op unless --sequence_parallel
 
 
 # --fused_kernels: which of the block's elementwise work runs as Pallas kernels instead of XLA's

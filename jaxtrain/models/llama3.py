@@ -24,7 +24,7 @@ from jaxtrain.models.layer_stack import apply_blocks, stack_blocks
 from jaxtrain.models.recompute import OFF, Recompute
 from jaxtrain.models.lora import linear
 from jaxtrain.models.precision_tap import tap  # no-op unless --precision_check
-from jaxtrain.parallel.sequence_parallel import split_over_time  # no-op unless --sequence_parallel
+from jaxtrain.parallel.sharding import split_over_time  # no-op unless --sequence_parallel
 
 
 @dataclasses.dataclass(frozen=True)

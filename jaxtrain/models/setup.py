@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxtrain.parallel import deterministic_flag
+from jaxtrain.parallel import platform
 from jaxtrain.models import FAMILIES
 from jaxtrain.models.attention import resolve_attention
 from jaxtrain.models.lora_setup import attach_lora
@@ -131,7 +131,7 @@ def random_init_params(family: str, model_config, seed: int, **options) -> dict:
 def setup_model(config) -> ModelSetup:
     model_cls, config_cls, variants = FAMILIES[config.model_family]
     dtype = DTYPES[config.dtype]
-    deterministic = deterministic_flag.in_effect()
+    deterministic = platform.deterministic_in_effect()
     attention = resolve_attention(
         config.attention,
         dtype,

@@ -51,7 +51,7 @@ from ml_collections import config_flags
 from jaxtrain.config import flags as key_flags
 from jaxtrain.checks.config_checks import check_config, deterministic_wanted
 from jaxtrain.config.config_path import shipped_config
-from jaxtrain.parallel import deterministic_flag
+from jaxtrain.parallel import platform
 from jaxtrain.tools import pipeline_bench
 from jaxtrain.tools.bench_measure import BenchError, Settings, command_line, run_benchmark
 from jaxtrain.config.quiet_absl import quiet_absl
@@ -236,7 +236,7 @@ def compare_deterministic(argv: list[str]) -> dict:
     env = dict(os.environ)
     # The fast child must not inherit the flag; each child sets it from --deterministic.
     env['XLA_FLAGS'] = ' '.join(
-        f for f in env.get('XLA_FLAGS', '').split() if not f.startswith(deterministic_flag.FLAG)
+        f for f in env.get('XLA_FLAGS', '').split() if not f.startswith(platform.DETERMINISTIC_FLAG)
     )
     repo = str(Path(__file__).resolve().parents[2])
     env['PYTHONPATH'] = os.pathsep.join(p for p in (repo, env.get('PYTHONPATH', '')) if p)
@@ -315,9 +315,9 @@ def _run(argv):
             key_flags.apply_key_flags(config, _KEY_FLAGS, warn=print)
             if settings.smoke:
                 config.model, config.llmc_filepath = 'tiny', ''
-            deterministic_flag.request(deterministic_wanted(config))
+            platform.request_deterministic(deterministic_wanted(config))
             # What runs is what XLA_FLAGS says: an inherited flag wins over the config.
-            deterministic = deterministic_flag.in_effect()
+            deterministic = platform.deterministic_in_effect()
             if deterministic != deterministic_wanted(config):
                 print(
                     f'warning: config.deterministic={config.deterministic}, but the inherited XLA_FLAGS '

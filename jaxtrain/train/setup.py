@@ -14,7 +14,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxtrain.parallel import mesh as mesh_lib
-from jaxtrain.parallel import context_parallel, sequence_parallel, sharding
+from jaxtrain.parallel import context_parallel, sharding
 from jaxtrain.train.pipeline import make_pipeline_loss_and_grads
 from jaxtrain.data.batch_geometry import BatchGeometry, batch_geometry
 from jaxtrain.data.batch_geometry import fit_default_total_to_mesh
@@ -100,7 +100,7 @@ def build_trainer(config) -> TrainerSetup:
         frozen = (sharding.put_global(setup.params, frozen_shardings[0]),)
     opt_shardings = sharding.opt_state_shardings(jax.eval_shape(tx.init, params), params, mesh, zero)
     grad_shardings = sharding.gradient_shardings(trainable, mesh, zero)
-    time_split = sequence_parallel.time_split_sharding(mesh) if config.sequence_parallel else None
+    time_split = sharding.time_split_sharding(mesh) if config.sequence_parallel else None
     context = context_parallel.context_split(mesh, config.get('cp_comm_type', 'p2p'))
     checker = None  # --precision_check (precision_check.py)
     checker_config = precision_check.parse(config.precision_check) if config.precision_check else None

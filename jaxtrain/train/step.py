@@ -12,7 +12,7 @@ from flax import nnx
 
 from jaxtrain.models.lm_head_loss import lm_head_cross_entropy
 from jaxtrain.models import precision_tap
-from jaxtrain.parallel import context_parallel, sequence_parallel
+from jaxtrain.parallel import context_parallel, sharding
 
 
 @flax.struct.dataclass
@@ -35,7 +35,7 @@ def make_loss_fn(graphdef: nnx.GraphDef, vocab_size: int, time_split=None, cross
     def loss_fn(params, inputs_BxT, targets_BxT, *frozen):
         model = nnx.merge(graphdef, nnx.State(params), *(nnx.State(f) for f in frozen))
         head_weight, vocab_axis = model.head_weight()
-        with sequence_parallel.activations_split(time_split):
+        with sharding.activations_split(time_split):
             features = model.features(inputs_BxT)
         return lm_head_cross_entropy(
             features, head_weight, targets_BxT, vocab_size, vocab_axis, cross_entropy

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from cli_runs import run_cli
-from jaxtrain.parallel import deterministic_flag
+from jaxtrain.parallel import platform
 from jaxtrain.train import loop as train_loop
 from trainer_runs import random_shard, tiny_llmc_model
 
@@ -25,23 +25,22 @@ from trainer_runs import random_shard, tiny_llmc_model
 )
 def test_pinned_to_cpu_by_the_device_flag_or_jax_platforms(monkeypatch, device, platforms, pinned):
     monkeypatch.setenv('JAX_PLATFORMS', platforms)
-    assert deterministic_flag.pinned_to_cpu(device) is pinned
+    assert platform.pinned_to_cpu(device) is pinned
 
 
 def test_request_adds_the_flag_once_and_keeps_an_inherited_one(monkeypatch):
     monkeypatch.setenv('XLA_FLAGS', '--xla_force_host_platform_device_count=2')
-    deterministic_flag.request(True)
-    deterministic_flag.request(True)
+    platform.request_deterministic(True)
+    platform.request_deterministic(True)
     assert os.environ['XLA_FLAGS'].split() == [
         '--xla_force_host_platform_device_count=2',
         '--xla_gpu_deterministic_ops=true',
     ]
-    assert deterministic_flag.in_effect()
+    assert platform.deterministic_in_effect()
     monkeypatch.setenv('XLA_FLAGS', '--xla_gpu_deterministic_ops=false')
-    deterministic_flag.request(True)
-    assert (
-        os.environ['XLA_FLAGS'] == '--xla_gpu_deterministic_ops=false' and not deterministic_flag.in_effect()
-    )
+    platform.request_deterministic(True)
+    assert os.environ['XLA_FLAGS'] == '--xla_gpu_deterministic_ops=false'
+    assert not platform.deterministic_in_effect()
 
 
 @pytest.mark.parametrize('platforms, asked', [('cpu', False), ('', True)])
@@ -49,7 +48,7 @@ def test_a_run_that_saves_asks_for_the_flag_unless_pinned_to_cpu(tmp_path, monke
     """`--deterministic auto` and a checkpoint_dir: the flag is asked for, except on a run that only
     a CPU can run (JAX_PLATFORMS=cpu here; the test process runs on the CPU either way)."""
     requests, runs = [], []
-    monkeypatch.setattr(deterministic_flag, 'request', lambda wanted, *a, **k: requests.append(wanted))
+    monkeypatch.setattr(platform, 'request_deterministic', lambda wanted, *a, **k: requests.append(wanted))
     monkeypatch.setenv('JAX_PLATFORMS', platforms)
     # main() asks for the flag before it validates the config and trains: the training itself
     # (which the fake request above leaves unchanged) is left out, main()'s path up to it runs.
