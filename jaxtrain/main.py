@@ -21,8 +21,8 @@ from ml_collections import config_flags
 from jaxtrain.parallel import platform
 from jaxtrain.config import flags as key_flags
 from jaxtrain.config import help_topics, infinitrain_flags
-from jaxtrain.config.config_path import shipped_config
-from jaxtrain.config.quiet_absl import quiet_absl
+from jaxtrain.config.keys import shipped_config
+from jaxtrain.config.flags import quiet_absl
 
 # configs/ of the checkout, or jaxtrain/configs/ of a non-editable install
 _DEFAULT_CONFIG = str(shipped_config('gpt2.py') or 'configs/gpt2.py')

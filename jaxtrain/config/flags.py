@@ -8,8 +8,18 @@ absl accept: `--flag`, `--noflag`, `--flag=false` and `--flag true|false|1|0` (a
 `parse_command_line` is the parser main.py gives absl's app.run: a mistyped key, a value
 of the wrong type or a config file that is not there is reported on one line, like every
 other error of the trainer, with the closest key suggested for a typo.
+
+`quiet_absl` keeps absl's warnings, Orbax's among them, out of normal runs; --verbose shows
+them. Orbax logs through absl a warning for every item saved without its own _CHECKPOINT_METADATA
+(`Metadata file does not exist: .../params/_CHECKPOINT_METADATA`), which is how the trainer's
+checkpoints are written: a user of the trainer (`--init_from`, `--resume_from`), `jaxtrain.ckpt` or
+`jaxtrain.generate` would read it as a damaged checkpoint. Every entry point runs its work inside
+quiet_absl(not verbose). Only absl's own logger is raised to ERROR: JAX's warnings go through
+Python's logging under their own names and still show. No JAX import here, so a tool can enter it
+before JAX starts.
 """
 
+import contextlib
 import difflib
 import logging as std_logging
 import re
@@ -18,9 +28,8 @@ import traceback
 
 from absl import flags
 
-from jaxtrain.config.config_path import resolve_config_argument
 from jaxtrain.config.help_topics import help_with_default
-from jaxtrain.config.keys import KEYS
+from jaxtrain.config.keys import KEYS, resolve_config_argument
 
 _TRUE, _FALSE = ('true', '1', 'yes', 'on'), ('false', '0', 'no', 'off')
 # The one key without a flag of its own: the config file (configs/gpt2.py or llama3.py) decides it.
@@ -315,3 +324,16 @@ def parse_command_line(argv: list[str]) -> list[str]:
     if problem:
         _fail(problem, verbose=False)
     return remaining
+
+
+@contextlib.contextmanager
+def quiet_absl(quiet: bool = True):
+    """absl's logger at ERROR while the block runs (when `quiet`), its level as it was afterwards."""
+    logger = std_logging.getLogger('absl')
+    level = logger.level
+    if quiet:
+        logger.setLevel(std_logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)

@@ -19,7 +19,7 @@ from absl import flags
 import importlib.util
 from functools import lru_cache
 
-from jaxtrain.config.config_path import shipped_config
+from jaxtrain.config.keys import shipped_config
 
 
 # (heading, flags in the order shown). A flag named here that this program does not define is skipped.

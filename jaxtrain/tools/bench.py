@@ -50,11 +50,11 @@ from ml_collections import config_flags
 
 from jaxtrain.config import flags as key_flags
 from jaxtrain.checks.config_checks import check_config, deterministic_wanted
-from jaxtrain.config.config_path import shipped_config
+from jaxtrain.config.keys import shipped_config
 from jaxtrain.parallel import platform
 from jaxtrain.tools import pipeline_bench
 from jaxtrain.tools.bench_measure import BenchError, Settings, command_line, run_benchmark
-from jaxtrain.config.quiet_absl import quiet_absl
+from jaxtrain.config.flags import quiet_absl
 from llmc_io.atomic_file import write_text_atomically
 
 _DEFAULT_CONFIG = str(shipped_config('gpt2.py') or 'configs/gpt2.py')  # the checkout's or the install's
@@ -339,7 +339,7 @@ def _run(argv):
 
 
 def entry_point():
-    from jaxtrain.config.config_path import resolve_config_argument  # --config from any directory
+    from jaxtrain.config.keys import resolve_config_argument  # --config from any directory
 
     app.run(
         lambda argv: sys.exit(main(argv)),

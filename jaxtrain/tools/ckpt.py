@@ -37,7 +37,7 @@ from jaxtrain.tools.ckpt_commands import PROG, cmd_diff, cmd_export, cmd_ls, cmd
 from jaxtrain.tools.ckpt_show import cmd_show
 from jaxtrain.tools.command_line import EXIT_ERROR
 from jaxtrain.tools.hf_check import cmd_check_hf
-from jaxtrain.config.quiet_absl import quiet_absl
+from jaxtrain.config.flags import quiet_absl
 
 
 class _Parser(argparse.ArgumentParser):

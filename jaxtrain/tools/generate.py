@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from jaxtrain.tools.command_line import program_name, reader_gone
-from jaxtrain.config.quiet_absl import quiet_absl
+from jaxtrain.config.flags import quiet_absl
 
 EXIT_ERROR = 2
 PROG = 'python -m jaxtrain.generate'

@@ -9,7 +9,7 @@ import pytest
 from cli_runs import run_cli
 from trainer_runs import REPO, random_shard
 
-from jaxtrain.config.config_path import resolve_config_argument
+from jaxtrain.config.keys import resolve_config_argument
 from jaxtrain.config.keys import KEYS
 from jaxtrain.models import gpt2, llama3
 
