@@ -1,4 +1,4 @@
-"""What rotation must keep beside its rule (keep_policy.py): --keep_best's steps and other lineages'.
+"""What rotation must keep beside its rule (layout.kept_steps): --keep_best's steps and other lineages'.
 
 Best steps. --keep_best N: the N checkpoints with the lowest validation loss are kept out of rotation.
 

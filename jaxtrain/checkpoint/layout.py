@@ -1,4 +1,4 @@
-"""A checkpoint root on disk: step directory names, and what "committed" means.
+"""A checkpoint root on disk: step directory names, what "committed" means, what rotation keeps.
 
 `<checkpoint_dir>/checkpoint_step_000040/` is one step. Orbax writes a step under a
 temporary name and renames it when every item is written, so a step directory with its
@@ -7,6 +7,14 @@ Orbax itself counts any directory with a step's final name as a step, so before 
 manager opens the root the others are renamed aside (set_aside_uncommitted): from then on
 both see the same steps. `<checkpoint_dir>/jaxtrain.lock` is the run that owns the root
 (root_access.py).
+
+Which of a root's steps rotation keeps (kept_steps), one rule for every format's checkpointer:
+the newest `keep_latest` steps (0 keeps all, as InfiniTrain's max_checkpoint_keep), every
+multiple of `keep_every` (--keep_every_steps), and the protected steps: the one the run resumed
+from, symbolic links, --keep_best's, and the steps of other lineages (keep.py). The Orbax
+manager's preservation policy, the InfiniTrain and llm.c checkpointers' deletions, and the run's
+rotation lines (train/save_events.py) all ask kept_steps, so they cannot disagree about what a
+save deletes.
 
 Why a checkpoint write failed, and what to do about it, for the one-line save error.
 
@@ -164,3 +172,11 @@ def write_failure(error: BaseException) -> tuple[str, str]:
         if found:
             return found, advice
     return (getattr(error, 'strerror', None) or text[:160] or type(error).__name__), _OTHER
+
+
+def kept_steps(steps, keep_latest: int, keep_every: int, protected=()) -> set[int]:
+    """The steps of `steps` that rotation keeps; every other one may be deleted."""
+    steps = sorted(steps)
+    newest = set(steps[-keep_latest:]) if keep_latest > 0 else set(steps)
+    protected = set(protected)
+    return {s for s in steps if s in newest or s in protected or (keep_every > 0 and s % keep_every == 0)}

@@ -30,7 +30,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from jaxtrain.checkpoint.checksums import format_checksums, start_tensor_sums
-from jaxtrain.checkpoint.keep_policy import kept_steps
+from jaxtrain.checkpoint.layout import kept_steps
 from jaxtrain.checkpoint.layout import (
     STEP_DIGITS,
     STEP_PREFIX,

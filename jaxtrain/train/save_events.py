@@ -12,7 +12,7 @@ save() returns, so it is looked for at once.
 
 import time
 
-from jaxtrain.checkpoint.keep_policy import kept_steps
+from jaxtrain.checkpoint.layout import kept_steps
 from jaxtrain.checkpoint.layout import committed_steps, step_dir_name
 
 
@@ -46,7 +46,7 @@ class SaveEvents:
         self._reported_deleted = set()
 
     def _kept(self, steps) -> set:
-        """What the checkpointer's rotation leaves of `steps` (the same rule, keep_policy.py)."""
+        """What the checkpointer's rotation leaves of `steps` (the same rule, layout.kept_steps)."""
         return kept_steps(steps, self.keep_latest, self.keep_every, self.protected | self.best)
 
     def started(self, step: int, began: float, blocked_s: float) -> None:

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 import llmc_io
-from jaxtrain.checkpoint.keep_policy import kept_steps
+from jaxtrain.checkpoint.layout import kept_steps
 from jaxtrain.checkpoint.layout import step_of
 from llmc_io.infinitrain import names
 from llmc_io.infinitrain import ranks as infinitrain_ranks

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from jaxtrain.checkpoint.formats.infinitrain.trainer import adam_states, model_header
-from jaxtrain.checkpoint.keep_policy import kept_steps
+from jaxtrain.checkpoint.layout import kept_steps
 from jaxtrain.checkpoint.layout import CheckpointError, later_steps
 from jaxtrain.checkpoint.manager import Snapshot
 from llmc_io import llmc_run
