@@ -14,7 +14,7 @@ files an export wrote (replaceable) from those train_gpt2cu or a run wrote (neve
 verify checks those files against (changed_since_export).
 
 A step we write also records the identity of the training data it was trained on, beside llm.c's
-state, in jaxtrain_data_%08d.json (jaxtrain/data/identity.py's record; llm.c ignores the file), so
+state, in jaxtrain_data_%08d.json (jaxtrain/checkpoint/resume_checks.py's record; llm.c ignores the file), so
 that a resume refuses other data under the same names. A step train_gpt2cu wrote has none.
 """
 

@@ -71,7 +71,7 @@ def _read_weights(where: Path, flag: str, lora_base: str | None):
             f'python -m jaxtrain.ckpt export {where} --merge-lora --output merged.bin'
         )
     if lora:
-        from jaxtrain.checkpoint.lora_record import base_params
+        from jaxtrain.checkpoint.resume_checks import base_params
         from jaxtrain.models.lora import merged_params
 
         base = base_params(weights.record, lora_base, where)

@@ -122,7 +122,7 @@ def model_config_for(config):
 
 def random_init_params(family: str, model_config, seed: int, **options) -> dict:
     """The random init of `seed` as a pure dict: a run's, and the base a LoRA checkpoint
-    trained on a random init rebuilds (checkpoint/lora_record.py)."""
+    trained on a random init rebuilds (checkpoint/resume_checks.py)."""
     model_cls = FAMILIES[family][0]
     init = jax.jit(lambda: nnx.split(model_cls(model_config, **options, rngs=nnx.Rngs(seed)), nnx.Param)[1])
     return nnx.to_pure_dict(init())

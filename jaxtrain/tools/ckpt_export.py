@@ -29,7 +29,7 @@ from jaxtrain.checkpoint.trainer_state import read_trainer_state
 from jaxtrain.checkpoint.checksums import checksum_mismatches
 from jaxtrain.checkpoint.formats.orbax.inspection import flatten, model_config_object, restore_item
 from jaxtrain.checkpoint.export_target import check_file_output, check_hf_output, refuse_base_file
-from jaxtrain.checkpoint.lora_record import base_params
+from jaxtrain.checkpoint.resume_checks import base_params
 
 
 VERSIONS = {3: 'float32', 5: 'bfloat16'}

@@ -13,10 +13,10 @@ import numpy as np
 from jaxtrain.checkpoint import ckpt_lines, layout, registry
 from jaxtrain.checkpoint.keep import best_steps, recorded_val_losses
 from jaxtrain.checkpoint.keep import LINEAGE_FIELD, lineage_of, new_lineage, other_lineages_steps
-from jaxtrain.checkpoint.lora_record import lora_record
+from jaxtrain.checkpoint.resume_checks import lora_record
 from jaxtrain.checkpoint.resume_checks import cached_sha256
 from jaxtrain.checkpoint.trainer_state import library_versions, trainer_state_record
-from jaxtrain.data.identity import data_identity
+from jaxtrain.checkpoint.resume_checks import data_identity
 from jaxtrain.models.lora import count_parameters
 from jaxtrain.optim.optimizer import learning_rate_at
 from jaxtrain.train.save_events import SaveEvents
@@ -180,7 +180,7 @@ class RunSaver:
             llmc_sha256=self._llmc_sha256,
             loss=self.last_loss,
         )
-        if parts.setup.lora is not None:  # adapters only: the record names their base (lora_record.py)
+        if parts.setup.lora is not None:  # adapters only: the record names their base (resume_checks.py)
             record['lora'] = lora_record(parts.setup, count_parameters(snapshot.items['params']))
         record['data'] = self._data
         record[LINEAGE_FIELD] = self.lineage

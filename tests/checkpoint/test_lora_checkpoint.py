@@ -1,4 +1,4 @@
-"""LoRA checkpoints (checkpoint/lora_record.py): the seed's experiment with --lora_rank 8 on a
+"""LoRA checkpoints (checkpoint/resume_checks.py): the seed's experiment with --lora_rank 8 on a
 tiny GPT-2 llm.c file, bit for bit; the checkpoint holds adapters only and names its base;
 a resume with another base file is refused naming both hashes; `ckpt show` says LoRA,
 `verify` and `diff` work; `export --merge-lora` writes an llm.c file whose logits equal the
@@ -277,7 +277,7 @@ def test_llama3_export_merge_lora(tmp_path, capsys):
     export gives the LoRA model's logits."""
     import dataclasses
 
-    from jaxtrain.checkpoint.lora_record import lora_record
+    from jaxtrain.checkpoint.resume_checks import lora_record
     from jaxtrain.checkpoint.manager import Checkpointer
     from jaxtrain.models.lora import count_parameters
     from jaxtrain.models.setup import setup_model
@@ -375,7 +375,7 @@ def test_lora_on_a_random_init_base_generates_exports_and_resumes(tmp_path, caps
     import numpy_reference as ref
     from trainer_runs import write_checkpoint
 
-    from jaxtrain.checkpoint.lora_record import lora_record, resume_problems
+    from jaxtrain.checkpoint.resume_checks import lora_record, resume_problems
     from jaxtrain.models.lora import count_parameters
     from jaxtrain.models.setup import setup_model
     from jaxtrain.tools import generate

@@ -11,7 +11,7 @@ from cli_runs import run_cli
 from trainer_runs import random_shard, tiny_llmc_model
 
 from jaxtrain.checkpoint import layout
-from jaxtrain.data import identity
+from jaxtrain.checkpoint import resume_checks
 from jaxtrain.tools import ckpt as ckpt_tool
 
 
@@ -143,11 +143,11 @@ def test_the_built_in_corpus_records_its_builder():
 
     from jaxtrain.data.default_corpus import CORPUS_VERSION
 
-    saved = identity.data_identity([], built_in=True)
+    saved = resume_checks.data_identity([], built_in=True)
     builder = {'corpus': 'stdlib', 'corpus_version': CORPUS_VERSION, 'python': platform.python_version()}
     assert saved['builder'] == builder
     rebuilt = {**saved, 'builder': {**saved['builder'], 'python': '3.11.9'}}
-    different, _ = identity.identity_differences(saved, rebuilt)
+    different, _ = resume_checks.identity_differences(saved, rebuilt)
     assert different and 'built-in corpus' in different[0]
 
 

@@ -300,7 +300,7 @@ def expected_param_layouts(family: str, model_config: dict) -> dict[str, tuple[t
 
 def _shape_problems(tensors: dict[str, np.ndarray], family: str, model_config: dict, lora=None) -> list[str]:
     if lora:  # a LoRA checkpoint's params are its adapters (checkpoint/lora_record.py)
-        from jaxtrain.checkpoint.lora_record import expected_lora_layouts
+        from jaxtrain.checkpoint.resume_checks import expected_lora_layouts
 
         expected = expected_lora_layouts(family, model_config_object(family, model_config), lora)
     else:

@@ -28,7 +28,7 @@ from jaxtrain.checkpoint.layout import (
     is_committed,
     step_dir_name,
 )
-from jaxtrain.checkpoint.lora_record import resume_problems as lora_resume_problems
+from jaxtrain.checkpoint.resume_checks import resume_problems as lora_resume_problems
 from jaxtrain.checkpoint.manager import Checkpointer
 from jaxtrain.checkpoint.trainer_state import check_digest
 from jaxtrain.checkpoint.resume_checks import check_data, check_weights_file
