@@ -196,7 +196,7 @@ def loop_figures(path: Path, skip: int = SKIP, tokens: int = TOKENS_PER_STEP) ->
     after = [steps[s]['step_ms'] for s in sorted(steps) if s > skip]
     wall_ms = 1e3 * (steps[last]['time'] - steps[skip]['time']) / (last - skip)
     blocked = [1e3 * r['save_blocked_s'] for r in rows if 'save_blocked_s' in r]
-    # The loop's own MFU (train/mfu.py), absent where the device has no data-sheet peak.
+    # The loop's own MFU (train/progress.py), absent where the device has no data-sheet peak.
     mfu = [steps[s]['mfu'] for s in sorted(steps) if s > skip and 'mfu' in steps[s]]
     # The two steps after each save past `skip`: what a save costs the steps that follow it.
     saved = sorted(r['step'] for r in rows if 'save_blocked_s' in r and skip < r['step'] < last)
@@ -244,9 +244,9 @@ def peer_steps(lines: list[str]) -> dict[str, float]:
 
 
 def llama_mfu(step_ms: float, device: str) -> float | None:
-    """MFU of a LLaMA-3.2 1B step of LLAMA_TOKENS_PER_STEP tokens on one device, by train/mfu.py."""
+    """MFU of a LLaMA-3.2 1B step of LLAMA_TOKENS_PER_STEP tokens on one device, by train/progress.py."""
     from jaxtrain.models.llama3 import VARIANTS
-    from jaxtrain.train.mfu import peak_flops_per_device, training_flops_per_token
+    from jaxtrain.train.progress import peak_flops_per_device, training_flops_per_token
 
     peak = peak_flops_per_device(device, 'bfloat16')
     if peak is None:

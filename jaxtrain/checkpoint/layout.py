@@ -13,7 +13,7 @@ the newest `keep_latest` steps (0 keeps all, as InfiniTrain's max_checkpoint_kee
 multiple of `keep_every` (--keep_every_steps), and the protected steps: the one the run resumed
 from, symbolic links, --keep_best's, and the steps of other lineages (keep.py). The Orbax
 manager's preservation policy, the InfiniTrain and llm.c checkpointers' deletions, and the run's
-rotation lines (train/save_events.py) all ask kept_steps, so they cannot disagree about what a
+rotation lines (train/saving.py) all ask kept_steps, so they cannot disagree about what a
 save deletes.
 
 Why a checkpoint write failed, and what to do about it, for the one-line save error.

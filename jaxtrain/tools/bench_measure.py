@@ -23,7 +23,7 @@ from jaxtrain.parallel import sharding
 from jaxtrain.models.setup import DTYPES
 from jaxtrain.models.attention import resolve_attention
 from jaxtrain.optim.optimizer import learning_rate_at
-from jaxtrain.train.mfu import MFUMeter, training_flops_per_token
+from jaxtrain.train.progress import MFUMeter, training_flops_per_token
 from jaxtrain.train.step import TrainState
 from jaxtrain.train.setup import TrainerSetup, build_trainer
 
@@ -52,7 +52,7 @@ class Settings:
 
 def measure_matmul_flops(size: int) -> dict:
     """FLOP/s of a bf16 size^3 matmul on the first device, two ways: what the device delivers
-    today, beside the model's FLOP/s (MFU's peak is the data sheet's, train/mfu.py).
+    today, beside the model's FLOP/s (MFU's peak is the data sheet's, train/progress.py).
 
     burst: the median of short runs, each after a rest, as the H200's 790 TFLOP/s reference
     figure was measured; sustained: the median of the second half of a long back-to-back run. An H200
@@ -349,7 +349,7 @@ def run_benchmark(config, settings: Settings, deterministic: bool) -> dict:
         result['kernel_lines'] = kernels.lines()
 
     # MFU as the training log computes it: 6N + 12LTC per token against the data sheet's peak
-    # (None where the device has none in train/mfu.py's table and --peak_tflops is not given).
+    # (None where the device has none in train/progress.py's table and --peak_tflops is not given).
     meter = MFUMeter(
         config.model_family,
         model_config,

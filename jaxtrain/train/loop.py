@@ -7,8 +7,21 @@ and state, the jitted steps) / data / resume (checkpoint/resume.py) / the save p
 The state lives sharded on the mesh (parallel/) and the train step is jitted once with
 those shardings in and out, so a step never moves parameters between layouts. With
 several processes every process runs this same function on the same config.
+
+StopRequest: SIGTERM / SIGINT ask the loop to stop after the current step (and save). The
+handler stays installed until the last save is committed (run restores it only after the
+saver's close), so a preemption during the final save waits for that save.
+
+A second signal (either kind) aborts at once: one line saying what is lost, the lock of
+the checkpoint root released, and os._exit, which skips the interpreter's teardown. A
+plain exit would unwind while Orbax's and TensorStore's threads still write, and a C++
+thread destroyed while it runs ends the process in `terminate called without an active
+exception` (exit 134) instead of the exit code of the signal.
 """
 
+import os
+import signal
+import sys
 import time
 
 import jax
@@ -17,22 +30,19 @@ import numpy as np
 from jaxtrain.checkpoint import ckpt_lines
 from jaxtrain.checkpoint.layout import step_dir_names
 from jaxtrain.checkpoint.resume import resume_into
-from jaxtrain.checkpoint.root_access import owned_checkpoint_dir
+from jaxtrain.checkpoint.root_access import owned_checkpoint_dir, release_held
 from jaxtrain.data.stream import open_run_streams
 from jaxtrain.models.lora_setup import save_lora_weights
 from jaxtrain.parallel import sharding
 from jaxtrain.parallel.distributed import agree_on_step_end
 from jaxtrain.optim.optimizer import learning_rate_at, spelled_with_infinitrain_flags
-from jaxtrain.train.banner import run_banner, run_record
 from jaxtrain.train.dashboards import Dashboards
-from jaxtrain.train.mfu import MFUMeter
-from jaxtrain.train.progress import Progress
+from jaxtrain.train.progress import MFUMeter, Progress, run_banner, run_record
 from jaxtrain.train.run_log import RecordWriteError, RunLog
 from jaxtrain.train.samples import make_sampler
 from jaxtrain.train.saving import RunSaver
 from jaxtrain.train.setup import build_trainer
 from jaxtrain.train.step_trace import StepTrace
-from jaxtrain.train.stop_signal import StopRequest
 
 
 class TrainingError(Exception):
@@ -268,3 +278,45 @@ def _exit(log, stop, stopping: bool, saver: RunSaver, step: int) -> int:
     if saver.last_saved_step is not None:
         log.info(f'saved: {saver.checkpointer.step_dir(saver.last_saved_step)}')
     return 0
+
+
+class StopRequest:
+    def __init__(self, describe_loss=lambda: ''):
+        """describe_loss: what an abort loses, for its line (RunSaver.abort_notice)."""
+        self.signal_name = ''
+        self.last_shown_step = None  # set by the loop as it prints each step
+        self.arrived_after = None  # last_shown_step when the first signal came
+        self._previous = {}
+        self._describe_loss = describe_loss
+
+    def __bool__(self):
+        return bool(self.signal_name)
+
+    def _handle(self, signum, frame):
+        if self.signal_name:
+            self._abort(signum)
+        self.arrived_after = self.last_shown_step
+        self.signal_name = signal.Signals(signum).name
+
+    def _abort(self, signum):
+        try:
+            lost = self._describe_loss() or 'the run stopped without its last save'
+        except Exception as e:  # noqa: BLE001  the abort must happen whatever the report does
+            lost = f'what was lost is unknown ({type(e).__name__})'
+        try:
+            release_held()
+            sys.stdout.flush()  # may be mid-write in the interrupted frame: then it raises
+        except Exception:  # noqa: BLE001, S110  nothing may stop the abort
+            pass
+        # os.write, not print: the interrupted code may hold sys.stderr's buffer.
+        os.write(2, f'{signal.Signals(signum).name} again: aborted at once; {lost}\n'.encode())
+        os._exit(128 + signum)
+
+    def install(self):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def restore(self):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)

@@ -49,7 +49,7 @@ def test_the_best_by_validation_loss_survive_rotation(tmp_path, fmt, capsys):
     best = _lowest(val, 2)
     assert best != {8, 10}  # the validation loss rose: the newest are not the best
     assert _steps(tmp_path / 'ck') == sorted(best | {10})
-    if fmt == 'orbax':  # its rotation lines (save_events.py) say why the others went
+    if fmt == 'orbax':  # its rotation lines (train/saving.py) say why the others went
         assert "not among keep_best's lowest validation losses" in out
 
     if fmt == 'orbax':  # resumed: the earlier best stay protected, ranked with the new steps' losses

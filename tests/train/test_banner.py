@@ -100,7 +100,7 @@ def test_banner_names_the_optimizer_and_config_json_records_the_run(random_init_
 
 
 def test_banner_of_sgd_and_of_infinitrain_s_schedule_spelling(tmp_path):
-    from jaxtrain.train.banner import optimizer_line
+    from jaxtrain.train.progress import optimizer_line
 
     sgd = load_config('gpt2', 'infinitrain')
     assert optimizer_line(sgd) == 'optimizer: sgd | lr 1.00e-04, constant | no weight decay | no grad clip'

@@ -1,4 +1,4 @@
-"""TensorBoard / W&B curves and MFU (train/dashboards.py, train/mfu.py).
+"""TensorBoard / W&B curves and MFU (train/dashboards.py, train/progress.py).
 
 The event files are read back with TensorBoard's own reader (EventAccumulator), and every scalar
 is compared with what the run printed (InfiniTrain's step lines, the val lines) or recorded
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from jaxtrain.train.mfu import (
+from jaxtrain.train.progress import (
     PEAK_TFLOPS,
     MFUMeter,
     peak_flops_per_device,

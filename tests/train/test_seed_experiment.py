@@ -84,7 +84,7 @@ def _losses(metrics_path):
 
 
 def test_sigterm_saves_current_step_and_resume_is_exact(tmp_path):
-    signum = signal.SIGTERM  # SIGINT takes the same path (stop_signal.py)
+    signum = signal.SIGTERM  # SIGINT takes the same path (train/loop.py)
     train_bin = random_shard(tmp_path / 'train.bin')
     model_bin = tiny_llmc_model(tmp_path / 'model.bin')
     common = ['--input_bin', train_bin, '--llmc_filepath', model_bin, '--learning_rate', 1e-3]

@@ -6,7 +6,7 @@ import signal
 from types import SimpleNamespace
 
 from jaxtrain.train.loop import _exit
-from jaxtrain.train.stop_signal import StopRequest
+from jaxtrain.train.loop import StopRequest
 
 
 class _Log:
