@@ -24,7 +24,8 @@ from jaxtrain.models.attention import IMPLEMENTATIONS
 from jaxtrain.models.gpt2 import FUSED_KERNELS
 from jaxtrain.optim.infinitrain_lr_schedule import STYLES
 from jaxtrain.optim.optimizer import OPTIMIZERS, SCHEDULES, schedule_spec, spelled_with_infinitrain_flags
-from jaxtrain.train import precision_check, step_trace
+from jaxtrain.train import step_trace
+from jaxtrain.models import precision_check
 
 CHOICES = {
     'model_family': ('gpt2', 'llama3'),

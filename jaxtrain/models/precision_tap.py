@@ -1,4 +1,4 @@
-"""Taps for the precision checker (`--precision_check`, jaxtrain/train/precision_check.py):
+"""Taps for the precision checker (`--precision_check`, jaxtrain/models/precision_check.py):
 `tap(name, x)` is the identity, and while a checker is active at trace time it hands the
 forward value of x, and in the backward pass the gradient arriving at x, to the checker on
 the host through jax.debug.callback, so it works inside the jitted, scanned train step.

@@ -21,7 +21,7 @@ from jaxtrain.data.batch_geometry import fit_default_total_to_mesh
 from jaxtrain.models.cross_entropy_kernel import resolve_cross_entropy
 from jaxtrain.checkpoint.init_from import apply_init_from
 from jaxtrain.models.setup import DTYPES, ModelSetup, setup_model
-from jaxtrain.train import precision_check
+from jaxtrain.models import precision_check
 from jaxtrain.optim.optimizer import build_optimizer
 from jaxtrain.train.step import TrainState, WithFrozen, make_eval_step, make_train_step
 

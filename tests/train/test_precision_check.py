@@ -12,7 +12,7 @@ from numpy_reference import gpt2_logits, layer_norm
 from trainer_runs import load_config, random_shard, tiny_llmc_model, train, write_shard
 
 from jaxtrain.tools import compare_precision
-from jaxtrain.train import precision_check
+from jaxtrain.models import precision_check
 
 
 def test_parse_reads_upstreams_options_and_names_a_bad_one():
