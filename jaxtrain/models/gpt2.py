@@ -43,7 +43,7 @@ from jaxtrain.models.layer_stack import apply_blocks, stack_blocks
 from jaxtrain.models.layernorm_kernel import add_layernorm
 from jaxtrain.models.recompute import OFF, Recompute
 from jaxtrain.models.lora import LoRALinear, linear
-from jaxtrain.models.precision_tap import tap  # no-op unless --precision_check
+from jaxtrain.models.precision_check import tap  # no-op unless --precision_check
 from jaxtrain.parallel.sharding import split_over_time  # no-op unless --sequence_parallel
 
 

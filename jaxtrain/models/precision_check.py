@@ -3,7 +3,7 @@ save_tensors=true,md5_tolerance=x"`, docs/precision_checker_guide.md and
 infini_train/src/utils/precision_checker.cc at b24d92f), under jit.
 
 Level 1 covers the forward output and the backward gradient of every module the models tap
-(jaxtrain/models/precision_tap.py): each block's CausalSelfAttention, MLP and Block. The
+(`tap`, below): each block's CausalSelfAttention, MLP and Block. The
 values reach the host through jax.debug.callback from inside the compiled step; nothing is
 re-run eagerly. Output, as upstream's:
   PATH/YYYYMMDD_HHMMSS/precision_check_rank_R.log   one line per tensor
@@ -14,13 +14,22 @@ md5 of the bytes (of the values rounded to md5_tolerance when it is > 0). IDX co
 name's calls within the step (upstream's counter), g the micro-step and l the layer. Ours
 beside theirs: a `[STEP n]` line opens each step, so that `python -m jaxtrain.compare_precision
 A B` can name the first step and module at which two runs differ.
+
+The taps: `tap(name, x)` is the identity, and while a checker is active at trace time it hands the
+forward value of x, and in the backward pass the gradient arriving at x, to the checker on
+the host through jax.debug.callback, so it works inside the jitted, scanned train step.
+
+With no checker (the default) a tap adds nothing to the traced program.
 """
 
+import contextlib
 import dataclasses
 import datetime
 import hashlib
+from functools import partial
 from pathlib import Path
 
+import jax
 import numpy as np
 
 FORMATS = ('simple', 'md5')
@@ -129,3 +138,41 @@ class PrecisionChecker:
 
     def close(self):
         self.log.close()
+
+
+_active: list = []  # (checker, step) while the train step is traced with a checker
+
+
+@contextlib.contextmanager
+def checking(checker, step):
+    """Taps traced under this report to `checker.record(name, stage, value, step)`."""
+    _active.append((checker, step))
+    try:
+        yield
+    finally:
+        _active.pop()
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _tapped(checker, name, x, step):
+    return x
+
+
+def _forward(checker, name, x, step):
+    jax.debug.callback(partial(checker.record, name, 'forward'), x, step)
+    return x, step
+
+
+def _backward(checker, name, step, grad):
+    jax.debug.callback(partial(checker.record, name, 'backward'), grad, step)
+    return grad, None
+
+
+_tapped.defvjp(_forward, _backward)
+
+
+def tap(name: str, x):
+    if not _active or _active[-1][0] is None:
+        return x
+    checker, step = _active[-1]
+    return _tapped(checker, name, x, step)

@@ -11,7 +11,7 @@ import optax
 from flax import nnx
 
 from jaxtrain.models.lm_head_loss import lm_head_cross_entropy
-from jaxtrain.models import precision_tap
+from jaxtrain.models import precision_check
 from jaxtrain.parallel import context_parallel, sharding
 
 
@@ -76,7 +76,7 @@ def make_train_step(
         return loss, grads
 
     def train_step(state: TrainState, inputs_AxBxT, targets_AxBxT, *frozen):
-        with precision_tap.checking(checker, state.step), context_parallel.attention_across(context):
+        with precision_check.checking(checker, state.step), context_parallel.attention_across(context):
             return _train_step(state, inputs_AxBxT, targets_AxBxT, *frozen)
 
     def _train_step(state: TrainState, inputs_AxBxT, targets_AxBxT, *frozen):
