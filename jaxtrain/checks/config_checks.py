@@ -19,7 +19,7 @@ from jaxtrain.checks.fit_checks import check_fit
 from jaxtrain.parallel.context_parallel import COMM_TYPES as CP_COMM_TYPES
 from llmc_io.infinitrain.lora_weights import LAYOUTS as LORA_LAYOUTS
 from jaxtrain.models import cross_entropy_kernel
-from jaxtrain.models import recompute
+from jaxtrain.models import layer_stack
 from jaxtrain.models.attention import IMPLEMENTATIONS
 from jaxtrain.models.gpt2 import FUSED_KERNELS
 from jaxtrain.optim.infinitrain_lr_schedule import STYLES
@@ -110,7 +110,7 @@ def check_config(config):
         problems.append(
             f'process_id: expected a value >= 0, or -1 (from the environment), found {config.process_id}'
         )
-    problems += recompute.check(config)
+    problems += layer_stack.check(config)
     if config.zero_stage not in (0, 1, 2, 3):
         problems.append(f'zero_stage: expected 0, 1, 2 or 3, found {config.zero_stage}')
     keep_every, save_steps = config.keep_every_steps, config.save_steps

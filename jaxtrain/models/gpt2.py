@@ -39,9 +39,8 @@ import jax
 from jaxtrain.models.attention import causal_attention
 from jaxtrain.models.bias_gelu_kernel import bias_gelu
 from jaxtrain.models.embedding import embedding_lookup
-from jaxtrain.models.layer_stack import apply_blocks, stack_blocks
+from jaxtrain.models.layer_stack import OFF, Recompute, apply_blocks, stack_blocks
 from jaxtrain.models.layernorm_kernel import add_layernorm
-from jaxtrain.models.recompute import OFF, Recompute
 from jaxtrain.models.lora import LoRALinear, linear
 from jaxtrain.models.precision_check import tap  # no-op unless --precision_check
 from jaxtrain.parallel.sharding import split_over_time  # no-op unless --sequence_parallel

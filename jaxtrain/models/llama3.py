@@ -20,8 +20,7 @@ from flax import nnx
 
 from jaxtrain.models.attention import causal_attention
 from jaxtrain.models.embedding import embedding_lookup
-from jaxtrain.models.layer_stack import apply_blocks, stack_blocks
-from jaxtrain.models.recompute import OFF, Recompute
+from jaxtrain.models.layer_stack import OFF, Recompute, apply_blocks, stack_blocks
 from jaxtrain.models.lora import linear
 from jaxtrain.models.precision_check import tap  # no-op unless --precision_check
 from jaxtrain.parallel.sharding import split_over_time  # no-op unless --sequence_parallel

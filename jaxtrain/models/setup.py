@@ -15,8 +15,8 @@ from flax import nnx
 from jaxtrain.parallel import platform
 from jaxtrain.models import FAMILIES
 from jaxtrain.models.attention import resolve_attention
-from jaxtrain.models.lora_setup import attach_lora
-from jaxtrain.models.recompute import Recompute
+from jaxtrain.models.lora import attach_lora
+from jaxtrain.models.layer_stack import Recompute
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 

@@ -32,7 +32,7 @@ from jaxtrain.checkpoint.layout import step_dir_names
 from jaxtrain.checkpoint.resume import resume_into
 from jaxtrain.checkpoint.root_access import owned_checkpoint_dir, release_held
 from jaxtrain.data.stream import open_run_streams
-from jaxtrain.models.lora_setup import save_lora_weights
+from jaxtrain.models.lora import save_lora_weights
 from jaxtrain.parallel import sharding
 from jaxtrain.parallel.distributed import agree_on_step_end
 from jaxtrain.optim.optimizer import learning_rate_at, spelled_with_infinitrain_flags

@@ -17,7 +17,7 @@ import pytest
 from tiny_models import tiny_header
 from trainer_runs import load_config, tiny_llmc_model
 
-from jaxtrain.models.lora_setup import save_lora_weights
+from jaxtrain.models.lora import save_lora_weights
 from jaxtrain.models.setup import setup_model
 
 

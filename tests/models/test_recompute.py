@@ -19,7 +19,7 @@ from trainer_runs import load_config, tiny_llmc_model
 
 from jaxtrain.models.gpt2 import GPT2
 from jaxtrain.models.llama3 import LLaMA3
-from jaxtrain.models.recompute import Recompute, check, segments
+from jaxtrain.models.layer_stack import Recompute, check, segments
 
 
 def _upstream_regions(num_layers, method, n):
