@@ -194,7 +194,7 @@ def load_tokenizer(args, family: str, config, record=None):
     """The tokenizer to decode with, or None (ids are printed) when there is none to take. When none
     is given: the checkpoint's run's own --tokenizer (its record's), else a Hugging Face folder's
     tokenizer.json."""
-    from jaxtrain.data.tokenizer import load_run_tokenizer
+    from jaxtrain.data.default_corpus import load_run_tokenizer
 
     tokenizer = args.tokenizer
     if not tokenizer and not args.tokenizer_bin:
@@ -223,7 +223,7 @@ def prompt_ids(args, tokenizer, eot_default: int, vocab_size: int) -> list[int]:
                 '--prompt: expected a --tokenizer or --tokenizer_bin to encode it with, found none; use '
                 '--prompt_ids'
             )
-        from jaxtrain.data.tokenizer import encode_prompt
+        from jaxtrain.data.default_corpus import encode_prompt
 
         return encode_prompt(tokenizer, args.prompt)
     start = tokenizer.eot_token if tokenizer is not None else eot_default

@@ -15,7 +15,7 @@ same samples as the uninterrupted run at the same steps, and sampling never adva
 consumes the training rng. Its time is reported on its own line (`sample_s`), never inside
 the step time.
 
-Text is decoded with the tokenizer (data/tokenizer.py), or, for a GPT-2 or LLaMA-3
+Text is decoded with the tokenizer (data/default_corpus.py), or, for a GPT-2 or LLaMA-3
 vocabulary without one, with the built-in byte-level tokenizer of the default corpus (a LLaMA-3
 sample then starts from <|begin_of_text|>, as the corpus's files do); with neither the sample
 prints as token ids.
@@ -65,7 +65,7 @@ def sample_key(rng_words, step: int):
 
 
 def _tokenizer(config, model_config):
-    from jaxtrain.data.tokenizer import load_run_tokenizer
+    from jaxtrain.data.default_corpus import load_run_tokenizer
 
     return load_run_tokenizer(
         config.tokenizer_bin, config.tokenizer, config.model_family, model_config.vocab_size

@@ -8,7 +8,7 @@ import pathlib
 import numpy as np
 
 from jaxtrain.data import default_corpus
-from jaxtrain.data.tokenizer import builtin_tokenizer_for, default_corpus_tokenizer
+from jaxtrain.data.default_corpus import builtin_tokenizer_for, default_corpus_tokenizer
 from llmc_io.text.bpe import encode_documents
 
 

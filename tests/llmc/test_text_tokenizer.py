@@ -319,7 +319,7 @@ def test_a_tiktoken_file_with_a_rank_twice_is_one_line_not_a_panic(
         assert main([*args, '--tokenizer', str(tmp_path / 'bad.tok')]) == 2
         err = capsys.readouterr().err.strip()
     else:
-        from jaxtrain.data.tokenizer import load_run_tokenizer
+        from jaxtrain.data.default_corpus import load_run_tokenizer
 
         with pytest.raises(LLMCFormatError) as refused:
             load_run_tokenizer('', str(tmp_path / 'bad.tok'), 'gpt2', 50257)

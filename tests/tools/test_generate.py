@@ -351,7 +351,7 @@ def test_a_hugging_face_folder_decodes_with_its_own_tokenizer_json(tmp_path):
     tokenizer = generate.load_tokenizer(args, 'gpt2', config, record=None)
     text = 'def main(argv):\n    return'
     expected = tokenizers.Tokenizer.from_file(str(folder / 'tokenizer.json')).encode(text).ids
-    from jaxtrain.data.tokenizer import encode_prompt
+    from jaxtrain.data.default_corpus import encode_prompt
 
     assert encode_prompt(tokenizer, text) == expected
     bare = argparse.Namespace(checkpoint=str(tmp_path), tokenizer='', tokenizer_bin='')
