@@ -53,6 +53,21 @@ def _xla_optimized(request):
         jax.clear_caches()
 
 
+@pytest.fixture(scope='session')
+def files(tmp_path_factory):
+    """The suite's tiny GPT-2 llm.c model and a shard it learns from, made once a session, as the
+    config keys that name them. Read only: a test that changes a file makes its own. A test file
+    that needs more keys or another form overrides this fixture and asks for it (`files(files)`)."""
+    from types import MappingProxyType
+
+    from trainer_runs import random_shard, tiny_llmc_model
+
+    root = tmp_path_factory.mktemp('files')
+    return MappingProxyType(
+        {'input_bin': random_shard(root / 'train.bin'), 'llmc_filepath': tiny_llmc_model(root / 'model.bin')}
+    )
+
+
 @pytest.fixture
 def disk_full_for(monkeypatch):
     """disk_full_for('state_'): from then on, a file written through llmc_io's atomic_output whose

@@ -10,16 +10,7 @@ import pytest
 
 from jaxtrain.checkpoint import layout as ckpt_layout
 from jaxtrain.checkpoint import resume as ckpt_resume
-from trainer_runs import load_config, random_shard, tiny_llmc_model, train
-
-
-@pytest.fixture(scope='module')
-def files(tmp_path_factory):
-    root = tmp_path_factory.mktemp('files')
-    return {
-        'input_bin': random_shard(root / 'train.bin'),
-        'llmc_filepath': tiny_llmc_model(root / 'model.bin'),
-    }
+from trainer_runs import load_config, tiny_llmc_model, train
 
 
 @pytest.fixture(scope='module')

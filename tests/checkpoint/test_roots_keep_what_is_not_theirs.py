@@ -7,7 +7,7 @@ import os
 import shutil
 
 import pytest
-from trainer_runs import load_config, random_shard, tiny_llmc_model, train
+from trainer_runs import load_config, train
 
 from jaxtrain.checkpoint import layout
 from jaxtrain.checkpoint.formats.infinitrain import steps as it
@@ -16,14 +16,9 @@ pytestmark = pytest.mark.slow  # real runs of the trainer, in this process
 
 
 @pytest.fixture(scope='module')
-def files(tmp_path_factory):
-    root = tmp_path_factory.mktemp('files')
-    return {
-        'input_bin': random_shard(root / 'train.bin'),
-        # The suite's tiny model at test_checkpointing.py's rate: its compiled programs.
-        'llmc_filepath': tiny_llmc_model(root / 'model.bin'),
-        'learning_rate': 1e-3,
-    }
+def files(files):
+    # The suite's tiny model (conftest.py) at test_checkpointing.py's rate: its compiled programs.
+    return {**files, 'learning_rate': 1e-3}
 
 
 @pytest.fixture(scope='module')

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from cli_runs import run_cli
-from trainer_runs import random_shard, tiny_llmc_model
+from trainer_runs import tiny_llmc_model
 
 
 def test_normalize_booleans_reads_every_gflags_and_absl_spelling():
@@ -34,10 +34,8 @@ def test_normalize_booleans_reads_every_gflags_and_absl_spelling():
 
 
 @pytest.fixture(scope='module')
-def files(tmp_path_factory):
-    root = tmp_path_factory.mktemp('cli_flags')
-    model, shard = tiny_llmc_model(root / 'gpt2.bin'), random_shard(root / 't.bin')
-    return ['--llmc_filepath', model, '--input_bin', shard]
+def files(files):
+    return ['--llmc_filepath', files['llmc_filepath'], '--input_bin', files['input_bin']]
 
 
 def _trainer_state(step_dir):

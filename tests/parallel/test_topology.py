@@ -19,7 +19,7 @@ from jaxtrain.parallel import mesh as mesh_lib
 
 from jaxtrain.parallel import sharding
 from jaxtrain.checks.config_checks import check_config
-from trainer_runs import load_config, random_shard, tiny_llmc_model, train_named
+from trainer_runs import load_config, train_named
 
 # batch_size is per data-parallel rank: 8 rows of 32 tokens a step are 1 micro-step on 8
 # ranks, 2 on 4, 8 on 1.
@@ -34,12 +34,6 @@ COMMON = dict(
 )
 EIGHT = dict(num_devices=8, mesh_data=2, mesh_fsdp=4)
 TOLERANCE = 1e-5
-
-
-@pytest.fixture(scope='module')
-def files(tmp_path_factory):
-    root = tmp_path_factory.mktemp('topology')
-    return dict(input_bin=random_shard(root / 'train.bin'), llmc_filepath=tiny_llmc_model(root / 'model.bin'))
 
 
 def run(tmp_path, name, files, **overrides):

@@ -32,12 +32,6 @@ TOLERANCE = 1e-5  # the same tokens every step; only the reduction order differs
 
 
 @pytest.fixture(scope='module')
-def files(tmp_path_factory):
-    root = tmp_path_factory.mktemp('pipeline')
-    return dict(input_bin=random_shard(root / 'train.bin'), llmc_filepath=tiny_llmc_model(root / 'model.bin'))
-
-
-@pytest.fixture(scope='module')
 def one_device(files, tmp_path_factory):
     losses, _ = train_named(tmp_path_factory.mktemp('one'), 'one', files, COMMON, num_devices=1, save_steps=0)
     assert sorted(losses) == [1, 2, 3, 4] and losses[4] < losses[1]
