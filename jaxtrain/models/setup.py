@@ -183,7 +183,7 @@ def setup_model(config) -> ModelSetup:
         nnx.eval_shape(lambda: model_cls(model_config, **options, rngs=nnx.Rngs(0))),
         nnx.Param,
     )
-    if config.init_from:  # its weights replace these (checkpoint/init_from.py): shapes only
+    if config.init_from:  # its weights replace these (checkpoint/resume.py): shapes only
         setup = ModelSetup(
             config.model_family,
             model_config,

@@ -154,7 +154,7 @@ def load_model(args):
         params = nnx.to_pure_dict(init())
         where = f'random init of {args.model} (seed {args.seed})'
     else:  # any checkpoint --init_from reads, LoRA adapters folded into their base
-        from jaxtrain.checkpoint.init_from import read_weights
+        from jaxtrain.checkpoint.resume import read_weights
 
         with quiet_absl(not args.verbose):  # Orbax's warnings that are normal for these checkpoints
             flag = '--checkpoint' if args.checkpoint else '--llmc_filepath'
@@ -165,7 +165,7 @@ def load_model(args):
     dtype = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}[args.dtype]
     abstract = nnx.eval_shape(lambda: model_cls(config, dtype=dtype, rngs=nnx.Rngs(0)))
     graphdef, abstract_params = nnx.split(abstract, nnx.Param)
-    from jaxtrain.checkpoint.init_from import pad_vocabulary_rows
+    from jaxtrain.checkpoint.resume import pad_vocabulary_rows
 
     params = pad_vocabulary_rows(params, nnx.to_pure_dict(abstract_params))  # V rows of wte, Vp wanted
     expected = jax.tree.map(lambda a: tuple(a.shape), nnx.to_pure_dict(abstract_params))

@@ -170,7 +170,7 @@ def jaxtrain_logits(weights, tokens_BxT) -> np.ndarray:
 
 def check_hf(folder, against: str = '') -> dict:
     """{'max_abs_diff', 'max_abs_logit', 'reference', 'jaxtrain', 'tokens'} for the report."""
-    from jaxtrain.checkpoint.init_from import read_weights
+    from jaxtrain.checkpoint.resume import read_weights
     from llmc_io.hf.config import hf_header
 
     folder = Path(folder)

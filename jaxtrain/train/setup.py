@@ -19,7 +19,7 @@ from jaxtrain.train.pipeline import make_pipeline_loss_and_grads
 from jaxtrain.data.batch_geometry import BatchGeometry, batch_geometry
 from jaxtrain.data.batch_geometry import fit_default_total_to_mesh
 from jaxtrain.models.cross_entropy_kernel import resolve_cross_entropy
-from jaxtrain.checkpoint.init_from import apply_init_from
+from jaxtrain.checkpoint.resume import apply_init_from
 from jaxtrain.models.setup import DTYPES, ModelSetup, setup_model
 from jaxtrain.models import precision_check
 from jaxtrain.optim.optimizer import build_optimizer

@@ -16,7 +16,7 @@ from trainer_runs import load_config, random_shard, tiny_llmc_model, train, writ
 
 import llmc_io
 from jaxtrain.checkpoint import registry
-from jaxtrain.checkpoint.init_from import read_init_weights
+from jaxtrain.checkpoint.resume import read_init_weights
 from jaxtrain.checkpoint.layout import CheckpointError
 from jaxtrain.tools import ckpt
 from llmc_io.infinitrain.statedict import read_state_dict, write_state_dict

@@ -20,7 +20,7 @@ import pytest
 from trainer_runs import llmc_step_as_orbax
 
 from jaxtrain.checkpoint import registry
-from jaxtrain.checkpoint.init_from import read_weights
+from jaxtrain.checkpoint.resume import read_weights
 from jaxtrain.checkpoint.layout import CheckpointError
 from jaxtrain.tools import ckpt
 from llmc_io import llmc_run
