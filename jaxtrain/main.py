@@ -8,7 +8,7 @@ own value is named where it sets another. Booleans take --KEY, --noKEY and --KEY
 many hosts, run one of these per process (the repository's launch/ has the launchers).
 """
 
-# Flags -> config -> XLA flags -> distributed init (parallel/distributed.py; a no-op for one
+# Flags -> config -> XLA flags -> distributed init (parallel/platform.py; a no-op for one
 # process) -> check_config -> train/loop.run(config). The keys and their help: config/keys.py.
 
 import logging as std_logging
@@ -80,7 +80,6 @@ def main(argv):
     try:
         import jax
 
-        from jaxtrain.parallel import distributed
         from jaxtrain.checks.config_checks import check_config, deterministic_wanted
 
         config = flags.FLAGS.config
@@ -91,12 +90,12 @@ def main(argv):
         )
         _enable_compilation_cache()
         platform.request(config.device)
-        joined = distributed.initialize(config)  # before anything asks JAX for devices
+        joined = platform.initialize_distributed(config)  # before anything asks JAX for devices
         platform.check(config.device)
         if joined and jax.process_index() == 0:
             print(joined, flush=True)
         if joined and not _VERBOSE.value and jax.default_backend() == 'cpu':
-            distributed.silence_native_stdout()
+            platform.silence_native_stdout()
         check_config(config)  # the one validation: before metrics_dir or checkpoint_dir is created
         from jaxtrain.train import loop as train
 

@@ -34,7 +34,7 @@ from jaxtrain.checkpoint.root_access import owned_checkpoint_dir, release_held
 from jaxtrain.data.stream import open_run_streams
 from jaxtrain.models.lora import save_lora_weights
 from jaxtrain.parallel import sharding
-from jaxtrain.parallel.distributed import agree_on_step_end
+from jaxtrain.parallel.platform import agree_on_step_end
 from jaxtrain.optim.optimizer import learning_rate_at, spelled_with_infinitrain_flags
 from jaxtrain.train.dashboards import Dashboards
 from jaxtrain.train.progress import MFUMeter, Progress, run_banner, run_record

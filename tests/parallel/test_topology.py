@@ -13,7 +13,7 @@ from jax.sharding import AxisType, PartitionSpec as P
 
 from jaxtrain.checkpoint import trainer_state as ckpt_record
 
-from jaxtrain.parallel import distributed
+from jaxtrain.parallel import platform
 
 from jaxtrain.parallel import mesh as mesh_lib
 
@@ -236,21 +236,21 @@ def distributed_config(**keys):
 
 
 def test_one_process_needs_no_settings():
-    assert distributed.process_group(distributed_config(), {}) is None
-    assert distributed.process_group(distributed_config(num_processes=1), {}) is None
-    assert distributed.initialize(distributed_config(), {}) == ''
+    assert platform.process_group(distributed_config(), {}) is None
+    assert platform.process_group(distributed_config(num_processes=1), {}) is None
+    assert platform.initialize_distributed(distributed_config(), {}) == ''
 
 
 def test_settings_from_flags_and_environment():
-    group = distributed.process_group(
+    group = platform.process_group(
         distributed_config(coordinator_address='localhost:1234', num_processes=2, process_id=1), {}
     )
     assert (group.coordinator_address, group.num_processes, group.process_id) == ('localhost:1234', 2, 1)
     environ = {'JAX_COORDINATOR_ADDRESS': 'h0:99', 'JAX_NUM_PROCESSES': '4', 'JAX_PROCESS_ID': '3'}
-    group = distributed.process_group(distributed_config(), environ)
+    group = platform.process_group(distributed_config(), environ)
     assert (group.coordinator_address, group.num_processes, group.process_id) == ('h0:99', 4, 3)
     # A flag wins over the environment.
-    group = distributed.process_group(distributed_config(process_id=0), environ)
+    group = platform.process_group(distributed_config(process_id=0), environ)
     assert group.process_id == 0
 
 
@@ -262,9 +262,9 @@ def test_slurm_is_detected_and_jax_fills_the_rest():
         'SLURM_PROCID': '5',
         'SLURM_LOCALID': '5',
     }
-    group = distributed.process_group(distributed_config(), slurm)
+    group = platform.process_group(distributed_config(), slurm)
     assert group.source == 'SLURM' and group.coordinator_address is None
-    assert distributed.process_group(distributed_config(), {**slurm, 'SLURM_NTASKS': '1'}) is None
+    assert platform.process_group(distributed_config(), {**slurm, 'SLURM_NTASKS': '1'}) is None
 
 
 @pytest.mark.parametrize(
@@ -281,4 +281,4 @@ def test_slurm_is_detected_and_jax_fills_the_rest():
 )
 def test_incomplete_distributed_settings_are_refused(keys, message):
     with pytest.raises(ValueError, match=message):
-        distributed.process_group(distributed_config(**keys), {})
+        platform.process_group(distributed_config(**keys), {})
