@@ -11,7 +11,7 @@ The L blocks are created stacked (each parameter has a leading L axis, like llm.
 layout) and applied with `lax.scan` (one compiled block) or unrolled (faster steps); see
 layer_stack.py. With `fused_kernels` the residual adds, LayerNorms and the MLP's bias + GELU
 run as Pallas kernels (layernorm_kernel.py, bias_gelu_kernel.py). The training loss does not
-call the model: it takes `features` and `head_weight` into lm_head_loss.py, which never
+call the model: it takes `features` and `head_weight` into vocab_table.py, which never
 materialises the full logits.
 
 Two hand-written backward passes close the file. gelu_tanh: GPT-2's tanh-GELU, whose backward
@@ -188,7 +188,7 @@ class Block(nnx.Module):
 
 
 class GPT2(nnx.Module):
-    """Returns logits over the padded vocabulary Vp; the loss (lm_head_loss.py) ignores
+    """Returns logits over the padded vocabulary Vp; the loss (vocab_table.py) ignores
     columns V..Vp-1."""
 
     def __init__(

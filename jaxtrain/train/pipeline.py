@@ -39,7 +39,7 @@ vocabulary-sized dW is held, not one per tick. Memory per device falls as P grow
 
 The three parts a pipeline cuts a model into: what the first stage runs before the
 blocks (the embedding), a chunk of the stacked blocks, and what the last stage runs after
-them (the final norm; the head and loss are lm_head_loss.py's, as in the unpipelined step).
+them (the final norm; the head and loss are vocab_table.py's, as in the unpipelined step).
 
 Axis letters: B batch, T time, C channels, H2 half the head dim.
 
@@ -56,7 +56,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 import numpy as np
 
-from jaxtrain.models.lm_head_loss import lm_head_cross_entropy
+from jaxtrain.models.vocab_table import lm_head_cross_entropy
 from jaxtrain.parallel.mesh import CONTEXT, PIPELINE, context_size, pipeline_size
 from jaxtrain.models.embedding import embedding_lookup
 from jaxtrain.models.layer_stack import apply_blocks

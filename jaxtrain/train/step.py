@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from jaxtrain.models.lm_head_loss import lm_head_cross_entropy
+from jaxtrain.models.vocab_table import lm_head_cross_entropy
 from jaxtrain.models import precision_check
 from jaxtrain.parallel import context_parallel, sharding
 

@@ -8,8 +8,8 @@ import numpy as np
 import numpy_reference as ref
 import pytest
 
-from jaxtrain.models import lm_head_loss
-from jaxtrain.models.lm_head_loss import lm_head_cross_entropy, num_chunks
+from jaxtrain.models import vocab_table
+from jaxtrain.models.vocab_table import lm_head_cross_entropy, num_chunks
 
 
 def _plain_loss(h_BxTxC, w, targets_BxT, vocab_size, vocab_axis):
@@ -44,7 +44,7 @@ def _plain_value_and_grads(vocab_axis):
 @pytest.mark.parametrize('vocab_axis', [0, 1])
 @pytest.mark.parametrize('chunk_bytes', [1 << 30, 3 * 4 * 48 * 2])  # 1 chunk; 4 chunks of T=2
 def test_loss_and_gradients_match_plain_autodiff(vocab_axis, chunk_bytes, kernel, monkeypatch):
-    monkeypatch.setattr(lm_head_loss, '_CHUNK_BYTES', chunk_bytes)
+    monkeypatch.setattr(vocab_table, '_CHUNK_BYTES', chunk_bytes)
     h, w, targets, V = _inputs(vocab_axis=vocab_axis)
     expected_chunks = 1 if chunk_bytes == 1 << 30 else 4
     assert num_chunks(3, 8, 48, 4) == expected_chunks
