@@ -38,7 +38,7 @@ import jax
 
 from jaxtrain.models.attention import causal_attention
 from jaxtrain.models.bias_gelu_kernel import bias_gelu
-from jaxtrain.models.embedding import embedding_lookup
+from jaxtrain.models.vocab_table import embedding_lookup
 from jaxtrain.models.layer_stack import OFF, Recompute, apply_blocks, stack_blocks
 from jaxtrain.models.layernorm_kernel import add_layernorm
 from jaxtrain.models.lora import LoRALinear, linear
@@ -227,7 +227,7 @@ class GPT2(nnx.Module):
         T = tokens_BxT.shape[1]
         if T > self.config.max_seq_len:
             raise ValueError(f'sequence_length {T} exceeds the model max_seq_len {self.config.max_seq_len}')
-        # Not nnx.Embed's gather: see embedding.py for the deterministic gradient. Positions
+        # Not nnx.Embed's gather: see vocab_table.py for the deterministic gradient. Positions
         # are a slice, whose gradient is a plain sum over the batch.
         x_BxTxC = embedding_lookup(self.wte.embedding[...], tokens_BxT, self.deterministic).astype(self.dtype)
         positions_1xTxC = self.wpe.embedding[:T].astype(self.dtype)[None]

@@ -19,7 +19,7 @@ import numpy as np
 from flax import nnx
 
 from jaxtrain.models.attention import causal_attention
-from jaxtrain.models.embedding import embedding_lookup
+from jaxtrain.models.vocab_table import embedding_lookup
 from jaxtrain.models.layer_stack import OFF, Recompute, apply_blocks, stack_blocks
 from jaxtrain.models.lora import linear
 from jaxtrain.models.precision_check import tap  # no-op unless --precision_check
@@ -263,7 +263,7 @@ class LLaMA3(nnx.Module):
         cos_TxH2 = jnp.asarray(np.cos(angles_TxH2), jnp.float32)
         sin_TxH2 = jnp.asarray(np.sin(angles_TxH2), jnp.float32)
 
-        # Not nnx.Embed's gather: see embedding.py for the deterministic gradient.
+        # Not nnx.Embed's gather: see vocab_table.py for the deterministic gradient.
         x_BxTxC = embedding_lookup(self.wte.embedding[...], tokens_BxT, self.deterministic).astype(self.dtype)
         x_BxTxC = apply_blocks(
             self.h,

@@ -58,7 +58,7 @@ import numpy as np
 
 from jaxtrain.models.vocab_table import lm_head_cross_entropy
 from jaxtrain.parallel.mesh import CONTEXT, PIPELINE, context_size, pipeline_size
-from jaxtrain.models.embedding import embedding_lookup
+from jaxtrain.models.vocab_table import embedding_lookup
 from jaxtrain.models.layer_stack import apply_blocks
 
 

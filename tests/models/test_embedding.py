@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxtrain.models.embedding import embedding_lookup
+from jaxtrain.models.vocab_table import embedding_lookup
 
 
 @jax.jit
@@ -85,14 +85,14 @@ def test_scatter_and_sorted_gradients_agree_in_a_model():
 def test_block_running_sums_carry_ids_across_blocks(monkeypatch, block):
     # Long runs of a few ids cross many blocks (and whole blocks of one id); N is no multiple
     # of the block. Each id's sum against NumPy's, for block sizes down to one row.
-    from jaxtrain.models import embedding
+    from jaxtrain.models import vocab_table
 
-    monkeypatch.setattr(embedding, 'SEGMENT_BLOCK', block)
+    monkeypatch.setattr(vocab_table, 'SEGMENT_BLOCK', block)
     rng = np.random.default_rng(block)
     ids = np.repeat([2, 0, 4, 1], [3, 41, 1, 26])[rng.permutation(71)]
     rows = rng.normal(size=(71, 3)).astype(np.float32)
     expected = np.zeros((6, 3))
     np.add.at(expected, ids, rows)
-    got = jax.jit(embedding._segment_sum_by_sort, static_argnums=2)(jnp.asarray(rows), jnp.asarray(ids), 6)
+    got = jax.jit(vocab_table._segment_sum_by_sort, static_argnums=2)(jnp.asarray(rows), jnp.asarray(ids), 6)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
     assert not np.asarray(got)[[3, 5]].any()  # ids 3 and 5 never occur
