@@ -20,6 +20,58 @@ from jaxtrain.checkpoint.layout import CheckpointError
 # The jaxtrain record's key that marks a step directory written by `ckpt export` (its source).
 EXPORTED_FROM = 'exported_from'
 
+# `ckpt export --format`: the function that writes it, 'module:function', imported once chosen (the
+# command line lists these before JAX may be imported). Each takes (the source step's format,
+# the parsed arguments) and returns (what it wrote, for --json; the lines for people); a writer
+# reads the steps of any format that its source allows, and refuses the others in one line.
+_WRITE_INFINITRAIN = 'jaxtrain.checkpoint.formats.infinitrain.export:write'
+TARGETS = {
+    'llmc': 'jaxtrain.checkpoint.formats.orbax.export:write_llmc',
+    'hf': 'jaxtrain.checkpoint.formats.orbax.export:write_hf',
+    'infinitrain': _WRITE_INFINITRAIN,
+    'infinitrain-lrs': _WRITE_INFINITRAIN,
+    'infinitrain-bin': _WRITE_INFINITRAIN,
+    'llmc-run': 'jaxtrain.checkpoint.formats.llmc_run.export:write',
+}
+RANK_DIRECTORY_TARGETS = ('infinitrain', 'infinitrain-lrs')  # the ones --ddp, --tp, ... lay out
+
+
+def writer(target: str):
+    """The function TARGETS names for --format `target`."""
+    import importlib
+
+    module, name = TARGETS[target].split(':')
+    return getattr(importlib.import_module(module), name)
+
+
+def topology_from_args(args):
+    """The multi-GPU layout export's flags name (llmc_io's Topology), None for one GPU; refused with
+    any format but infinitrain, before anything is read."""
+    from llmc_io.errors import LLMCFormatError
+    from llmc_io.infinitrain.topology import Topology
+
+    topology = Topology(
+        ddp=args.ddp,
+        tp=args.tp,
+        cp=args.cp,
+        pp=args.pp,
+        vpp=args.vpp,
+        sequence_parallel=args.sequence_parallel,
+        zero_stage=args.zero_stage,
+    )
+    if topology == Topology():
+        return None
+    if args.format not in RANK_DIRECTORY_TARGETS:
+        raise CheckpointError(
+            f'--ddp/--tp/--cp/--pp/--vpp/--zero_stage/--sequence_parallel: expected only with --format '
+            f'infinitrain or infinitrain-lrs (HEAD rank directories), found --format {args.format}'
+        )
+    try:
+        topology.validate('export')
+    except LLMCFormatError as e:
+        raise CheckpointError(str(e)) from None
+    return topology
+
 
 def _same_file(a: Path, b: Path) -> bool:
     try:

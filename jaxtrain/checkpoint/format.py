@@ -153,6 +153,48 @@ class CheckpointFormat(Protocol):
         restores it onto the run's shardings. `parts` is train/setup.py's TrainerSetup."""
         ...
 
+    # What `ckpt ls|show|diff|verify|export` ask (tools/ckpt_commands.py), which never names a kind.
+
+    def find_step(self, path, finished: bool = True) -> Path:
+        """The step a `ckpt` command given `path` reads, or a CheckpointError saying what `path` is
+        instead (nothing, a root); finished=False takes a save that never finished too (verify)."""
+        ...
+
+    def ls_rows(self, root) -> list[dict]:
+        """`ckpt ls`'s rows of this format's checkpoint_step_NNNNNN directories under root (path,
+        step, kind, committed, status, ...), which formats share; [] when it keeps its steps otherwise."""
+        ...
+
+    def ls(self, root, rows: list[dict], validation) -> dict:
+        """`ckpt ls ROOT --json` when registry.for_step_dir(root) is this format: its own folder's
+        steps, or the step directories of every format (`rows`, their ls_rows), with the latest and
+        --keep_best's steps; `validation(step_dir)` gives a committed step's val_loss, keep_best
+        and lineage (keep.py, which a format may not import)."""
+        ...
+
+    def ls_text(self, listed: dict) -> str:
+        """ls's listing for people."""
+        ...
+
+    def show(self, step_dir, with_tensors: bool) -> dict:
+        """`ckpt show --json`: the step's record and files (with_tensors: every tensor's statistics)."""
+        ...
+
+    def show_text(self, shown: dict, show_all: bool) -> str:
+        """show's dict for people (show_all: every training config key, not only those set)."""
+        ...
+
+    def diff_view(self, step_dir, common: bool) -> tuple[dict, dict]:
+        """(the record `ckpt diff` compares, {item: {tensor name: array}, or None where not saved}).
+        common: params and Adam's moments under the names every format shares (item ''), for a
+        diff across formats; else the format's own items."""
+        ...
+
+    def refuse_as_source(self, path, command: str, target: str = '') -> None:
+        """Raises a CheckpointError when `command` (`ckpt diff`, `ckpt export --format target`) does
+        not read this format's steps, saying what does (an llm.c run folder converts with llmc_io)."""
+        ...
+
 
 def set_schedule_position(opt_state, step: int):
     """Fresh optimizer moments, but the learning-rate schedule continues at `step`."""

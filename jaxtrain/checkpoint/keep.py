@@ -23,7 +23,6 @@ run saving into one deletes only the steps it saved itself.
 
 from __future__ import annotations
 
-import math
 import uuid
 from pathlib import Path
 
@@ -31,15 +30,6 @@ from jaxtrain.checkpoint import layout
 
 
 # --- --keep_best ------------------------------------------------------------------------------
-
-
-def best_steps(val_losses: dict[int, float], count: int) -> set[int]:
-    """The `count` steps with the lowest finite validation loss (ties: the earlier step)."""
-    if count <= 0:
-        return set()
-    finite = {step: loss for step, loss in val_losses.items() if loss is not None and math.isfinite(loss)}
-    ranked = sorted((loss, step) for step, loss in finite.items())
-    return {step for _, step in ranked[:count]}
 
 
 def intact_record(step_dir) -> dict | None:

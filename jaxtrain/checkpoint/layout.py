@@ -14,7 +14,8 @@ multiple of `keep_every` (--keep_every_steps), and the protected steps: the one 
 from, symbolic links, --keep_best's, and the steps of other lineages (keep.py). The Orbax
 manager's preservation policy, the InfiniTrain and llm.c checkpointers' deletions, and the run's
 rotation lines (train/saving.py) all ask kept_steps, so they cannot disagree about what a
-save deletes.
+save deletes. best_steps ranks --keep_best's, for the run and `ckpt ls` alike (keep.py reads the
+losses).
 
 Why a checkpoint write failed, and what to do about it, for the one-line save error.
 
@@ -23,6 +24,7 @@ does nothing for permission denied. Orbax raises its own exception types with th
 text inside, so a reason is recognised by its errno where there is one, else by that text.
 """
 
+import math
 import re
 from pathlib import Path
 import errno
@@ -180,3 +182,12 @@ def kept_steps(steps, keep_latest: int, keep_every: int, protected=()) -> set[in
     newest = set(steps[-keep_latest:]) if keep_latest > 0 else set(steps)
     protected = set(protected)
     return {s for s in steps if s in newest or s in protected or (keep_every > 0 and s % keep_every == 0)}
+
+
+def best_steps(val_losses: dict[int, float], count: int) -> set[int]:
+    """--keep_best: the `count` steps with the lowest finite validation loss (ties: the earlier step)."""
+    if count <= 0:
+        return set()
+    finite = {step: loss for step, loss in val_losses.items() if loss is not None and math.isfinite(loss)}
+    ranked = sorted((loss, step) for step, loss in finite.items())
+    return {step for _, step in ranked[:count]}

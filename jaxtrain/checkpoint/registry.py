@@ -50,6 +50,16 @@ def for_step_dir(step_dir) -> CheckpointFormat:
     return next((fmt for fmt in READERS[:-1] if fmt.owns(step_dir)), READERS[-1])
 
 
+def ls(root, validation) -> tuple[CheckpointFormat, dict]:
+    """`ckpt ls ROOT`: (the format that lists it, its listing). A folder one format lays out alone (an
+    llm.c run folder, which it owns) is its own; a root of checkpoint_step_NNNNNN directories falls
+    to Orbax, which lists every one, taking each other format's rows (ls_rows) for those it claims.
+    `validation`: format.CheckpointFormat.ls's."""
+    fmt = for_step_dir(root)
+    rows = [row for other in READERS[:-1] for row in other.ls_rows(root)]
+    return fmt, fmt.ls(root, rows, validation)
+
+
 def verify(path) -> Verification:
     """The verification of the checkpoint at `path` by its format (format.CheckpointFormat.verify):
     a step directory, an InfiniTrain step directory or an llm.c run folder / model file. An llm.c

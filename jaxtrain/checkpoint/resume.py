@@ -154,7 +154,7 @@ def _read_weights(where: Path, flag: str, lora_base: str | None):
     fmt = None
     if where.is_dir() or registry.LLMC_RUN.owns(where):
         fmt = registry.for_step_dir(where)
-        if fmt is registry.ORBAX and not layout.is_committed(where):
+        if not fmt.owns(where):  # the fallback: no format's step
             # A root's newest step, even with other files beside its steps (an HF export forced there).
             where, fmt = registry.newest_step(where) or (where, None)
     if fmt is None:
@@ -191,12 +191,12 @@ def _read_weights(where: Path, flag: str, lora_base: str | None):
 
 
 def _not_a_checkpoint(where: Path) -> str:
-    from jaxtrain.checkpoint.formats.infinitrain.steps import gzipped_notice
-
     steps = [where] + (sorted(p for p in where.iterdir() if p.is_dir()) if where.is_dir() else [])
-    gzipped = next((notice for step in steps if (notice := gzipped_notice(step))), None)
-    if gzipped:  # the samples InfiniTrain's files are shipped as
-        return gzipped
+    for step in steps:
+        try:
+            registry.for_step_dir(step)
+        except CheckpointError as e:  # a format's step it cannot read as it is (gzipped files)
+            return str(e)
     return (
         f'{where}: expected a checkpoint step directory, a checkpoint root with a committed step, an '
         'llm.c run folder or a Hugging Face folder (config.json), found none of them'

@@ -32,9 +32,9 @@ import os
 import sys
 import traceback
 
+from jaxtrain.checkpoint.export_target import TARGETS
 from jaxtrain.tools.command_line import program_name, reader_gone
-from jaxtrain.tools.ckpt_commands import PROG, cmd_diff, cmd_export, cmd_ls, cmd_verify
-from jaxtrain.tools.ckpt_show import cmd_show
+from jaxtrain.tools.ckpt_commands import PROG, cmd_diff, cmd_export, cmd_ls, cmd_show, cmd_verify
 from jaxtrain.tools.command_line import EXIT_ERROR
 from jaxtrain.tools.hf_check import cmd_check_hf
 from jaxtrain.config.flags import quiet_absl
@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.add_argument(
         '--format',
-        choices=('llmc', 'hf', 'infinitrain', 'infinitrain-lrs', 'infinitrain-bin', 'llmc-run'),
+        choices=tuple(TARGETS),
         metavar='FORMAT',  # the help below names each choice; argparse's {a,b,...} overflows the usage
         default='llmc',
         help='llmc (default): an llm.c model file; hf: a Hugging Face folder, config.json, '
@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return reader_gone()
     # Reading a checkpoint needs no accelerator: do not claim (or wait for) a GPU unless asked to.
-    # JAX reads this when imported, which the commands do (through ckpt_inspect) after this line.
+    # JAX reads this when imported, which the commands do (through the registry) after this line.
     os.environ.setdefault('JAX_PLATFORMS', 'cpu')
     try:
         with quiet_absl(not args.verbose):

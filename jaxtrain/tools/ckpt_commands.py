@@ -1,69 +1,44 @@
-"""The `python -m jaxtrain.ckpt` commands ls, diff, verify and export (ckpt.py parses the command
-line and calls them; show and the text every command draws are ckpt_show.py's). Each returns the
-exit status."""
+"""The `python -m jaxtrain.ckpt` commands (ckpt.py parses the command line and calls them), each
+returning the exit status. None names a kind: the registry picks the step's format
+(checkpoint/registry.py), which lists, shows, reads and verifies it, and export_target.TARGETS the
+function that writes --format.
 
-import os
+`diff` compares any two steps: configs field by field and every tensor, across formats under the
+names every format shares (format.CheckpointFormat.diff_view). Long lists of field names (the fields
+only one side records) are grouped by their first part and counted past a dozen, each line wrapped.
+"""
+
+import json
+import math
+import textwrap
 from pathlib import Path
 
-from jaxtrain.tools.ckpt_show import (
-    field_list_lines,
-    human_bytes,
-    is_llmc_run,
-    number,
-    print_json,
-    table,
-    when_written as _when,
-)
+from jaxtrain.checkpoint.ckpt_text import number, table
 from jaxtrain.tools.command_line import EXIT_FINDINGS, EXIT_OK
 
 PROG = 'python -m jaxtrain.ckpt'  # in messages; also `jaxtrain ckpt`
-# The commands import ckpt_inspect (and with it JAX) inside their functions, so that main() can
+# The commands import the registry (and with it JAX) inside their functions, so that main() can
 # choose the platform first and --help answers at once.
+WIDTH = 100
+LISTED_PER_GROUP = 12
 
 
-# --- ls ----------------------------------------------------------------------------------
+def json_safe(value):
+    """Strict JSON: NaN and infinities become strings."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
 
 
-def _loss_cell(entry: dict) -> str:
-    """The step's loss as the step line prints it, else InfiniTrain PR's running minimum, marked 'best'."""
-    if entry.get('loss') is not None:
-        return f"{entry['loss']:.6f}"
-    if entry.get('best_loss') is not None:
-        return f"best {entry['best_loss']:.6f}"
-    return 'n/a'
+def print_json(value):
+    print(json.dumps(json_safe(value), indent=2, default=str))
 
 
-def _kept_best(entries) -> set:
-    """The step directories --keep_best keeps: the N lowest validation losses among the steps of the
-    newest step's lineage, N from that step's run (InfiniTrain PR's checkpoint_final, a copy, is
-    never one of them)."""
-    from jaxtrain.checkpoint.keep import best_steps
-
-    committed = [
-        e
-        for e in entries
-        if e.get('committed') and e.get('step') is not None and not e['path'].endswith('checkpoint_final')
-    ]
-    if not committed:
-        return set()
-    recorded = [e for e in committed if 'keep_best' in e]  # the newest run's whose record is intact
-    if not recorded:
-        return set()
-    newest = max(recorded, key=lambda e: e['step'])
-    ranked = [e for e in recorded if e.get('lineage') == newest.get('lineage')]
-    steps = best_steps({e['step']: e.get('val_loss') for e in ranked}, newest['keep_best'])
-    return {e['path'] for e in committed if e['step'] in steps}
-
-
-def _llmc_ls(args) -> int:
-    from jaxtrain.checkpoint.formats.llmc_run import inspection as ckpt_llmc
-
-    listed = ckpt_llmc.ls(args.dir)
-    if args.json:
-        print_json(listed)
-    else:
-        print(ckpt_llmc.ls_text(listed, table, number))
-    return EXIT_OK
+# --- ls and show -------------------------------------------------------------------------
 
 
 def _validation(path) -> dict:
@@ -82,61 +57,105 @@ def _validation(path) -> dict:
 
 
 def cmd_ls(args) -> int:
-    from jaxtrain.checkpoint.formats.orbax import inspection as ckpt_inspect
+    from jaxtrain.checkpoint import registry
 
-    from jaxtrain.checkpoint.formats.infinitrain import inspection as ckpt_infinitrain
-
-    if is_llmc_run(args.dir):
-        return _llmc_ls(args)
-    entries, latest = ckpt_inspect.list_checkpoints(args.dir)
-    entries = ckpt_infinitrain.annotate_entries(
-        args.dir, entries, _validation
-    )  # kind and loss; InfiniTrain dirs
-    latest = ckpt_infinitrain.latest_step(entries, latest)
-    best = _kept_best(entries)
+    fmt, listed = registry.ls(args.dir, _validation)
     if args.json:
-        print_json(
-            {
-                'root': str(args.dir),
-                'latest': latest,
-                'checkpoints': [
-                    {**e, 'latest': ckpt_infinitrain.is_latest(e, latest), 'kept_best': e['path'] in best}
-                    for e in entries
-                ],
-            }
-        )
-        return EXIT_OK
-    rows = [
-        [
-            e['step'],
-            Path(e['path']).name,
-            e['kind'],
-            e['status'],
-            human_bytes(e['size_bytes']),
-            _when(e['written_at']) + ('' if e['written_from'] == 'trainer_state' else ' (mtime)'),
-            'yes' if e['has_optimizer_state'] else 'no',
-            _loss_cell(e),
-            ', '.join(
-                (['latest'] if ckpt_infinitrain.is_latest(e, latest) else [])
-                + ([f"best (val {e['val_loss']:.6f})"] if e['path'] in best else [])
-            ),
-        ]
-        for e in entries
-    ]
-    print(table(['step', 'directory', 'kind', 'state', 'size', 'written', 'optimizer', 'loss', ''], rows))
-    packed = [e for e in entries if e['status'].startswith('gzipped')]
-    if packed:
-        print(f"{len(packed)} step(s) hold gzipped InfiniTrain files: gunzip {args.dir}/*/*.gz to use them")
-    if latest is None:
-        print(f'latest: none (no committed checkpoint in {args.dir})')
+        print_json(listed)
     else:
-        kind = next(e['kind'] for e in entries if ckpt_infinitrain.is_latest(e, latest))
-        flag = '' if kind == 'orbax' else f" --checkpoint_format {kind.replace('-pth', '-bin')}"
-        print(f'latest: step {latest} (what --resume_from latest --checkpoint_dir {args.dir}{flag} picks)')
+        print(fmt.ls_text(listed))
+    return EXIT_OK
+
+
+def cmd_show(args) -> int:
+    from jaxtrain.checkpoint import registry
+
+    fmt = registry.for_step_dir(args.step_dir)  # refuses a gzipped InfiniTrain step, as every way in does
+    shown = fmt.show(fmt.find_step(args.step_dir), args.tensors)
+    if args.json:
+        print_json(shown)
+    else:
+        print(fmt.show_text(shown, args.all))
     return EXIT_OK
 
 
 # --- diff --------------------------------------------------------------------------------
+
+ABSENT = '(absent)'  # a field one trainer state does not hold
+
+
+def config_differences(a: dict, b: dict) -> list[tuple[str, object, object]]:
+    """(field, A's value, B's value) for every differing field of the two trainer states."""
+    differences = []
+    for key in ('model_family', 'step', 'data_position', 'epoch'):
+        if a.get(key, ABSENT) != b.get(key, ABSENT):
+            differences.append((key, a.get(key, ABSENT), b.get(key, ABSENT)))
+    for section in ('model_config', 'training_config'):
+        first, second = a.get(section) or {}, b.get(section) or {}
+        for key in sorted(set(first) | set(second)):
+            if first.get(key, ABSENT) != second.get(key, ABSENT):
+                differences.append((f'{section}.{key}', first.get(key, ABSENT), second.get(key, ABSENT)))
+    return differences
+
+
+def recorded_by_one_side(fields: list[tuple]) -> tuple[list[tuple], list[tuple]]:
+    """config_differences split into (fields both sides record, fields only one records). A file
+    that keeps no config (InfiniTrain's own trainer_state.json holds no model config, data position
+    or optimizer) is no evidence of another config: there the tensors' names and shapes decide."""
+    one_side = [f for f in fields if ABSENT in (f[1], f[2])]
+    return [f for f in fields if f not in one_side], one_side
+
+
+def compare_tensors(item: str, a: dict, b: dict) -> list[dict]:
+    """One row per tensor name on either side: status, and max abs / max relative difference.
+    Relative difference is |a-b| / max(|a|, |b|) elementwise: 0 where both are 0, 2 at most.
+    Identical means equal bit patterns: NaN equals the same NaN, 0.0 differs from -0.0 (what ==
+    gets wrong)."""
+    import numpy as np
+
+    rows = []
+    for name in sorted(set(a) | set(b)):
+        row = {'name': f'{item}/{name}'.lstrip('/')}  # item '': the names every format shares
+        if name not in b or name not in a:
+            row['status'] = 'only in A' if name in a else 'only in B'
+        elif a[name].shape != b[name].shape or a[name].dtype != b[name].dtype:
+            row['status'] = (
+                f'shape/dtype differ: A {a[name].shape} {a[name].dtype}, B {b[name].shape} {b[name].dtype}'
+            )
+        else:
+            x, y = np.asarray(a[name], np.float64), np.asarray(b[name], np.float64)
+            abs_diff = np.abs(x - y)
+            scale = np.maximum(np.abs(x), np.abs(y))
+            relative = np.divide(abs_diff, scale, out=np.zeros_like(abs_diff), where=scale > 0)
+            row['status'] = 'identical' if a[name].tobytes() == b[name].tobytes() else 'different'
+            row['max_abs_diff'] = float(abs_diff.max()) if abs_diff.size else 0.0
+            row['max_rel_diff'] = float(relative.max()) if relative.size else 0.0
+        rows.append(row)
+    return rows
+
+
+def field_list_lines(names: list[str]) -> list[str]:
+    """`  PART: a, b, c` for each first part of the dotted names (plain names on a line of their own),
+    a part of more than a dozen counted, and every line wrapped."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        head, _, rest = name.partition('.')
+        groups.setdefault(head if rest else '', []).append(rest or head)
+    lines = []
+    for head, fields in groups.items():
+        listed = ', '.join(fields[:LISTED_PER_GROUP])
+        if len(fields) > LISTED_PER_GROUP:
+            more = len(fields) - LISTED_PER_GROUP
+            listed = f'{len(fields)} fields: {listed}, and {more} more (--json lists them)'
+        lines += textwrap.wrap(
+            f'{head}: {listed}' if head else listed,
+            WIDTH,
+            initial_indent='  ',
+            subsequent_indent='    ',
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
+    return lines
 
 
 def _one_sided_items_summarised(changed: list[dict], one_sided: dict) -> list[list]:
@@ -155,59 +174,29 @@ def _one_sided_items_summarised(changed: list[dict], one_sided: dict) -> list[li
     return rows
 
 
-def _llmc_run_refused(path, command: str, to: str):
-    """The one line for an llm.c run folder (or its model file) given to a command that reads Orbax and
-    InfiniTrain steps only: its model file is an llm.c file already, which llmc_io converts."""
-    from jaxtrain.checkpoint.formats.llmc_run.restore import locate
-    from jaxtrain.checkpoint.layout import CheckpointError
-    from llmc_io import llmc_run
-
-    model = llmc_run.model_path(*locate(path))
-    return CheckpointError(
-        f'{path}: expected an Orbax or InfiniTrain step directory for {command}, found an llm.c run '
-        f'folder (ckpt ls, show and verify read those); its model file '
-        f'converts with: python -m llmc_io convert {model} OUT{" --to hf" if to else ""}, and '
-        f'--init_from {model} starts a run from it'
-    )
-
-
 def cmd_diff(args) -> int:
-    from jaxtrain.checkpoint.formats.orbax import inspection as ckpt_inspect
-    from jaxtrain.checkpoint.trainer_state import read_trainer_state
-
-    from jaxtrain.checkpoint.formats.infinitrain import inspection as ckpt_infinitrain
-
     from jaxtrain.checkpoint import registry
 
+    formats = []
     for side in (args.a, args.b):
-        if is_llmc_run(side):
-            raise _llmc_run_refused(side, 'ckpt diff', '')
-        registry.for_step_dir(side)  # refuses a gzipped InfiniTrain step, as every way in does
-    kinds = [ckpt_infinitrain.kind_of(p) for p in (args.a, args.b)]
-    step_a, step_b = (
-        ckpt_inspect.find_finished_step_dir(p) if k == 'orbax' else Path(p)
-        for p, k in zip((args.a, args.b), kinds)
+        fmt = registry.for_step_dir(side)  # refuses a gzipped InfiniTrain step, as every way in does
+        fmt.refuse_as_source(side, 'ckpt diff')
+        formats.append(fmt)
+    step_a, step_b = (fmt.find_step(p) for fmt, p in zip(formats, (args.a, args.b)))
+    kinds = [fmt.name for fmt in formats]
+    # Two steps of one format compare item by item; across formats, under the names they share.
+    common = formats[0] is not formats[1]
+    (state_a, items_a), (state_b, items_b) = (
+        fmt.diff_view(step, common) for fmt, step in zip(formats, (step_a, step_b))
     )
-    one_sided = {}  # item -> the side that has it ('A' or 'B'), e.g. opt_state of a params-only save
-    if kinds == ['orbax', 'orbax']:
-        state_a, state_b = read_trainer_state(step_a), read_trainer_state(step_b)
-        tensors = []
-        for item in ckpt_inspect.ARRAY_ITEMS:
-            # An item on one side only (opt_state not saved) lists all its tensors as one-sided.
-            sides = [
-                ckpt_inspect.read_tensors(s, item) if (s / item).is_dir() else None for s in (step_a, step_b)
-            ]
-            if sides != [None, None]:
-                tensors += ckpt_inspect.compare_tensors(item, sides[0] or {}, sides[1] or {})
-            if (sides[0] is None) != (sides[1] is None):
-                one_sided[item] = 'A' if sides[0] is not None else 'B'
-    else:  # across kinds: params and Adam's m, v, t under common names (ckpt_infinitrain.py)
-        state_a, state_b = ckpt_infinitrain.record_of(step_a), ckpt_infinitrain.record_of(step_b)
-        common = [ckpt_infinitrain.canonical_tensors(s) for s in (step_a, step_b)]
-        tensors = ckpt_inspect.compare_tensors('', *common)
-        for row in tensors:
-            row['name'] = row['name'].lstrip('/')
-    fields, one_side = ckpt_inspect.recorded_by_one_side(ckpt_inspect.config_differences(state_a, state_b))
+    tensors, one_sided = [], {}  # one_sided: item -> the side that has it, e.g. opt_state of one side
+    for item in dict.fromkeys([*items_a, *items_b]):
+        sides = [items_a.get(item), items_b.get(item)]
+        if sides != [None, None]:
+            tensors += compare_tensors(item, sides[0] or {}, sides[1] or {})
+        if (sides[0] is None) != (sides[1] is None):
+            one_sided[item] = 'A' if sides[0] is not None else 'B'
+    fields, one_side = recorded_by_one_side(config_differences(state_a, state_b))
     model_equal = not any(f.startswith(('model_config.', 'model_family')) for f, _, _ in fields)
     identical = model_equal and all(t['status'] == 'identical' for t in tensors)
     if args.json:
@@ -231,7 +220,7 @@ def cmd_diff(args) -> int:
     else:
         print('configs: identical (step, data position, model and training config)')
     for side, index in (('A', 1), ('B', 2)):
-        lacking = [f[0] for f in one_side if f[index] == ckpt_inspect.ABSENT]
+        lacking = [f[0] for f in one_side if f[index] == ABSENT]
         if lacking:
             print(f'not recorded by {side}, so not compared (the tensors are):')
             print('\n'.join(field_list_lines(lacking)))
@@ -253,27 +242,18 @@ def cmd_diff(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from jaxtrain.checkpoint.formats.orbax import inspection as ckpt_inspect
-
-    from jaxtrain.checkpoint.formats.infinitrain import inspection as ckpt_infinitrain
-
     from jaxtrain.checkpoint import registry
+    from jaxtrain.checkpoint.layout import CheckpointError
 
-    kind, root = ckpt_infinitrain.kind_of(args.step_dir), None
-    if is_llmc_run(args.step_dir):
-        kind, step_dir = 'llmc', Path(args.step_dir)
-    elif kind == 'orbax':
-        try:
-            step_dir = ckpt_inspect.find_step_dir(args.step_dir)
-        except ckpt_inspect.CheckpointError:
-            newest = registry.newest_step(args.step_dir) if Path(args.step_dir).is_dir() else None
-            if newest is None:
-                raise
-            # A root, as --init_from and generate take one: its newest committed step of any kind.
-            (step_dir, fmt), root = newest, args.step_dir
-            kind = fmt.name
-    else:
-        step_dir = Path(args.step_dir)
+    fmt, root = registry.for_step_dir(args.step_dir), None
+    try:
+        step_dir = fmt.find_step(args.step_dir, finished=False)  # verify says what a save left
+    except CheckpointError:
+        newest = registry.newest_step(args.step_dir) if Path(args.step_dir).is_dir() else None
+        if newest is None:
+            raise
+        # A root, as --init_from and generate take one: its newest committed step of any kind.
+        (step_dir, fmt), root = newest, args.step_dir
     result = registry.verify(step_dir)  # the same function every way into a checkpoint calls
     ok = not result.problems
     if root is not None and not args.json:
@@ -283,16 +263,16 @@ def cmd_verify(args) -> int:
             {
                 **({'root': str(root)} if root is not None else {}),
                 'path': str(step_dir),
-                'kind': kind,
+                'kind': fmt.name,
                 'ok': ok,
                 'problems': result.problems,
                 'checked': result.checked,
             }
         )
     elif ok:
-        print(f'OK: {step_dir} ({kind}): ' + '; '.join(result.checked))
+        print(f'OK: {step_dir} ({fmt.name}): ' + '; '.join(result.checked))
     else:
-        print(f'FAILED: {step_dir} ({kind}): {len(result.problems)} problem(s)')
+        print(f'FAILED: {step_dir} ({fmt.name}): {len(result.problems)} problem(s)')
         print('\n'.join(f'  {p}' for p in result.problems))
     return EXIT_OK if ok else EXIT_FINDINGS
 
@@ -301,111 +281,32 @@ def cmd_verify(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from jaxtrain.tools import ckpt_export
-    from jaxtrain.checkpoint.formats.orbax import inspection as ckpt_inspect
+    from jaxtrain.checkpoint import export_target, registry
+    from jaxtrain.checkpoint.layout import CheckpointError
 
-    from jaxtrain.checkpoint.formats.infinitrain import export as infinitrain_export
-    from jaxtrain.checkpoint.formats.infinitrain import inspection as ckpt_infinitrain
-
-    from jaxtrain.checkpoint import registry
-    from jaxtrain.checkpoint.export_target import refuse_output_in_input, refuse_run_sources
-
-    if args.format != 'hf' and (args.dtype or args.max_shard_size or args.check):
-        from jaxtrain.checkpoint.layout import CheckpointError
-
-        flag = '--dtype' if args.dtype else '--max_shard_size' if args.max_shard_size else '--check'
+    hf_only = ('--dtype', args.dtype), ('--max_shard_size', args.max_shard_size), ('--check', args.check)
+    given = next((flag for flag, value in hf_only if value), None)
+    if args.format != 'hf' and given:
         raise CheckpointError(
-            f'{flag}: expected --format hf, the only format it applies to, found --format {args.format}'
+            f'{given}: expected --format hf, the only format it applies to, found --format {args.format}'
         )
-
-    topology = infinitrain_export.topology_from_args(args)
-    refuse_output_in_input(args.output, args.step_dir)
-    refuse_run_sources(args.output, args.step_dir)
-    if args.format == 'hf' and args.version is not None:  # the flags first, then the checkpoint
-        from jaxtrain.checkpoint.layout import CheckpointError
-
+    export_target.topology_from_args(args)  # the flags first, then the paths, then the checkpoint
+    export_target.refuse_output_in_input(args.output, args.step_dir)
+    export_target.refuse_run_sources(args.output, args.step_dir)
+    if args.format == 'hf' and args.version is not None:
         raise CheckpointError(f'--version: expected none with --format hf (--dtype), found {args.version}')
-    source = args.step_dir
-    if ckpt_infinitrain.kind_of(source) == 'orbax' and not is_llmc_run(source):
-        source = ckpt_inspect.find_finished_step_dir(source)
+    fmt = registry.for_step_dir(args.step_dir)
+    source = fmt.find_step(args.step_dir)
     registry.refuse_damaged(source, 'ckpt export')  # as every way into a checkpoint does
-    if is_llmc_run(source):
-        raise _llmc_run_refused(
-            source, f'ckpt export --format {args.format}', 'hf' if args.format == 'hf' else ''
-        )
-    if args.format == 'llmc-run':
-        from jaxtrain.checkpoint.formats.llmc_run import export as ckpt_llmc_export
+    fmt.refuse_as_source(source, f'ckpt export --format {args.format}', args.format)
+    written, text = export_target.writer(args.format)(fmt, args)
+    if args.check:  # --format hf: the folder's logits against the step's
+        from jaxtrain.tools.hf_check import check_hf, check_line
 
-        written = ckpt_llmc_export.export(args.step_dir, args.output, args.force, args.version or 5)
-        if args.json:
-            print_json({'path': str(args.step_dir), **written})
-        else:
-            print(ckpt_llmc_export.export_line(written))
-        return EXIT_OK
-    if args.format in ('infinitrain', 'infinitrain-lrs', 'infinitrain-bin'):
-        if args.version is not None:
-            from jaxtrain.checkpoint.layout import CheckpointError
-
-            raise CheckpointError(
-                f'--version: expected none with --format {args.format} (InfiniTrain reads fp32 only), '
-                f'found {args.version}'
-            )
-        written = infinitrain_export.export(args.step_dir, args.output, args.format, args.force, topology)
-        if args.json:
-            print_json({'path': str(args.step_dir), **written})
-        else:
-            print(infinitrain_export.export_line(written))
-        return EXIT_OK
-    if ckpt_infinitrain.kind_of(args.step_dir) != 'orbax':
-        raise ckpt_infinitrain.CheckpointError(
-            f'{args.step_dir}: expected an Orbax checkpoint for --format {args.format}, found an '
-            'InfiniTrain one; '
-            'its PR generation already holds an llm.c model.bin (export --format infinitrain-bin)'
-        )
-    step_dir = ckpt_inspect.find_finished_step_dir(args.step_dir)
-    if args.format == 'hf':
-        written = ckpt_export.export_hf(
-            step_dir,
-            args.output,
-            args.merge_lora,
-            args.base,
-            args.force,
-            args.tokenizer,
-            args.dtype or 'float32',
-            args.max_shard_size,
-        )
-        if args.check:
-            from jaxtrain.tools.hf_check import check_hf, check_line
-
-            written['check'] = check_hf(args.output, str(step_dir))
-        if args.json:
-            print_json({'path': str(step_dir), **written})
-        else:
-            files = ', '.join(os.path.basename(f) for f in written['files'])
-            print(
-                f"wrote {written['output']}: {written['model_family']} as a Hugging Face folder ({files}, "
-                f"{written['dtype']}), {written['num_parameters']:,} parameters, "
-                f"{human_bytes(written['size_bytes'])}; "
-                f"load it with {written['hf_class']}.from_pretrained"
-            )
-            if args.check:
-                print(check_line(args.output, written['check']))
-        return EXIT_OK if not args.check or written['check']['max_abs_diff'] <= 0.05 else EXIT_FINDINGS
-    written = ckpt_export.export_llmc(
-        step_dir, args.output, args.version or 3, args.merge_lora, args.base, args.force
-    )
+        written['check'] = check_hf(args.output, written['path'])
+        text += '\n' + check_line(args.output, written['check'])
     if args.json:
-        print_json({'path': str(step_dir), **written})
-        return EXIT_OK
-    print(
-        f"wrote {written['output']}: {written['model_family']} llm.c file, version {written['version']} "
-        f"({written['dtype']}), {written['num_parameters']:,} parameters, "
-        f"{human_bytes(written['size_bytes'])}; "
-        f"train from it with --llmc_filepath {written['output']}"
-    )
-    for note in written['notes']:
-        print(f'note: {note}')
-    return EXIT_OK
-
-
-# --- the command line --------------------------------------------------------------------
+        print_json(written)
+    else:
+        print(text)
+    return EXIT_OK if not args.check or written['check']['max_abs_diff'] <= 0.05 else EXIT_FINDINGS

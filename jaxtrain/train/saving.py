@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from jaxtrain.checkpoint import ckpt_lines, layout, registry
-from jaxtrain.checkpoint.keep import best_steps, recorded_val_losses
+from jaxtrain.checkpoint.keep import recorded_val_losses
 from jaxtrain.checkpoint.keep import LINEAGE_FIELD, lineage_of, new_lineage, other_lineages_steps
 from jaxtrain.checkpoint.layout import committed_steps, kept_steps, step_dir_name
 from jaxtrain.checkpoint.resume_checks import cached_sha256, data_identity, lora_record
@@ -129,7 +129,7 @@ class RunSaver:
             self.val_losses[step] = self.last_val[1]
         if not self.config.keep_best:
             return
-        best = best_steps(self.val_losses, self.config.keep_best)
+        best = layout.best_steps(self.val_losses, self.config.keep_best)
         self.checkpointer.keep_best_steps(best)
         if self.events is not None:
             self.events.best = frozenset(best)

@@ -508,7 +508,7 @@ def test_every_command_has_help(command, capsys):
 
 
 def test_long_field_lists_are_grouped_counted_and_wrapped():
-    from jaxtrain.tools.ckpt_show import field_list_lines
+    from jaxtrain.tools.ckpt_commands import field_list_lines
 
     names = ['step', 'data_position', *(f'training_config.key_{i:02d}_with_a_long_name' for i in range(30))]
     lines = field_list_lines([*names, 'model_config.channels'])

@@ -86,7 +86,7 @@ def test_greedy_from_llmc_file_and_checkpoint_match_the_reference(model_files, c
         root / 'ck' / 'checkpoint_step_000003', tmp_path / 'it' / 'checkpoint_step_000003', 'infinitrain'
     )
     # And as a Hugging Face folder (config.json + model.safetensors), which --init_from reads too.
-    from jaxtrain.tools import ckpt_export
+    from jaxtrain.checkpoint.formats.orbax import export as ckpt_export
 
     ckpt_export.export_hf(root / 'ck' / 'checkpoint_step_000003', tmp_path / 'hf')
     sources += [['--checkpoint', tmp_path / name] for name in ('run', 'it', 'hf')]

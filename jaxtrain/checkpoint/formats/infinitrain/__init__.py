@@ -5,8 +5,8 @@ writer.py      writing a step directory of any generation and topology, atomical
 record.py      the "jaxtrain" object jaxtrain adds to trainer_state.json, checked.
 trainer.py     the bridge to the trainer: optax state <-> Adam moments, the data position, live trees.
 schedule.py    lr_scheduler.ckpt <-> the run's schedule.
-format.py      InfiniTrainFormat: owns, steps, resume, verify, weights (one object per kind).
+format.py      InfiniTrainFormat: owns, steps, resume, verify, weights, `ckpt` (one object per kind).
 saver.py       the run's background checkpointer.
-inspection.py  `ckpt ls|show|verify` rows of these directories.
+inspection.py  `ckpt ls|show|verify|diff` of these directories.
 export.py      `ckpt export` into these directories (and from them to llm.c and HF files).
 """

@@ -18,31 +18,6 @@ from llmc_io.infinitrain.topology import Topology
 from jaxtrain.checkpoint.formats.infinitrain.inspection import ORBAX, read_step, canonical_tensors, kind_of
 
 
-def topology_from_args(args) -> Topology | None:
-    """The multi-GPU layout export's flags name, None for one GPU; refused with any format but infinitrain."""
-    topology = Topology(
-        ddp=args.ddp,
-        tp=args.tp,
-        cp=args.cp,
-        pp=args.pp,
-        vpp=args.vpp,
-        sequence_parallel=args.sequence_parallel,
-        zero_stage=args.zero_stage,
-    )
-    if topology == Topology():
-        return None
-    if args.format not in (it.HEAD_KIND, LRS_FORMAT):
-        raise CheckpointError(
-            f'--ddp/--tp/--cp/--pp/--vpp/--zero_stage/--sequence_parallel: expected only with --format '
-            f'infinitrain or infinitrain-lrs (HEAD rank directories), found --format {args.format}'
-        )
-    try:
-        topology.validate('export')
-    except LLMCFormatError as e:
-        raise CheckpointError(str(e)) from None
-    return topology
-
-
 def export(step_dir, output, fmt: str, force: bool = False, topology: Topology | None = None) -> dict:
     """Write `output` (a checkpoint_step_NNNNNN directory) in InfiniTrain format `fmt` from any checkpoint;
     with `force`, over an earlier export there (export_target.py says what else is refused); with a
@@ -195,3 +170,18 @@ def state_from_orbax(step_dir):
                     tree_set(nu, name[len('adam.v/') :], value)
             moments = (mu, nu, int(tensors['adam.t']))
     return family, params, moments, record, header
+
+
+def write(fmt, args) -> tuple[dict, str]:
+    """`ckpt export --format infinitrain|infinitrain-lrs|infinitrain-bin` from a step of any format:
+    (what was written, for --json; the line for people)."""
+    from jaxtrain.checkpoint.export_target import topology_from_args
+
+    if args.version is not None:
+        raise CheckpointError(
+            f'--version: expected none with --format {args.format} (InfiniTrain reads fp32 only), '
+            f'found {args.version}'
+        )
+    topology = topology_from_args(args)
+    written = export(args.step_dir, args.output, args.format, args.force, topology)
+    return {'path': str(args.step_dir), **written}, export_line(written)

@@ -92,6 +92,45 @@ class InfiniTrainFormat:
             ckpt.family, ckpt.params, what, model_config or it.model_shape_from_files(ckpt), record
         )
 
+    def find_step(self, path, finished: bool = True) -> Path:
+        return Path(path)
+
+    def ls_rows(self, root) -> list[dict]:
+        from jaxtrain.checkpoint.formats.infinitrain.inspection import ls_rows
+
+        return ls_rows(root, self.reads)
+
+    def ls(self, root, rows: list[dict], validation) -> dict:
+        """Its step directories share a root with ours: the listing of such a root (a step directory
+        given for one is refused there, naming its parent)."""
+        from jaxtrain.checkpoint.formats.orbax import listing
+
+        return listing.ls(root, rows, validation)
+
+    def ls_text(self, listed: dict) -> str:
+        from jaxtrain.checkpoint.formats.orbax import listing
+
+        return listing.ls_text(listed)
+
+    def show(self, step_dir, with_tensors: bool) -> dict:
+        from jaxtrain.checkpoint.formats.infinitrain.inspection import show
+
+        return show(Path(step_dir), with_tensors)
+
+    def show_text(self, shown: dict, show_all: bool) -> str:
+        from jaxtrain.checkpoint.formats.infinitrain.inspection import show_text
+
+        return show_text(shown)
+
+    def diff_view(self, step_dir, common: bool) -> tuple[dict, dict]:
+        """Params and Adam's moments under the common names, whatever the other side (inspection.py)."""
+        from jaxtrain.checkpoint.formats.infinitrain.inspection import canonical_tensors, record_of
+
+        return record_of(step_dir), {'': canonical_tensors(step_dir)}
+
+    def refuse_as_source(self, path, command: str, target: str = '') -> None:
+        return None
+
     def restore_into(self, config, parts, step_dir: Path) -> Resumed:
         """Everything is checked (model family, names, shapes, vocabulary, batch geometry)
         before the run's state is touched."""

@@ -11,7 +11,6 @@ InfiniTrain counterpart: it is the step, which the configs compare.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 import textwrap
@@ -21,7 +20,8 @@ import numpy as np
 
 from jaxtrain.checkpoint.formats.infinitrain import steps as it
 from jaxtrain.checkpoint.formats.infinitrain.record import recorded_problems
-from jaxtrain.checkpoint.layout import CheckpointError
+from jaxtrain.checkpoint.ckpt_text import number, table
+from jaxtrain.checkpoint.layout import CheckpointError, step_of
 from llmc_io.errors import LLMCFormatError
 from llmc_io.infinitrain.state import HEAD, LR_SCHEDULER, PR
 from llmc_io.tensors import all_finite, tree_leaves
@@ -101,40 +101,30 @@ def canonical_tensors(step_dir) -> dict[str, np.ndarray]:
 # --- ls ------------------------------------------------------------------------------------------------
 
 
-def annotate_entries(root, entries, validation) -> list[dict]:
-    """ckpt_inspect's StepEntry list as dicts with `kind` and `loss`; InfiniTrain directories (which that
-    listing sees as incomplete Orbax steps) re-described, and PR's checkpoint_final added.
-    `validation(step_dir)` gives a committed step's {'val_loss', 'keep_best', 'lineage'} (the caller
-    asks the registry, which a format may not import)."""
+def ls_rows(root, kind: str) -> list[dict]:
+    """`ckpt ls`'s rows of the step directories of `kind` under root (orbax/listing.py lists them beside
+    ours), those whose files are still gzipped included, and PR's checkpoint_final (a copy of a step)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
     rows = []
-    for e in entries:
-        row = {**dataclasses.asdict(e), 'path': str(e.path), 'kind': ORBAX, 'loss': None}
-        kind = it.detect_kind(e.path)
-        if kind is not None:
-            row.update(_infinitrain_row(e.path, kind))
-        elif it.gzipped_kind(e.path) is not None:  # not an Orbax step: InfiniTrain's, still packed
-            gzipped = ', '.join(it.gzipped_files(e.path))
-            row.update(kind=it.gzipped_kind(e.path), status=f'gzipped: {gzipped}')
-        elif e.committed:
-            from jaxtrain.checkpoint.trainer_state import read_trainer_state
-
-            try:
-                row['loss'] = read_trainer_state(e.path).get('loss')
-            except CheckpointError:
-                pass
-        if row.get('committed'):
-            row.update(validation(e.path))
-        rows.append(row)
-    final = Path(root) / 'checkpoint_final'
-    if it.detect_kind(final):
-        row = _infinitrain_row(final, it.detect_kind(final))
+    for path in sorted(p for p in root.iterdir() if step_of(p) is not None and p.is_dir()):
+        found = it.detect_kind(path)
+        if found == kind:
+            rows.append({'path': str(path), **_infinitrain_row(path, kind)})
+        elif found is None and it.gzipped_kind(path) == kind:  # InfiniTrain's, still packed
+            rows.append(
+                {'path': str(path), 'kind': kind, 'status': f"gzipped: {', '.join(it.gzipped_files(path))}"}
+            )
+    final = root / 'checkpoint_final'
+    if it.detect_kind(final) == kind:
         rows.append(
             {
                 'path': str(final),
                 'size_bytes': sum(p.stat().st_size for p in final.rglob('*') if p.is_file()),
                 'written_at': final.stat().st_mtime,
                 'written_from': 'mtime',
-                **row,
+                **_infinitrain_row(final, kind),
             }
         )
     return rows
@@ -160,18 +150,6 @@ def _infinitrain_row(path: Path, kind: str) -> dict:
     except (LLMCFormatError, OSError) as e:
         row.update(committed=False, status=f'damaged: {e}')
     return row
-
-
-def latest_step(entries: list[dict], orbax_latest):
-    """The newest committed step of either kind (PR's checkpoint_final is a copy, not a step of its own)."""
-    if orbax_latest is not None and all(e['kind'] == ORBAX for e in entries):
-        return orbax_latest
-    steps = [e['step'] for e in entries if e['committed'] and not e['path'].endswith('checkpoint_final')]
-    return max(steps) if steps else None
-
-
-def is_latest(entry: dict, latest) -> bool:
-    return entry['committed'] and entry['step'] == latest and not entry['path'].endswith('checkpoint_final')
 
 
 # --- show ----------------------------------------------------------------------------------------------
@@ -232,7 +210,7 @@ def show(step_dir, with_tensors: bool) -> dict:
     return shown
 
 
-def show_text(shown: dict, table, number) -> str:
+def show_text(shown: dict) -> str:
     """`show`'s dict for people: one field per line, then the tensor table with --tensors."""
     shown = dict(shown)
     tensors = shown.pop('tensors', None)

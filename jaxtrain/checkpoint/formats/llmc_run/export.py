@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jaxtrain.checkpoint.formats.llmc_run.restore import KIND
+from jaxtrain.checkpoint.formats.llmc_run.inspection import KIND
 from jaxtrain.checkpoint.layout import CheckpointError
 from llmc_io import llmc_run
 from llmc_io.errors import LLMCFormatError
@@ -152,3 +152,9 @@ def export_line(written: dict) -> str:
             else ''
         )
     )
+
+
+def write(fmt, args) -> tuple[dict, str]:
+    """`ckpt export --format llmc-run`: (what was written, for --json; the line for people)."""
+    written = export(args.step_dir, args.output, args.force, args.version or 5)
+    return {'path': str(args.step_dir), **written}, export_line(written)

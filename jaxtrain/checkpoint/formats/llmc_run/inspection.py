@@ -1,5 +1,6 @@
 """`ckpt ls / show / verify` on an llm.c run folder (kind `llmc`); `ckpt export --format llmc-run`
-writes one (ckpt_llmc_export.py).
+writes one (export.py); `ckpt diff` and
+the other exports refuse one, naming the llmc_io command that converts its model file.
 
 A run folder is what `train_gpt2cu -o DIR` writes (llmc_io/llmc_run.py); `show` and `verify` take
 RUN_DIR/model_%08d.bin (that step) or RUN_DIR (its newest committed step).
@@ -13,17 +14,42 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxtrain.checkpoint.formats.llmc_run.restore import KIND, read_step
+from jaxtrain.checkpoint.ckpt_text import number, table
+from jaxtrain.checkpoint.layout import CheckpointError
 from llmc_io import llmc_run
+from llmc_io.errors import LLMCFormatError
 from llmc_io.llmc_state import tree_to_flat
 
+KIND = 'llmc'
+
+
+def locate(path) -> tuple[Path, int]:
+    """(run folder, step) for RUN_DIR/model_%08d.bin or RUN_DIR (its newest committed step)."""
+    path = Path(path).absolute()
+    named = llmc_run.split_model_path(path)
+    if named is not None:
+        return named
+    steps = llmc_run.committed_steps(path)
+    if not steps:
+        raise LLMCFormatError(
+            path,
+            'DONE_%08d markers',
+            'at least one committed step',
+            'none',
+            'llm.c writes DONE_%08d last; this run folder holds no completed checkpoint',
+        )
+    return path, steps[-1]
+
+
+def read_step(path, need_master=False):
+    try:
+        run_dir, step = locate(path)
+        return llmc_run.read_step(run_dir, step, need_master)
+    except LLMCFormatError as e:
+        raise CheckpointError(str(e)) from None
+
+
 _MAIN_LOG_LOSS = re.compile(r'^s:(\d+) trl:([-\d.eE+naif]+)')
-
-
-def is_llmc(path) -> bool:
-    from jaxtrain.checkpoint.formats.llmc_run.restore import LLMCRunFormat
-
-    return LLMCRunFormat().owns(path)
 
 
 def _train_losses(run_dir: Path) -> dict[int, float]:
@@ -71,7 +97,7 @@ def ls(run_dir) -> dict:
     return {'root': str(run_dir), 'kind': KIND, 'latest': latest, 'steps': rows}
 
 
-def ls_text(listed: dict, table, number) -> str:
+def ls_text(listed: dict) -> str:
     rows = []
     for r in listed['steps']:
         when = (
@@ -176,7 +202,7 @@ def _short(values: list, keep: int = 16) -> str:
     return text + (f' ... ({len(values)} in all)' if len(values) > keep else '')
 
 
-def show_text(shown: dict, table, number) -> str:
+def show_text(shown: dict) -> str:
     m, st, ld = shown['model'], shown['state'], shown['loader']
     rows = [
         ('path', shown['path']),
@@ -234,3 +260,15 @@ def show_text(shown: dict, table, number) -> str:
             )
         )
     return '\n'.join(lines)
+
+
+def refused(path, command: str, target: str) -> CheckpointError:
+    """The one line for an llm.c run folder (or its model file) given to a command that reads Orbax and
+    InfiniTrain steps only: its model file is an llm.c file already, which llmc_io converts."""
+    model = llmc_run.model_path(*locate(path))
+    return CheckpointError(
+        f'{path}: expected an Orbax or InfiniTrain step directory for {command}, found an llm.c run '
+        f'folder (ckpt ls, show and verify read those); its model file '
+        f'converts with: python -m llmc_io convert {model} OUT{" --to hf" if target == "hf" else ""}, and '
+        f'--init_from {model} starts a run from it'
+    )

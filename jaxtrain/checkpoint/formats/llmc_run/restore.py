@@ -21,6 +21,8 @@ import numpy as np
 
 from jaxtrain.checkpoint.format import Resumed, Verification, Weights, refuse_problems
 from jaxtrain.checkpoint.formats.infinitrain.trainer import adam_states, put_tree, with_adam_moments
+from jaxtrain.checkpoint.formats.llmc_run import inspection
+from jaxtrain.checkpoint.formats.llmc_run.inspection import KIND, locate, read_step
 from jaxtrain.checkpoint.layout import CheckpointError
 from jaxtrain.checkpoint.resume_checks import check_data
 from jaxtrain.optim.optimizer import learning_rate_at
@@ -29,26 +31,6 @@ from llmc_io import llmc_run
 from llmc_io.errors import LLMCFormatError
 from llmc_io.llmc_state import MATRIX_A, check_state_values, flat_to_tree, state_value_problems, tree_to_flat
 from llmc_io.tensors import tree_leaves
-
-KIND = 'llmc'
-
-
-def locate(path) -> tuple[Path, int]:
-    """(run folder, step) for RUN_DIR/model_%08d.bin or RUN_DIR (its newest committed step)."""
-    path = Path(path).absolute()
-    named = llmc_run.split_model_path(path)
-    if named is not None:
-        return named
-    steps = llmc_run.committed_steps(path)
-    if not steps:
-        raise LLMCFormatError(
-            path,
-            'DONE_%08d markers',
-            'at least one committed step',
-            'none',
-            'llm.c writes DONE_%08d last; this run folder holds no completed checkpoint',
-        )
-    return path, steps[-1]
 
 
 def _replayed(stream, step: int) -> str:
@@ -189,6 +171,31 @@ class LLMCRunFormat:
         what = f'llm.c run folder {run_dir}, step {step}'
         return Weights(family, params, what, dataclasses.asdict(header), {'step': step, 'kind': KIND})
 
+    def find_step(self, path, finished: bool = True) -> Path:
+        return Path(path)
+
+    def ls_rows(self, root) -> list[dict]:
+        return []  # its steps are the files of a run folder, which ls lists alone
+
+    def ls(self, root, rows: list[dict], validation) -> dict:
+        return inspection.ls(root)
+
+    def ls_text(self, listed: dict) -> str:
+        return inspection.ls_text(listed)
+
+    def show(self, step_dir, with_tensors: bool) -> dict:
+        return inspection.show(step_dir, with_tensors)
+
+    def show_text(self, shown: dict, show_all: bool) -> str:
+        return inspection.show_text(shown)
+
+    def diff_view(self, step_dir, common: bool) -> tuple[dict, dict]:
+        raise inspection.refused(step_dir, 'ckpt diff', '')
+
+    def refuse_as_source(self, path, command: str, target: str = '') -> None:
+        """Its model file is an llm.c file already: llmc_io converts it, --init_from reads it."""
+        raise inspection.refused(path, command, target)
+
     def restore_into(self, config, parts, path: Path) -> Resumed:
         from jaxtrain.data.stream import data_paths, train_stream  # the data the run will read
 
@@ -261,14 +268,6 @@ class LLMCRunFormat:
             )
         ]
         return Resumed(state, ckpt.model_path, record, messages + data_lines)
-
-
-def read_step(path, need_master=False):
-    try:
-        run_dir, step = locate(path)
-        return llmc_run.read_step(run_dir, step, need_master)
-    except LLMCFormatError as e:
-        raise CheckpointError(str(e)) from None
 
 
 def _verified(path, ckpt=None) -> Verification:

@@ -1,4 +1,4 @@
-"""Reading checkpoints without the trainer: list a root, restore items as NumPy, verify, compare.
+"""Reading checkpoints without the trainer: list a root, restore items as NumPy, verify.
 
 Nothing here builds or runs a model. Arrays are restored as host NumPy arrays through the Orbax
 metadata, so a checkpoint saved on any number of devices reads on one CPU; shapes, dtypes and the
@@ -299,7 +299,7 @@ def expected_param_layouts(family: str, model_config: dict) -> dict[str, tuple[t
 
 
 def _shape_problems(tensors: dict[str, np.ndarray], family: str, model_config: dict, lora=None) -> list[str]:
-    if lora:  # a LoRA checkpoint's params are its adapters (checkpoint/lora_record.py)
+    if lora:  # a LoRA checkpoint's params are its adapters (checkpoint/resume_checks.py)
         from jaxtrain.checkpoint.resume_checks import expected_lora_layouts
 
         expected = expected_lora_layouts(family, model_config_object(family, model_config), lora)
@@ -389,60 +389,3 @@ def verify(step_dir) -> Verification:
             if not shape_problems:
                 checked.append(f"params: shapes fit the {state.get('model_family')} model config")
     return Verification(problems, checked)
-
-
-# --- diff ------------------------------------------------------------------------------
-
-ABSENT = '(absent)'  # a field one trainer state does not hold
-
-
-def config_differences(a: dict, b: dict) -> list[tuple[str, object, object]]:
-    """(field, A's value, B's value) for every differing field of the two trainer states."""
-    differences = []
-    for key in ('model_family', 'step', 'data_position', 'epoch'):
-        if a.get(key, ABSENT) != b.get(key, ABSENT):
-            differences.append((key, a.get(key, ABSENT), b.get(key, ABSENT)))
-    for section in ('model_config', 'training_config'):
-        first, second = a.get(section) or {}, b.get(section) or {}
-        for key in sorted(set(first) | set(second)):
-            if first.get(key, ABSENT) != second.get(key, ABSENT):
-                differences.append((f'{section}.{key}', first.get(key, ABSENT), second.get(key, ABSENT)))
-    return differences
-
-
-def recorded_by_one_side(fields: list[tuple]) -> tuple[list[tuple], list[tuple]]:
-    """config_differences split into (fields both sides record, fields only one records). A file
-    that keeps no config (InfiniTrain's own trainer_state.json holds no model config, data position
-    or optimizer) is no evidence of another config: there the tensors' names and shapes decide."""
-    one_side = [f for f in fields if ABSENT in (f[1], f[2])]
-    return [f for f in fields if f not in one_side], one_side
-
-
-def _bit_equal(a: np.ndarray, b: np.ndarray) -> bool:
-    """Equal bit patterns: NaN equals the same NaN, 0.0 differs from -0.0 (what == gets wrong)."""
-    return a.tobytes() == b.tobytes()
-
-
-def compare_tensors(item: str, a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> list[dict]:
-    """One row per tensor name on either side: status, and max abs / max relative difference.
-    Relative difference is |a-b| / max(|a|, |b|) elementwise: 0 where both are 0, 2 at most."""
-    rows = []
-    for name in sorted(set(a) | set(b)):
-        row = {'name': f'{item}/{name}'}
-        if name not in b or name not in a:
-            row['status'] = 'only in A' if name in a else 'only in B'
-        elif a[name].shape != b[name].shape or a[name].dtype != b[name].dtype:
-            row['status'] = (
-                f'shape/dtype differ: A {a[name].shape} {a[name].dtype}, B {b[name].shape} {b[name].dtype}'
-            )
-        else:
-            x, y = np.asarray(a[name], np.float64), np.asarray(b[name], np.float64)
-            abs_diff = np.abs(x - y)
-            scale = np.maximum(np.abs(x), np.abs(y))
-            relative = np.divide(abs_diff, scale, out=np.zeros_like(abs_diff), where=scale > 0)
-            equal = _bit_equal(a[name], b[name])
-            row['status'] = 'identical' if equal else 'different'
-            row['max_abs_diff'] = float(abs_diff.max()) if abs_diff.size else 0.0
-            row['max_rel_diff'] = float(relative.max()) if relative.size else 0.0
-        rows.append(row)
-    return rows

@@ -90,6 +90,52 @@ class OrbaxFormat:
         family = record.get('model_family')
         return Weights(family, params, f'checkpoint {step_dir}', record.get('model_config'), record)
 
+    def find_step(self, path, finished: bool = True) -> Path:
+        from jaxtrain.checkpoint.formats.orbax import inspection
+
+        return inspection.find_finished_step_dir(path) if finished else inspection.find_step_dir(path)
+
+    def ls_rows(self, root) -> list[dict]:
+        from jaxtrain.checkpoint.formats.orbax import listing
+
+        return listing.ls_rows(root)
+
+    def ls(self, root, rows: list[dict], validation) -> dict:
+        from jaxtrain.checkpoint.formats.orbax import listing
+
+        return listing.ls(root, rows, validation)
+
+    def ls_text(self, listed: dict) -> str:
+        from jaxtrain.checkpoint.formats.orbax import listing
+
+        return listing.ls_text(listed)
+
+    def show(self, step_dir, with_tensors: bool) -> dict:
+        from jaxtrain.checkpoint.formats.orbax import listing
+
+        return listing.show(step_dir, with_tensors)
+
+    def show_text(self, shown: dict, show_all: bool) -> str:
+        from jaxtrain.checkpoint.formats.orbax import listing
+
+        return listing.show_text(shown, show_all)
+
+    def diff_view(self, step_dir, common: bool) -> tuple[dict, dict]:
+        """Our items (params, opt_state; None where not saved), or the common names for a diff with
+        another format (infinitrain/inspection.py maps optax's Adam state to them)."""
+        from jaxtrain.checkpoint.formats.orbax.inspection import ARRAY_ITEMS, read_tensors
+
+        record = read_trainer_state(step_dir)
+        if common:
+            from jaxtrain.checkpoint.formats.infinitrain.inspection import canonical_tensors
+
+            return record, {'': canonical_tensors(step_dir)}
+        saved = {item: (Path(step_dir) / item).is_dir() for item in ARRAY_ITEMS}
+        return record, {item: read_tensors(step_dir, item) if saved[item] else None for item in ARRAY_ITEMS}
+
+    def refuse_as_source(self, path, command: str, target: str = '') -> None:
+        return None
+
     def restore_into(self, config, parts, step_dir: Path) -> Resumed:
         try:
             saved = read_trainer_state(step_dir)

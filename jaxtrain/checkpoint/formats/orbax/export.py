@@ -10,11 +10,14 @@ before anything is written, so damaged weights are never exported.
 
 `ckpt export --merge-lora`: a LoRA checkpoint's adapters folded into its base model.
 
-A LoRA checkpoint holds no base weights (checkpoint/lora_record.py): the base is the llm.c
+A LoRA checkpoint holds no base weights (checkpoint/resume_checks.py): the base is the llm.c
 file its trainer state names, or the random init of its recorded seed drawn again, checked by
 sha256 before anything is merged. The merged
 tree is the base tree with W + (α/r)·B·A in each adapted projection (models/lora.py), the
 GPT-2 head still tied to wte, ready for the plain llm.c writers.
+
+write_llmc and write_hf are `ckpt export --format llmc|hf` (export_target.TARGETS): from our steps
+only; an InfiniTrain PR step holds an llm.c model.bin already.
 """
 
 import dataclasses
@@ -27,7 +30,13 @@ import llmc_io
 from jaxtrain.checkpoint.layout import CheckpointError
 from jaxtrain.checkpoint.trainer_state import read_trainer_state
 from jaxtrain.checkpoint.checksums import checksum_mismatches
-from jaxtrain.checkpoint.formats.orbax.inspection import flatten, model_config_object, restore_item
+from jaxtrain.checkpoint.ckpt_text import human_bytes
+from jaxtrain.checkpoint.formats.orbax.inspection import (
+    find_finished_step_dir,
+    flatten,
+    model_config_object,
+    restore_item,
+)
 from jaxtrain.checkpoint.export_target import check_file_output, check_hf_output, refuse_base_file
 from jaxtrain.checkpoint.resume_checks import base_params
 
@@ -113,7 +122,7 @@ def export_llmc(
     step_dir, output, version: int = 3, merge_lora: bool = False, base: str = '', force: bool = False
 ) -> dict:
     """Writes the file; returns what was written, for the report. A LoRA checkpoint is
-    exported merged into its base (merge_lora; ckpt_export.py), never alone. An existing
+    exported merged into its base (merge_lora), never alone. An existing
     file is replaced only with `force`, and never the base the checkpoint records (export_target.py)."""
     step_dir, output = Path(step_dir), Path(output)
     state = read_trainer_state(step_dir)
@@ -171,3 +180,51 @@ def merge_for_export(step_dir, state: dict, adapters: dict, merge_lora: bool, ba
             f"its base {state.get('llmc_file') or '(the random init of its seed)'} and export the result"
         )
     return merged_params(base_params(state, base, step_dir), adapters, lora)
+
+
+def _our_step(fmt, args) -> Path:
+    """The Orbax step --format llmc and hf read (an InfiniTrain step is refused, naming what it holds)."""
+    if fmt.name != 'orbax':
+        raise CheckpointError(
+            f'{args.step_dir}: expected an Orbax checkpoint for --format {args.format}, found an '
+            f'{fmt.title} one; '
+            'its PR generation already holds an llm.c model.bin (export --format infinitrain-bin)'
+        )
+    return find_finished_step_dir(args.step_dir)
+
+
+def write_hf(fmt, args) -> tuple[dict, str]:
+    """`ckpt export --format hf`: (what was written, for --json; the line for people)."""
+    step_dir = _our_step(fmt, args)
+    written = export_hf(
+        step_dir,
+        args.output,
+        args.merge_lora,
+        args.base,
+        args.force,
+        args.tokenizer,
+        args.dtype or 'float32',
+        args.max_shard_size,
+    )
+    files = ', '.join(os.path.basename(f) for f in written['files'])
+    line = (
+        f"wrote {written['output']}: {written['model_family']} as a Hugging Face folder ({files}, "
+        f"{written['dtype']}), {written['num_parameters']:,} parameters, "
+        f"{human_bytes(written['size_bytes'])}; "
+        f"load it with {written['hf_class']}.from_pretrained"
+    )
+    return {'path': str(step_dir), **written}, line
+
+
+def write_llmc(fmt, args) -> tuple[dict, str]:
+    """`ckpt export --format llmc`: (what was written, for --json; the lines for people)."""
+    step_dir = _our_step(fmt, args)
+    written = export_llmc(step_dir, args.output, args.version or 3, args.merge_lora, args.base, args.force)
+    lines = [
+        f"wrote {written['output']}: {written['model_family']} llm.c file, version {written['version']} "
+        f"({written['dtype']}), {written['num_parameters']:,} parameters, "
+        f"{human_bytes(written['size_bytes'])}; "
+        f"train from it with --llmc_filepath {written['output']}"
+    ]
+    lines += [f'note: {note}' for note in written['notes']]
+    return {'path': str(step_dir), **written}, '\n'.join(lines)
