@@ -4,7 +4,9 @@ saved through the format's writer is listed as committed and its record names th
 weights every way in reads are the arrays that were saved (bit for bit, or rounded to bf16 as
 llm.c's model file documents); a byte flipped in the model's or the optimizer's tensor file is
 reported by verify and refused, in one line naming the file, by every way in; `ckpt ls|show` name
-the step, and an export to another format reads back equal.
+the step, and an export to another format reads back equal; the protocol's `ckpt` entries
+(find_step, ls, show, diff_view, refuse_as_source), asked directly, name the step and its kind and
+read the saved params.
 
 One step, llm.c's own step 10 (tests/fixtures/llmc_run/a) as our Orbax checkpoint written by the
 trainer's Checkpointer without training, is exported to each other format with `ckpt export`. The
@@ -193,3 +195,49 @@ def test_ckpt_ls_and_show_name_the_step_and_an_export_reads_back_equal(name, sav
     out = tmp_path / ('model.bin' if export_format == 'llmc' else STEP_DIR)
     assert ckpt.main(['export', str(path), '--format', export_format, '--output', str(out), *flags]) == 0
     _assert_bitwise(tree_leaves(read_weights(out, 'init_from').params), source)
+
+
+# The kind `ckpt` names each registered format's step by: the files on disk, not the flag (the
+# LR-scheduler generation writes HEAD's files).
+KIND_ON_DISK = {
+    'orbax': 'orbax',
+    'infinitrain': 'infinitrain',
+    'infinitrain-lrs': 'infinitrain',
+    'infinitrain-bin': 'infinitrain-bin',
+    'llmc': 'llmc',
+}
+
+
+def test_every_registered_format_has_a_kind_on_disk():
+    assert tuple(KIND_ON_DISK) == registry.FORMAT_NAMES
+
+
+@pytest.mark.parametrize('name', registry.FORMAT_NAMES)
+def test_the_ckpt_entries_of_the_protocol_name_the_step_and_read_the_saved_weights(name, saved):
+    """What `ckpt` asks a format (format.CheckpointFormat: find_step, ls, show, diff_view,
+    refuse_as_source), asked directly: the step, its kind and, across formats, the saved params."""
+    paths, source = saved
+    path = paths[name]
+    fmt = registry.for_step_dir(path)
+    assert fmt.name == KIND_ON_DISK[name]
+    step = fmt.find_step(path)
+    assert step == path
+
+    lister, listed = registry.ls(_root(name, path), lambda _: {})
+    rows = listed['steps'] if name == 'llmc' else listed['checkpoints']
+    assert [(row['step'], row['kind']) for row in rows] == [(STEP, KIND_ON_DISK[name])]
+    assert listed['latest'] == STEP
+    assert str(STEP) in lister.ls_text(listed)
+
+    shown = fmt.show(step, False)
+    assert _shown_step(name, shown) == STEP and 'tensors' not in shown
+    assert str(STEP) in fmt.show_text(shown, False)
+
+    if name == 'llmc':  # its model file converts with llmc_io; diff and export say so
+        with pytest.raises(CheckpointError, match='python -m llmc_io convert'):
+            fmt.refuse_as_source(path, 'ckpt diff')
+        return
+    assert fmt.refuse_as_source(path, 'ckpt diff') is None
+    _record, items = fmt.diff_view(step, common=True)
+    params = {k[len('params/') :]: v for k, v in items[''].items() if k.startswith('params/')}
+    _assert_bitwise(params, source)

@@ -29,7 +29,17 @@ def test_the_protocols_declare_what_the_run_uses():
         'step_path',
         'open',
         'read_record',
+        'verify',
+        'read_weights',
         'restore_into',
+        'find_step',
+        'ls_rows',
+        'ls',
+        'ls_text',
+        'show',
+        'show_text',
+        'diff_view',
+        'refuse_as_source',
     }
     assert _declared(ckpt_format.RunCheckpointer) >= {
         'root',
