@@ -55,6 +55,17 @@ class Weights:
     record: dict | None = None
 
 
+@dataclasses.dataclass
+class Snapshot:
+    """What a RunCheckpointer's snapshot() took (manager.py's, the InfiniTrain and llm.c savers'):
+    the state's arrays (a device copy when `copied`, else the live ones) and, when copied, their
+    stacked checksums (dispatched, not read)."""
+
+    items: dict
+    sums_Nx2: object
+    copied: bool
+
+
 def refuse_problems(result: Verification, path, flag: str) -> Verification:
     """The result when it found nothing; else its first problem as one CheckpointError line, which
     names the file, and what to do. `flag`: the way in ('resume_from', 'init_from', ...)."""

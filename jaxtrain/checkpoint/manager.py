@@ -30,6 +30,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from jaxtrain.checkpoint.checksums import format_checksums, start_tensor_sums
+from jaxtrain.checkpoint.format import Snapshot
 from jaxtrain.checkpoint.layout import kept_steps
 from jaxtrain.checkpoint.layout import (
     STEP_DIGITS,
@@ -121,16 +122,6 @@ def room_for_snapshot(needed: dict, margin: float = 1.25) -> bool:
         if 'bytes_limit' in stats and stats['bytes_limit'] - stats.get('bytes_in_use', 0) < margin * nbytes:
             return False
     return True
-
-
-@dataclasses.dataclass
-class Snapshot:
-    """What Checkpointer.snapshot() took: the state's arrays (a device copy when `copied`,
-    else the live ones) and, when copied, their stacked checksums (dispatched, not read)."""
-
-    items: dict
-    sums_Nx2: object
-    copied: bool
 
 
 class Checkpointer:

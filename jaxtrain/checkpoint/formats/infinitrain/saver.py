@@ -32,7 +32,8 @@ from jaxtrain.checkpoint.layout import (
     set_aside_uncommitted,
     step_dir_name,
 )
-from jaxtrain.checkpoint.manager import Snapshot, bytes_per_device, room_for_snapshot
+from jaxtrain.checkpoint.format import Snapshot
+from jaxtrain.checkpoint.manager import bytes_per_device, room_for_snapshot
 from jaxtrain.checkpoint.layout import write_failure
 
 

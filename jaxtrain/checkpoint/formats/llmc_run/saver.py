@@ -20,7 +20,7 @@ import numpy as np
 from jaxtrain.checkpoint.formats.infinitrain.trainer import adam_states, model_header
 from jaxtrain.checkpoint.layout import kept_steps
 from jaxtrain.checkpoint.layout import CheckpointError, later_steps
-from jaxtrain.checkpoint.manager import Snapshot
+from jaxtrain.checkpoint.format import Snapshot
 from llmc_io import llmc_run
 from llmc_io.errors import LLMCFormatError
 from llmc_io.llmc_state import LLMCState, state_path, tree_to_flat
