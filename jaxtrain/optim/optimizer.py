@@ -3,6 +3,9 @@
 AdamW follows llm.c: decoupled weight decay on tensors of two or more dimensions only
 (embeddings and matmul weights; never biases or norm scales), the update
 θ -= lr·(m̂/(√v̂+eps) + wd·θ). `adam` is InfiniTrain's LLaMA-3 optimizer, `sgd` its GPT-2 one.
+
+The state's trees for the checkpoint formats that keep Adam's moments apart (InfiniTrain's, llm.c's):
+adam_states finds optax's Adam states, with_adam_moments puts saved moments and counts back in.
 """
 
 import jax
@@ -165,3 +168,47 @@ def build_optimizer(config) -> tuple[optax.GradientTransformation, optax.Schedul
     if config.grad_clip > 0:
         tx = optax.chain(optax.clip_by_global_norm(config.grad_clip), tx)
     return tx, schedule
+
+
+# --- the optimizer state, for checkpoint formats that save Adam's moments themselves -----------
+
+
+def _is_adam(node) -> bool:
+    return isinstance(node, optax.ScaleByAdamState)
+
+
+def _is_schedule(node) -> bool:
+    return isinstance(node, optax.ScaleByScheduleState)
+
+
+def adam_states(opt_state) -> list:
+    return [n for n in jax.tree.leaves(opt_state, is_leaf=_is_adam) if _is_adam(n)]
+
+
+def _to_device(like, value):
+    return jax.device_put(np.asarray(value, dtype=like.dtype), like.sharding)
+
+
+def put_tree(like_tree, numpy_tree):
+    """numpy_tree on the device, with like_tree's dtypes and shardings: one device_put of every
+    leaf, whose transfers then run side by side rather than one after the other."""
+    likes, structure = jax.tree.flatten(like_tree)
+    values = structure.flatten_up_to(numpy_tree)
+    hosted = [np.asarray(value, dtype=like.dtype) for like, value in zip(likes, values)]
+    return structure.unflatten(jax.device_put(hosted, [like.sharding for like in likes]))
+
+
+def with_adam_moments(opt_like, mu, nu, adam_count: int, schedule_count: int):
+    """opt_like with saved Adam moments (mu, nu trees of NumPy arrays) and counts put in: the
+    Adam state's count is the saved t, any schedule's count the step the run continues from."""
+
+    def restore(node):
+        if _is_adam(node):
+            return optax.ScaleByAdamState(
+                count=_to_device(node.count, adam_count), mu=put_tree(node.mu, mu), nu=put_tree(node.nu, nu)
+            )
+        if _is_schedule(node):
+            return optax.ScaleByScheduleState(count=_to_device(node.count, schedule_count))
+        return node
+
+    return jax.tree.map(restore, opt_like, is_leaf=lambda n: _is_adam(n) or _is_schedule(n))

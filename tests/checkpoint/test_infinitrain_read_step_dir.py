@@ -9,7 +9,8 @@ import pytest
 
 from infinitrain_samples import SAMPLES, unpacked
 from jaxtrain.checkpoint.layout import CheckpointError
-from jaxtrain.checkpoint.formats.infinitrain.trainer import adam_states, read_step_dir
+from jaxtrain.checkpoint.formats.infinitrain.trainer import read_step_dir
+from jaxtrain.optim.optimizer import adam_states
 from jaxtrain.train.setup import build_trainer
 from llmc_io import LLMCFormatError
 from llmc_io.infinitrain import layout

@@ -22,62 +22,20 @@ import dataclasses
 import math
 from pathlib import Path
 
-import jax
 import numpy as np
-import optax
 
 import llmc_io
 from jaxtrain.checkpoint.formats.infinitrain import steps as it
 from jaxtrain.checkpoint.formats.infinitrain import writer
 from jaxtrain.checkpoint.formats.infinitrain.record import recorded_problems
 from jaxtrain.checkpoint.layout import CheckpointError, step_dir_name
+from jaxtrain.optim.optimizer import adam_states, put_tree, with_adam_moments
 from llmc_io.infinitrain.state import CONFIG_DEFAULTS, HEAD, LR_SCHEDULER, PR, InfiniTrainState
 from llmc_io.tensors import tree_leaves
 
 LRS_FORMAT = 'infinitrain-lrs'  # HEAD's files, LR-scheduler generation (formats/infinitrain/schedule.py)
 SAVE_FORMATS = (it.HEAD_KIND, LRS_FORMAT, it.PR_BIN_KIND)  # what save_step_dir writes
 _OPTIMIZER_TYPE = {'sgd': 'SGD', 'adam': 'Adam', 'adamw': 'AdamW'}
-
-
-def _is_adam(node) -> bool:
-    return isinstance(node, optax.ScaleByAdamState)
-
-
-def _is_schedule(node) -> bool:
-    return isinstance(node, optax.ScaleByScheduleState)
-
-
-def adam_states(opt_state) -> list:
-    return [n for n in jax.tree.leaves(opt_state, is_leaf=_is_adam) if _is_adam(n)]
-
-
-def _to_device(like, value):
-    return jax.device_put(np.asarray(value, dtype=like.dtype), like.sharding)
-
-
-def put_tree(like_tree, numpy_tree):
-    """numpy_tree on the device, with like_tree's dtypes and shardings: one device_put of every
-    leaf, whose transfers then run side by side rather than one after the other."""
-    likes, structure = jax.tree.flatten(like_tree)
-    values = structure.flatten_up_to(numpy_tree)
-    hosted = [np.asarray(value, dtype=like.dtype) for like, value in zip(likes, values)]
-    return structure.unflatten(jax.device_put(hosted, [like.sharding for like in likes]))
-
-
-def with_adam_moments(opt_like, mu, nu, adam_count: int, schedule_count: int):
-    """opt_like with saved Adam moments (mu, nu trees of NumPy arrays) and counts put in: the
-    Adam state's count is the saved t, any schedule's count the step the run continues from."""
-
-    def restore(node):
-        if _is_adam(node):
-            return optax.ScaleByAdamState(
-                count=_to_device(node.count, adam_count), mu=put_tree(node.mu, mu), nu=put_tree(node.nu, nu)
-            )
-        if _is_schedule(node):
-            return optax.ScaleByScheduleState(count=_to_device(node.count, schedule_count))
-        return node
-
-    return jax.tree.map(restore, opt_like, is_leaf=lambda n: _is_adam(n) or _is_schedule(n))
 
 
 def expected_shapes(params_like) -> dict:

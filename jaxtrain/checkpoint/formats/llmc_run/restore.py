@@ -20,12 +20,11 @@ from pathlib import Path
 import numpy as np
 
 from jaxtrain.checkpoint.format import Resumed, Verification, Weights, refuse_problems
-from jaxtrain.checkpoint.formats.infinitrain.trainer import adam_states, put_tree, with_adam_moments
 from jaxtrain.checkpoint.formats.llmc_run import inspection
 from jaxtrain.checkpoint.formats.llmc_run.inspection import KIND, locate, read_step
 from jaxtrain.checkpoint.layout import CheckpointError
 from jaxtrain.checkpoint.resume_checks import check_data
-from jaxtrain.optim.optimizer import learning_rate_at
+from jaxtrain.optim.optimizer import adam_states, learning_rate_at, put_tree, with_adam_moments
 from jaxtrain.parallel import sharding
 from llmc_io import llmc_run
 from llmc_io.errors import LLMCFormatError

@@ -17,7 +17,8 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from jaxtrain.checkpoint.formats.infinitrain.trainer import adam_states, model_header
+from jaxtrain.checkpoint.formats.infinitrain.trainer import model_header
+from jaxtrain.optim.optimizer import adam_states
 from jaxtrain.checkpoint.layout import kept_steps
 from jaxtrain.checkpoint.layout import CheckpointError, later_steps
 from jaxtrain.checkpoint.format import Snapshot
