@@ -63,7 +63,7 @@ class LLaMA3Config:
 
     @property
     def ffn_hidden_dim(self) -> int:
-        """FORMATS §2c: 4C, then 2/3 of it, times the multiplier, rounded up to multiple_of."""
+        """docs/formats.md §2c: 4C, then 2/3 of it, times the multiplier, rounded up to multiple_of."""
         hidden = int(2 * (4 * self.channels) / 3)
         if self.ffn_dim_multiplier > 0:  # 0 means "no multiplier", as InfiniTrain writes it
             hidden = int(self.ffn_dim_multiplier * hidden)

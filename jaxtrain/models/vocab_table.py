@@ -27,7 +27,7 @@ below) or 'pallas' (cross_entropy_kernel.py, one fused pass per row; one GPU onl
 The lookup. The gradient of `table[ids]` is a scatter-add of N rows into V. On a GPU, XLA runs that
 with atomics, so the sum order (and the last bits) change from run to run; with
 `--xla_gpu_deterministic_ops` it becomes a serial scatter costing 8.4 ms at 16k tokens
-(ANCHORS.md), a sixth of a GPT-2 124M step. This backward is deterministic by
+on the GPU it was measured on, a sixth of a GPT-2 124M step. This backward is deterministic by
 construction and cheap in either mode:
 
   1. a stable sort of the ids (the rows of each id become one contiguous segment, in

@@ -45,7 +45,7 @@ Axis letters: B batch, T time, C channels, H2 half the head dim.
 
 Each part does exactly what the model's own `features` does around its `apply_blocks`
 call (gpt2.py, llama3.py), so a pipelined loss equals the unpipelined one up to fp32
-rounding (tests/parallel/test_pipeline.py holds them to it). They read the model's
+rounding (tests/train/test_pipeline.py holds them to it). They read the model's
 modules rather than adding methods to the model classes, which other work edits.
 """
 

@@ -136,7 +136,7 @@ def llama3_header(config: dict, where) -> LLaMA3Header:
     try:
         if "ffn_dim_multiplier" in stored and "multiple_of" in stored:
             multiplier, multiple_of = float(stored["ffn_dim_multiplier"]), int(stored["multiple_of"])
-        else:  # multiple_of = F rounds any multiplier in (0, F / hidden] up to F (FORMATS §2c)
+        else:  # multiple_of = F rounds any multiplier in (0, F / hidden] up to F (docs/formats.md §2c)
             multiplier, multiple_of = F / int(2 * (4 * C) / 3), F
         max_gen_batch_size = int(stored.get("max_gen_batch_size", 4))
     except (TypeError, ValueError):

@@ -12,7 +12,7 @@ clang/libc++ 16 (../shared/infinitrain/README.md), so the order is libc++'s, whi
   run; a rehash relinks nodes as __do_rehash<true> does.
 
 Only growth and insertion are modelled (InfiniTrain's maps never erase). Checked against the entry order of
-every real file in ../shared/infinitrain (tests/llmc/test_infinitrain_names.py).
+every real file in ../shared/infinitrain (tests/llmc/test_infinitrain_real_files.py).
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ def test_force_replaces_an_earlier_export_and_version_3_writes_fp32(tmp_path, ca
     assert np.fromfile(out / MODEL, '<i4', count=2).tolist() == [20240326, 5]
     code, text = export(capsys, step_dir, out, '--force', '--version', '3')
     assert code == 0 and 'model version 3 fp32' in text
-    # llm.c's header, then the master weights of llm.c's state file as fp32 (FORMATS.md: v3 layout).
+    # llm.c's header, then the master weights of llm.c's state file as fp32 (docs/formats.md §1: v3 layout).
     header = np.fromfile(out / MODEL, '<i4', count=256)
     assert header[:2].tolist() == [20240326, 3]
     n = (len(llm_c_state) - 1024 - 2520 - 8 - 2 * 4 - 8 - 5 * 4) // 12

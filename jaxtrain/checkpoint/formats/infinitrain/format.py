@@ -24,7 +24,7 @@ from llmc_io.infinitrain.state import read_trainer_state as read_infinitrain_sta
 
 
 class InfiniTrainFormat:
-    """One InfiniTrain kind (infinitrain.py's KINDS): every kind restores; infinitrain and
+    """One InfiniTrain kind (steps.py's KINDS): every kind restores; infinitrain and
     infinitrain-bin also write."""
 
     title = 'InfiniTrain'
@@ -48,7 +48,7 @@ class InfiniTrainFormat:
         return Path(root) / step_dir_name(step)
 
     def open(self, config, parts, protected_steps) -> InfiniTrainCheckpointer:
-        # infinitrain with InfiniTrain's schedule flags writes their generation (infinitrain_schedule.py).
+        # infinitrain with InfiniTrain's schedule flags writes their generation (schedule.py).
         lrs = self.name == it.HEAD_KIND and spelled_with_infinitrain_flags(config)
         fmt = LRS_FORMAT if lrs else self.name
         return InfiniTrainCheckpointer(

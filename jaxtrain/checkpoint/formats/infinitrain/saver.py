@@ -183,7 +183,7 @@ class InfiniTrainCheckpointer:
         self.save_snapshot(step, self.snapshot(params, opt_state, rng), trainer_state)
 
     def _write(self, step: int, items: dict, trainer_state: dict):
-        """The files fetch their arrays from the snapshot as each is written (infinitrain.py's
+        """The files fetch their arrays from the snapshot as each is written (writer.py's
         _write_files), so the host holds one file's arrays at a time; the device copy goes after."""
         try:
             self._write_host(
@@ -241,8 +241,8 @@ class InfiniTrainCheckpointer:
         self._finish_write()
 
     def abort_notice(self) -> str:
-        """For a run aborted at once (stop_signal.py): a save is renamed into place only when
-        complete, so one still being written is lost, never half there."""
+        """For a run aborted at once (train/loop.py's stop on a signal): a save is renamed into place
+        only when complete, so one still being written is lost, never half there."""
         steps = [it.step_number(d) for d in it.step_dirs(self.root)]
         newest = (
             f'the newest checkpoint is {self.step_dir(max(steps))}'

@@ -5,7 +5,7 @@ What maps to what:
   optax ScaleByAdamState <-> Adam's StateDict: mu/nu = adam.m/adam.v by parameter name, count = adam.t
   ScaleByScheduleState   <-  global_step (the learning rate continues where the checkpoint stopped)
   data_position          <-> data_batch_idx / consumed_batches: one of our windows is accumulation x
-                             data-parallel InfiniTrain batches, in the same token order (infinitrain.py)
+                             data-parallel InfiniTrain batches, in the same token order (steps.py)
   rng, exact data position, loss, configs  -> the "jaxtrain" object of trainer_state.json (ours only)
 A checkpoint written by InfiniTrain itself has no "jaxtrain" object: the run keeps its own seed's rng
 (InfiniTrain's training has no randomness) and the position comes from the batch index.

@@ -1,6 +1,6 @@
 """llm.c run folders (llmc_io/llmc_run.py) as a checkpoint format: `--resume_from RUN_DIR` (its newest
 committed step) or `--resume_from RUN_DIR/model_%08d.bin` (that step); `--checkpoint_format llmc`
-saves a run as one (llmc_run_saver.py).
+saves a run as one (llmc_run/saver.py).
 
 What maps to what (karpathy/llm.c f1e2ace6 train_gpt2.cu load_state):
   params                  <- the fp32 master weights where the state has them (-w 1, the default),
