@@ -31,6 +31,10 @@ from jaxtrain.models.lora import count_parameters
 from jaxtrain.optim.optimizer import learning_rate_at
 from llmc_io.errors import LLMCFormatError
 
+# A snapshot normally takes milliseconds (a device copy dispatched); longer means it waited for the
+# previous save's write, which the save line then says.
+WAIT_WORTH_SAYING_S = 0.1
+
 
 def saved_best_loss(step_dir) -> float | None:
     """The running minimum loss a checkpoint recorded (ours, or InfiniTrain's best_loss), else None."""
@@ -56,6 +60,7 @@ class RunSaver:
         self.checkpointer = None
         self.deleted_later_steps = []
         self.events = None
+        self._snapshot_s = 0.0  # the last snapshot's seconds, said by the save that hands it off
         self._report = report or (lambda line: None)
         self.lineage = lineage_of(resume_dir) or new_lineage()  # recorded by every save (checkpoint/keep.py)
         others = []  # steps of the root that other runs wrote: never rotated away, never ranked
@@ -162,7 +167,12 @@ class RunSaver:
         Returns (snapshot, seconds it took), the seconds for the run's metrics."""
         began = time.perf_counter()
         taken = self.checkpointer.snapshot(*self._saved_parts(state))
-        return taken, time.perf_counter() - began
+        self._snapshot_s = time.perf_counter() - began
+        if self.events is not None:
+            # A snapshot waits for the previous save's write (one at a time): its commit is seen
+            # now, when it happened, not after this save's hand-off.
+            self.events.poll()
+        return taken, self._snapshot_s
 
     def _saved_parts(self, state):
         """(params, opt_state or None, rng): what a checkpoint of `state` holds."""
@@ -208,7 +218,8 @@ class RunSaver:
         self.last_saved_step, self._last_save_time = step, time.monotonic()
         blocked = time.perf_counter() - began
         if self.events is not None:
-            self.events.started(step, began, blocked)
+            self.events.started(step, began, blocked, waited_s=self._snapshot_s)
+        self._snapshot_s = 0.0
         return blocked
 
     def last_good(self):
@@ -262,11 +273,15 @@ class SaveEvents:
         """What the checkpointer's rotation leaves of `steps` (the same rule, layout.kept_steps)."""
         return kept_steps(steps, self.keep_latest, self.keep_every, self.protected | self.best)
 
-    def started(self, step: int, began: float, blocked_s: float) -> None:
-        """A save of `step` began at perf_counter `began` and blocked the loop `blocked_s`."""
+    def started(self, step: int, began: float, blocked_s: float, waited_s: float = 0.0) -> None:
+        """A save of `step` began at perf_counter `began` and blocked the loop `blocked_s`, after
+        its snapshot waited `waited_s` (for the previous save's write, when saves come faster
+        than a write takes)."""
         self._started[step] = began
         how = 'written before the loop went on' if self.synchronous else 'writing in the background'
         blocked = f'loop blocked {blocked_s * 1e3:.1f} ms'
+        if waited_s >= WAIT_WORTH_SAYING_S:
+            how += f'; its snapshot first waited {waited_s:.2f} s for the previous save to be written'
         self.report(f'save: step {step} -> {self.step_path(step)} ({blocked}; {how})')
         if self.synchronous:
             self.poll()

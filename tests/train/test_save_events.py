@@ -3,6 +3,7 @@ it is committed, one per rotation (which step and why); the loss of the saved st
 its trainer state and `ckpt ls` shows it."""
 
 import re
+import time
 
 import pytest
 
@@ -14,6 +15,21 @@ from jaxtrain.tools import ckpt
 
 # test_checkpointing.py's rate for the tiny model: the runs here use its compiled train step.
 LEARNING_RATE = 1e-3
+WRITE_S = 1.0  # a slow disk's write of a save, made so by sleeping
+
+
+def infinitrain_saving_every_step(tmp_path, root, **overrides):
+    return load_config(
+        'gpt2',
+        input_bin=random_shard(tmp_path / 'train.bin'),
+        llmc_filepath=tiny_llmc_model(tmp_path / 'model.bin'),
+        learning_rate=LEARNING_RATE,
+        checkpoint_dir=str(root),
+        checkpoint_format='infinitrain',
+        save_steps=1,
+        sample_every=0,
+        **overrides,
+    )
 
 
 @pytest.mark.slow
@@ -93,23 +109,14 @@ def test_an_infinitrain_run_reports_its_saves_as_they_are(tmp_path):
     committed, its rotations are lines, and the summary counts them. It used to say 'checkpoints
     written: 0' and never 'committed'."""
     root = tmp_path / 'ck'
-    config = load_config(
-        'gpt2',
-        input_bin=random_shard(tmp_path / 'train.bin'),
-        llmc_filepath=tiny_llmc_model(tmp_path / 'model.bin'),
-        learning_rate=LEARNING_RATE,
-        checkpoint_dir=str(root),
-        checkpoint_format='infinitrain',
-        num_iteration=4,
-        save_steps=1,
-        max_checkpoint_keep=2,
-        sample_every=0,
-    )
+    config = infinitrain_saving_every_step(tmp_path, root, num_iteration=4, max_checkpoint_keep=2)
     code, _, out = train(config)
     assert code == 0, out
     for step in (1, 2, 3, 4):
         started = rf'^save: step {step} -> {root}/checkpoint_step_00000{step} \(loop blocked [\d.]+ ms; '
-        assert re.search(started + r'writing in the background\)$', out, re.M), out
+        assert re.search(
+            started + r'writing in the background(; its snapshot first waited .*)?\)$', out, re.M
+        ), out
         assert re.search(rf'^save: step {step} committed \(', out, re.M), out
     # Which newer steps a deletion names depends on when the loop looked (the writes are background).
     for step, newest in ((1, '(2, 3|3, 4)'), (2, '3, 4')):
@@ -118,6 +125,34 @@ def test_an_infinitrain_run_reports_its_saves_as_they_are(tmp_path):
         )
         assert re.search(deleted + newest + r'\)$', out, re.M), out
     assert 'checkpoints written: 4 (steps 1, 2, 3, 4)' in out
+
+
+@pytest.mark.slow
+def test_a_save_that_waits_for_the_previous_write_says_so_and_sees_it_committed(tmp_path, monkeypatch):
+    """Saves one step apart with a write that takes a second: step 2's snapshot waits for step
+    1's write. The wait is said on step 2's save line, and step 1's commit is seen when the wait
+    ends (before step 2's hand-off), not after step 2's own write at the run's end."""
+    from jaxtrain.checkpoint.formats.infinitrain import saver
+
+    write = saver.save_step_dir
+
+    def slow_write(*args, **kwargs):
+        time.sleep(WRITE_S)
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(saver, 'save_step_dir', slow_write)
+    config = infinitrain_saving_every_step(tmp_path, tmp_path / 'ck', num_iteration=2)
+    code, _, out = train(config)
+    assert code == 0, out
+    lines = out.splitlines()
+    waited = re.search(
+        r'^save: step 2 -> .*its snapshot first waited ([\d.]+) s for the previous save', out, re.M
+    )
+    assert waited and float(waited[1]) >= WRITE_S / 2, out
+    committed = next(i for i, line in enumerate(lines) if line.startswith('save: step 1 committed'))
+    assert committed < next(i for i, line in enumerate(lines) if line.startswith('save: step 2 ->')), out
+    seconds = float(re.search(r'^save: step 1 committed \(([\d.]+) s', out, re.M)[1])
+    assert seconds < 2 * WRITE_S, out  # its own write, not the next one's too
 
 
 def test_a_checkpoint_dir_without_save_steps_says_it_saves_nothing(tmp_path):
