@@ -43,8 +43,7 @@ from jaxtrain.checkpoint.layout import (
     set_aside_uncommitted,
     step_dir_name,
 )
-from jaxtrain.checkpoint.orbax_threads import release_waiting_threads
-from jaxtrain.checkpoint.pinned_host_pool import grow_pinned_host_pool, leaves_to_pin
+from jaxtrain.checkpoint.orbax_host import grow_pinned_host_pool, leaves_to_pin, release_waiting_threads
 from jaxtrain.checkpoint.trainer_state import with_digest
 from jaxtrain.checkpoint.layout import write_failure
 
@@ -212,7 +211,7 @@ class Checkpointer:
     def prepare(self, params, opt_state, rng) -> str | None:
         """Compiles the snapshot's program in the hand-off thread while training starts, so that
         the first save does not wait for the compilation (0.4-0.8 s for GPT-2 124M on an H200),
-        and on a GPU grows the pinned host pool that saves copy into (pinned_host_pool.py), so
+        and on a GPU grows the pinned host pool that saves copy into (orbax_host.py), so
         that the first save does not stall the steps after it. Returns a start line saying what
         that pinned and how long it took; None where it pinned nothing."""
         if jax.process_count() != 1:

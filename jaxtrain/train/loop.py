@@ -27,7 +27,7 @@ import time
 import jax
 import numpy as np
 
-from jaxtrain.checkpoint import ckpt_lines
+from jaxtrain.checkpoint import ckpt_text
 from jaxtrain.checkpoint.layout import step_dir_names
 from jaxtrain.checkpoint.resume import resume_into
 from jaxtrain.checkpoint.root_access import owned_checkpoint_dir, release_held
@@ -114,7 +114,7 @@ def _train(config, log: RunLog) -> int:
         record = resumed.record
         if spelled_with_infinitrain_flags(config):
             record = dict(record, learning_rate=None)
-        log.info(ckpt_lines.ckpt_load_done_line(record))
+        log.info(ckpt_text.ckpt_load_done_line(record))
     step, data_position = int(state.step), int(state.data_position)
     log.dashboards = Dashboards(config, step, log.is_main)  # a resumed run appends from its step
     if resumed.step_dir is not None:

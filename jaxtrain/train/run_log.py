@@ -1,4 +1,4 @@
-"""What a run prints: InfiniTrain's step lines (its [CKPT] lines are checkpoint/ckpt_lines.py's),
+"""What a run prints: InfiniTrain's step lines (its [CKPT] lines are checkpoint/ckpt_text.py's),
 so its compare_loss.py and compare_tps.py read our logs and the logs of the two programs diff
 cleanly; a start-up summary, and optionally a JSONL metrics file. Only process 0 writes.
 

@@ -21,7 +21,7 @@ import time
 import jax
 import numpy as np
 
-from jaxtrain.checkpoint import ckpt_lines, layout, registry
+from jaxtrain.checkpoint import ckpt_text, layout, registry
 from jaxtrain.checkpoint.keep import recorded_val_losses
 from jaxtrain.checkpoint.keep import LINEAGE_FIELD, lineage_of, new_lineage, other_lineages_steps
 from jaxtrain.checkpoint.layout import committed_steps, kept_steps, step_dir_name
@@ -211,10 +211,10 @@ class RunSaver:
         # As InfiniTrain prints it: under --checkpoint_dir as given, named as the format names the step
         # (an llm.c run folder's step is its model file).
         as_given = layout.Path(config.checkpoint_dir) / self.checkpointer.step_dir(step).name
-        self._report(ckpt_lines.ckpt_save_begin_line(as_given, step))
+        self._report(ckpt_text.ckpt_save_begin_line(as_given, step))
         self.checkpointer.save_snapshot(step, snapshot, record)
         # InfiniTrain's "done" line: the save is handed off here; SaveEvents says when it is committed.
-        self._report(ckpt_lines.ckpt_save_done_line(as_given))
+        self._report(ckpt_text.ckpt_save_done_line(as_given))
         self.last_saved_step, self._last_save_time = step, time.monotonic()
         blocked = time.perf_counter() - began
         if self.events is not None:

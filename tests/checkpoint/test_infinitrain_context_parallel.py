@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from infinitrain_samples import SAMPLES, needs_samples, unpacked
 
-from jaxtrain.checkpoint.ckpt_lines import ckpt_load_done_line
+from jaxtrain.checkpoint.ckpt_text import ckpt_load_done_line
 from jaxtrain.checkpoint.formats.infinitrain import steps as it
 from jaxtrain.train.run_log import step_line
 from llmc_io.infinitrain.state import read_trainer_state, render_trainer_state

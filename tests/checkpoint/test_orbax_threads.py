@@ -1,4 +1,4 @@
-"""Releasing Orbax's save threads after a failed save (checkpoint/orbax_threads.py): a thread
+"""Releasing Orbax's save threads after a failed save (checkpoint/orbax_host.py): a thread
 cancelled while its asyncio work runs ends without a traceback on stderr, while an unrelated
 thread's error is still reported. The threads are Orbax's own _SignalingThread, running its
 run_sync as a save stage does."""
@@ -12,7 +12,7 @@ import pytest
 future = pytest.importorskip('orbax.checkpoint._src.futures.future')
 asyncio_utils = pytest.importorskip('orbax.checkpoint._src.asyncio_utils')
 
-from jaxtrain.checkpoint import orbax_threads  # noqa: E402
+from jaxtrain.checkpoint import orbax_host  # noqa: E402
 
 
 @pytest.fixture
@@ -42,7 +42,7 @@ def _stage_in_its_work(name: str):
 
 def test_a_stage_cancelled_in_its_work_ends_without_a_traceback(reported):
     thread = _stage_in_its_work('write_metadata_after_commits')
-    assert orbax_threads.release_waiting_threads() >= 1
+    assert orbax_host.release_waiting_threads() >= 1
     threading.Thread.join(thread, timeout=10)  # its own join() raises once it is cancelled
     assert not thread.is_alive()
     assert reported == []
@@ -58,7 +58,7 @@ def test_without_the_release_the_same_cancel_is_reported(reported):
 
 def test_other_threads_errors_are_still_reported(reported):
     thread = _stage_in_its_work('released')
-    orbax_threads.release_waiting_threads()
+    orbax_host.release_waiting_threads()
     threading.Thread.join(thread, timeout=10)
 
     def fail():

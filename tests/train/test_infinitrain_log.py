@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxtrain.checkpoint import ckpt_lines
+from jaxtrain.checkpoint import ckpt_text
 from jaxtrain.train import run_log
 
 SHARED = Path(__file__).resolve().parents[3] / 'shared' / 'infinitrain'
@@ -67,8 +67,8 @@ def test_the_step_line_with_gpu_sized_numbers():
 def test_the_ckpt_lines_are_upstreams():
     saves = _real_lines('head-gpt2', 'a.log', '[CKPT] Save')
     assert saves[:2] == [
-        ckpt_lines.ckpt_save_begin_line('a/checkpoint_step_000005', 5),
-        ckpt_lines.ckpt_save_done_line('a/checkpoint_step_000005'),
+        ckpt_text.ckpt_save_begin_line('a/checkpoint_step_000005', 5),
+        ckpt_text.ckpt_save_done_line('a/checkpoint_step_000005'),
     ]
     loads = _real_lines('head-gpt2', 'b.log', '[CKPT] Load done')
     # Our trainer state at step 10 of that run: 10 windows of 2 x 64 tokens, lr 0.01, one device.
@@ -80,12 +80,12 @@ def test_the_ckpt_lines_are_upstreams():
         'training_config': {'batch_size': 2, 'sequence_length': 64},
         'topology': {'mesh': {'data': 1, 'fsdp': 1, 'tensor': 1}},
     }
-    assert loads == [ckpt_lines.ckpt_load_done_line(state)]
+    assert loads == [ckpt_text.ckpt_load_done_line(state)]
     # C++ ostream's default format of the lr; consumed batches of 2 x 64 across ranks and
     # micro-steps: 3 steps of 2048 tokens = 48.
     state.update(learning_rate=1e-5, data_position=3, tokens_per_step=4 * 64 * 4 * 2)
     state['topology']['mesh'] = {'data': 2, 'fsdp': 2, 'tensor': 2}
-    assert ckpt_lines.ckpt_load_done_line(state).endswith(
+    assert ckpt_text.ckpt_load_done_line(state).endswith(
         'consumed_batches =48, last_lr=1e-05, topology(ddp,tp,sp,pp)=(4,2,1,1)'
     )
 
@@ -100,10 +100,10 @@ def test_load_done_prints_the_checkpoints_pipeline_and_sequence_parallel_sizes()
         'training_config': {'batch_size': 2, 'sequence_length': 64, 'sequence_parallel': True},
         'topology': {'mesh': {'data': 1, 'fsdp': 1, 'tensor': 2}, 'pp_size': 2},
     }
-    assert ckpt_lines.ckpt_load_done_line(state).endswith('topology(ddp,tp,sp,pp)=(1,2,2,2)')
+    assert ckpt_text.ckpt_load_done_line(state).endswith('topology(ddp,tp,sp,pp)=(1,2,2,2)')
     # ... an InfiniTrain file's from the file, with cp between sp and pp when it has one
     # (feat/context_parallel abce8d2 checkpoint.cc: "topology(ddp,tp,sp,cp,pp)=(").
     state['infinitrain_sizes'] = {'ddp': 2, 'tp': 1, 'sp': 1, 'cp': None, 'pp': 4}
-    assert ckpt_lines.ckpt_load_done_line(state).endswith('topology(ddp,tp,sp,pp)=(2,1,1,4)')
+    assert ckpt_text.ckpt_load_done_line(state).endswith('topology(ddp,tp,sp,pp)=(2,1,1,4)')
     state['infinitrain_sizes']['cp'] = 2
-    assert ckpt_lines.ckpt_load_done_line(state).endswith('topology(ddp,tp,sp,cp,pp)=(2,1,1,2,4)')
+    assert ckpt_text.ckpt_load_done_line(state).endswith('topology(ddp,tp,sp,cp,pp)=(2,1,1,2,4)')

@@ -1,6 +1,6 @@
 """A checkpoint root that turns read-only mid-run: the run ends with one line naming the save that
 was lost, the last committed step and what to do, and the process exits. It used to report the
-lock file instead, then hang for Orbax's 20-minute timeout (checkpoint/orbax_threads.py says why).
+lock file instead, then hang for Orbax's 20-minute timeout (checkpoint/orbax_host.py says why).
 
 The filesystem turning read-only is simulated in a real trainer process: a wrapper makes mkdir of
 one step directory, and the removal of the lock file, fail with EROFS, as such a filesystem does.

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from ml_collections import ConfigDict
 
-from jaxtrain.checkpoint.ckpt_lines import ckpt_loading_lr_scheduler_line
+from jaxtrain.checkpoint.ckpt_text import ckpt_loading_lr_scheduler_line
 from jaxtrain.checkpoint.formats.infinitrain import steps as it
 from jaxtrain.checkpoint.formats.infinitrain.trainer import LRS_FORMAT
 from jaxtrain.checkpoint.layout import CheckpointError

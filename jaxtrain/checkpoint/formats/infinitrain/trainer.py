@@ -77,7 +77,7 @@ def read_step_dir(
         kind=ckpt.kind,
         generation=state.generation,
         messages=messages,
-        # the saved run's layout, for the [CKPT] Load done line (ckpt_lines.py)
+        # the saved run's layout, for the [CKPT] Load done line (ckpt_text.py)
         infinitrain_sizes={
             'ddp': state.ddp_size,
             'tp': state.tp_size,
