@@ -34,7 +34,7 @@ from llmc_io.hf import load_hf, save_hf
 from llmc_io.hf.weights import DEFAULT_MAX_SHARD_SIZE, parse_size
 from llmc_io.llama3 import LAYOUT_INFINITRAIN, load_llama3, save_llama3
 from llmc_io.llama3_header import HF_ONLY_FIELDS
-from llmc_io.model import model_info
+from llmc_io import model_info
 from llmc_io.shards import read_shard, shard_info
 from llmc_io.text.bpe import is_bpe_tokenizer_file
 from llmc_io.text.tokenizer import GPT2_TOKENIZER_MAGIC, is_tokenizer_file, read_tokenizer
