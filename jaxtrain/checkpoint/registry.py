@@ -12,7 +12,7 @@ from pathlib import Path
 from jaxtrain.checkpoint.format import CheckpointFormat, RunCheckpointer, Verification, refuse_problems
 from jaxtrain.checkpoint.formats.infinitrain import steps as it
 from jaxtrain.checkpoint.formats.infinitrain.format import InfiniTrainFormat
-from jaxtrain.checkpoint.formats.infinitrain.trainer import LRS_FORMAT
+from jaxtrain.checkpoint.formats.infinitrain.steps import LRS_FORMAT
 from jaxtrain.checkpoint.formats.llmc_run.restore import LLMCRunFormat
 from jaxtrain.checkpoint.formats.orbax.restore import OrbaxFormat
 from jaxtrain.checkpoint.layout import CheckpointError, step_dir_name

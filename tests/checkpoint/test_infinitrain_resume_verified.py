@@ -120,7 +120,7 @@ def test_the_unedited_copy_resumes_and_verifies(saved, tmp_path, capsys):
 def test_a_resume_reads_each_file_once(saved, tmp_path, monkeypatch):
     # The read that restores the arrays also takes the files' sha256; neither the recorded-sha256
     # check nor verify's checks read model.ckpt or optimizer.ckpt again.
-    from jaxtrain.checkpoint.formats.infinitrain import record
+    from jaxtrain.checkpoint.formats.infinitrain import inspection
     from llmc_io.infinitrain import statedict
 
     step_dir = copy(saved, tmp_path)
@@ -133,7 +133,7 @@ def test_a_resume_reads_each_file_once(saved, tmp_path, monkeypatch):
         return real_open(file, *args, **kwargs)
 
     monkeypatch.setattr(statedict, 'open', counting_open, raising=False)
-    monkeypatch.setattr(record, 'file_sha256', lambda path: opened.append(f'hashed {Path(path).name}'))
+    monkeypatch.setattr(inspection, 'file_sha256', lambda path: opened.append(f'hashed {Path(path).name}'))
     result = resume(saved, step_dir, 3)
     assert result.code == 0 and 'restored step 2' in result.out, result.err
     assert sorted(opened) == ['model.ckpt', 'optimizer.ckpt']

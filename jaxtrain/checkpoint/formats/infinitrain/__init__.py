@@ -2,11 +2,11 @@
 
 steps.py       on disk: kind detection, reading into NumPy trees, pruning.
 writer.py      writing a step directory of any generation and topology, atomically.
-record.py      the "jaxtrain" object jaxtrain adds to trainer_state.json, checked.
 trainer.py     the bridge to the trainer: optax state <-> Adam moments, the data position, live trees.
 schedule.py    lr_scheduler.ckpt <-> the run's schedule.
 format.py      InfiniTrainFormat: owns, steps, resume, verify, weights, `ckpt` (one object per kind).
 saver.py       the run's background checkpointer.
-inspection.py  `ckpt ls|show|verify|diff` of these directories.
-export.py      `ckpt export` into these directories (and from them to llm.c and HF files).
+inspection.py  `ckpt ls|show|verify|diff` of these directories; the "jaxtrain" object of
+               trainer_state.json, checked (for resume too).
+export.py      `ckpt export` into these directories.
 """

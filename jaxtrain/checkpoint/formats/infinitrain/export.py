@@ -11,7 +11,8 @@ from pathlib import Path
 
 from jaxtrain.checkpoint.formats.infinitrain import steps as it
 from jaxtrain.checkpoint.formats.infinitrain import writer
-from jaxtrain.checkpoint.formats.infinitrain.trainer import LRS_FORMAT, infinitrain_state_for, model_header
+from jaxtrain.checkpoint.formats.infinitrain.steps import LRS_FORMAT
+from jaxtrain.checkpoint.formats.infinitrain.trainer import infinitrain_state_for, model_header
 from jaxtrain.checkpoint.layout import CheckpointError, step_of
 from llmc_io.errors import LLMCFormatError
 from llmc_io.infinitrain.lr_scheduler import FILE_NAME

@@ -14,7 +14,8 @@ from jaxtrain.checkpoint.format import Resumed, Verification, Weights, fresh_opt
 from jaxtrain.checkpoint.formats.infinitrain import schedule as infinitrain_schedule
 from jaxtrain.checkpoint.formats.infinitrain import steps as it
 from jaxtrain.checkpoint.formats.infinitrain.saver import InfiniTrainCheckpointer, batches_per_step
-from jaxtrain.checkpoint.formats.infinitrain.trainer import LRS_FORMAT, expected_shapes, read_step_dir
+from jaxtrain.checkpoint.formats.infinitrain.steps import LRS_FORMAT
+from jaxtrain.checkpoint.formats.infinitrain.trainer import expected_shapes, read_step_dir
 from jaxtrain.checkpoint.layout import CheckpointError, step_dir_name
 from jaxtrain.checkpoint.trainer_state import compare_with_run
 from jaxtrain.optim.optimizer import spelled_with_infinitrain_flags

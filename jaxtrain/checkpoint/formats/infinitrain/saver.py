@@ -22,7 +22,7 @@ import numpy as np
 
 from jaxtrain.checkpoint.formats.infinitrain import steps as it
 from jaxtrain.checkpoint.formats.infinitrain import schedule as infinitrain_schedule
-from jaxtrain.checkpoint.formats.infinitrain.trainer import LRS_FORMAT
+from jaxtrain.checkpoint.formats.infinitrain.steps import LRS_FORMAT
 from jaxtrain.checkpoint.formats.infinitrain.trainer import save_step_dir
 from jaxtrain.checkpoint.layout import (
     CheckpointError,

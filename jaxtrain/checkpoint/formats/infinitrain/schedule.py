@@ -24,7 +24,7 @@ from ml_collections import ConfigDict
 
 from jaxtrain.checkpoint.ckpt_text import ckpt_loading_lr_scheduler_line
 from jaxtrain.checkpoint.formats.infinitrain import steps as it
-from jaxtrain.checkpoint.formats.infinitrain.trainer import LRS_FORMAT
+from jaxtrain.checkpoint.formats.infinitrain.steps import LRS_FORMAT
 from jaxtrain.checkpoint.layout import CheckpointError
 from jaxtrain.optim.infinitrain_lr_schedule import Replay, ScheduleSpec, state_at
 from jaxtrain.optim.optimizer import ReplayedSchedule, schedule_spec

@@ -40,6 +40,7 @@ HEAD_KIND = 'infinitrain'
 PR_BIN_KIND = 'infinitrain-bin'
 PR_PTH_KIND = 'infinitrain-pth'
 KINDS = (HEAD_KIND, PR_BIN_KIND, PR_PTH_KIND)
+LRS_FORMAT = 'infinitrain-lrs'  # HEAD's files, LR-scheduler generation (formats/infinitrain/schedule.py)
 # kind -> (model file, optimizer file)
 FILES = {
     HEAD_KIND: ('model.ckpt', 'optimizer.ckpt'),
@@ -62,8 +63,8 @@ class InfiniTrainCheckpoint:
     ranks: int  # rank directories found (1 without rank_*)
     notices: list
     topology: Topology | None = None  # how a multi-GPU run laid its ranks out
-    # {file path: sha256 (hex)} of the files whose digest the read itself took (record.py then
-    # need not read them again)
+    # {file path: sha256 (hex)} of the files whose digest the read itself took (inspection.py's
+    # record checks then need not read them again)
     sha256: dict = dataclasses.field(default_factory=dict)
 
 

@@ -27,13 +27,13 @@ import numpy as np
 import llmc_io
 from jaxtrain.checkpoint.formats.infinitrain import steps as it
 from jaxtrain.checkpoint.formats.infinitrain import writer
-from jaxtrain.checkpoint.formats.infinitrain.record import recorded_problems
+from jaxtrain.checkpoint.formats.infinitrain.inspection import recorded_problems
+from jaxtrain.checkpoint.formats.infinitrain.steps import LRS_FORMAT
 from jaxtrain.checkpoint.layout import CheckpointError, step_dir_name
 from jaxtrain.optim.optimizer import adam_states, put_tree, with_adam_moments
 from llmc_io.infinitrain.state import CONFIG_DEFAULTS, HEAD, LR_SCHEDULER, PR, InfiniTrainState
 from llmc_io.tensors import tree_leaves
 
-LRS_FORMAT = 'infinitrain-lrs'  # HEAD's files, LR-scheduler generation (formats/infinitrain/schedule.py)
 SAVE_FORMATS = (it.HEAD_KIND, LRS_FORMAT, it.PR_BIN_KIND)  # what save_step_dir writes
 _OPTIMIZER_TYPE = {'sgd': 'SGD', 'adam': 'Adam', 'adamw': 'AdamW'}
 
