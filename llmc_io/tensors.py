@@ -157,10 +157,50 @@ def contiguous(values: np.ndarray, dtype=None) -> np.ndarray:
 _FINITE_PIECE = 1 << 24
 
 
+@dataclasses.dataclass
+class FileLeaf:
+    """A tree leaf as a state-dict file holds it, not yet made: the fp32 arrays of its layers (one
+    for a leaf of no layer), each in the file's (out, in) orientation. Stacking and transposing
+    are copies of every byte: a restore onto an accelerator makes them there, where they cost next
+    to nothing (jaxtrain/optim/optimizer.py put_tree), rather than on the host, where a 1B model's
+    kernels take seconds; assemble() is the host's way, which np.asarray also takes."""
+
+    parts: list
+    stacked: bool  # parts are layers, stacked on a new axis 0
+    transposed: bool  # the leaf is each part's transpose (a kernel's (in, out))
+    dtype = np.dtype(np.float32)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        shape = tuple(self.parts[0].shape)
+        if self.transposed:
+            shape = shape[:-2] + (shape[-1], shape[-2])
+        return (len(self.parts), *shape) if self.stacked else shape
+
+    @property
+    def nbytes(self) -> int:
+        return sum(part.nbytes for part in self.parts)
+
+    def assemble(self) -> np.ndarray:
+        views = [np.swapaxes(part, -1, -2) if self.transposed else part for part in self.parts]
+        if not self.stacked:
+            return contiguous(views[0], np.float32)
+        out = np.empty(self.shape, np.float32)
+        for i, view in enumerate(views):
+            copy_into(out[i], view)
+        return out
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        made = self.assemble()
+        return made if dtype is None else made.astype(dtype, copy=False)
+
+
 def all_finite(values: np.ndarray) -> bool:
     """Whether every value is finite, checked in pieces on several threads (NumPy's ufuncs let go
     of the GIL): a 1B model's weights and moments, 17 GiB, in seconds rather than half a minute,
-    and never a boolean copy of a whole tensor."""
+    and never a boolean copy of a whole tensor. A FileLeaf's parts are checked as they are."""
+    if isinstance(values, FileLeaf):
+        return all(all_finite(part) for part in values.parts)
     flat = np.asarray(values).reshape(-1)
     if flat.size <= _FINITE_PIECE:
         return bool(np.isfinite(flat).all())

@@ -8,12 +8,15 @@ The state's trees for the checkpoint formats that keep Adam's moments apart (Inf
 adam_states finds optax's Adam states, with_adam_moments puts saved moments and counts back in.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
 from jaxtrain.optim.infinitrain_lr_schedule import ScheduleSpec, learning_rates
+from llmc_io.tensors import FileLeaf
 
 OPTIMIZERS = ('adamw', 'adam', 'sgd')
 SCHEDULES = ('constant', 'cosine')
@@ -191,11 +194,38 @@ def _to_device(like, value):
 
 def put_tree(like_tree, numpy_tree):
     """numpy_tree on the device, with like_tree's dtypes and shardings: one device_put of every
-    leaf, whose transfers then run side by side rather than one after the other."""
+    leaf, whose transfers then run side by side rather than one after the other. A FileLeaf
+    (llmc_io.tensors: a file's layers, untransposed) bound for one device is stacked and
+    transposed there; on several, it is made on the host first."""
     likes, structure = jax.tree.flatten(like_tree)
     values = structure.flatten_up_to(numpy_tree)
-    hosted = [np.asarray(value, dtype=like.dtype) for like, value in zip(likes, values)]
-    return structure.unflatten(jax.device_put(hosted, [like.sharding for like in likes]))
+    placed = [None] * len(likes)
+    on_host = [i for i, (like, value) in enumerate(zip(likes, values)) if not _made_on_device(like, value)]
+    hosted = [np.asarray(values[i], dtype=likes[i].dtype) for i in on_host]
+    for i, array in zip(on_host, jax.device_put(hosted, [likes[i].sharding for i in on_host])):
+        placed[i] = array
+    for i, (like, value) in enumerate(zip(likes, values)):
+        if placed[i] is None:
+            parts = tuple(jax.device_put(value.parts, like.sharding))
+            placed[i] = _assembler(like.sharding)(parts, value.stacked, value.transposed, like.dtype)
+    return structure.unflatten(placed)
+
+
+def _made_on_device(like, value) -> bool:
+    return isinstance(value, FileLeaf) and len(like.sharding.device_set) == 1
+
+
+@functools.cache
+def _assembler(sharding):
+    """A FileLeaf's parts, on the device, into its leaf: stacked, transposed, cast (data movement
+    only, so bit for bit what FileLeaf.assemble makes on the host)."""
+
+    def assemble(parts, stacked, transposed, dtype):
+        leaf = jnp.stack(parts) if stacked else parts[0]
+        leaf = jnp.swapaxes(leaf, -1, -2) if transposed else leaf
+        return leaf.astype(dtype)
+
+    return jax.jit(assemble, static_argnums=(1, 2, 3), out_shardings=sharding)
 
 
 def with_adam_moments(opt_like, mu, nu, adam_count: int, schedule_count: int):

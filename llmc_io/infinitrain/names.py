@@ -29,7 +29,7 @@ import numpy as np
 from llmc_io.infinitrain import layout
 from llmc_io.errors import LLMCFormatError
 from llmc_io.infinitrain.statedict import KFLOAT32, KINT64, CkptTensor
-from llmc_io.tensors import contiguous, copy_into, tree_leaves, tree_set
+from llmc_io.tensors import FileLeaf, tree_leaves, tree_set
 
 GPT2, LLAMA3 = layout.GPT2, layout.LLAMA3
 
@@ -141,20 +141,18 @@ def _fail(path, field, expected, found, hint=None):
     raise LLMCFormatError(path, field, expected, found, hint)
 
 
-def _stacked(layers: list) -> np.ndarray:
-    """The layers' arrays (views, transposed where the file is (out, in)) as one fp32 array."""
-    out = np.empty((len(layers), *layers[0].shape), np.float32)
-    for i, layer in enumerate(layers):
-        copy_into(out[i], layer)
-    return out
-
-
 def state_dict_to_tree(
-    path, tensors: dict, expected_shapes: dict[str, tuple[int, ...]], consume: bool = False
+    path,
+    tensors: dict,
+    expected_shapes: dict[str, tuple[int, ...]],
+    consume: bool = False,
+    assemble: bool = True,
 ) -> dict:
     """Upstream model StateDict -> our tree, checked against the tree shapes our model expects.
     consume: each layer's entry is removed from `tensors` once its stacked leaf is made, so that
-    the file's arrays and the tree's are never all in memory at once.
+    the file's arrays and the tree's are never all in memory at once. assemble=False leaves each
+    stacked or transposed leaf a FileLeaf of the file's arrays, for the caller to make where it
+    is cheaper (a restore: on the device).
 
     `expected_shapes` is {tree path: shape} of the model being resumed (its family, L, Vp come from it).
     Every name must fit: a missing, unexpected or mis-shaped tensor is one LLMCFormatError naming it.
@@ -190,6 +188,7 @@ def state_dict_to_tree(
             _fail(path, f"tensor '{n}' dtype", "11 (kFLOAT32)", str(code))
     per_layer: dict[str, list] = {}
     layer_names: dict[str, list] = {}
+    layer_transposed: dict[str, bool] = {}
     tree: dict = {}
     for name, (tree_path, layer, transposed) in table.items():
         value = arrays[name]
@@ -209,18 +208,21 @@ def state_dict_to_tree(
             )
         if tuple(value.shape) != tuple(leaf_shape):
             _fail(path, f"tensor '{name}' shape", f"{tuple(leaf_shape)}", f"{tuple(value.shape)}")
-        value = np.swapaxes(value, -1, -2) if transposed else value
         if layer is None:
-            tree_set(tree, tree_path, contiguous(value, np.float32))
+            leaf = FileLeaf([value], stacked=False, transposed=transposed)
+            tree_set(tree, tree_path, leaf if transposed and not assemble else leaf.assemble())
         else:
             per_layer.setdefault(tree_path, [None] * num_layers)[layer] = value
             layer_names.setdefault(tree_path, []).append(name)
+            layer_transposed[tree_path] = transposed
     # Each stacked leaf is a copy of its layers (transposed where the file is (out, in)); NumPy's
     # copies let go of the GIL, so the leaves are made side by side.
     with concurrent.futures.ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
 
         def stack(tree_path: str) -> np.ndarray:
-            value = _stacked(per_layer[tree_path])
+            value = FileLeaf(per_layer[tree_path], stacked=True, transposed=layer_transposed[tree_path])
+            if assemble:
+                value = value.assemble()
             if consume:  # the layers' file arrays go as soon as their copy is made
                 per_layer[tree_path] = None
                 for name in layer_names[tree_path]:
@@ -250,7 +252,8 @@ def state_dict_to_tree(
                 _fail(path, f"tensor '{name}' shape", f"(1, 1, {block}, {block})", f"{arrays[name].shape}")
     if tied_llama:
         head = tree.pop("lm_head")["kernel"]
-        if not np.array_equal(head.T.view(np.uint32), tree["wte"]["embedding"].view(np.uint32)):
+        rows = head.parts[0] if isinstance(head, FileLeaf) else head.T  # the file's (V, C)
+        if not np.array_equal(rows.view(np.uint32), tree["wte"]["embedding"].view(np.uint32)):
             _fail(
                 path,
                 f"tensor '{TIED_HEAD}'",
@@ -276,9 +279,15 @@ def detect_head_keys(names) -> bool:
     return any(re.fullmatch(r"adam\.[mv]\.\d+", n) for n in names)
 
 
-def moments_to_trees(path, tensors: dict, expected_shapes: dict[str, tuple[int, ...]], consume: bool = False):
+def moments_to_trees(
+    path,
+    tensors: dict,
+    expected_shapes: dict[str, tuple[int, ...]],
+    consume: bool = False,
+    assemble: bool = True,
+):
     """Adam StateDict -> (mu tree, nu tree, t): moments mapped by name (HEAD: via the derived index order).
-    consume: each moment leaves `tensors` as it is converted (state_dict_to_tree)."""
+    consume, assemble: as state_dict_to_tree's."""
     family = GPT2 if "wpe/embedding" in expected_shapes else LLAMA3
     num_layers = expected_shapes["h/ln_1/scale"][0]
     head = detect_head_keys(tensors)
@@ -318,7 +327,7 @@ def moments_to_trees(path, tensors: dict, expected_shapes: dict[str, tuple[int, 
                 named[f"transformer.h.{i}.attn.bias"] = CkptTensor(
                     KFLOAT32, causal_mask(expected_shapes["wpe/embedding"][0])
                 )
-        trees.append(state_dict_to_tree(path, named, expected_shapes, consume))
+        trees.append(state_dict_to_tree(path, named, expected_shapes, consume, assemble))
     return trees[0], trees[1], int(t.array)
 
 

@@ -7,14 +7,18 @@ import numpy as np
 import optax
 import pytest
 
+from jax.sharding import PartitionSpec as P
+
 from infinitrain_samples import SAMPLES, unpacked
 from jaxtrain.checkpoint.layout import CheckpointError
-from jaxtrain.checkpoint.formats.infinitrain.trainer import read_step_dir
-from jaxtrain.optim.optimizer import adam_states
+from jaxtrain.checkpoint.formats.infinitrain import steps as it
+from jaxtrain.checkpoint.formats.infinitrain.trainer import expected_shapes, read_step_dir
+from jaxtrain.optim.optimizer import adam_states, put_tree
 from jaxtrain.train.setup import build_trainer
 from llmc_io import LLMCFormatError
 from llmc_io.infinitrain import layout
 from llmc_io.infinitrain.statedict import read_state_dict
+from llmc_io.tensors import FileLeaf, tree_leaves
 from trainer_runs import load_config
 
 
@@ -181,3 +185,45 @@ def test_one_kind_per_checkpoint_dir(real):
     with pytest.raises(CheckpointError, match='expected only orbax checkpoints, found InfiniTrain ones'):
         train(config)
     assert sorted(p.name for p in root.iterdir()) == before  # Orbax never opened the root
+
+
+@pytest.mark.parametrize('family', ['gpt2', 'llama3'])
+def test_leaves_made_on_the_device_are_the_hosts_bit_for_bit(real, family):
+    """A restore reads a step's stacked and transposed leaves as FileLeafs (the files' arrays) and
+    makes them on the device; bound for several devices they are made on the host. Either way each
+    leaf equals NumPy's own stack and transpose of the file's tensors, bit for bit."""
+    parts = _parts(real, family, optimizer='adam', beta2=0.999)
+    step_dir = real / f'head-{family}' / 'a' / 'checkpoint_step_000010'
+    shapes = expected_shapes(parts.state.params)
+    lazy = it.read_checkpoint(step_dir, shapes, assemble=False)
+    assert isinstance(lazy.params['h']['attn']['c_attn']['kernel'], FileLeaf)
+    model = read_state_dict(step_dir / 'model.ckpt')
+    num_layers = shapes['h/ln_1/scale'][0]
+    reference = np.stack([model[f'transformer.h.{i}.attn.c_attn.weight'].array.T for i in range(num_layers)])
+    (adam,) = adam_states(parts.state.opt_state)
+    replicated = jax.sharding.NamedSharding(jax.make_mesh((jax.device_count(),), ('all',)), P())
+    on_all = jax.device_put(parts.state.params, replicated)
+    for like, devices in ((parts.state.params, 1), (on_all, jax.device_count())):
+        assert {len(leaf.sharding.device_set) for leaf in jax.tree.leaves(like)} == {devices}
+        made = put_tree(like, lazy.params)
+        np.testing.assert_array_equal(
+            np.asarray(made['h']['attn']['c_attn']['kernel'], np.float32), reference
+        )
+        host = put_tree(like, it.read_checkpoint(step_dir, shapes).params)
+        for (path, leaf), expected in zip(jax.tree_util.tree_leaves_with_path(made), jax.tree.leaves(host)):
+            assert leaf.sharding == expected.sharding and leaf.dtype == expected.dtype, path
+            np.testing.assert_array_equal(_bits(leaf), _bits(expected), err_msg=str(path))
+    assert (lazy.moments is None) == (family == 'gpt2')  # the real GPT-2 runs train with SGD
+    if lazy.moments is None:
+        return
+    mu, nu, _ = lazy.moments
+    assert any(isinstance(leaf, FileLeaf) for leaf in tree_leaves(mu).values())
+    hosted_mu, hosted_nu, _ = it.read_checkpoint(step_dir, shapes).moments
+    for lazy_tree, host_tree in ((mu, hosted_mu), (nu, hosted_nu)):
+        for made, expected in zip(jax.tree.leaves(put_tree(adam.mu, lazy_tree)), jax.tree.leaves(host_tree)):
+            np.testing.assert_array_equal(_bits(made), np.asarray(expected, np.float32).view(np.uint32))
+
+
+def _bits(array) -> np.ndarray:
+    host = np.asarray(array)
+    return host.view({2: np.uint16, 4: np.uint32}[host.dtype.itemsize])

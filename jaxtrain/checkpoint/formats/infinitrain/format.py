@@ -6,6 +6,7 @@ what `ckpt` shows of it (inspection.py) and writes from it (export.py).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ from jaxtrain.checkpoint.formats.infinitrain.steps import LRS_FORMAT
 from jaxtrain.checkpoint.formats.infinitrain.trainer import expected_shapes, read_step_dir
 from jaxtrain.checkpoint.layout import CheckpointError, step_dir_name
 from jaxtrain.checkpoint.trainer_state import compare_with_run
-from jaxtrain.optim.optimizer import spelled_with_infinitrain_flags
+from jaxtrain.optim.optimizer import put_tree, spelled_with_infinitrain_flags
 from jaxtrain.parallel import sharding
 from llmc_io.errors import LLMCFormatError
 from llmc_io.infinitrain.state import read_trainer_state as read_infinitrain_state
@@ -140,7 +141,15 @@ class InfiniTrainFormat:
         try:
             # Read once: the same arrays and the sha256 taken while reading serve the restore and
             # verify below (a 1B step is 17 GiB; each further read of it is seconds).
-            ckpt = it.read_checkpoint(step_dir, expected_shapes(state.params), run_pipeline=run_pipeline)
+            # The leaves are stacked and transposed on the device (put_tree), the params put there
+            # while the optimizer file is still read.
+            ckpt = it.read_checkpoint(
+                step_dir,
+                expected_shapes(state.params),
+                run_pipeline=run_pipeline,
+                assemble=False,
+                place_params=functools.partial(put_tree, state.params),
+            )
             params, opt_state, saved = read_step_dir(
                 step_dir,
                 state.params,

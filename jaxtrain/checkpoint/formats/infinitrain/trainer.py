@@ -101,7 +101,7 @@ def read_step_dir(
             state.data_batch_idx, batches_per_step, ckpt.path / it.TRAINER_STATE
         )
     record.setdefault('rng', None)
-    params = put_tree(params_like, ckpt.params)
+    params = ckpt.placed_params if ckpt.placed_params is not None else put_tree(params_like, ckpt.params)
     opt_state = None
     live_adam = adam_states(opt_like)
     if ckpt.moments is not None and not live_adam:
