@@ -3,7 +3,7 @@ run about to resume from it.
 
 The record is JSON (Orbax's JsonSave, `trainer_state/metadata`): step, data position, rng, learning
 rate, model and training config, dtype, topology, library versions, the llm.c source file and its
-sha256, and a checksum per tensor (checksums.py).
+sha256, and a checksum per tensor (manager.py).
 
 Its digest, kept in the record itself as `record_sha256`. The per-tensor checksums cover the arrays;
 this covers every other field (step, data position, rng, the configs, the data's identity), so that

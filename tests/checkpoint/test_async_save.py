@@ -59,7 +59,7 @@ def test_saved_values_are_those_at_save_time_even_after_donation(tmp_path, monke
 def test_snapshot_is_a_separate_buffer():
     tree = {'w': jnp.arange(6.0)}
     copy, sums = ckpt_manager._snapshot(tree)
-    assert sums.shape == (1, 2)  # the two checksums of checksums.py, per leaf
+    assert sums.shape == (1, 2)  # the two checksums of start_tensor_sums, per leaf
     assert copy['w'].unsafe_buffer_pointer() != tree['w'].unsafe_buffer_pointer()
     np.testing.assert_array_equal(copy['w'], tree['w'])
 

@@ -1,10 +1,10 @@
-"""The per-tensor checksums of checkpoint/checksums.py against a NumPy reference of the format its
+"""The per-tensor checksums of checkpoint/manager.py against a NumPy reference of the format its
 docstring defines: two sums over the 32-bit patterns, plain and (index + 1)-weighted, modulo 2^32."""
 
 import jax.numpy as jnp
 import numpy as np
 
-from jaxtrain.checkpoint import checksums
+from jaxtrain.checkpoint.manager import tensor_checksums
 
 
 def _numpy_checksum(array) -> str:
@@ -25,5 +25,5 @@ def test_checksums_equal_the_numpy_reference():
         'small': np.int16([3, -1]),  # not 32-bit: summed by value
     }
     expected = {'h/kernel': tree['h']['kernel'], **{k: tree[k] for k in ('bias', 'count', 'small')}}
-    found = checksums.tensor_checksums({**tree, 'bias': jnp.asarray(tree['bias'])})  # host and device
+    found = tensor_checksums({**tree, 'bias': jnp.asarray(tree['bias'])})  # host and device
     assert found == {name: _numpy_checksum(a) for name, a in expected.items()}

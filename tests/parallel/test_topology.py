@@ -223,7 +223,7 @@ def test_optimizer_state_follows_its_parameters():
 
 
 def flat(tree) -> dict:
-    from jaxtrain.checkpoint.checksums import path_name
+    from jaxtrain.checkpoint.manager import path_name
 
     return {path_name(p): x for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
 

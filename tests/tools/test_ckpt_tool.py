@@ -30,7 +30,7 @@ from tiny_models import random_params, tiny_header
 from trainer_runs import load_config, random_shard, restore_params, train, write_shard
 
 import llmc_io
-from jaxtrain.checkpoint.checksums import path_name
+from jaxtrain.checkpoint.manager import path_name
 from jaxtrain.checkpoint.manager import Checkpointer
 from jaxtrain.checkpoint.resume import resolve_resume
 from jaxtrain.tools import ckpt

@@ -29,7 +29,7 @@ import numpy as np
 import llmc_io
 from jaxtrain.checkpoint.layout import CheckpointError
 from jaxtrain.checkpoint.trainer_state import read_trainer_state
-from jaxtrain.checkpoint.checksums import checksum_mismatches
+from jaxtrain.checkpoint.manager import checksum_mismatches
 from jaxtrain.checkpoint.ckpt_text import human_bytes
 from jaxtrain.checkpoint.formats.orbax.inspection import (
     find_finished_step_dir,

@@ -3,7 +3,7 @@
 Nothing here builds or runs a model. Arrays are restored as host NumPy arrays through the Orbax
 metadata, so a checkpoint saved on any number of devices reads on one CPU; shapes, dtypes and the
 sharding an array was saved with come from the same metadata without reading data. Tensor names are
-those of jaxtrain.checksums ('h/attn/c_attn/kernel', '0/mu/wte/embedding'), the names under which
+those of manager.py's checksums ('h/attn/c_attn/kernel', '0/mu/wte/embedding'), the names under which
 trainer_state records a checksum. Every problem that stops a command is a CheckpointError (one line).
 """
 
@@ -17,7 +17,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from llmc_io.llama3_header import HF_ONLY_FIELDS
-from jaxtrain.checkpoint.checksums import checksum_mismatches, path_name, tensor_checksums
+from jaxtrain.checkpoint.manager import checksum_mismatches, path_name, tensor_checksums
 from jaxtrain.checkpoint.format import Verification
 from jaxtrain.checkpoint.layout import (
     STEP_PREFIX,
@@ -174,7 +174,7 @@ def _item_dir(step_dir: Path, item: str) -> Path:
 
 
 def flatten(tree) -> dict:
-    """{tensor name: leaf}, named as jaxtrain.checksums names them."""
+    """{tensor name: leaf}, named as manager.py's checksums name them."""
     return {path_name(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 

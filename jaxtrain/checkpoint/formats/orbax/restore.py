@@ -18,7 +18,6 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxtrain.checkpoint.checksums import checksum_mismatches
 from jaxtrain.checkpoint.format import Resumed, Verification, Weights, fresh_optimizer_state
 from jaxtrain.checkpoint.layout import (
     DAMAGED,
@@ -29,7 +28,7 @@ from jaxtrain.checkpoint.layout import (
     step_dir_name,
 )
 from jaxtrain.checkpoint.resume_checks import resume_problems as lora_resume_problems
-from jaxtrain.checkpoint.manager import Checkpointer
+from jaxtrain.checkpoint.manager import Checkpointer, checksum_mismatches
 from jaxtrain.checkpoint.trainer_state import check_digest
 from jaxtrain.checkpoint.resume_checks import check_data, check_weights_file
 from jaxtrain.checkpoint.trainer_state import (
