@@ -59,7 +59,7 @@ NON_NEGATIVE = (
     'grad_clip',
     'llmc_ffn_dim_multiplier',
     'llmc_norm_eps',
-    'total_batch_size',  # 0: one micro-step per rank (batch_geometry.py)
+    'total_batch_size',  # 0: one micro-step per rank (data/stream.py)
     'peak_tflops',
 )
 POSITIVE = ('batch_size', 'sequence_length', 'context_parallel')

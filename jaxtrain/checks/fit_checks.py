@@ -5,8 +5,8 @@ nothing. It reads the device count and the llm.c file's header only."""
 
 import os
 
-from jaxtrain.data.batch_geometry import batch_geometry
-from jaxtrain.data.batch_geometry import total_on_mesh
+from jaxtrain.data.stream import batch_geometry
+from jaxtrain.data.stream import total_on_mesh
 from jaxtrain.config.flags import _given_on_command_line
 from jaxtrain.models import FAMILIES
 from jaxtrain.models.setup import hf_init_config, model_config_for

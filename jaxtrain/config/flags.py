@@ -103,7 +103,7 @@ def _given_on_command_line(key: str) -> bool:
 def derive_total_batch_size(config, warn) -> None:
     """`--batch_size 8` alone: the config's total_batch_size (256 tokens by default, as
     InfiniTrain's) would not be a multiple of 8 x 64, so take one micro-step per rank
-    (total_batch_size 0, batch_geometry.py) and say so, instead of refusing the run."""
+    (total_batch_size 0, data/stream.py's batch_geometry) and say so, instead of refusing the run."""
     changed = [k for k in ('batch_size', 'sequence_length') if _given_on_command_line(k)]
     if not changed or _given_on_command_line('total_batch_size') or config.total_batch_size <= 0:
         return

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import ml_collections
 
-# total_batch_size's default: InfiniTrain's tokens a step (data/batch_geometry.py turns it into micro-steps).
+# total_batch_size's default: InfiniTrain's tokens a step (data/stream.py's batch_geometry turns it
+# into micro-steps).
 DEFAULT_TOTAL = 256
 
 # (key, default, help). Grouped as model / data / optimization / logging / checkpoints.

@@ -33,7 +33,7 @@ from jax.sharding import AxisType, Mesh
 AXES = ('data', 'fsdp', 'tensor')
 PIPELINE = 'pipeline'  # only in meshes with more than one stage, so P = 1 runs are unchanged
 CONTEXT = 'context'  # only in meshes with context_parallel > 1, so C = 1 runs are unchanged
-BATCH_AXES = ('data', 'fsdp')  # the batch rows are split over these; see batch_geometry.py
+BATCH_AXES = ('data', 'fsdp')  # the batch rows are split over these; see data/stream.py's batch_geometry
 
 
 def select_devices(num_devices: int) -> list:

@@ -16,8 +16,8 @@ from jax.sharding import PartitionSpec as P
 from jaxtrain.parallel import mesh as mesh_lib
 from jaxtrain.parallel import context_parallel, sharding
 from jaxtrain.train.pipeline import make_pipeline_loss_and_grads
-from jaxtrain.data.batch_geometry import BatchGeometry, batch_geometry
-from jaxtrain.data.batch_geometry import fit_default_total_to_mesh
+from jaxtrain.data.stream import BatchGeometry, batch_geometry
+from jaxtrain.data.stream import fit_default_total_to_mesh
 from jaxtrain.models.cross_entropy_kernel import resolve_cross_entropy
 from jaxtrain.checkpoint.resume import apply_init_from
 from jaxtrain.models.setup import DTYPES, ModelSetup, setup_model

@@ -5,8 +5,8 @@ line; a total the user chose, or a default that one micro-step fits into, is kep
 
 import pytest
 
-from jaxtrain.data.batch_geometry import batch_geometry
-from jaxtrain.data.batch_geometry import fit_default_total_to_mesh
+from jaxtrain.data.stream import batch_geometry
+from jaxtrain.data.stream import fit_default_total_to_mesh
 from trainer_runs import load_config
 
 

@@ -14,7 +14,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxtrain.checks.config_checks import check_config
-from jaxtrain.data.batch_geometry import batch_geometry
+from jaxtrain.data.stream import batch_geometry
 from jaxtrain.models.attention import causal_attention
 from jaxtrain.parallel import context_parallel, sharding
 from jaxtrain.train.run_log import step_line
