@@ -18,7 +18,7 @@ from jaxtrain.checkpoint.registry import FORMAT_NAMES
 from jaxtrain.checks.fit_checks import check_fit
 from jaxtrain.parallel.context_parallel import COMM_TYPES as CP_COMM_TYPES
 from llmc_io.infinitrain.lora_weights import LAYOUTS as LORA_LAYOUTS
-from jaxtrain.models import cross_entropy_kernel
+from jaxtrain.models import vocab_table
 from jaxtrain.models import layer_stack
 from jaxtrain.models.attention import IMPLEMENTATIONS
 from jaxtrain.models.gpt2 import FUSED_KERNELS
@@ -34,7 +34,7 @@ CHOICES = {
     'lr_schedule': SCHEDULES,
     'lr_decay_style': STYLES,
     'attention': IMPLEMENTATIONS,
-    'cross_entropy': cross_entropy_kernel.IMPLEMENTATIONS,
+    'cross_entropy': vocab_table.IMPLEMENTATIONS,
     'fused_kernels': FUSED_KERNELS,
     'deterministic': ('auto', 'true', 'false'),
     'device': ('auto', 'cpu', 'cuda'),

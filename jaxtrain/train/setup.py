@@ -18,7 +18,7 @@ from jaxtrain.parallel import context_parallel, sharding
 from jaxtrain.train.pipeline import make_pipeline_loss_and_grads
 from jaxtrain.data.stream import BatchGeometry, batch_geometry
 from jaxtrain.data.stream import fit_default_total_to_mesh
-from jaxtrain.models.cross_entropy_kernel import resolve_cross_entropy
+from jaxtrain.models.vocab_table import resolve_cross_entropy
 from jaxtrain.checkpoint.resume import apply_init_from
 from jaxtrain.models.setup import DTYPES, ModelSetup, setup_model
 from jaxtrain.models import precision_check
@@ -46,7 +46,7 @@ class TrainerSetup:
     train_step: object  # jitted; donates the state
     eval_step: object  # jitted
     frozen_params: dict | None = None  # a LoRA run's base weights (state.params are the adapters)
-    cross_entropy: str = 'xla'  # the loss kernel the steps use (models/cross_entropy_kernel.py)
+    cross_entropy: str = 'xla'  # the loss kernel the steps use (models/vocab_table.py)
 
 
 def build_trainer(config) -> TrainerSetup:

@@ -30,7 +30,7 @@ def make_loss_fn(graphdef: nnx.GraphDef, vocab_size: int, time_split=None, cross
     """loss(params, inputs_BxT, targets_BxT, *frozen) with the model rebuilt from its pure
     params; `frozen` (a LoRA run's base weights, models/lora.py) joins them undifferentiated.
     `time_split`: the activations' sharding under sequence parallelism (None: off).
-    `cross_entropy`: the loss kernel, 'xla' or 'pallas' (models/cross_entropy_kernel.py)."""
+    `cross_entropy`: the loss kernel, 'xla' or 'pallas' (models/vocab_table.py)."""
 
     def loss_fn(params, inputs_BxT, targets_BxT, *frozen):
         model = nnx.merge(graphdef, nnx.State(params), *(nnx.State(f) for f in frozen))

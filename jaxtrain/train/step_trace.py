@@ -101,7 +101,7 @@ TRACE_GLOB = 'plugins/profile/*/perfetto_trace.json.gz'
 
 # Kernel-name fragments, lower case, tried in this order.
 CATEGORIES = (
-    ('loss', ('softmax_cross_entropy',)),  # models/cross_entropy_kernel.py's Pallas kernel
+    ('loss', ('softmax_cross_entropy',)),  # models/vocab_table.py's Pallas kernel
     ('attention', ('cudnn', 'fmha', 'flash', 'sdpa', 'mha_')),
     ('matmul', ('gemm', 'nvjet', 'cutlass', 'xmma', 'sm90_', 'matmul')),
     ('copy', ('memcpy', 'memset', 'copy')),

@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxtrain.models import cross_entropy_kernel
-from jaxtrain.models.cross_entropy_kernel import BLOCK, resolve_cross_entropy, softmax_cross_entropy
+from jaxtrain.models import vocab_table
+from jaxtrain.models.vocab_table import BLOCK, resolve_cross_entropy, softmax_cross_entropy
 
 
 def _numpy_loss_and_grad(logits_NxV, targets_N, vocab_size, scale):
@@ -51,7 +51,7 @@ def test_rows_over_several_blocks_match_numpy():
 
 def test_auto_takes_pallas_only_on_one_gpu_in_half_precision(monkeypatch):
     assert resolve_cross_entropy('auto', jnp.bfloat16) == 'xla'  # this is a CPU
-    monkeypatch.setattr(cross_entropy_kernel.jax, 'default_backend', lambda: 'gpu')
+    monkeypatch.setattr(vocab_table.jax, 'default_backend', lambda: 'gpu')
     assert resolve_cross_entropy('auto', jnp.bfloat16) == 'pallas'
     assert resolve_cross_entropy('auto', jnp.float32) == 'xla'
     assert resolve_cross_entropy('auto', jnp.bfloat16, num_devices=2) == 'xla'
