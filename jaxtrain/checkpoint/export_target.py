@@ -12,6 +12,7 @@ resumed from that file, and a full one names it as its source.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -20,27 +21,42 @@ from jaxtrain.checkpoint.layout import CheckpointError
 # The jaxtrain record's key that marks a step directory written by `ckpt export` (its source).
 EXPORTED_FROM = 'exported_from'
 
-# `ckpt export --format`: the function that writes it, 'module:function', imported once chosen (the
-# command line lists these before JAX may be imported). Each takes (the source step's format,
-# the parsed arguments) and returns (what it wrote, for --json; the lines for people); a writer
-# reads the steps of any format that its source allows, and refuses the others in one line.
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """One `ckpt export --format`: the function that writes it, and which of export's flags it takes.
+
+    `writes` is 'module:function', imported once chosen (the command line lists the targets before
+    JAX may be imported). The function takes (the source step's format, the parsed arguments) and
+    returns (what it wrote, for --json; the lines for people); it reads the steps of any format
+    that its source allows, and refuses the others in one line."""
+
+    writes: str
+    rank_directories: bool = False  # --ddp, --tp, ... lay the step out as a multi-GPU run's ranks
+    hf_folder: bool = False  # a Hugging Face folder: --dtype, --max_shard_size, --check, no --version
+
+
 _WRITE_INFINITRAIN = 'jaxtrain.checkpoint.formats.infinitrain.export:write'
 TARGETS = {
-    'llmc': 'jaxtrain.checkpoint.formats.orbax.export:write_llmc',
-    'hf': 'jaxtrain.checkpoint.formats.orbax.export:write_hf',
-    'infinitrain': _WRITE_INFINITRAIN,
-    'infinitrain-lrs': _WRITE_INFINITRAIN,
-    'infinitrain-bin': _WRITE_INFINITRAIN,
-    'llmc-run': 'jaxtrain.checkpoint.formats.llmc_run.export:write',
+    'llmc': Target('jaxtrain.checkpoint.formats.orbax.export:write_llmc'),
+    'hf': Target('jaxtrain.checkpoint.formats.orbax.export:write_hf', hf_folder=True),
+    'infinitrain': Target(_WRITE_INFINITRAIN, rank_directories=True),
+    'infinitrain-lrs': Target(_WRITE_INFINITRAIN, rank_directories=True),  # HEAD's files
+    'infinitrain-bin': Target(_WRITE_INFINITRAIN),
+    'llmc-run': Target('jaxtrain.checkpoint.formats.llmc_run.export:write'),
 }
-RANK_DIRECTORY_TARGETS = ('infinitrain', 'infinitrain-lrs')  # the ones --ddp, --tp, ... lay out
+
+
+def named(predicate) -> str:
+    """'infinitrain or infinitrain-lrs': the --format values whose Target meets `predicate`."""
+    return ' or '.join(name for name, target in TARGETS.items() if predicate(target))
 
 
 def writer(target: str):
     """The function TARGETS names for --format `target`."""
     import importlib
 
-    module, name = TARGETS[target].split(':')
+    module, name = TARGETS[target].writes.split(':')
     return getattr(importlib.import_module(module), name)
 
 
@@ -61,10 +77,10 @@ def topology_from_args(args):
     )
     if topology == Topology():
         return None
-    if args.format not in RANK_DIRECTORY_TARGETS:
+    if not TARGETS[args.format].rank_directories:
         raise CheckpointError(
             f'--ddp/--tp/--cp/--pp/--vpp/--zero_stage/--sequence_parallel: expected only with --format '
-            f'infinitrain or infinitrain-lrs (HEAD rank directories), found --format {args.format}'
+            f'{named(lambda t: t.rank_directories)} (HEAD rank directories), found --format {args.format}'
         )
     try:
         topology.validate('export')

@@ -284,23 +284,27 @@ def cmd_export(args) -> int:
     from jaxtrain.checkpoint import export_target, registry
     from jaxtrain.checkpoint.layout import CheckpointError
 
+    target = export_target.TARGETS[args.format]
     hf_only = ('--dtype', args.dtype), ('--max_shard_size', args.max_shard_size), ('--check', args.check)
     given = next((flag for flag, value in hf_only if value), None)
-    if args.format != 'hf' and given:
+    if not target.hf_folder and given:
+        hf = export_target.named(lambda t: t.hf_folder)
         raise CheckpointError(
-            f'{given}: expected --format hf, the only format it applies to, found --format {args.format}'
+            f'{given}: expected --format {hf}, the only format it applies to, found --format {args.format}'
         )
     export_target.topology_from_args(args)  # the flags first, then the paths, then the checkpoint
     export_target.refuse_output_in_input(args.output, args.step_dir)
     export_target.refuse_run_sources(args.output, args.step_dir)
-    if args.format == 'hf' and args.version is not None:
-        raise CheckpointError(f'--version: expected none with --format hf (--dtype), found {args.version}')
+    if target.hf_folder and args.version is not None:
+        raise CheckpointError(
+            f'--version: expected none with --format {args.format} (--dtype), found {args.version}'
+        )
     fmt = registry.for_step_dir(args.step_dir)
     source = fmt.find_step(args.step_dir)
     registry.refuse_damaged(source, 'ckpt export')  # as every way into a checkpoint does
     fmt.refuse_as_source(source, f'ckpt export --format {args.format}', args.format)
     written, text = export_target.writer(args.format)(fmt, args)
-    if args.check:  # --format hf: the folder's logits against the step's
+    if args.check:  # a Hugging Face folder (target.hf_folder): its logits against the step's
         from jaxtrain.tools.hf_check import check_hf, check_line
 
         written['check'] = check_hf(args.output, written['path'])
