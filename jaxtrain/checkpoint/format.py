@@ -159,6 +159,11 @@ class CheckpointFormat(Protocol):
         """The step's model weights on the host, without a run (--init_from, generate)."""
         ...
 
+    def resume_step(self, path: Path) -> Path:
+        """The step `--resume_from PATH` (absolute, a path this format owns, or one none owns for
+        Orbax) resumes from, or a CheckpointError saying what PATH is instead and what to pass."""
+        ...
+
     def restore_into(self, config, parts, step_dir: Path) -> Resumed:
         """Checks step_dir against the run (everything, before the state is touched) and
         restores it onto the run's shardings. `parts` is train/setup.py's TrainerSetup."""

@@ -37,17 +37,7 @@ import numpy as np
 
 from jaxtrain.checkpoint import layout, registry
 from jaxtrain.checkpoint.format import Resumed
-from jaxtrain.checkpoint.layout import (
-    STEP_PREFIX,
-    TRAINER_STATE_FILE,
-    UNFINISHED_SAVE,
-    CheckpointError,
-    committed_steps,
-    is_committed,
-    step_dir_name,
-    step_dir_names,
-    step_of,
-)
+from jaxtrain.checkpoint.layout import CheckpointError
 
 
 def resolve_resume(
@@ -71,48 +61,7 @@ def resolve_resume(
         # Absolute: Orbax refuses relative paths, and the README's commands use them.
         return Path(fmt.step_path(checkpoint_dir, steps[-1])).absolute(), ''
     path = Path(resume_from).absolute()
-    if registry.for_step_dir(path) is not registry.ORBAX:
-        return path, ''
-    if not path.exists():
-        steps = committed_steps(path.parent)
-        pick = (  # the way forward: the steps that are there
-            f'{path.parent} holds {step_dir_names(steps)}; pass one of them, or '
-            f'--checkpoint_dir {path.parent} --resume_from latest'
-            if steps
-            else f'{path.parent} holds no committed checkpoint'
-        )
-        raise CheckpointError(
-            f'resume_from: {path}: expected a {STEP_PREFIX}_NNNNNN directory, found nothing there. {pick}.'
-        )
-    if UNFINISHED_SAVE in path.name:
-        steps = committed_steps(path.parent)
-        pick = (
-            f'Pick a committed step instead: {step_dir_names(steps)}'
-            if steps
-            else f'{path.parent} holds no committed step to pick instead'
-        )
-        raise CheckpointError(
-            f'resume_from: {path}: expected a committed checkpoint, found an unfinished save (the '
-            f'temporary name Orbax writes under until a save completes). {pick}.'
-        )
-    if step_of(path) is not None:
-        if not is_committed(path):
-            raise CheckpointError(
-                f'resume_from: {path}: expected a committed checkpoint, found no '
-                f'{TRAINER_STATE_FILE} (an interrupted or damaged save). Pick an earlier step.'
-            )
-        return path, ''
-    steps = committed_steps(path)
-    if steps:
-        raise CheckpointError(
-            f'resume_from: {path}: expected a step directory, found a checkpoint root '
-            f'holding {step_dir_names(steps)}. Pass one of them, e.g. {path / step_dir_name(steps[-1])}, '
-            f'or --resume_from latest --checkpoint_dir {path}.'
-        )
-    raise CheckpointError(
-        f'resume_from: {path}: expected a {STEP_PREFIX}_NNNNNN directory, found a '
-        'directory that is not a checkpoint'
-    )
+    return registry.for_step_dir(path).resume_step(path), ''
 
 
 def resume_into(config, parts) -> Resumed:

@@ -133,6 +133,9 @@ class InfiniTrainFormat:
     def refuse_as_source(self, path, command: str, target: str = '') -> None:
         return None
 
+    def resume_step(self, path: Path) -> Path:
+        return Path(path)  # owns() has read its files' kind
+
     def restore_into(self, config, parts, step_dir: Path) -> Resumed:
         """Everything is checked (model family, names, shapes, vocabulary, batch geometry)
         before the run's state is touched."""

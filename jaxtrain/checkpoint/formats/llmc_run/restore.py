@@ -195,6 +195,9 @@ class LLMCRunFormat:
         """Its model file is an llm.c file already: llmc_io converts it, --init_from reads it."""
         raise inspection.refused(path, command, target)
 
+    def resume_step(self, path: Path) -> Path:
+        return Path(path)  # a model file of a committed step: owns() has checked it
+
     def restore_into(self, config, parts, path: Path) -> Resumed:
         from jaxtrain.data.stream import data_paths, train_stream  # the data the run will read
 

@@ -21,11 +21,16 @@ import orbax.checkpoint as ocp
 from jaxtrain.checkpoint.format import Resumed, Verification, Weights, fresh_optimizer_state
 from jaxtrain.checkpoint.layout import (
     DAMAGED,
+    STEP_PREFIX,
+    TRAINER_STATE_FILE,
+    UNFINISHED_SAVE,
     CheckpointError,
     committed_steps,
     damaged_advice,
     is_committed,
     step_dir_name,
+    step_dir_names,
+    step_of,
 )
 from jaxtrain.checkpoint.resume_checks import resume_problems as lora_resume_problems
 from jaxtrain.checkpoint.manager import Checkpointer, checksum_mismatches
@@ -134,6 +139,51 @@ class OrbaxFormat:
 
     def refuse_as_source(self, path, command: str, target: str = '') -> None:
         return None
+
+    def resume_step(self, path: Path) -> Path:
+        """--resume_from PATH checked as one of our step directories: a committed one, or a line
+        saying what PATH is instead (nothing, an unfinished save, a root) and what to pass."""
+        if not path.exists():
+            steps = committed_steps(path.parent)
+            pick = (  # the way forward: the steps that are there
+                f'{path.parent} holds {step_dir_names(steps)}; pass one of them, or '
+                f'--checkpoint_dir {path.parent} --resume_from latest'
+                if steps
+                else f'{path.parent} holds no committed checkpoint'
+            )
+            raise CheckpointError(
+                f'resume_from: {path}: expected a {STEP_PREFIX}_NNNNNN directory, found nothing there. '
+                f'{pick}.'
+            )
+        if UNFINISHED_SAVE in path.name:
+            steps = committed_steps(path.parent)
+            pick = (
+                f'Pick a committed step instead: {step_dir_names(steps)}'
+                if steps
+                else f'{path.parent} holds no committed step to pick instead'
+            )
+            raise CheckpointError(
+                f'resume_from: {path}: expected a committed checkpoint, found an unfinished save (the '
+                f'temporary name Orbax writes under until a save completes). {pick}.'
+            )
+        if step_of(path) is not None:
+            if not is_committed(path):
+                raise CheckpointError(
+                    f'resume_from: {path}: expected a committed checkpoint, found no '
+                    f'{TRAINER_STATE_FILE} (an interrupted or damaged save). Pick an earlier step.'
+                )
+            return path
+        steps = committed_steps(path)
+        if steps:
+            raise CheckpointError(
+                f'resume_from: {path}: expected a step directory, found a checkpoint root '
+                f'holding {step_dir_names(steps)}. Pass one of them, e.g. {path / step_dir_name(steps[-1])}, '
+                f'or --resume_from latest --checkpoint_dir {path}.'
+            )
+        raise CheckpointError(
+            f'resume_from: {path}: expected a {STEP_PREFIX}_NNNNNN directory, found a '
+            'directory that is not a checkpoint'
+        )
 
     def restore_into(self, config, parts, step_dir: Path) -> Resumed:
         try:
