@@ -3,7 +3,7 @@
 Following InfiniTrain (commit b24d92f, infini_train/src/nn/lora/): a targeted Linear
 computes y = Wx + b + (α/r)·x·Aᵀ·Bᵀ with A (r, in) and B (out, r); A starts Kaiming-uniform
 (a = √5, fan_in: bound 1/√in), B at zero, so step 0 is the base model exactly. The base
-weights are frozen: the trainer differentiates the LoRA tree only (train/step.py).
+weights are frozen: the trainer differentiates the LoRA tree only (train/setup.py).
 
 Targets match module names by suffix, as LoRAConfig::ShouldApplyLoRA does, against
 InfiniTrain's names `transformer.h.{i}.attn.c_attn` and so on: `c_proj` therefore means

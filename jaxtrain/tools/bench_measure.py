@@ -24,8 +24,7 @@ from jaxtrain.models.setup import DTYPES
 from jaxtrain.models.attention import resolve_attention
 from jaxtrain.optim.optimizer import learning_rate_at
 from jaxtrain.train.progress import MFUMeter, training_flops_per_token
-from jaxtrain.train.step import TrainState
-from jaxtrain.train.setup import TrainerSetup, build_trainer
+from jaxtrain.train.setup import TrainerSetup, TrainState, build_trainer
 
 
 _MATMUL_SAMPLES = 5  # burst samples

@@ -12,7 +12,7 @@ from flax import nnx
 
 from jaxtrain.models.gpt2 import GPT2, GPT2Config
 from jaxtrain.optim.optimizer import build_optimizer, learning_rate_at
-from jaxtrain.train.step import TrainState, make_train_step
+from jaxtrain.train.setup import TrainState, make_train_step
 from trainer_runs import load_config
 
 CONFIG = GPT2Config(
