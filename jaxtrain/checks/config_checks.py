@@ -63,7 +63,7 @@ NON_NEGATIVE = (
     'peak_tflops',
 )
 POSITIVE = ('batch_size', 'sequence_length', 'context_parallel')
-MESH_AXES = ('mesh_data', 'mesh_fsdp', 'mesh_tensor')  # a size, or -1 to fill (mesh.py)
+MESH_AXES = ('mesh_data', 'mesh_fsdp', 'mesh_tensor')  # a size, or -1 to fill (parallel/sharding.py)
 
 
 def _number_problems(config) -> list[str]:

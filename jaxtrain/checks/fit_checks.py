@@ -10,7 +10,7 @@ from jaxtrain.data.stream import total_on_mesh
 from jaxtrain.config.flags import _given_on_command_line
 from jaxtrain.models import FAMILIES
 from jaxtrain.models.setup import hf_init_config, model_config_for
-from jaxtrain.parallel import mesh as mesh_lib
+from jaxtrain.parallel import sharding
 
 
 def _shape_words(model_config) -> str:
@@ -47,21 +47,21 @@ def check_model_flag(config) -> None:
 
 def check_fit(config) -> None:
     """Raises ValueError, one line naming the key, for the first thing that does not fit."""
-    devices = mesh_lib.select_devices(config.num_devices)
-    sizes = mesh_lib.mesh_sizes(config, len(devices))
+    devices = sharding.select_devices(config.num_devices)
+    sizes = sharding.mesh_sizes(config, len(devices))
     data_parallel = sizes['data'] * sizes['fsdp']
     geometry = batch_geometry(
         config.batch_size,
         config.sequence_length,
         total_on_mesh(config, data_parallel),
         data_parallel=data_parallel,
-        context=sizes[mesh_lib.CONTEXT],
+        context=sizes[sharding.CONTEXT],
     )
     model_config = model_config_for(config)
     check_model_flag(config)
     if config.fused_kernels != 'none':
         check_fused_kernels(config, devices)
-    context = sizes[mesh_lib.CONTEXT]
+    context = sizes[sharding.CONTEXT]
     if context > 1:
         check_context(config, context, model_config)
     if config.sequence_parallel and (config.sequence_length // context) % sizes['tensor']:
@@ -76,7 +76,7 @@ def check_fit(config) -> None:
             f'sequence_length: expected at most the model max_seq_len {model_config.max_seq_len}, '
             f'found {config.sequence_length}; pass --sequence_length {model_config.max_seq_len} or less'
         )
-    stages = sizes[mesh_lib.PIPELINE]
+    stages = sizes[sharding.PIPELINE]
     if stages > 1:  # the pipeline's schedule (train/pipeline.py) has none of these yet
         combined = [
             flag

@@ -30,7 +30,7 @@ The train and validation streams of one run: which shards, at the run's batch ge
 
 How a step's tokens split into micro-steps and data-parallel ranks (batch_geometry).
 total_batch_size = batch_size × sequence_length × data_parallel × accumulation, as in
-InfiniTrain, where data_parallel is the mesh's data × fsdp size (mesh.py; tensor-parallel
+InfiniTrain, where data_parallel is the mesh's data × fsdp size (parallel/sharding.py; tensor-parallel
 devices share their rows, and so do context-parallel ones: each takes a contiguous slice of
 every row's T, as InfiniTrain's data loader is sharded by DP only). A step always consumes the
 same contiguous `total_batch_size + 1` token window of the stream, whatever the

@@ -1,6 +1,6 @@
 """Context parallelism (`--context_parallel C`, `--cp_comm_type`, InfiniTrain's flags from
 branch feat/context_parallel, d03ba16): every sequence of the batch is cut along T into C
-contiguous slices, one per device of the mesh axis `context` (mesh.py), as
+contiguous slices, one per device of the mesh axis `context` (sharding.py), as
 SliceAlongCPRegionFunc (infini_train/src/nn/parallel/context_parallel.cc) cuts the inputs
 and targets; no zigzag. Everything but attention works on its own tokens, so the compiler
 keeps the activations split along T on its own (the batch arrives split so, sharding.py);
@@ -39,7 +39,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from jaxtrain.parallel.mesh import CONTEXT
+from jaxtrain.parallel.sharding import CONTEXT
 
 COMM_TYPES = ('all_gather', 'p2p', 'a2a')
 # Masked scores: a finite floor rather than -inf, so a round whose slice is wholly masked

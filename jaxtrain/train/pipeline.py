@@ -1,4 +1,4 @@
-"""Pipeline parallelism: the mesh axis `pipeline` (mesh.py) carries P stages, the model's
+"""Pipeline parallelism: the mesh axis `pipeline` (parallel/sharding.py) carries P stages, the model's
 L stacked layers are cut into P × V chunks, and gradient accumulation's micro-steps become
 the microbatches that flow through them. `pipeline_loss_and_grads` replaces the step's
 micro-step scan (step.py); it is a pure function of the parameters and the batch, so the
@@ -57,7 +57,7 @@ from jax.sharding import PartitionSpec as P
 import numpy as np
 
 from jaxtrain.models.vocab_table import lm_head_cross_entropy
-from jaxtrain.parallel.mesh import CONTEXT, PIPELINE, context_size, pipeline_size
+from jaxtrain.parallel.sharding import CONTEXT, PIPELINE, context_size, pipeline_size
 from jaxtrain.models.vocab_table import embedding_lookup
 from jaxtrain.models.layer_stack import apply_blocks
 

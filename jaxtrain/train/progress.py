@@ -42,7 +42,6 @@ import jax
 
 from jaxtrain.models.lora import describe as describe_lora
 from jaxtrain.optim.optimizer import INFINITRAIN_SCHEDULE_KEYS, schedule_spec
-from jaxtrain.parallel import mesh as mesh_lib
 from jaxtrain.parallel import sharding
 
 PROGRESS_EVERY_S = 30.0
@@ -145,7 +144,7 @@ def run_banner(config, parts, stream, weights: str) -> list[str]:
         f'model: {config.model_family} {model_config} | {model_config.num_parameters:,} parameters | '
         f'weights: {weights}',
         f'devices: {len(devices)} x {devices[0].device_kind} ({devices[0].platform}) in '
-        f'{jax.process_count()} process(es) | mesh {mesh_lib.describe(parts.mesh)} | '
+        f'{jax.process_count()} process(es) | mesh {sharding.describe(parts.mesh)} | '
         f'{sharding.describe_sharded(parts.param_shardings)} | dtype {config.dtype} | '
         f'attention {setup.attention} | cross-entropy {parts.cross_entropy}',
         f'batch: {geometry.describe()}',

@@ -20,7 +20,6 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxtrain.parallel import mesh as mesh_lib
 from jaxtrain.parallel import context_parallel, sharding
 from jaxtrain.train.pipeline import make_pipeline_loss_and_grads
 from jaxtrain.data.stream import BatchGeometry, batch_geometry
@@ -212,25 +211,25 @@ class TrainerSetup:
 def build_trainer(config) -> TrainerSetup:
     """Builds; checks/config_checks.py's check_config has validated config (the entry points run it)."""
     # --- mesh and batch geometry ---
-    mesh = mesh_lib.build_mesh(config)
+    mesh = sharding.build_mesh(config)
     devices = list(mesh.devices.flat)
     replicated = NamedSharding(mesh, P())
     train_batch_sharding = sharding.batch_sharding(mesh, micro_steps=True)
     val_batch_sharding = sharding.batch_sharding(mesh, micro_steps=False)
-    fit_default_total_to_mesh(config, mesh_lib.data_parallel_size(mesh))  # e.g. 2 hosts x fsdp 4
+    fit_default_total_to_mesh(config, sharding.data_parallel_size(mesh))  # e.g. 2 hosts x fsdp 4
     geometry = batch_geometry(
         config.batch_size,
         config.sequence_length,
         config.total_batch_size,
-        data_parallel=mesh_lib.data_parallel_size(mesh),
-        context=mesh_lib.context_size(mesh),
+        data_parallel=sharding.data_parallel_size(mesh),
+        context=sharding.context_size(mesh),
     )
     topology = {
         'platform': devices[0].platform,
         'device_count': len(devices),
         'process_count': jax.process_count(),
         'mesh': dict(mesh.shape),
-        'pp_size': mesh_lib.pipeline_size(mesh),  # InfiniTrain's trainer_state.json names it so
+        'pp_size': sharding.pipeline_size(mesh),  # InfiniTrain's trainer_state.json names it so
         'vpp_size': config.get('virtual_pipeline_parallel', 1),
     }
     parallel_sizes = {

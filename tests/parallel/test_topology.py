@@ -15,7 +15,6 @@ from jaxtrain.checkpoint import trainer_state as ckpt_record
 
 from jaxtrain.parallel import platform
 
-from jaxtrain.parallel import mesh as mesh_lib
 
 from jaxtrain.parallel import sharding
 from jaxtrain.checks.config_checks import check_config
@@ -123,9 +122,9 @@ def test_resume_saved_on_1_device_on_8(uninterrupted, files, tmp_path):
 
 
 def test_minus_one_fills_the_remaining_devices():
-    assert mesh_lib.mesh_shape(8, -1, 1, 1) == {'data': 8, 'fsdp': 1, 'tensor': 1}
-    assert mesh_lib.mesh_shape(8, 2, -1, 2) == {'data': 2, 'fsdp': 2, 'tensor': 2}
-    assert mesh_lib.mesh_shape(8, 1, 8, 1) == {'data': 1, 'fsdp': 8, 'tensor': 1}
+    assert sharding.mesh_shape(8, -1, 1, 1) == {'data': 8, 'fsdp': 1, 'tensor': 1}
+    assert sharding.mesh_shape(8, 2, -1, 2) == {'data': 2, 'fsdp': 2, 'tensor': 2}
+    assert sharding.mesh_shape(8, 1, 8, 1) == {'data': 1, 'fsdp': 8, 'tensor': 1}
 
 
 @pytest.mark.parametrize(
@@ -139,16 +138,16 @@ def test_minus_one_fills_the_remaining_devices():
 )
 def test_mesh_errors_name_the_key(sizes, message):
     with pytest.raises(ValueError, match=r'^' + message.replace('(', r'\(').replace(')', r'\)')):
-        mesh_lib.mesh_shape(8, *sizes)
+        sharding.mesh_shape(8, *sizes)
 
 
 def test_mesh_from_config_has_auto_axes_and_the_default_is_data_parallel():
     config = load_config('gpt2', num_devices=0)
-    mesh = mesh_lib.build_mesh(config)
+    mesh = sharding.build_mesh(config)
     assert dict(mesh.shape) == {'data': 8, 'fsdp': 1, 'tensor': 1}
     assert mesh.axis_types == (AxisType.Auto,) * 3
     with pytest.raises(ValueError, match='^num_devices: expected at most the 8 devices present, found 9'):
-        mesh_lib.build_mesh(load_config('gpt2', num_devices=9))
+        sharding.build_mesh(load_config('gpt2', num_devices=9))
     with pytest.raises(ValueError, match='^mesh_tensor: expected a positive size or -1'):
         check_config(load_config('gpt2', mesh_tensor=-2))
 
@@ -179,7 +178,7 @@ def tiny_params():
 
 
 def test_fsdp_and_tensor_parallel_specs_and_real_shards():
-    mesh = jax.make_mesh((1, 4, 2), mesh_lib.AXES, axis_types=(AxisType.Auto,) * 3)
+    mesh = jax.make_mesh((1, 4, 2), sharding.AXES, axis_types=(AxisType.Auto,) * 3)
     params = tiny_params()
     shardings = sharding.parameter_shardings(params, mesh)
     specs = {name: shardings_of.spec for name, shardings_of in flat(shardings).items()}
@@ -203,7 +202,7 @@ def test_fsdp_and_tensor_parallel_specs_and_real_shards():
 
 
 def test_fsdp_skips_axes_it_does_not_divide():
-    mesh = jax.make_mesh((1, 8, 1), mesh_lib.AXES, axis_types=(AxisType.Auto,) * 3)
+    mesh = jax.make_mesh((1, 8, 1), sharding.AXES, axis_types=(AxisType.Auto,) * 3)
     assert sharding.parameter_spec('h/attn/c_attn/kernel', (2, 12, 36), mesh) == P()
     assert sharding.parameter_spec('h/attn/c_attn/kernel', (2, 16, 36), mesh) == P(None, 'fsdp')
     # C (12) not divisible: the largest axis that is.
@@ -212,7 +211,7 @@ def test_fsdp_skips_axes_it_does_not_divide():
 
 
 def test_optimizer_state_follows_its_parameters():
-    mesh = jax.make_mesh((2, 4, 1), mesh_lib.AXES, axis_types=(AxisType.Auto,) * 3)
+    mesh = jax.make_mesh((2, 4, 1), sharding.AXES, axis_types=(AxisType.Auto,) * 3)
     params = tiny_params()
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3, weight_decay=0.1))
     state = jax.eval_shape(tx.init, params)
