@@ -3,7 +3,7 @@ each refusal one line naming the key, what llm.c needs and what to pass."""
 
 import pytest
 
-from jaxtrain.checkpoint.formats.llmc_run.saver import refuse_unless_llmc_run
+from jaxtrain.checkpoint.formats.llmc_run.writer import refuse_unless_llmc_run
 from jaxtrain.checkpoint.layout import CheckpointError
 from trainer_runs import load_config
 

@@ -1,6 +1,6 @@
 """llm.c run folders (llmc_io/llmc_run.py) as a checkpoint format: `--resume_from RUN_DIR` (its newest
 committed step) or `--resume_from RUN_DIR/model_%08d.bin` (that step); `--checkpoint_format llmc`
-saves a run as one (llmc_run/saver.py).
+saves a run as one (llmc_run/writer.py).
 
 What maps to what (karpathy/llm.c f1e2ace6 train_gpt2.cu load_state):
   params                  <- the fp32 master weights where the state has them (-w 1, the default),
@@ -135,7 +135,7 @@ class LLMCRunFormat:
         return llmc_run.committed_steps(root)
 
     def open(self, config, parts, protected_steps):
-        from jaxtrain.checkpoint.formats.llmc_run.saver import LLMCRunCheckpointer
+        from jaxtrain.checkpoint.formats.llmc_run.writer import LLMCRunCheckpointer
 
         return LLMCRunCheckpointer(config, parts, protected_steps)
 
