@@ -3,7 +3,7 @@
 An export never replaces what is already at --output unless --force. Even with --force it
 never deletes a directory it did not write (an InfiniTrain step directory is replaced only when
 its own record says `ckpt export` wrote it, and it holds nothing else; an llm.c run folder's step
-only when its jaxtrain_export record vouches for its files, llmc_run/export.py), never writes into a
+only when its jaxtrain_export record vouches for its files, llmc_run/writer.py), never writes into a
 checkpoint (the step it reads included, under any name), never over a file of a committed llm.c
 step, never over or into what the checkpoint's run started from (--init_from, --llmc_filepath),
 and never over the llm.c file a checkpoint records as its base: a LoRA checkpoint is merged and
@@ -43,7 +43,7 @@ TARGETS = {
     'infinitrain': Target(_WRITE_INFINITRAIN, rank_directories=True),
     'infinitrain-lrs': Target(_WRITE_INFINITRAIN, rank_directories=True),  # HEAD's files
     'infinitrain-bin': Target(_WRITE_INFINITRAIN),
-    'llmc-run': Target('jaxtrain.checkpoint.formats.llmc_run.export:write'),
+    'llmc-run': Target('jaxtrain.checkpoint.formats.llmc_run.writer:write'),
 }
 
 

@@ -1,7 +1,7 @@
 """`ckpt export --format infinitrain|infinitrain-lrs|infinitrain-bin`: any jaxtrain (Orbax) or
 InfiniTrain step written as InfiniTrain's step directory, as one GPU's or (HEAD's files, the first
 two formats) as the rank directories of any topology (--ddp, --tp, --pp, --cp, --zero_stage).
-state_from_orbax, an Orbax step's params, Adam moments and record, is llmc_run/export.py's too."""
+state_from_orbax, an Orbax step's params, Adam moments and record, is llmc_run/writer.py's too."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """`ckpt ls / show / verify` on an llm.c run folder (kind `llmc`); `ckpt export --format llmc-run`
-writes one (export.py); `ckpt diff` and
+writes one (writer.py); `ckpt diff` and
 the other exports refuse one, naming the llmc_io command that converts its model file.
 
 A run folder is what `train_gpt2cu -o DIR` writes (llmc_io/llmc_run.py); `show` and `verify` take

@@ -1,4 +1,7 @@
-"""`--checkpoint_format llmc`: the run saves into --checkpoint_dir as an llm.c run folder, each step
+"""Our state as a step of an llm.c run folder, which `train_gpt2cu -y 1` resumes: the run's saves
+(LLMCRunCheckpointer) and `ckpt export --format llmc-run` (export), both through llmc_run.write_step.
+
+`--checkpoint_format llmc`: the run saves into --checkpoint_dir as an llm.c run folder, each step
 model_%08d.bin (v5 bf16), state_%08d_00000.bin and DONE_%08d, which `train_gpt2cu -y 1` resumes and
 `--resume_from DIR` / `--resume_from latest` read back (llmc_run.py).
 
@@ -8,6 +11,15 @@ synchronous; rotation keeps the newest max_checkpoint_keep steps, every multiple
 and the step the run resumed from, deleting DONE first (as a step without it is not committed).
 A save clears its step's DONE before writing (llmc_run.write_step), and a run starting removes the
 temporaries a save killed mid-file left behind.
+
+`ckpt export --format llmc-run`: one of our Orbax steps into an llm.c run folder.
+
+The export writes the step as model_%08d.bin (v5 bf16, as train_gpt2cu's bf16 build reads;
+--version 3: fp32, for a PRECISION=FP32 build), state_%08d_00000.bin (AdamW m, v, our fp32
+parameters as master weights, llm.c's loader state at our data position), jaxtrain_export_%08d.json
+(the sha256 of what it wrote, so that a later --force replaces only an export's files, never
+train_gpt2cu's), jaxtrain_data_%08d.json (the training data's identity the step recorded, which our
+resume checks) and DONE_%08d, last, which `train_gpt2cu -y 1 -o DIR` resumes.
 """
 
 from __future__ import annotations
@@ -17,11 +29,11 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from jaxtrain.checkpoint.formats.infinitrain.trainer import model_header
-from jaxtrain.optim.optimizer import adam_states
-from jaxtrain.checkpoint.layout import kept_steps
-from jaxtrain.checkpoint.layout import CheckpointError, later_steps
 from jaxtrain.checkpoint.format import Snapshot
+from jaxtrain.checkpoint.formats.infinitrain.trainer import model_header
+from jaxtrain.checkpoint.formats.llmc_run.inspection import KIND
+from jaxtrain.checkpoint.layout import CheckpointError, kept_steps, later_steps
+from jaxtrain.optim.optimizer import adam_states
 from llmc_io import llmc_run
 from llmc_io.errors import LLMCFormatError
 from llmc_io.llmc_state import LLMCState, state_path, tree_to_flat
@@ -161,3 +173,147 @@ class LLMCRunCheckpointer:
 
     def close(self):
         pass
+
+
+# --- ckpt export --format llmc-run ---
+
+
+def _check_step_output(output: Path, step: int, force: bool, step_dir, recorded_base: str) -> None:
+    """No step-`step` files in `output`, or (with --force) only files an earlier export wrote:
+    llm.c's own files and a run's are never replaced (llmc_run.not_written_by_export)."""
+    from jaxtrain.checkpoint.export_target import refuse_base_file
+    from llmc_io.output_file import holds_step_dirs
+
+    if holds_step_dirs(output):
+        raise CheckpointError(
+            f'--output: {output}: expected an llm.c run folder (or a new or empty one), found a checkpoint '
+            'or a checkpoint root; --force never writes into one: choose another --output'
+        )
+    refuse_base_file(llmc_run.model_path(output, step), step_dir, recorded_base, '')
+    existing = [p.name for p in llmc_run.step_files(output, step)]
+    if existing and not force:
+        raise CheckpointError(
+            f'--output: {output}: expected no step-{step} files, found {", ".join(existing)}; they are '
+            'left as they are (pass --force to replace files an earlier export wrote)'
+        )
+    foreign = llmc_run.not_written_by_export(output, step) if existing else []
+    if foreign:
+        raise CheckpointError(
+            f'--output: {output}: expected (with --force) step-{step} files that ckpt export wrote, found '
+            f'{", ".join(foreign)}, which train_gpt2cu or a run wrote (or changed since: '
+            f'{llmc_run.export_record_path(output, step).name} does not vouch for them); they are left as '
+            'they are: choose another --output, or move them away yourself'
+        )
+
+
+def export(step_dir, output, force: bool = False, version: int = 5) -> dict:
+    """Write step_dir (one of our Orbax steps) into the llm.c run folder `output`: the model as
+    version 5 (bf16, train_gpt2cu's default build) or 3 (fp32, a PRECISION=FP32 build)."""
+    from jaxtrain.data.stream import LLMCShuffledStream
+    from jaxtrain.checkpoint.formats.infinitrain.export import state_from_orbax
+    from jaxtrain.checkpoint.formats.infinitrain.inspection import kind_of
+
+    if kind_of(step_dir) != 'orbax':
+        raise CheckpointError(
+            f'{step_dir}: expected one of our (Orbax) checkpoints for --format llmc-run, found a '
+            f'{kind_of(step_dir)} one; '
+            'resume it with the trainer and save as orbax first'
+        )
+    from jaxtrain.checkpoint.trainer_state import read_trainer_state
+    from jaxtrain.checkpoint.formats.orbax.inspection import find_step_dir
+
+    # Where it would write, before the arrays are read: a refusal costs nothing.
+    listed = read_trainer_state(find_step_dir(step_dir))
+    _check_step_output(Path(output), int(listed['step']), force, step_dir, listed.get('llmc_file', ''))
+    family, params, moments, record, header = state_from_orbax(step_dir)
+    if family != 'gpt2':
+        raise CheckpointError(f'{step_dir}: model_family: expected gpt2 (train_gpt2cu), found {family}')
+    if moments is None:
+        raise CheckpointError(
+            f'{step_dir}: opt_state: expected AdamW moments (llm.c\'s state file holds m and v), found none; '
+            'save with --save_optimizer_state'
+        )
+    step = int(record['step'])
+    output = Path(output)
+    training = record.get('training_config', {})
+    mu, nu, t = moments
+    if t != step:
+        raise CheckpointError(
+            f'{step_dir}: Adam t: expected the step {step} (llm.c takes t = step + 1 next), found {t}'
+        )
+    position = int(record['data_position'])
+    shuffle = training.get('shuffle', 'none')
+    pattern = training.get('input_bin', '')
+    if shuffle != 'llmc':
+        raise CheckpointError(
+            f"{step_dir}: training_config.shuffle: expected 'llmc' (train_gpt2cu reads its permuted order), "
+            f"found {shuffle!r}; train with --shuffle llmc to continue the run in llm.c"
+        )
+    tokens = int(record['tokens_per_step'])
+    micro = training['batch_size'] * training['sequence_length']
+    mesh = record.get('topology', {}).get('mesh', {})
+    data_parallel = mesh.get('data', 1) * mesh.get('fsdp', 1)
+    accumulation = tokens // (micro * data_parallel)
+    stream = LLMCShuffledStream(
+        pattern, tokens, training['sequence_length'], header.vocab_size, accumulation=accumulation
+    )
+    shard_idx, sample_idx, shuffle_state = stream.loader_state(position)
+    state = LLMCState(
+        step=step,
+        current_shard_idx=shard_idx,
+        current_sample_idx=sample_idx,
+        m=tree_to_flat(output, mu, header),
+        v=tree_to_flat(output, nu, header),
+        master=tree_to_flat(output, params, header),
+        shuffle=shuffle_state,
+        rng_state=int(record.get('llmc_rng_state', 13371337)),
+        rng_state_last_update=int(record.get('llmc_rng_state_last_update', 13371337)),
+    )
+    try:
+        llmc_run.write_step(
+            output,
+            header,
+            params,
+            state,
+            version=version,
+            exported_from=str(step_dir),
+            data=record.get('data'),
+        )
+    except (OSError, LLMCFormatError) as e:
+        raise CheckpointError(
+            f'--output: {output}: step {step} not written and left uncommitted (no DONE_{step:08d}): {e}'
+        ) from None
+    return {
+        'output': str(output),
+        'kind': KIND,
+        'step': step,
+        'model_family': family,
+        'version': version,
+        'files': [f'model_{step:08d}.bin', f'state_{step:08d}_00000.bin', f'DONE_{step:08d}'],
+        'data': pattern,
+        'llmc_flags': f"-b {micro * data_parallel // training['sequence_length']} "
+        f"-t {training['sequence_length']} -d {tokens}",
+        'later_steps': [s for s in llmc_run.committed_steps(output) if s > step],
+    }
+
+
+def export_line(written: dict) -> str:
+    return (
+        f"wrote {written['output']}: llm.c run folder, step {written['step']} "
+        f"({', '.join(written['files'])}; model version {written['version']}"
+        f"{' fp32, for a PRECISION=FP32 build' if written['version'] == 3 else ' bf16'}); "
+        f"llm.c resumes it with train_gpt2cu -i '{written['data']}' {written['llmc_flags']} -y 1 -o "
+        f"{written['output']}"
+        + (
+            f"; note: -y 1 resumes the newest committed step, {written['later_steps'][-1]}, not this one: "
+            'move the later steps away first'
+            if written['later_steps']
+            else ''
+        )
+    )
+
+
+def write(fmt, args) -> tuple[dict, str]:
+    """`ckpt export --format llmc-run`: (what was written, for --json; the line for people)."""
+    written = export(args.step_dir, args.output, args.force, args.version or 5)
+    return {'path': str(args.step_dir), **written}, export_line(written)
