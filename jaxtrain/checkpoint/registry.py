@@ -12,26 +12,30 @@ from pathlib import Path
 from jaxtrain.checkpoint.format import CheckpointFormat, RunCheckpointer, Verification, refuse_problems
 from jaxtrain.checkpoint.formats.infinitrain import steps as it
 from jaxtrain.checkpoint.formats.infinitrain.format import InfiniTrainFormat
-from jaxtrain.checkpoint.formats.infinitrain.steps import LRS_FORMAT
 from jaxtrain.checkpoint.formats.llmc_run.restore import LLMCRunFormat
 from jaxtrain.checkpoint.formats.orbax.restore import OrbaxFormat
 from jaxtrain.checkpoint.layout import CheckpointError, step_dir_name
 
 ORBAX = OrbaxFormat()
 LLMC_RUN = LLMCRunFormat()  # llm.c run folders: model_%08d.bin, state_%08d_00000.bin, DONE_%08d
-_INFINITRAIN = {kind: InfiniTrainFormat(kind) for kind in it.KINDS}  # every kind reads; pth does not write
+# InfiniTrain's format, by generation: what each one holds and whether a run saves it is steps.py's
+# GENERATIONS, so nothing here names one.
+_INFINITRAIN = {generation.name: InfiniTrainFormat(generation) for generation in it.GENERATIONS}
 # --checkpoint_format values, in the order --help lists them.
 WRITERS: dict[str, CheckpointFormat] = {
     ORBAX.name: ORBAX,
-    it.HEAD_KIND: _INFINITRAIN[it.HEAD_KIND],
-    LRS_FORMAT: InfiniTrainFormat(LRS_FORMAT, reads=it.HEAD_KIND),  # HEAD's files, PR 151's generation
-    it.PR_BIN_KIND: _INFINITRAIN[it.PR_BIN_KIND],
+    **{name: fmt for name, fmt in _INFINITRAIN.items() if fmt.generation.saved_by_runs},
     LLMC_RUN.name: LLMC_RUN,
 }
 FORMAT_NAMES = tuple(WRITERS)
 # The formats a step directory is offered to, in order: Orbax last, the fallback whose checks say
-# what is wrong with a directory no format owns.
-READERS: tuple[CheckpointFormat, ...] = (LLMC_RUN, *_INFINITRAIN.values(), ORBAX)
+# what is wrong with a directory no format owns. A generation that shares another's files (PR 151's
+# scheduler generation, HEAD's files) is HEAD's to read.
+READERS: tuple[CheckpointFormat, ...] = (
+    LLMC_RUN,
+    *(fmt for name, fmt in _INFINITRAIN.items() if fmt.generation.files == name),
+    ORBAX,
+)
 _FAMILIES = (
     ORBAX,
     _INFINITRAIN[it.HEAD_KIND],

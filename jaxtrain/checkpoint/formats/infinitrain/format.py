@@ -26,14 +26,15 @@ from llmc_io.infinitrain.state import read_trainer_state as read_infinitrain_sta
 
 
 class InfiniTrainFormat:
-    """One InfiniTrain kind (steps.py's KINDS): every kind restores; infinitrain and
-    infinitrain-bin also write."""
+    """InfiniTrain's step directories, one generation of them (steps.py's GENERATIONS): every
+    generation restores; those a run saves also write."""
 
     title = 'InfiniTrain'
 
-    def __init__(self, kind: str, reads: str | None = None):
-        self.name = kind
-        self.reads = reads or kind  # the kind of files it owns: infinitrain-lrs writes HEAD's
+    def __init__(self, generation: it.Generation):
+        self.generation = generation
+        self.name = generation.name
+        self.reads = generation.files  # the kind of files it owns: infinitrain-lrs writes HEAD's
 
     def owns(self, step_dir) -> bool:
         """A step directory of this kind. One whose files are still gzipped (as samples are shipped)

@@ -41,6 +41,23 @@ PR_BIN_KIND = 'infinitrain-bin'
 PR_PTH_KIND = 'infinitrain-pth'
 KINDS = (HEAD_KIND, PR_BIN_KIND, PR_PTH_KIND)
 LRS_FORMAT = 'infinitrain-lrs'  # HEAD's files, LR-scheduler generation (formats/infinitrain/schedule.py)
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    """One generation of InfiniTrain's step directories, as format.py's InfiniTrainFormat takes it."""
+
+    name: str  # the kind `ckpt` names it by, and --checkpoint_format's value where a run saves it
+    files: str  # the kind of model and optimizer files it holds (detect_kind's answer)
+    saved_by_runs: bool  # a run saves it (--checkpoint_format); else it is read only
+
+
+GENERATIONS = (
+    Generation(HEAD_KIND, HEAD_KIND, saved_by_runs=True),
+    Generation(LRS_FORMAT, HEAD_KIND, saved_by_runs=True),  # HEAD's files and lr_scheduler.ckpt
+    Generation(PR_BIN_KIND, PR_BIN_KIND, saved_by_runs=True),
+    Generation(PR_PTH_KIND, PR_PTH_KIND, saved_by_runs=False),  # PyTorch's files: upstream writes them
+)
 # kind -> (model file, optimizer file)
 FILES = {
     HEAD_KIND: ('model.ckpt', 'optimizer.ckpt'),
