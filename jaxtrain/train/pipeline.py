@@ -1,7 +1,7 @@
 """Pipeline parallelism: the mesh axis `pipeline` (parallel/sharding.py) carries P stages, the model's
 L stacked layers are cut into P × V chunks, and gradient accumulation's micro-steps become
 the microbatches that flow through them. `pipeline_loss_and_grads` replaces the step's
-micro-step scan (step.py); it is a pure function of the parameters and the batch, so the
+micro-step scan (setup.py); it is a pure function of the parameters and the batch, so the
 train step stays one program jitted once.
 
 Axis letters: M microbatches (the accumulation micro-steps), B rows, T time, C channels,
@@ -86,7 +86,7 @@ def _index(x, i):
 def make_pipeline_loss_and_grads(graphdef: nnx.GraphDef, vocab_size: int, mesh: Mesh, virtual: int):
     """Returns loss_and_grads(params, inputs_MxBxT, targets_MxBxT) -> (loss, grads): the mean
     over microbatches of each one's mean loss and the mean of their gradients, as the
-    unpipelined micro-step scan gives them (step.py)."""
+    unpipelined micro-step scan gives them (setup.py)."""
     return jax.value_and_grad(make_pipeline_loss(graphdef, vocab_size, mesh, virtual))
 
 
