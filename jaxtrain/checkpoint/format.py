@@ -127,6 +127,8 @@ class CheckpointFormat(Protocol):
 
     name: str  # the --checkpoint_format value that writes it (or the kind `ckpt ls` prints)
     title: str  # the family, as messages name it: 'Orbax', 'InfiniTrain'
+    # Why its steps cannot record the validation loss --keep_best ranks them by ('' where they do).
+    no_val_loss: str
 
     def owns(self, step_dir) -> bool:
         """Whether step_dir is a step directory of this format."""

@@ -14,7 +14,7 @@ import math
 import os
 from pathlib import Path
 
-from jaxtrain.checkpoint.registry import FORMAT_NAMES
+from jaxtrain.checkpoint.registry import FORMAT_NAMES, WRITERS
 from jaxtrain.checks.fit_checks import check_fit
 from jaxtrain.parallel.context_parallel import COMM_TYPES as CP_COMM_TYPES
 from llmc_io.infinitrain.lora_weights import LAYOUTS as LORA_LAYOUTS
@@ -135,10 +135,11 @@ def check_config(config):
             f'keep_best: expected save_steps to be a multiple of val_loss_every {config.val_loss_every} (a '
             f'checkpoint is ranked by the validation loss at its step), found save_steps {config.save_steps}'
         )
-    if config.keep_best and config.checkpoint_format == 'llmc':
+    no_val_loss = getattr(WRITERS.get(config.checkpoint_format), 'no_val_loss', '')
+    if config.keep_best and no_val_loss:
         problems.append(
             'keep_best: expected a checkpoint format whose steps record their validation loss, found '
-            '--checkpoint_format llmc (llm.c\'s run folder has no place for it); drop --keep_best or save '
+            f'--checkpoint_format {config.checkpoint_format} ({no_val_loss}); drop --keep_best or save '
             'as orbax'
         )
     if config.wandb_project and importlib.util.find_spec('wandb') is None:

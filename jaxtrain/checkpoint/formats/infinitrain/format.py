@@ -30,6 +30,7 @@ class InfiniTrainFormat:
     generation restores; those a run saves also write."""
 
     title = 'InfiniTrain'
+    no_val_loss = ''  # the "jaxtrain" object of trainer_state.json records it
 
     def __init__(self, generation: it.Generation):
         self.generation = generation

@@ -123,6 +123,7 @@ class LLMCRunFormat:
 
     name = KIND
     title = 'llm.c'
+    no_val_loss = "llm.c's run folder has no place for it"
 
     def owns(self, path) -> bool:
         path = Path(path)

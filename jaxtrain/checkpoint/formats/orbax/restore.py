@@ -50,6 +50,7 @@ class OrbaxFormat:
 
     name = 'orbax'
     title = 'Orbax'
+    no_val_loss = ''
 
     def owns(self, step_dir) -> bool:
         return is_committed(Path(step_dir))
