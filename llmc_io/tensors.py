@@ -165,7 +165,7 @@ class FileLeaf:
     to nothing (jaxtrain/optim/optimizer.py put_tree), rather than on the host, where a 1B model's
     kernels take seconds; assemble() is the host's way, which np.asarray also takes."""
 
-    parts: list
+    parts: list  # NumPy arrays, or a device's (read_state_dict's place)
     stacked: bool  # parts are layers, stacked on a new axis 0
     transposed: bool  # the leaf is each part's transpose (a kernel's (in, out))
     dtype = np.dtype(np.float32)
@@ -190,6 +190,12 @@ class FileLeaf:
             copy_into(out[i], view)
         return out
 
+    def take_parts(self) -> list:
+        """The parts, which leave this FileLeaf (it is made once): a restore frees each leaf's
+        parts as soon as it has made the leaf of them."""
+        parts, self.parts = self.parts, []
+        return parts
+
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         made = self.assemble()
         return made if dtype is None else made.astype(dtype, copy=False)
@@ -198,9 +204,13 @@ class FileLeaf:
 def all_finite(values: np.ndarray) -> bool:
     """Whether every value is finite, checked in pieces on several threads (NumPy's ufuncs let go
     of the GIL): a 1B model's weights and moments, 17 GiB, in seconds rather than half a minute,
-    and never a boolean copy of a whole tensor. A FileLeaf's parts are checked as they are."""
+    and never a boolean copy of a whole tensor. A FileLeaf's parts are checked as they are, and an
+    array of another array-API library (a device's) where it is, by its own functions."""
     if isinstance(values, FileLeaf):
         return all(all_finite(part) for part in values.parts)
+    if not isinstance(values, np.ndarray) and hasattr(values, "__array_namespace__"):
+        xp = values.__array_namespace__()
+        return bool(xp.all(xp.isfinite(values)))
     flat = np.asarray(values).reshape(-1)
     if flat.size <= _FINITE_PIECE:
         return bool(np.isfinite(flat).all())

@@ -192,11 +192,13 @@ def _to_device(like, value):
     return jax.device_put(np.asarray(value, dtype=like.dtype), like.sharding)
 
 
-def put_tree(like_tree, numpy_tree):
+def put_tree(like_tree, numpy_tree, consume: bool = False):
     """numpy_tree on the device, with like_tree's dtypes and shardings: one device_put of every
     leaf, whose transfers then run side by side rather than one after the other. A FileLeaf
-    (llmc_io.tensors: a file's layers, untransposed) bound for one device is stacked and
-    transposed there; on several, it is made on the host first."""
+    (llmc_io.tensors: a file's layers, untransposed, on the host or already on the device) bound
+    for one device is stacked and transposed there; on several, it is made on the host first.
+    consume: each FileLeaf's parts leave it as its leaf is made, so that they are freed then and
+    the device never holds every part and every leaf at once."""
     likes, structure = jax.tree.flatten(like_tree)
     values = structure.flatten_up_to(numpy_tree)
     placed = [None] * len(likes)
@@ -206,8 +208,9 @@ def put_tree(like_tree, numpy_tree):
         placed[i] = array
     for i, (like, value) in enumerate(zip(likes, values)):
         if placed[i] is None:
-            parts = tuple(jax.device_put(value.parts, like.sharding))
+            parts = tuple(jax.device_put(value.take_parts() if consume else value.parts, like.sharding))
             placed[i] = _assembler(like.sharding)(parts, value.stacked, value.transposed, like.dtype)
+            del parts
     return structure.unflatten(placed)
 
 
@@ -228,14 +231,17 @@ def _assembler(sharding):
     return jax.jit(assemble, static_argnums=(1, 2, 3), out_shardings=sharding)
 
 
-def with_adam_moments(opt_like, mu, nu, adam_count: int, schedule_count: int):
-    """opt_like with saved Adam moments (mu, nu trees of NumPy arrays) and counts put in: the
-    Adam state's count is the saved t, any schedule's count the step the run continues from."""
+def with_adam_moments(opt_like, mu, nu, adam_count: int, schedule_count: int, consume: bool = False):
+    """opt_like with saved Adam moments (mu, nu trees of NumPy arrays or FileLeafs) and counts put
+    in: the Adam state's count is the saved t, any schedule's count the step the run continues
+    from. consume: as put_tree's (for one Adam state only: the trees are used up)."""
 
     def restore(node):
         if _is_adam(node):
             return optax.ScaleByAdamState(
-                count=_to_device(node.count, adam_count), mu=put_tree(node.mu, mu), nu=put_tree(node.nu, nu)
+                count=_to_device(node.count, adam_count),
+                mu=put_tree(node.mu, mu, consume),
+                nu=put_tree(node.nu, nu, consume),
             )
         if _is_schedule(node):
             return optax.ScaleByScheduleState(count=_to_device(node.count, schedule_count))

@@ -137,6 +137,12 @@ def _with_tied_head(family: str, leaves: dict) -> dict:
     return leaves
 
 
+def _same_bits(a, b) -> bool:
+    """Whether two fp32 arrays hold the same bytes, compared where they are (NumPy's, or a device's
+    array placed by read_state_dict), never copied to the host."""
+    return tuple(a.shape) == tuple(b.shape) and bool((a.view(np.uint32) == b.view(np.uint32)).all())
+
+
 def _fail(path, field, expected, found, hint=None):
     raise LLMCFormatError(path, field, expected, found, hint)
 
@@ -210,7 +216,7 @@ def state_dict_to_tree(
             _fail(path, f"tensor '{name}' shape", f"{tuple(leaf_shape)}", f"{tuple(value.shape)}")
         if layer is None:
             leaf = FileLeaf([value], stacked=False, transposed=transposed)
-            tree_set(tree, tree_path, leaf if transposed and not assemble else leaf.assemble())
+            tree_set(tree, tree_path, leaf.assemble() if assemble else leaf)
         else:
             per_layer.setdefault(tree_path, [None] * num_layers)[layer] = value
             layer_names.setdefault(tree_path, []).append(name)
@@ -235,9 +241,7 @@ def state_dict_to_tree(
             tree_set(tree, tree_path, value)
     if family == GPT2:
         wte = arrays["transformer.wte.weight"]
-        if arrays[TIED_HEAD].shape != wte.shape or not np.array_equal(
-            arrays[TIED_HEAD].view(np.uint32), wte.view(np.uint32)
-        ):
+        if not _same_bits(arrays[TIED_HEAD], wte):
             _fail(
                 path,
                 f"tensor '{TIED_HEAD}'",
@@ -252,8 +256,9 @@ def state_dict_to_tree(
                 _fail(path, f"tensor '{name}' shape", f"(1, 1, {block}, {block})", f"{arrays[name].shape}")
     if tied_llama:
         head = tree.pop("lm_head")["kernel"]
+        wte = tree["wte"]["embedding"]
         rows = head.parts[0] if isinstance(head, FileLeaf) else head.T  # the file's (V, C)
-        if not np.array_equal(rows.view(np.uint32), tree["wte"]["embedding"].view(np.uint32)):
+        if not _same_bits(rows, wte.parts[0] if isinstance(wte, FileLeaf) else wte):
             _fail(
                 path,
                 f"tensor '{TIED_HEAD}'",

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import hashlib
 import os
 import struct
@@ -143,24 +144,36 @@ class _Hasher:
         self.pool.shutdown(wait=True)
 
 
-def read_state_dict(path: str | os.PathLike, sha256_of: dict | None = None) -> dict[str, CkptTensor]:
+def read_state_dict(
+    path: str | os.PathLike, sha256_of: dict | None = None, place=None
+) -> dict[str, CkptTensor]:
     """{name: CkptTensor} of a CKPT file, in file order. Raises LLMCFormatError on any malformation.
-    sha256_of: a dict that gets {path: the file's sha256 (hex)}, taken from the same read."""
+    sha256_of: a dict that gets {path: the file's sha256 (hex)}, taken from the same read.
+    place: a function of each tensor's array, run on a thread of its own as soon as the array is
+    read while the next is; the CkptTensor holds what it returns (a restore puts the array on its
+    device there, so that the host never holds the whole file)."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise LLMCFormatError(path, "file", "a CKPT state-dict file", "nothing there")
     hasher = _Hasher() if sha256_of is not None else None
+    placer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="place") if place else None
     try:
-        tensors = _read_state_dict(path, hasher)
+        tensors = _read_state_dict(
+            path, hasher, None if placer is None else functools.partial(placer.submit, place)
+        )
+        if placer is not None:
+            tensors = {name: dataclasses.replace(t, array=t.array.result()) for name, t in tensors.items()}
         if hasher is not None:
             sha256_of[path] = hasher.hexdigest()
         return tensors
     finally:
         if hasher is not None:
             hasher.close()
+        if placer is not None:
+            placer.shutdown(wait=True, cancel_futures=True)
 
 
-def _read_state_dict(path: str, hasher) -> dict[str, CkptTensor]:
+def _read_state_dict(path: str, hasher, place) -> dict[str, CkptTensor]:
     size = os.path.getsize(path)
     with open(path, "rb") as f:
         r = _Reader(path, f, size, hasher)
@@ -208,7 +221,7 @@ def _read_state_dict(path: str, hasher) -> dict[str, CkptTensor]:
                 )
             offset = r.pos
             array = r.read_array(disk_dtype, dims, nbytes, f"{where} data")
-            tensors[name] = CkptTensor(code, array, offset)
+            tensors[name] = CkptTensor(code, array if place is None else place(array), offset)
         if r.pos != size:
             raise LLMCFormatError(
                 path,

@@ -6,9 +6,9 @@ what `ckpt` shows of it (inspection.py) and writes from it (export.py).
 from __future__ import annotations
 
 import dataclasses
-import functools
 from pathlib import Path
 
+import jax
 import numpy as np
 
 from jaxtrain.checkpoint.format import Resumed, Verification, Weights, fresh_optimizer_state, refuse_problems
@@ -16,13 +16,32 @@ from jaxtrain.checkpoint.formats.infinitrain import schedule as infinitrain_sche
 from jaxtrain.checkpoint.formats.infinitrain import steps as it
 from jaxtrain.checkpoint.formats.infinitrain.saver import InfiniTrainCheckpointer, batches_per_step
 from jaxtrain.checkpoint.formats.infinitrain.steps import LRS_FORMAT
-from jaxtrain.checkpoint.formats.infinitrain.trainer import expected_shapes, read_step_dir
+from jaxtrain.checkpoint.formats.infinitrain.trainer import (
+    expected_shapes,
+    read_step_dir,
+    refuse_recorded_problems,
+)
 from jaxtrain.checkpoint.layout import CheckpointError, step_dir_name
 from jaxtrain.checkpoint.trainer_state import compare_with_run
-from jaxtrain.optim.optimizer import put_tree, spelled_with_infinitrain_flags
+from jaxtrain.optim.optimizer import spelled_with_infinitrain_flags
 from jaxtrain.parallel import sharding
 from llmc_io.errors import LLMCFormatError
 from llmc_io.infinitrain.state import read_trainer_state as read_infinitrain_state
+
+
+def _placer(state):
+    """read_state_dict's place for a state on one device: each float array read is put there at once
+    (the step's integer counts stay on the host); None for a state across devices, whose leaves
+    are made on the host (put_tree)."""
+    devices = {device for leaf in jax.tree.leaves(state) for device in leaf.sharding.device_set}
+    if len(devices) != 1:
+        return None
+    (device,) = devices
+
+    def place(array: np.ndarray):
+        return jax.device_put(array, device) if array.dtype == np.float32 and array.ndim else array
+
+    return place
 
 
 class InfiniTrainFormat:
@@ -144,17 +163,24 @@ class InfiniTrainFormat:
         state = parts.state
         run_pipeline = (config.pipeline_parallel, config.virtual_pipeline_parallel)
         try:
-            # Read once: the same arrays and the sha256 taken while reading serve the restore and
-            # verify below (a 1B step is 17 GiB; each further read of it is seconds).
-            # The leaves are stacked and transposed on the device (put_tree), the params put there
-            # while the optimizer file is still read.
+            # Read once: the same arrays and the sha256 taken while reading serve verify and the
+            # restore (a 1B step is 17 GiB; each further read of it is seconds). On one device each
+            # array goes there as it is read, and the leaves are stacked and transposed there
+            # (put_tree): the host never holds the step.
             ckpt = it.read_checkpoint(
                 step_dir,
                 expected_shapes(state.params),
                 run_pipeline=run_pipeline,
                 assemble=False,
-                place_params=functools.partial(put_tree, state.params),
+                place=_placer((state.params, state.opt_state)),
             )
+            # What the records say first, then every check `ckpt verify` makes, also on the files
+            # that read did not need (the other ranks, the replicas), before the state is made of
+            # the arrays (which uses them up): a resume refuses what verify rejects.
+            from jaxtrain.checkpoint.formats.infinitrain.inspection import verify
+
+            refuse_recorded_problems(step_dir, ckpt)
+            refuse_problems(verify(step_dir, ckpt), step_dir, 'resume_from')
             params, opt_state, saved = read_step_dir(
                 step_dir,
                 state.params,
@@ -167,12 +193,7 @@ class InfiniTrainFormat:
             )
         except LLMCFormatError as e:
             raise CheckpointError(f'{e}') from None
-        # Then every check `ckpt verify` makes, on the files that read did not need too (the other
-        # ranks, the replicas): a resume refuses what verify rejects.
-        from jaxtrain.checkpoint.formats.infinitrain.inspection import verify
-
-        refuse_problems(verify(step_dir, ckpt), step_dir, 'resume_from')
-        del ckpt  # its NumPy arrays: the state is on the devices now
+        del ckpt  # what is left of its arrays: the state is on the devices now
         messages = list(saved.pop('messages'))
         generation = saved.pop('generation')
         messages += infinitrain_schedule.resume_schedule(

@@ -83,7 +83,6 @@ class InfiniTrainCheckpoint:
     # {file path: sha256 (hex)} of the files whose digest the read itself took (inspection.py's
     # record checks then need not read them again)
     sha256: dict = dataclasses.field(default_factory=dict)
-    placed_params: object = None  # what read_checkpoint's place_params made of params, if it was given
 
 
 def _model_file_kind(directory: Path) -> str | None:
@@ -156,7 +155,7 @@ def _fit_vocab(params: dict, expected: dict | None) -> dict:
 
 
 def _read_model(
-    path: Path, kind: str, expected: dict | None, sha256_of: dict, assemble: bool
+    path: Path, kind: str, expected: dict | None, sha256_of: dict, assemble: bool, place
 ) -> tuple[str, dict]:
     if kind == PR_BIN_KIND:
         header, params = llmc_io.load_model(path)
@@ -189,7 +188,7 @@ def _read_model(
                         'the checkpoint is for another model family',
                     )
         return family, params
-    tensors = read_state_dict(path, sha256_of)
+    tensors = read_state_dict(path, sha256_of, place)
     shapes = expected if expected is not None else _expected_shapes_from_state_dict(path, tensors)
     family = names.family_of(tensors)
     return family, names.state_dict_to_tree(path, tensors, shapes, consume=True, assemble=assemble)
@@ -202,16 +201,15 @@ def read_checkpoint(
     vpp: int | None = None,
     run_pipeline: tuple[int, int] | None = None,
     assemble: bool = True,
-    place_params=None,
+    place=None,
 ) -> InfiniTrainCheckpoint:
     """Read an InfiniTrain step directory. expected_shapes: {tree path: shape} of the model that will use it
     (names and shapes are checked against it), or None to take the shapes from the files. vpp: the run's
     --virtual_pipeline_parallel when its pipeline stages fit several (trainer_state.json has no record);
     run_pipeline: (pipeline_parallel, virtual_pipeline_parallel) of the run that resumes, the hint then.
     assemble=False: a single-rank step's stacked and transposed leaves stay FileLeafs of the files'
-    arrays (llmc_io.tensors), for a restore to make on the device. place_params: a function of the
-    params tree (a restore's put on the devices), called as soon as the model file is read, while
-    the optimizer file still is; its result is the checkpoint's placed_params."""
+    arrays (llmc_io.tensors), for a restore to make on the device. place: read_state_dict's, for a
+    single-rank step's state-dict files (a restore puts each array on its device as it is read)."""
     step_dir = Path(step_dir)
     if not step_dir.is_dir():
         raise LLMCFormatError(step_dir, 'directory', 'an InfiniTrain checkpoint directory', 'nothing there')
@@ -258,19 +256,14 @@ def read_checkpoint(
     # The two files side by side: each file's hash is one stream (about 1.1 GB/s on a GPU host's
     # cores), so the optimizer file's alone, not the sum of both, bounds a 1B step's read.
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='infinitrain-model-file') as other:
-
-        def read_model():
-            family, params = _read_model(model_path, kind, expected_shapes, sha256_of, assemble)
-            return family, params, None if place_params is None else place_params(params)
-
-        model_read = other.submit(read_model)
+        model_read = other.submit(_read_model, model_path, kind, expected_shapes, sha256_of, assemble, place)
         opt_tensors, opt_error = None, None
         if with_optimizer and opt_path.is_file():
             try:
-                opt_tensors = read_state_dict(opt_path, sha256_of)
+                opt_tensors = read_state_dict(opt_path, sha256_of, place)
             except LLMCFormatError as e:
                 opt_error = e
-        family, params, placed = model_read.result()  # a damaged model file is named first, as before
+        family, params = model_read.result()  # a damaged model file is named first, as before
     if opt_error is not None:
         raise opt_error
     moments = None
@@ -288,7 +281,6 @@ def read_checkpoint(
         len(ranks),
         notices,
         sha256=sha256_of,
-        placed_params=placed,
     )
 
 

@@ -63,11 +63,7 @@ def read_step_dir(
     if ckpt is None:
         ckpt = it.read_checkpoint(path, expected_shapes(params_like), run_pipeline=run_pipeline)
     state = ckpt.state
-    # before anything is put on the devices; the files the read hashed are not read again
-    problems, _ = recorded_problems(path, ckpt.path, state, ckpt.sha256)
-    if problems:
-        more = f'; {len(problems) - 1} more: python -m jaxtrain.ckpt verify {path}' if problems[1:] else ''
-        raise CheckpointError(problems[0] + more)
+    refuse_recorded_problems(path, ckpt)  # before anything is put on the devices
     messages = list(ckpt.notices)
     extras = state.jaxtrain or {}
     record = dict(extras)
@@ -101,7 +97,7 @@ def read_step_dir(
             state.data_batch_idx, batches_per_step, ckpt.path / it.TRAINER_STATE
         )
     record.setdefault('rng', None)
-    params = ckpt.placed_params if ckpt.placed_params is not None else put_tree(params_like, ckpt.params)
+    params = put_tree(params_like, ckpt.params, consume=True)
     opt_state = None
     live_adam = adam_states(opt_like)
     if ckpt.moments is not None and not live_adam:
@@ -119,8 +115,19 @@ def read_step_dir(
         if saved and saved.lower() != optimizer:  # e.g. Adam's moments continued by adamw
             messages.append(f'resume: {path} was trained with {saved}; its m, v, t continue in {optimizer}')
         mu, nu, t = ckpt.moments
-        opt_state = with_adam_moments(opt_like, mu, nu, adam_count=t, schedule_count=state.global_step)
+        opt_state = with_adam_moments(
+            opt_like, mu, nu, adam_count=t, schedule_count=state.global_step, consume=len(live_adam) == 1
+        )
     return params, opt_state, record
+
+
+def refuse_recorded_problems(path, ckpt: it.InfiniTrainCheckpoint) -> None:
+    """The first thing the step's records say is wrong (its digest, step, files' sha256s), as one
+    CheckpointError; the files the read hashed are not read again."""
+    problems, _ = recorded_problems(path, ckpt.path, ckpt.state, ckpt.sha256)
+    if problems:
+        more = f'; {len(problems) - 1} more: python -m jaxtrain.ckpt verify {path}' if problems[1:] else ''
+        raise CheckpointError(problems[0] + more)
 
 
 def model_header(family: str, model_config):
