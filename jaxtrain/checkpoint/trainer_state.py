@@ -76,6 +76,13 @@ def check_resumable(trainer_state: dict, step_dir) -> None:
         raise CheckpointError(f'{problems[0]}{more}; {DAMAGED}')
 
 
+def run_training_config(config, tokens_per_step: int) -> dict:
+    """The config as the run uses it, which a record keeps and a resume compares: as given, but
+    with the total_batch_size the batch geometry made of it (0, or a default one micro-step
+    does not fit into, becomes the tokens of a step)."""
+    return {**config.to_dict(), 'total_batch_size': tokens_per_step}
+
+
 def trainer_state_record(
     config,
     *,
@@ -100,7 +107,7 @@ def trainer_state_record(
         'learning_rate': learning_rate,
         'model_family': config.model_family,
         'model_config': model_config,
-        'training_config': config.to_dict(),
+        'training_config': run_training_config(config, tokens_per_step),
         'dtype': config.dtype,
         'tokens_per_step': tokens_per_step,
         'topology': topology,
@@ -189,10 +196,11 @@ def compare_with_run(saved: dict, model_config: dict, training_config: dict) -> 
             f"{', '.join(only_saved) or 'none'}; only in this run: {', '.join(only_now) or 'none'}"
         )
     for key in _MUST_MATCH:
-        if key != 'model_family' and saved_training.get(key) != training_config.get(key):
-            incompatible.append(
-                f'{key}: checkpoint {saved_training.get(key)!r}, now {training_config.get(key)!r}'
-            )
+        was = saved_training.get(key)
+        if key == 'total_batch_size' and was == 0:  # an older record's "one micro-step"
+            was = saved.get('tokens_per_step', was)
+        if key != 'model_family' and was != training_config.get(key):
+            incompatible.append(f'{key}: checkpoint {was!r}, now {training_config.get(key)!r}')
     # The batch order (data/stream.py): the saved position means another batch in the other one.
     saved_order, order = saved_training.get('shuffle', 'none'), training_config.get('shuffle', 'none')
     if saved_order != order:

@@ -130,16 +130,17 @@ def total_on_mesh(config, data_parallel: int) -> int:
     return micro_step
 
 
-def fit_default_total_to_mesh(config, data_parallel: int) -> None:
-    micro_step = total_on_mesh(config, data_parallel)
-    if micro_step == config.total_batch_size:
-        return
-    config.total_batch_size = micro_step
-    _print_on_process_0(
-        f'batch: total_batch_size {DEFAULT_TOTAL} (the default) is less than one micro-step '
-        f'here ({config.batch_size} x {config.sequence_length} x DP {data_parallel} = {micro_step} '
-        f'tokens); using {micro_step} (no accumulation). Pass --total_batch_size to choose.'
-    )
+def announce_total_on_mesh(config, data_parallel: int) -> int:
+    """total_on_mesh, with a line when it is not the config's own value; the config is left as
+    given (the run's geometry carries what it uses)."""
+    total = total_on_mesh(config, data_parallel)
+    if total != config.total_batch_size:
+        _print_on_process_0(
+            f'batch: total_batch_size {DEFAULT_TOTAL} (the default) is less than one micro-step '
+            f'here ({config.batch_size} x {config.sequence_length} x DP {data_parallel} = {total} '
+            f'tokens); using {total} (no accumulation). Pass --total_batch_size to choose.'
+        )
+    return total
 
 
 # --- the streams ---

@@ -23,7 +23,7 @@ from jax.sharding import PartitionSpec as P
 from jaxtrain.parallel import context_parallel, sharding
 from jaxtrain.train.pipeline import make_pipeline_loss_and_grads
 from jaxtrain.data.stream import BatchGeometry, batch_geometry
-from jaxtrain.data.stream import fit_default_total_to_mesh
+from jaxtrain.data.stream import announce_total_on_mesh
 from jaxtrain.models.vocab_table import lm_head_cross_entropy, resolve_cross_entropy
 from jaxtrain.checkpoint.resume import apply_init_from
 from jaxtrain.models.setup import DTYPES, ModelSetup, setup_model
@@ -216,11 +216,10 @@ def build_trainer(config) -> TrainerSetup:
     replicated = NamedSharding(mesh, P())
     train_batch_sharding = sharding.batch_sharding(mesh, micro_steps=True)
     val_batch_sharding = sharding.batch_sharding(mesh, micro_steps=False)
-    fit_default_total_to_mesh(config, sharding.data_parallel_size(mesh))  # e.g. 2 hosts x fsdp 4
     geometry = batch_geometry(
         config.batch_size,
         config.sequence_length,
-        config.total_batch_size,
+        announce_total_on_mesh(config, sharding.data_parallel_size(mesh)),  # e.g. 2 hosts x fsdp 4
         data_parallel=sharding.data_parallel_size(mesh),
         context=sharding.context_size(mesh),
     )

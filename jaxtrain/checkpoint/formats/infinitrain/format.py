@@ -22,7 +22,7 @@ from jaxtrain.checkpoint.formats.infinitrain.trainer import (
     refuse_recorded_problems,
 )
 from jaxtrain.checkpoint.layout import CheckpointError, step_dir_name
-from jaxtrain.checkpoint.trainer_state import compare_with_run
+from jaxtrain.checkpoint.trainer_state import compare_with_run, run_training_config
 from jaxtrain.optim.optimizer import spelled_with_infinitrain_flags
 from jaxtrain.parallel import sharding
 from llmc_io.errors import LLMCFormatError
@@ -201,7 +201,9 @@ class InfiniTrainFormat:
         )
         if 'model_config' in saved:  # written by jaxtrain: the compatibility check of our own checkpoints
             incompatible, changes = compare_with_run(
-                saved, dataclasses.asdict(parts.setup.model_config), config.to_dict()
+                saved,
+                dataclasses.asdict(parts.setup.model_config),
+                run_training_config(config, parts.geometry.tokens_per_step),
             )
             if incompatible:
                 raise CheckpointError(

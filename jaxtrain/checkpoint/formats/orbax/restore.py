@@ -39,6 +39,7 @@ from jaxtrain.checkpoint.resume_checks import check_data, check_weights_file
 from jaxtrain.checkpoint.trainer_state import (
     check_resumable,
     compare_with_run,
+    run_training_config,
     read_trainer_state,
     topology_change,
 )
@@ -194,7 +195,8 @@ class OrbaxFormat:
         except CheckpointError as e:
             raise CheckpointError(str(e).replace(DAMAGED, damaged_advice(step_dir))) from None
         model_config = dataclasses.asdict(parts.setup.model_config)
-        incompatible, changes = compare_with_run(saved, model_config, config.to_dict())
+        run_config = run_training_config(config, parts.geometry.tokens_per_step)
+        incompatible, changes = compare_with_run(saved, model_config, run_config)
         incompatible += lora_resume_problems(saved, config, parts.setup)  # settings and base file
         if incompatible:
             raise CheckpointError(
