@@ -139,6 +139,24 @@ def test_a_resume_reads_each_file_once(saved, tmp_path, monkeypatch):
     assert sorted(opened) == ['model.ckpt', 'optimizer.ckpt']
 
 
+def test_the_record_check_hashes_each_file_once_for_all_who_ask(saved, tmp_path, monkeypatch):
+    # A resume checks the record and then runs verify, which checks it again: the files the first
+    # hashed (a multi-rank step's other ranks, which the read does not hash) are not read twice.
+    from jaxtrain.checkpoint.formats.infinitrain import inspection
+
+    step_dir = copy(saved, tmp_path)
+    hashed = []
+    real = inspection.file_sha256
+    monkeypatch.setattr(inspection, 'file_sha256', lambda path: hashed.append(Path(path).name) or real(path))
+    state = it.read_checkpoint(step_dir, with_optimizer=False).state
+    known = {}
+    for _ in range(2):
+        problems, _ = inspection.recorded_problems(step_dir, step_dir, state, known)
+        assert problems == []
+    assert sorted(hashed) == ['model.ckpt', 'optimizer.ckpt']
+    assert known == {str(step_dir / name): real(step_dir / name) for name in hashed}
+
+
 def test_a_field_out_of_range_with_a_recomputed_digest_is_refused(saved, tmp_path, capsys):
     step_dir = copy(saved, tmp_path)
     state = json.loads((step_dir / it.TRAINER_STATE).read_text())

@@ -273,7 +273,7 @@ def recorded_problems(step_dir, files_dir, state, known: dict | None = None) -> 
     """(problems, what was checked) of one step directory. files_dir: where the model file and
     trainer_state.json are (rank_000000 for a multi-rank step); state: its InfiniTrainState.
     known: {file path: sha256} already taken by the read of these files (steps.read_checkpoint),
-    which are then not read again."""
+    which are then not read again; what is hashed here is added to it."""
     files_dir = Path(files_dir)
     record_file = files_dir / it.TRAINER_STATE
     problems, checked = [], []
@@ -308,7 +308,9 @@ def recorded_problems(step_dir, files_dir, state, known: dict | None = None) -> 
     # the sum of all of them, is what a 1B step's resume waits for.
     with concurrent.futures.ThreadPoolExecutor(max(1, len(paths)), thread_name_prefix='sha256') as pool:
         hashing = {
-            name: pool.submit(_sha256, path, known or {}) for name, path in paths.items() if path.is_file()
+            name: pool.submit(_sha256, path, {} if known is None else known)
+            for name, path in paths.items()
+            if path.is_file()
         }
         found_of = {name: hashing[name].result() if name in hashing else 'no file' for name in paths}
     for name, expected in recorded.items():
@@ -324,7 +326,12 @@ def recorded_problems(step_dir, files_dir, state, known: dict | None = None) -> 
 
 
 def _sha256(path: Path, known: dict) -> str:
-    return known.get(os.fspath(path)) or file_sha256(path)
+    """The file's sha256, from `known` or taken now and kept there: a resume's record check and
+    its verify ask for the same files (a multi-rank step's other ranks), which are read once."""
+    key = os.fspath(path)
+    if key not in known:
+        known[key] = file_sha256(path)
+    return known[key]
 
 
 def _other_rank_records(step_dir, files_dir: Path, record: dict) -> list[str]:
