@@ -201,6 +201,50 @@ class FileLeaf:
         return made if dtype is None else made.astype(dtype, copy=False)
 
 
+@dataclasses.dataclass(frozen=True)
+class LeafEntry:
+    """One fp32 state-dict entry cut from a tree leaf that is not on the host (a device array):
+    `source[layer]` (all of it for no layer), transposed where the file is (out, in), its first
+    `rows` rows. Nothing is fetched until the writer needs the entry's bytes (fetch()), so a file
+    is written holding a few entries on the host, never every leaf it is cut from. The source
+    is indexed before it is fetched (a device slice of one layer), so each layer crosses once."""
+
+    source: object  # anything with .shape that np.asarray fetches, indexable by a layer
+    layer: int | None = None
+    transposed: bool = False
+    rows: int | None = None
+    dtype = np.dtype(np.float32)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        shape = tuple(self.source.shape)[0 if self.layer is None else 1 :]
+        if self.transposed:
+            shape = shape[:-2] + (shape[-1], shape[-2])
+        return shape if self.rows is None else (min(self.rows, shape[0]), *shape[1:])
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def first_rows(self, rows: int) -> "LeafEntry":
+        return dataclasses.replace(self, rows=rows if self.rows is None else min(rows, self.rows))
+
+    def fetch(self) -> np.ndarray:
+        """The entry's values in the file's orientation (a view of the fetched array)."""
+        part = self.source if self.layer is None else self.source[self.layer]
+        value = np.asarray(part, dtype=np.float32)
+        value = np.swapaxes(value, -1, -2) if self.transposed else value
+        return value if self.rows is None else value[: self.rows]
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        value = self.fetch()
+        return value if dtype is None else value.astype(dtype, copy=False)
+
+
 def all_finite(values: np.ndarray) -> bool:
     """Whether every value is finite, checked in pieces on several threads (NumPy's ufuncs let go
     of the GIL): a 1B model's weights and moments, 17 GiB, in seconds rather than half a minute,

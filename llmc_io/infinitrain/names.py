@@ -29,7 +29,7 @@ import numpy as np
 from llmc_io.infinitrain import layout
 from llmc_io.errors import LLMCFormatError
 from llmc_io.infinitrain.statedict import KFLOAT32, KINT64, CkptTensor
-from llmc_io.tensors import FileLeaf, tree_leaves, tree_set
+from llmc_io.tensors import FileLeaf, LeafEntry, tree_leaves, tree_set
 
 GPT2, LLAMA3 = layout.GPT2, layout.LLAMA3
 
@@ -104,24 +104,29 @@ def causal_mask(block_size: int) -> np.ndarray:
     return np.tril(np.ones((block_size, block_size), np.float32)).reshape(1, 1, block_size, block_size)
 
 
-def _leaf(array: np.ndarray, layer: int | None, transposed: bool) -> np.ndarray:
+def _leaf(array, layer: int | None, transposed: bool):
     """A view, not a copy: the writer makes each tensor contiguous a slice at a time
-    (statedict.state_dict_pieces), so a save never holds a second copy of the model."""
+    (statedict.state_dict_pieces), so a save never holds a second copy of the model. A leaf not
+    on the host (a device array) becomes a LeafEntry, fetched layer by layer as it is written."""
+    if not isinstance(array, np.ndarray):
+        return LeafEntry(array, layer, transposed)
     value = np.asarray(array, dtype=np.float32)
     value = value if layer is None else value[layer]
     return np.swapaxes(value, -1, -2) if transposed else value
 
 
+def _first_rows(value, rows: int):
+    return value.first_rows(rows) if isinstance(value, LeafEntry) else value[:rows]
+
+
 def tree_to_state_dict(family: str, params: dict, vocab_size: int, block_size: int) -> dict[str, CkptTensor]:
     """Our tree -> upstream StateDict entries in libc++ StateDict order (what the real binary writes)."""
-    leaves = _with_tied_head(
-        family, {k: np.asarray(v, dtype=np.float32) for k, v in tree_leaves(params).items()}
-    )
+    leaves = _with_tied_head(family, _host_or_deferred(params))
     num_layers = leaves["h/ln_1/scale"].shape[0]
     values: dict[str, np.ndarray] = {}
     for name, (path, layer, transposed) in name_to_path(family, num_layers).items():
         values[name] = _leaf(leaves[path], layer, transposed)
-    values["transformer.wte.weight"] = values["transformer.wte.weight"][:vocab_size]
+    values["transformer.wte.weight"] = _first_rows(values["transformer.wte.weight"], vocab_size)
     if family == GPT2:
         values[TIED_HEAD] = values["transformer.wte.weight"]
         for i in range(num_layers):
@@ -130,11 +135,33 @@ def tree_to_state_dict(family: str, params: dict, vocab_size: int, block_size: i
     return {name: CkptTensor(KFLOAT32, values[name]) for name in order}
 
 
+def _host_or_deferred(tree: dict) -> dict:
+    """{tree path: leaf}: NumPy leaves as fp32 arrays, any other (a device array) left where it is
+    for the writer to fetch an entry at a time (LeafEntry)."""
+    return {
+        k: np.asarray(v, dtype=np.float32) if isinstance(v, np.ndarray) or np.isscalar(v) else v
+        for k, v in tree_leaves(tree).items()
+    }
+
+
 def _with_tied_head(family: str, leaves: dict) -> dict:
-    """A tied LLaMA's leaves with the head upstream stores: wte as lm_head's (C, V) kernel (a view)."""
+    """A tied LLaMA's leaves with the head upstream stores: wte as lm_head's (C, V) kernel (a view;
+    for a leaf not on the host, the same entry as wte's, transposed twice)."""
     if family == LLAMA3 and "lm_head/kernel" not in leaves:
-        return {**leaves, "lm_head/kernel": leaves["wte/embedding"].T}
+        wte = leaves["wte/embedding"]
+        head = wte.T if isinstance(wte, np.ndarray) else _Transposed(wte)
+        return {**leaves, "lm_head/kernel": head}
     return leaves
+
+
+class _Transposed:
+    """A device leaf's transpose, taken when fetched: lm_head's kernel of a tied LLaMA."""
+
+    def __init__(self, leaf):
+        self.leaf, self.shape = leaf, tuple(leaf.shape)[::-1]
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        return np.asarray(self.leaf, dtype=dtype).T
 
 
 def _same_bits(a, b) -> bool:
@@ -338,8 +365,8 @@ def moments_to_trees(
 
 def trees_to_moments(family: str, mu: dict, nu: dict, count: int, vocab_size: int, head_keys: bool) -> dict:
     """(mu, nu, t) -> Adam StateDict entries in Adam::StateDict()'s libc++ order."""
-    mu_leaves = _with_tied_head(family, {k: np.asarray(v, np.float32) for k, v in tree_leaves(mu).items()})
-    nu_leaves = _with_tied_head(family, {k: np.asarray(v, np.float32) for k, v in tree_leaves(nu).items()})
+    mu_leaves = _with_tied_head(family, _host_or_deferred(mu))
+    nu_leaves = _with_tied_head(family, _host_or_deferred(nu))
     num_layers = mu_leaves["h/ln_1/scale"].shape[0]
     table = name_to_path(family, num_layers)
     values = {}
@@ -348,7 +375,7 @@ def trees_to_moments(family: str, mu: dict, nu: dict, count: int, vocab_size: in
         for kind, leaves in (("m", mu_leaves), ("v", nu_leaves)):
             value = _leaf(leaves[tree_path], layer, transposed)
             if name == "transformer.wte.weight":
-                value = value[:vocab_size]
+                value = _first_rows(value, vocab_size)
             values[adam_key(kind, family, num_layers, name, head_keys)] = CkptTensor(KFLOAT32, value)
     values["adam.t"] = CkptTensor(KINT64, np.array(count, dtype=np.int64))
     order = layout.adam_key_order(family, num_layers, head_keys)

@@ -21,13 +21,14 @@ import functools
 import hashlib
 import os
 import struct
+import threading
 from collections.abc import Mapping
 
 import numpy as np
 
 from llmc_io.atomic_file import as_bytes, write_pieces_atomically
 from llmc_io.errors import LLMCFormatError
-from llmc_io.tensors import contiguous
+from llmc_io.tensors import LeafEntry, contiguous
 
 CKPT_MAGIC = 0x54504B43
 CKPT_VERSION = 1
@@ -265,6 +266,8 @@ def _data_slices(entry: CkptTensor):
     """Callables, each giving the next contiguous piece of the entry's data in the file's dtype."""
     disk_dtype = DTYPES[entry.dtype][1]
     array = entry.array
+    if isinstance(array, LeafEntry):
+        return _fetched_slices(array, disk_dtype)
     if array.ndim == 0 or array.nbytes <= SLICE_BYTES:
         # asarray, not ascontiguousarray: that would make a 0-d array 1-d
         return [lambda: np.asarray(array, dtype=disk_dtype, order="C")]
@@ -273,6 +276,32 @@ def _data_slices(entry: CkptTensor):
         lambda start=start: contiguous(array[start : start + rows], disk_dtype)
         for start in range(0, array.shape[0], rows)
     ]
+
+
+def _fetched_slices(entry: LeafEntry, disk_dtype: np.dtype):
+    """_data_slices of an entry not yet on the host: the first slice asked for fetches it (the
+    writer makes slices on several threads: the others wait for that fetch), and the last one
+    made lets it go, so the host holds the entries being written, not the file."""
+    rows = max(1, SLICE_BYTES // max(1, entry.nbytes // max(1, entry.shape[0]))) if entry.ndim else 1
+    starts = list(range(0, entry.shape[0], rows)) if entry.ndim else [0]
+    lock, held = threading.Lock(), {"left": len(starts)}
+
+    def piece(start: int):
+        with lock:
+            if "array" not in held:
+                held["array"] = entry.fetch()
+            array = held["array"]
+        try:
+            if array.ndim == 0:
+                return np.asarray(array, dtype=disk_dtype, order="C")
+            return contiguous(array[start : start + rows], disk_dtype)
+        finally:
+            with lock:
+                held["left"] -= 1
+                if not held["left"]:
+                    held.pop("array", None)
+
+    return [functools.partial(piece, start) for start in starts]
 
 
 def state_dict_pieces(tensors: Mapping[str, CkptTensor | np.ndarray]):

@@ -325,3 +325,58 @@ def test_cp_size_is_read_and_written_where_upstream_puts_it(tmp_path):
     assert state.cp_size is None
     write_trainer_state(tmp_path / 'again.json', state)
     assert 'cp_size' not in (tmp_path / 'again.json').read_text()
+
+
+class _DeviceLeaf:
+    """Stands for a leaf on a device: the writer may index it (a layer) and fetch it, and each
+    fetch is counted, so the test sees what crossed to the host and in what pieces."""
+
+    def __init__(self, array, fetched, index=None):
+        self.array, self.fetched, self.index = array, fetched, index
+        self.shape = array.shape if index is None else array.shape[1:]
+
+    def __getitem__(self, index):
+        return _DeviceLeaf(self.array, self.fetched, index)
+
+    def __array__(self, dtype=None, copy=None):
+        value = self.array if self.index is None else self.array[self.index]
+        self.fetched.append(value.nbytes)
+        return np.array(value, dtype=dtype)
+
+
+@pytest.mark.parametrize('family, tied', [('gpt2', True), ('llama3', False), ('llama3', True)])
+def test_leaves_off_the_host_are_written_the_same_bytes_an_entry_at_a_time(family, tied):
+    """A background save's leaves are on the device: the state-dict bytes are those of the NumPy
+    tree, nothing is fetched before the bytes are made, and each stacked leaf crosses a layer at a
+    time (never whole), so the host holds the entries being written."""
+    from llmc_io.infinitrain.statedict import state_dict_bytes
+
+    params, mu, nu = _tree(family, 3), _tree(family, 4), _tree(family, 5)
+    if family == 'llama3' and tied:
+        for tree in (params, mu, nu):
+            del tree['lm_head']
+    fetched = []
+
+    def on_device(tree):
+        out = {}
+        for path, value in tree_leaves(tree).items():
+            tree_set(out, path, _DeviceLeaf(value, fetched))
+        return out
+
+    stacked = [v for v in tree_leaves(params).values() if v.ndim == 3]
+    cases = (
+        (
+            names.tree_to_state_dict(family, params, V, T),
+            names.tree_to_state_dict(family, on_device(params), V, T),
+        ),
+        (
+            names.trees_to_moments(family, mu, nu, 7, V, head_keys=True),
+            names.trees_to_moments(family, on_device(mu), on_device(nu), 7, V, head_keys=True),
+        ),
+    )
+    for host, deferred in cases:
+        assert fetched == []  # nothing crossed yet
+        assert state_dict_bytes(deferred) == state_dict_bytes(host)
+        assert max(fetched) < max(v.nbytes for v in stacked)  # no stacked leaf whole
+        assert max(v[0].nbytes for v in stacked) in fetched  # its layers, one at a time
+        fetched.clear()

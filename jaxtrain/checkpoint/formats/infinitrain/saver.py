@@ -61,22 +61,32 @@ class _HostFetch:
     weights. A copy into pinned memory is the device's own DMA, which the steps do not wait on;
     one array at a time, the pinned pool it takes from stays the size of the largest array. And
     the host copy is not cached on the device array (np.asarray would keep it there until the
-    array is deleted), so each file's arrays leave the host with the file."""
+    array is deleted), so each entry leaves the host once it is written. Indexing (a layer of a
+    stacked leaf, as the writer cuts the file's entries: llmc_io.tensors.LeafEntry) is done on
+    the device when the entry is fetched, so only that layer crosses."""
 
-    def __init__(self, leaf):
-        self.leaf, self.shape, self.dtype = leaf, leaf.shape, leaf.dtype
+    def __init__(self, leaf, index=None):
+        self.leaf, self.index = leaf, index
+        self.shape = tuple(leaf.shape) if index is None else tuple(leaf.shape)[1:]
+        self.dtype = leaf.dtype
+
+    def __getitem__(self, index: int) -> '_HostFetch':
+        if self.index is not None:
+            raise IndexError('a layer of a layer')
+        return _HostFetch(self.leaf, index)
 
     def __array__(self, dtype=None, copy=None):
-        devices = self.leaf.devices()
+        part = self.leaf if self.index is None else self.leaf[self.index]
+        devices = part.devices()
         # an array over several devices (a mesh's sharded or replicated leaf) is gathered plainly
         device = next(iter(devices)) if len(devices) == 1 else None
         if device is not None and any(
             memory.kind == 'pinned_host' for memory in device.addressable_memories()
         ):
             pinned = jax.sharding.SingleDeviceSharding(device, memory_kind='pinned_host')
-            value = np.array(jax.device_put(self.leaf, pinned))
+            value = np.array(jax.device_put(part, pinned))
         else:
-            value = np.array(self.leaf)
+            value = np.array(part)
         return value if dtype is None else value.astype(dtype, copy=False)
 
 
@@ -183,8 +193,8 @@ class InfiniTrainCheckpointer:
         self.save_snapshot(step, self.snapshot(params, opt_state, rng), trainer_state)
 
     def _write(self, step: int, items: dict, trainer_state: dict):
-        """The files fetch their arrays from the snapshot as each is written (writer.py's
-        _write_files), so the host holds one file's arrays at a time; the device copy goes after."""
+        """The files fetch each entry from the snapshot as it is written (llmc_io.tensors.LeafEntry),
+        so the host holds the entries being written, not the files; the device copy goes after."""
         try:
             self._write_host(
                 step,

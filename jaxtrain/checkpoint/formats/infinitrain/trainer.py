@@ -200,7 +200,7 @@ def save_step_dir(
         raise ValueError(f"checkpoint_format: expected one of {', '.join(SAVE_FORMATS)}, found {fmt!r}")
     header = model_header(family, model_config)
     # The arrays stay where they are (a device copy, in a background save): each file's writer
-    # fetches the leaves it needs as it starts, so one file's arrays at a time are on the host.
+    # fetches an entry (a layer of a leaf) as it writes it, so a few are on the host at a time.
     moments = None
     found = adam_states(opt_state) if opt_state is not None else []
     if found:

@@ -23,6 +23,7 @@ from llmc_io.errors import LLMCFormatError
 from llmc_io.infinitrain.state import InfiniTrainState, read_trainer_state, write_trainer_state
 from llmc_io.infinitrain.topology import Topology
 from llmc_io.infinitrain.statedict import write_state_dict
+from llmc_io.tensors import LeafEntry
 from jaxtrain.checkpoint.formats.infinitrain.steps import (
     FILES,
     HEAD_KIND,
@@ -96,8 +97,8 @@ def _write_files(tmp: Path, kind, family, params, header, moments, state, extra_
     """The files of one step directory, each streamed with its sha256 taken as it is written (not
     read back). The model file and the optimizer file are written side by side, each on its own
     thread: one file's hash (a single stream, about 1.1 GB/s on a GPU host) then no longer bounds
-    the whole step. The leaves of a file are fetched (from the device, in a background save) as its
-    write starts and dropped when it ends, so the host holds at most the step's arrays once."""
+    the whole step. Each entry (a layer of a leaf) is fetched (from the device, in a background
+    save) as it is written and dropped once written, so the host holds a few entries at a time."""
     model_name, opt_name = FILES[kind]
     vocab = header.vocab_size
 
@@ -129,16 +130,26 @@ def _write_files(tmp: Path, kind, family, params, header, moments, state, extra_
     write_trainer_state(tmp / TRAINER_STATE, state)
 
 
+def _on_host(entries: dict) -> dict:
+    return {
+        name: dataclasses.replace(entry, array=entry.array.fetch())
+        if isinstance(entry.array, LeafEntry)
+        else entry
+        for name, entry in entries.items()
+    }
+
+
 def _write_ranks(
     tmp: Path, family, params, header, moments, state, topology: Topology, extra_files=None
 ) -> None:
     # With TP > 1 GPT-2's model vocabulary is the padded one (example/gpt2/checkpoint_loader.cc:81-82).
     vocab = header.padded_vocab_size if family == 'gpt2' and topology.tp > 1 else header.vocab_size
-    model = names.tree_to_state_dict(family, params, vocab, header.max_seq_len)
+    # The ranks' files are cut from every entry: each is fetched to the host first.
+    model = _on_host(names.tree_to_state_dict(family, params, vocab, header.max_seq_len))
     optimizer = None
     if moments is not None:
         mu, nu, t = moments
-        optimizer = names.trees_to_moments(family, mu, nu, t, vocab, head_keys=False)
+        optimizer = _on_host(names.trees_to_moments(family, mu, nu, t, vocab, head_keys=False))
     if state.jaxtrain is not None:  # what trainer_state.json cannot say, for reading these files back
         state = dataclasses.replace(
             state,
