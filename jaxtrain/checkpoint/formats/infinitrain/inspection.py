@@ -45,8 +45,10 @@ def kind_of(path) -> str:
     return it.detect_kind(path) or ORBAX
 
 
-def read_step(step_dir) -> it.InfiniTrainCheckpoint:
-    """Read with the shapes of our model config when jaxtrain wrote it (GPT-2: Vp rows), else the files'."""
+def read_step(step_dir, assemble: bool = True) -> it.InfiniTrainCheckpoint:
+    """Read with the shapes of our model config when jaxtrain wrote it (GPT-2: Vp rows), else the files'.
+    assemble=False: the stacked and transposed leaves stay the files' arrays (FileLeaf), for a
+    reader that only checks them."""
     try:
         first = it.rank_dirs(step_dir)[0]
         expected = None
@@ -60,7 +62,7 @@ def read_step(step_dir) -> it.InfiniTrainCheckpoint:
                 k: v[0]
                 for k, v in expected_param_layouts(extras['model_family'], extras['model_config']).items()
             }
-        return it.read_checkpoint(step_dir, expected)
+        return it.read_checkpoint(step_dir, expected, assemble=assemble)
     except LLMCFormatError as e:
         raise CheckpointError(str(e)) from None
 
@@ -367,7 +369,7 @@ def verify(step_dir, ckpt: it.InfiniTrainCheckpoint | None = None):
     problems, checked = [], []
     if ckpt is None:
         try:
-            ckpt = read_step(step_dir)
+            ckpt = read_step(step_dir, assemble=False)  # checked, not used: no transposed copies
         except CheckpointError as e:
             return Verification([str(e)], checked)
     checked.append(f'model file and trainer_state.json readable ({ckpt.ranks} rank dir(s))')
