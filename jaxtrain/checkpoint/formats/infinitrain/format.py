@@ -33,7 +33,8 @@ def _placer(state):
     """read_state_dict's place for a state on one device: each float array read is put there at once
     (the step's integer counts stay on the host); None for a state across devices, whose leaves
     are made on the host (put_tree)."""
-    devices = {device for leaf in jax.tree.leaves(state) for device in leaf.sharding.device_set}
+    arrays = [leaf for leaf in jax.tree.leaves(state) if isinstance(leaf, jax.Array)]
+    devices = {device for leaf in arrays for device in leaf.sharding.device_set}
     if len(devices) != 1:
         return None
     (device,) = devices
