@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+# The peers (llm.c, its PyTorch trainer, plain_jax_step.py) are reference material kept outside the
+# repository: copy them into .peers, which git ignores, and carry it to the GPU machine.
 PEERS = REPO / '.peers'
 SHARD = Path('/tmp/jaxtrain_bench/train.bin')  # random GPT-2 tokens, written once
 LLAMA_SHARD = Path('/tmp/jaxtrain_bench/llama3_train.bin')  # random LLaMA-3 tokens, written once
