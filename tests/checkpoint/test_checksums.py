@@ -27,3 +27,21 @@ def test_checksums_equal_the_numpy_reference():
     expected = {'h/kernel': tree['h']['kernel'], **{k: tree[k] for k in ('bias', 'count', 'small')}}
     found = tensor_checksums({**tree, 'bias': jnp.asarray(tree['bias'])})  # host and device
     assert found == {name: _numpy_checksum(a) for name, a in expected.items()}
+
+
+def test_host_checksum_summed_in_slices_equals_the_numpy_reference(monkeypatch):
+    """A host array checked slice by slice along its first axis (a ragged last slice included)
+    has the checksum the whole-array format gives."""
+    from jaxtrain.checkpoint import manager
+
+    monkeypatch.setattr(manager, 'HOST_SLICE_ELEMENTS', 1000)
+    rng = np.random.default_rng(1)
+    arrays = [
+        rng.standard_normal((37, 70, 3)).astype(np.float32),  # 210-element rows, 4 a slice: 10 slices
+        rng.standard_normal(2_501).astype(np.float32),  # 1-D: 1000-element slices, the last 501
+        rng.standard_normal((3, 5_000)).astype(np.float32),  # a row over the slice size: one row a slice
+        np.int32(-9),
+        np.int16([[3, -1], [4, 5]]),
+    ]
+    for array in arrays:
+        assert manager.host_checksum(array) == _numpy_checksum(array)

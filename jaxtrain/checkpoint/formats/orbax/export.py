@@ -34,6 +34,7 @@ from jaxtrain.checkpoint.ckpt_text import human_bytes
 from jaxtrain.checkpoint.formats.orbax.inspection import (
     find_finished_step_dir,
     flatten,
+    host_checksums,
     model_config_object,
     restore_item,
 )
@@ -51,7 +52,8 @@ def verified_params(step_dir, merge_lora: bool = False, base: str = '') -> tuple
     family = state.get('model_family')
     config = model_config_object(family, state.get('model_config'))
     params = restore_item(step_dir, 'params')
-    mismatches = checksum_mismatches(params, state.get('checksums', {}).get('params', {}), 'params')
+    found = host_checksums(flatten(params))
+    mismatches = checksum_mismatches(found, state.get('checksums', {}).get('params', {}), 'params')
     if mismatches:
         raise CheckpointError(
             f'{step_dir}: refusing to export params that fail verification: {"; ".join(mismatches)}'

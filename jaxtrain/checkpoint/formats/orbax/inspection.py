@@ -17,7 +17,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from llmc_io.llama3_header import HF_ONLY_FIELDS
-from jaxtrain.checkpoint.manager import checksum_mismatches, path_name, tensor_checksums
+from jaxtrain.checkpoint.manager import checksum_mismatches, host_checksum, path_name
 from jaxtrain.checkpoint.format import Verification
 from jaxtrain.checkpoint.layout import (
     STEP_PREFIX,
@@ -193,19 +193,63 @@ def _metadata_tree(item_dir: Path):
     return metadata.tree
 
 
-def restore_item(step_dir, item: str):
-    """The item's tree with every array as NumPy on the host, whatever devices saved it."""
+# An item is read this many bytes of arrays at a time (one array at least): tensorstore reads an
+# array into a buffer of its own before handing a copy over, so a whole-item read held the item
+# twice, 64 GB for an 8B model's fp32 params.
+READ_GROUP_BYTES = 1 << 30
+
+
+def _read_groups(leaves) -> list[list[int]]:
+    """The leaves' indices in runs of at most READ_GROUP_BYTES (by their metadata's shape and dtype)."""
+    groups, size = [[]], 0
+    for i, meta in enumerate(leaves):
+        nbytes = (
+            int(np.prod(getattr(meta, 'shape', ()))) * np.dtype(getattr(meta, 'dtype', None) or 'u1').itemsize
+        )
+        if groups[-1] and size + nbytes > READ_GROUP_BYTES:
+            groups, size = groups + [[]], 0
+        groups[-1].append(i)
+        size += nbytes
+    return groups
+
+
+def each_array(step_dir, item: str):
+    """Yields (tensor name, NumPy array) for every array of the item, read READ_GROUP_BYTES at a
+    time through Orbax's placeholders, so a caller that lets go of each holds about one group."""
     item_dir = _item_dir(step_dir, item)
     metadata = _metadata_tree(item_dir)
+    leaves, structure = jax.tree_util.tree_flatten(metadata)
+    names = list(flatten(metadata))
     as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), metadata)
-    try:
-        return ocp.PyTreeCheckpointer().restore(item_dir, args=ocp.args.PyTreeRestore(restore_args=as_numpy))
-    except Exception as e:
-        raise CheckpointError(f'{item_dir}: could not restore the saved arrays: {first_line(e)}') from e
+    for group in _read_groups(leaves):
+        wanted = [ocp.PLACEHOLDER] * len(leaves)
+        for i in group:
+            wanted[i] = 0  # anything but the placeholder is read
+        selected = ocp.args.PyTreeRestore(
+            item=jax.tree_util.tree_unflatten(structure, wanted), restore_args=as_numpy
+        )
+        try:
+            restored = jax.tree_util.tree_leaves(ocp.PyTreeCheckpointer().restore(item_dir, args=selected))
+        except Exception as e:
+            raise CheckpointError(f'{item_dir}: could not restore the saved arrays: {first_line(e)}') from e
+        for i in group:
+            yield names[i], restored[i]
+        del restored
+
+
+def restore_item(step_dir, item: str):
+    """The item's tree with every array as NumPy on the host, whatever devices saved it."""
+    structure = jax.tree_util.tree_structure(_metadata_tree(_item_dir(step_dir, item)))
+    return jax.tree_util.tree_unflatten(structure, [array for _, array in each_array(step_dir, item)])
 
 
 def read_tensors(step_dir, item: str) -> dict[str, np.ndarray]:
-    return flatten(restore_item(step_dir, item))
+    return dict(each_array(step_dir, item))
+
+
+def host_checksums(tensors: dict[str, np.ndarray]) -> dict[str, str]:
+    """manager.py's checksum of every host array, as the save recorded it."""
+    return {name: host_checksum(array) for name, array in tensors.items()}
 
 
 def _describe_sharding(sharding) -> str:
@@ -243,10 +287,6 @@ def tensor_stats(array: np.ndarray) -> dict[str, float | None]:
         'mean': float(values.mean()),
         'std': float(values.std()),
     }
-
-
-def recomputed_checksums(tensors: dict[str, np.ndarray]) -> dict[str, str]:
-    return tensor_checksums(tensors) if tensors else {}
 
 
 # --- what the model config implies -----------------------------------------------------
@@ -298,7 +338,8 @@ def expected_param_layouts(family: str, model_config: dict) -> dict[str, tuple[t
 # --- verify ----------------------------------------------------------------------------
 
 
-def _shape_problems(tensors: dict[str, np.ndarray], family: str, model_config: dict, lora=None) -> list[str]:
+def _shape_problems(layouts: dict[str, tuple], family: str, model_config: dict, lora=None) -> list[str]:
+    """What differs between `layouts` ({name: (shape, dtype name)}) and the model config's."""
     if lora:  # a LoRA checkpoint's params are its adapters (checkpoint/resume_checks.py)
         from jaxtrain.checkpoint.resume_checks import expected_lora_layouts
 
@@ -306,13 +347,13 @@ def _shape_problems(tensors: dict[str, np.ndarray], family: str, model_config: d
     else:
         expected = expected_param_layouts(family, model_config)
     problems = []
-    for name in sorted(set(expected) | set(tensors)):
-        if name not in tensors:
+    for name in sorted(set(expected) | set(layouts)):
+        if name not in layouts:
             problems.append(f'params/{name}: expected by the model config, not in the checkpoint')
         elif name not in expected:
             problems.append(f'params/{name}: in the checkpoint, not a parameter of the {family} model')
         else:
-            found = (tuple(tensors[name].shape), tensors[name].dtype.name)
+            found = layouts[name]
             if found != expected[name]:
                 problems.append(
                     f'params/{name}: expected shape {expected[name][0]} {expected[name][1]} for the '
@@ -359,14 +400,16 @@ def verify(step_dir) -> Verification:
                 why = ' (trainer_state says has_optimizer_state: true)' if item == 'opt_state' else ''
                 problems.append(f'{step_dir / item}: expected the {item} item{why}, found nothing')
             continue
-        try:
-            tensors = read_tensors(step_dir, item)
+        try:  # one read group at a time: what is kept of each array is its checksum and layout
+            found, layouts = {}, {}
+            for name, array in each_array(step_dir, item):
+                found[name], layouts[name] = host_checksum(array), (tuple(array.shape), array.dtype.name)
         except CheckpointError as e:
             problems.append(str(e))
             continue
         if not compare:
             why = 'no trainer state' if state is None else 'its fields are not as a save writes them'
-            checked.append(f'{item}: {len(tensors)} tensors readable (checksums not checked: {why})')
+            checked.append(f'{item}: {len(found)} tensors readable (checksums not checked: {why})')
             continue
         if item not in recorded:
             problems.append(
@@ -374,14 +417,14 @@ def verify(step_dir) -> Verification:
                 'found none'
             )
         else:
-            mismatches = checksum_mismatches(tensors, recorded[item], item)
+            mismatches = checksum_mismatches(found, recorded[item], item)
             problems += [f'{step_dir}/{line}' for line in mismatches]  # the tensor's path in the step
             if not mismatches:
-                checked.append(f'{item}: {len(tensors)} tensors, checksums good')
+                checked.append(f'{item}: {len(found)} tensors, checksums good')
         if item == 'params':
             try:
                 shape_problems = _shape_problems(
-                    tensors, state.get('model_family'), state.get('model_config'), state.get('lora')
+                    layouts, state.get('model_family'), state.get('model_config'), state.get('lora')
                 )
             except CheckpointError as e:
                 shape_problems = [str(e)]

@@ -139,7 +139,7 @@ def _tensor_rows(step_dir, state: dict) -> list[dict]:
         saved = (step_dir / item).is_dir()  # if not, its recorded tensors are listed as missing
         tensors = inspection.read_tensors(step_dir, item) if saved else {}
         layouts = inspection.tensor_layouts(step_dir, item) if saved else {}
-        found = inspection.recomputed_checksums(tensors)
+        found = inspection.host_checksums(tensors)
         recorded = recorded_all.get(item, {})
         for name in sorted(set(tensors) | set(recorded)):
             row = {'item': item, 'name': name}

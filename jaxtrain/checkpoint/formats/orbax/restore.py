@@ -33,7 +33,7 @@ from jaxtrain.checkpoint.layout import (
     step_of,
 )
 from jaxtrain.checkpoint.resume_checks import resume_problems as lora_resume_problems
-from jaxtrain.checkpoint.manager import Checkpointer, checksum_mismatches
+from jaxtrain.checkpoint.manager import Checkpointer, checksum_mismatches, tensor_checksums
 from jaxtrain.checkpoint.trainer_state import check_digest
 from jaxtrain.checkpoint.resume_checks import check_data, check_weights_file
 from jaxtrain.checkpoint.trainer_state import (
@@ -262,9 +262,11 @@ def restore(step_dir: Path, params_like, opt_state_like):
         params = params_read.result()
         opt_state = opt_read.result() if opt_read is not None else None
     checksums = trainer_state.get('checksums', {})
-    problems = checksum_mismatches(params, checksums.get('params', {}), 'params')
+    problems = checksum_mismatches(tensor_checksums(params), checksums.get('params', {}), 'params')
     if opt_state is not None:
-        problems += checksum_mismatches(opt_state, checksums.get('opt_state', {}), 'opt_state')
+        problems += checksum_mismatches(
+            tensor_checksums(opt_state), checksums.get('opt_state', {}), 'opt_state'
+        )
     if problems:
         raise CheckpointError(
             f'{step_dir}: checksum verification failed: ' + '; '.join(problems) + f'; {DAMAGED}'
