@@ -208,6 +208,10 @@ class TrainerSetup:
     cross_entropy: str = 'xla'  # the loss kernel the steps use (models/vocab_table.py)
 
 
+def _shape_of(array) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(np.shape(array), array.dtype)
+
+
 def build_trainer(config) -> TrainerSetup:
     """Builds; checks/config_checks.py's check_config has validated config (the entry points run it)."""
     # --- mesh and batch geometry ---
@@ -252,6 +256,11 @@ def build_trainer(config) -> TrainerSetup:
     zero = config.zero_stage  # ZeRO over the data axis (sharding.py)
     param_shardings = sharding.parameter_shardings(trainable, mesh, zero)
     params = sharding.put_global(trainable, param_shardings)
+    if not lora:
+        # The state holds the weights now. The tree they came from (a file's or --init_from's on the
+        # host, a random init on one device) would otherwise stay alive for the whole run: 32 GB of
+        # host memory for an 8B --init_from. A LoRA run keeps it: its records hash the base.
+        setup = dataclasses.replace(setup, params=jax.tree.map(_shape_of, setup.params))
     frozen, frozen_shardings = (), ()
     if lora:
         frozen_shardings = (sharding.parameter_shardings(setup.params, mesh, zero),)
