@@ -47,7 +47,13 @@ from jaxtrain.checkpoint.layout import (
     set_aside_uncommitted,
     step_dir_name,
 )
-from jaxtrain.checkpoint.orbax_host import grow_pinned_host_pool, leaves_to_pin, release_waiting_threads
+from jaxtrain.checkpoint.orbax_host import (
+    TransferOrder,
+    grow_pinned_host_pool,
+    leaves_to_pin,
+    release_waiting_threads,
+    type_handlers,
+)
 from jaxtrain.checkpoint.trainer_state import with_digest
 from jaxtrain.checkpoint.layout import write_failure
 
@@ -56,6 +62,10 @@ from jaxtrain.checkpoint.layout import write_failure
 # 1.05 GB), small enough that pinning it before step 1 takes about a second, not the 14 s that
 # pinning a whole LLaMA-3.2 1B state took.
 HOST_TRANSFER_GB = 2
+
+# Bytes of an item's arrays that TensorStore's OCDBT writer gathers in memory into one data file
+# before it writes the file. None keeps Orbax's default (2 GiB).
+DATA_FILE_BYTES = None
 
 
 # --- checksums --------------------------------------------------------------------
@@ -221,7 +231,17 @@ class Checkpointer:
     the next save(), wait() or close().
     """
 
-    def __init__(self, checkpoint_dir: str, *, keep_latest: int, keep_every: int, protected_steps=()):
+    def __init__(
+        self,
+        checkpoint_dir: str,
+        *,
+        keep_latest: int,
+        keep_every: int,
+        protected_steps=(),
+        host_transfer_gb=None,
+    ):
+        """host_transfer_gb: at most this many GB copied off the device at a time (see below); by
+        default HOST_TRANSFER_GB on a GPU and no limit elsewhere, where the copies are not pinned."""
         self.root = Path(checkpoint_dir).absolute()
         # Orbax counts every directory with a step's name as a step; jaxtrain only a committed
         # one (layout.is_committed). One view for both: the others are moved aside first.
@@ -246,10 +266,16 @@ class Checkpointer:
         # On a GPU, at most HOST_TRANSFER_GB of the snapshot is copied to pinned host memory
         # at a time (the rest waits on the device, where the snapshot already is): the pool
         # prepare() pins before step 1 is then that size, not the whole state.
-        self._host_transfer_bytes = HOST_TRANSFER_GB * 10**9 if jax.default_backend() == 'gpu' else None
+        # Orbax then copies and writes a save of a snapshot one batch of that size after another,
+        # once save() has returned (orbax_host.TransferOrder).
+        if host_transfer_gb is None and jax.default_backend() == 'gpu':
+            host_transfer_gb = HOST_TRANSFER_GB
+        self._host_transfer_bytes = int(host_transfer_gb * 10**9) if host_transfer_gb else None
+        self._transfer_order = TransferOrder()
         tensors = lambda: ocp.PyTreeCheckpointHandler(  # noqa: E731
             use_compression=False,
-            save_device_host_concurrent_gb=HOST_TRANSFER_GB if self._host_transfer_bytes else None,
+            save_device_host_concurrent_gb=host_transfer_gb,
+            type_handler_registry=type_handlers(self._transfer_order),
         )
         self.manager = ocp.CheckpointManager(
             self.root,
@@ -346,11 +372,11 @@ class Checkpointer:
         self._writing = step  # from here on, an abort names this step as lost until it commits
         if snapshot.copied:
             self._pending = self._handoff.submit(
-                self._hand_to_orbax, step, snapshot.items, snapshot.sums_Nx2, trainer_state
+                self._hand_to_orbax, step, snapshot.items, snapshot.sums_Nx2, trainer_state, True
             )
         else:
             self.blocking_saves += 1
-            self._hand_to_orbax(step, snapshot.items, _stacked_sums(snapshot.items), trainer_state)
+            self._hand_to_orbax(step, snapshot.items, _stacked_sums(snapshot.items), trainer_state, False)
 
     def _refuse_existing(self, step: int):
         """A step directory of this name that this run did not write (this run writes each
@@ -364,7 +390,9 @@ class Checkpointer:
                 f'from it with --resume_from {step_dir}.'
             )
 
-    def _hand_to_orbax(self, step: int, items: dict, sums_Nx2, trainer_state: dict):
+    def _hand_to_orbax(self, step: int, items: dict, sums_Nx2, trainer_state: dict, private: bool):
+        """private: the items are a snapshot nothing else holds, so Orbax may copy them off the
+        device after save() returns; otherwise it copies them before (the next step donates them)."""
         self._refuse_existing(step)
         sums_tree = jax.tree.unflatten(jax.tree.structure(items), list(np.asarray(sums_Nx2)))
         del sums_tree['rng']  # recorded as its words, not checksummed
@@ -375,10 +403,14 @@ class Checkpointer:
             'rng': [int(x) for x in np.asarray(rng).reshape(-1)],
             'checksums': {name: format_checksums(tree) for name, tree in sums_tree.items()},
         }
-        args = {name: ocp.args.PyTreeSave(tree) for name, tree in items.items()}
+        args = {
+            name: ocp.args.PyTreeSave(tree, ocdbt_target_data_file_size=DATA_FILE_BYTES)
+            for name, tree in items.items()
+        }
         args['trainer_state'] = ocp.args.JsonSave(with_digest(record))  # the digest covers every field
         # Returns once the arrays are copied off the device; the write continues in Orbax's
         # background. A failed write is raised by the next save or by wait()/close().
+        self._transfer_order.in_batches = private  # asked within save(), not after
         try:
             self.manager.save(step, args=ocp.args.Composite(**args), force=True)
         except Exception as e:

@@ -1,6 +1,6 @@
 """What Orbax's async saves (manager.py) need from the process around them: the pinned host
-memory their copies use, grown before the first step, and their background threads, let go
-after a save failed so that the run can exit.
+memory their copies use, grown before the first step; the order in which they copy arrays off the
+device; and their background threads, let go after a save failed so that the run can exit.
 
 The pinned host pool. Orbax's save copies every array off the device into pinned host memory (a
 `jax.device_put` to memory kind 'pinned_host'). XLA's GPU client serves such buffers from a pool
@@ -14,6 +14,17 @@ Copying the state there once, before step 1, pays that cost where nothing waits 
 Pinning is slow (about 1.2 GB/s on that machine: 14 s for a LLaMA-3.2 1B state of 16.75 GiB),
 so on a GPU Orbax transfers at most manager.HOST_TRANSFER_GB at a time, and the pool grows for
 that much only: the largest arrays that fit in it.
+
+The batches. save_device_host_concurrent_gb is meant to copy a save off the device a batch at a time,
+each batch written before the next is copied, so that host memory holds one batch, not the state.
+In orbax-checkpoint 0.12.4 (_src/serialization/jax_array_handlers.py, _serialize_arrays) the array
+handler asks its status callback for each array's transfer priority and batches only the arrays
+answered ASYNCHRONOUS_DEPRIORITIZED; its default callback answers SYNCHRONOUS for every array, and
+the handler's is_prioritized_key_fn is stored but never asked. So every array was copied at once:
+the pinned pool grew to the whole state during the first save (14 s of pinning at LLaMA-3.2 1B,
+under the steps after it), and host memory held the pinned copies and their NumPy copies, about
+twice the state. TransferOrder answers instead; it batches only a save of a private snapshot, since
+the batches are copied after save() has returned and the live state is donated by the next step.
 
 The threads. In orbax-checkpoint 0.12.4 (orbax/checkpoint/_src/futures/future.py) each stage of an
 async save runs in a `_SignalingThread` that first waits for the signals of the stages before it
@@ -43,6 +54,11 @@ import warnings
 import weakref
 
 import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from orbax.checkpoint._src.metadata import array_metadata_store
+from orbax.checkpoint._src.serialization.type_handler_registry import GLOBAL_TYPE_HANDLER_REGISTRY
+from orbax.checkpoint._src.serialization.types import TransferPriority
 
 
 def leaves_to_pin(tree, limit_bytes: int | None = None) -> list:
@@ -83,6 +99,40 @@ def grow_pinned_host_pool(tree, limit_bytes: int | None = None) -> float:
     jax.block_until_ready(copies)
     del copies
     return time.perf_counter() - began
+
+
+class TransferOrder:
+    """The status callback of Orbax's array handler (see "The batches" above): in batches after
+    save() returns while `in_batches` is set, all at once before it returns otherwise."""
+
+    def __init__(self):
+        self.in_batches = False
+
+    def key_priority(self, keypath) -> TransferPriority:
+        return (
+            TransferPriority.ASYNCHRONOUS_DEPRIORITIZED if self.in_batches else TransferPriority.SYNCHRONOUS
+        )
+
+    def on_transfer_start(self, keypath) -> None:
+        pass
+
+    def on_transfer_end(self, keypath) -> None:
+        pass
+
+    def on_write_start(self, keypath) -> None:
+        pass
+
+    def on_write_end(self, keypath) -> None:
+        pass
+
+
+def type_handlers(order: TransferOrder):
+    """Orbax's standard type handlers, with a jax.Array handler that asks `order`."""
+    others = (int, float, bytes, np.number, np.ndarray, str, type(ocp.PLACEHOLDER))
+    arrays = ocp.type_handlers.ArrayHandler(array_metadata_store=array_metadata_store.Store(), callback=order)
+    return ocp.type_handlers.create_type_handler_registry(
+        *[(kind, GLOBAL_TYPE_HANDLER_REGISTRY.get(kind)) for kind in others], (jax.Array, arrays)
+    )
 
 
 _released: 'weakref.WeakSet[threading.Thread]' = weakref.WeakSet()
