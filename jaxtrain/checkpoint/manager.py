@@ -63,10 +63,6 @@ from jaxtrain.checkpoint.layout import write_failure
 # pinning a whole LLaMA-3.2 1B state took.
 HOST_TRANSFER_GB = 2
 
-# Bytes of an item's arrays that TensorStore's OCDBT writer gathers in memory into one data file
-# before it writes the file. None keeps Orbax's default (2 GiB).
-DATA_FILE_BYTES = None
-
 
 # --- checksums --------------------------------------------------------------------
 
@@ -403,10 +399,7 @@ class Checkpointer:
             'rng': [int(x) for x in np.asarray(rng).reshape(-1)],
             'checksums': {name: format_checksums(tree) for name, tree in sums_tree.items()},
         }
-        args = {
-            name: ocp.args.PyTreeSave(tree, ocdbt_target_data_file_size=DATA_FILE_BYTES)
-            for name, tree in items.items()
-        }
+        args = {name: ocp.args.PyTreeSave(tree) for name, tree in items.items()}
         args['trainer_state'] = ocp.args.JsonSave(with_digest(record))  # the digest covers every field
         # Returns once the arrays are copied off the device; the write continues in Orbax's
         # background. A failed write is raised by the next save or by wait()/close().

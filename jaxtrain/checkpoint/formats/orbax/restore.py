@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import gc
 import logging
+import math
 import re
 from pathlib import Path
 
@@ -45,10 +46,11 @@ from jaxtrain.checkpoint.trainer_state import (
 )
 from jaxtrain.parallel import sharding
 
-# GB of an item's arrays that Orbax reads into host memory before they are on the device. Its
-# default (96) lets a restore read a whole LLaMA-3.2 1B step (16.75 GiB) into host memory at once,
-# and the resumed run then held about twice the step; None keeps Orbax's default.
-RESTORE_CONCURRENT_GB = None
+# GB of an item's arrays that Orbax reads into host memory before they are on the device (each of
+# the two items has its own). Orbax's default (96) read a whole LLaMA-3.2 1B step (16.75 GiB) into
+# host memory at once: 32.4 GiB peak RSS, 11.5 s; with 2, 10.8 GiB and 11.4 s (one H100, cold cache).
+# Orbax refuses to read an array at least this large, so the largest array raises it (restore_gb).
+RESTORE_CONCURRENT_GB = 2
 
 
 class OrbaxFormat:
@@ -311,11 +313,20 @@ def _first_cause(error: BaseException) -> str:
     return str(error)
 
 
+def restore_gb(like) -> float:
+    """Orbax's restore_concurrent_gb for a tree like `like`: RESTORE_CONCURRENT_GB, or more where an
+    array needs it (Orbax's limiter refuses a read of its whole limit or more)."""
+    largest = max(
+        (math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(like)), default=0
+    )
+    return max(RESTORE_CONCURRENT_GB, 2 * largest / 10**9)
+
+
 def _restore_item(step_dir: Path, item: str, like):
     try:
         with _quiet_restore_errors():
-            limit = {} if RESTORE_CONCURRENT_GB is None else {'restore_concurrent_gb': RESTORE_CONCURRENT_GB}
-            checkpointer = ocp.Checkpointer(ocp.StandardCheckpointHandler(**limit))
+            handler = ocp.StandardCheckpointHandler(restore_concurrent_gb=restore_gb(like))
+            checkpointer = ocp.Checkpointer(handler)
             return checkpointer.restore(step_dir / item, args=ocp.args.StandardRestore(_abstract(like)))
     except Exception as e:  # Orbax and TensorStore raise many kinds for a damaged item
         text = ' '.join(str(e).split()).split(' See full TensorStore details')[0] or type(e).__name__
