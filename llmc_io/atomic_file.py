@@ -113,10 +113,11 @@ def as_bytes(piece):
 
 
 def write_pieces_atomically(
-    path: str | os.PathLike, pieces: Iterable[Callable[[], object]], makers: int = 4
+    path: str | os.PathLike, pieces: Iterable[Callable[[], object]], makers: int = 4, digest=None
 ) -> str:
     """Write the pieces' outputs one after the other through atomic_output; returns the sha256 (hex)
-    of what was written, taken as it is written rather than by reading the file back.
+    of what was written, taken as it is written rather than by reading the file back. digest: what
+    takes it instead (hexdigest() of what went through update()), e.g. a piece_digest.PieceDigest.
 
     Each piece is a callable giving bytes or a C-contiguous array. A large file streams through four
     stages at once: up to 2 x `makers` pieces are made ahead on `makers` threads (NumPy's copies let go
@@ -124,7 +125,7 @@ def write_pieces_atomically(
     it (the hash trails the write by at most HASH_BEHIND pieces); and the written pages are sent to
     the disk on another thread every FLUSH_BYTES (_FlushBehind). The rate is that of the slowest
     stage rather than of their sum, and only the pieces in flight are ever in memory."""
-    digest = hashlib.sha256()
+    digest = hashlib.sha256() if digest is None else digest
     todo = iter(pieces)
     ahead: collections.deque = collections.deque()
     hashing: collections.deque = collections.deque()

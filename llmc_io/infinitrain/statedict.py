@@ -18,7 +18,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import functools
-import hashlib
 import os
 import struct
 import threading
@@ -28,6 +27,7 @@ import numpy as np
 
 from llmc_io.atomic_file import as_bytes, write_pieces_atomically
 from llmc_io.errors import LLMCFormatError
+from llmc_io.piece_digest import PieceDigest
 from llmc_io.tensors import LeafEntry, contiguous
 
 CKPT_MAGIC = 0x54504B43
@@ -87,7 +87,7 @@ class _Reader:
 
     def __init__(self, path: str, f, size: int, hasher=None):
         self.path, self.f, self.size, self.pos = path, f, size, 0
-        self.hasher = hasher  # a _Hasher every byte read goes through, or None
+        self.hasher = hasher  # a PieceDigest every byte read goes through, or None
 
     def _check_room(self, nbytes: int, field: str) -> None:
         if self.pos + nbytes > self.size:
@@ -122,41 +122,18 @@ class _Reader:
         return struct.unpack("<" + fmt, self.take(struct.calcsize("<" + fmt), field))
 
 
-class _Hasher:
-    """sha256 of what a reader reads, taken on another thread while the next tensor is read (hashlib
-    lets go of the GIL): a file read once gives both its tensors and its digest."""
-
-    def __init__(self):
-        self.digest = hashlib.sha256()
-        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sha256")
-        self.pending = None
-
-    def update(self, data) -> None:
-        if self.pending is not None:
-            self.pending.result()
-        self.pending = self.pool.submit(self.digest.update, data)
-
-    def hexdigest(self) -> str:
-        if self.pending is not None:
-            self.pending.result()
-        return self.digest.hexdigest()
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=True)
-
-
 def read_state_dict(
-    path: str | os.PathLike, sha256_of: dict | None = None, place=None
+    path: str | os.PathLike, digest_of: dict | None = None, place=None
 ) -> dict[str, CkptTensor]:
     """{name: CkptTensor} of a CKPT file, in file order. Raises LLMCFormatError on any malformation.
-    sha256_of: a dict that gets {path: the file's sha256 (hex)}, taken from the same read.
+    digest_of: a dict that gets {path: the file's digest (piece_digest.py)}, taken from the same read.
     place: a function of each tensor's array, run on a thread of its own as soon as the array is
     read while the next is; the CkptTensor holds what it returns (a restore puts the array on its
     device there, so that the host never holds the whole file)."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise LLMCFormatError(path, "file", "a CKPT state-dict file", "nothing there")
-    hasher = _Hasher() if sha256_of is not None else None
+    hasher = PieceDigest() if digest_of is not None else None
     placer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="place") if place else None
     try:
         tensors = _read_state_dict(
@@ -165,7 +142,7 @@ def read_state_dict(
         if placer is not None:
             tensors = {name: dataclasses.replace(t, array=t.array.result()) for name, t in tensors.items()}
         if hasher is not None:
-            sha256_of[path] = hasher.hexdigest()
+            digest_of[path] = hasher.hexdigest()
         return tensors
     finally:
         if hasher is not None:
@@ -325,5 +302,5 @@ def state_dict_bytes(tensors: Mapping[str, CkptTensor | np.ndarray]) -> bytes:
 def write_state_dict(path: str | os.PathLike, tensors: Mapping[str, CkptTensor | np.ndarray]) -> str:
     """Write a CKPT file atomically (a temporary name in the same directory, flushed to the disk,
     then a rename), streamed piece by piece (atomic_file.write_pieces_atomically); returns the
-    file's sha256 (hex)."""
-    return write_pieces_atomically(path, state_dict_pieces(tensors))
+    file's digest (piece_digest.py), taken as it is written."""
+    return write_pieces_atomically(path, state_dict_pieces(tensors), digest=PieceDigest())

@@ -90,7 +90,7 @@ def test_an_infinitrain_step_with_an_edited_weight_is_refused(saved, tmp_path, c
     step = copy_of(saved, 'one', tmp_path)
     _edit_weight(step / 'model.ckpt', 'transformer.h.0.ln_1.weight', 1000.0)
     for line in refusals(step, tmp_path, capsys):
-        assert f'{step / "model.ckpt"}: sha256: expected ' in line
+        assert f'{step / "model.ckpt"}: sha256_of_64MiB_pieces: expected ' in line
 
 
 def test_two_tensor_parallel_ranks_swapped_are_refused(saved, tmp_path, capsys):
@@ -100,7 +100,7 @@ def test_two_tensor_parallel_ranks_swapped_are_refused(saved, tmp_path, capsys):
     first.write_bytes(second.read_bytes())
     second.write_bytes(first_bytes)
     for line in refusals(step, tmp_path, capsys):
-        assert f'{first}: sha256: expected ' in line
+        assert f'{first}: sha256_of_64MiB_pieces: expected ' in line
 
 
 def test_data_parallel_replicas_edited_alike_are_refused(saved, tmp_path, capsys):
@@ -108,8 +108,9 @@ def test_data_parallel_replicas_edited_alike_are_refused(saved, tmp_path, capsys
     for rank in ('rank_000000', 'rank_000001'):
         _edit_weight(step / rank / 'model.ckpt', 'transformer.h.1.ln_2.bias', 7.0)
     for line in refusals(step, tmp_path, capsys):
-        assert f'{step / "rank_000000" / "model.ckpt"}: sha256: expected ' in line
-    recorded = json.loads((step / 'rank_000001' / 'trainer_state.json').read_text())['jaxtrain']['sha256']
+        assert f'{step / "rank_000000" / "model.ckpt"}: sha256_of_64MiB_pieces: expected ' in line
+    record = json.loads((step / 'rank_000001' / 'trainer_state.json').read_text())['jaxtrain']
+    recorded = record['sha256_of_64MiB_pieces']
     assert sorted(recorded) == [f'rank_00000{r}/model.ckpt' for r in (0, 1)]
 
 
@@ -187,7 +188,7 @@ def test_damaged_multi_rank_resume_is_refused(saved, tmp_path):
     first.write_bytes(second.read_bytes())
     second.write_bytes(first_bytes)
     e = resume_refused(saved, step, tmp_path)
-    assert str(e.value).startswith(f'{first}: sha256: expected ') and '\n' not in str(e.value)
+    assert str(e.value).startswith(f'{first}: sha256_of_64MiB_pieces: expected ') and '\n' not in str(e.value)
 
 
 @pytest.mark.slow

@@ -2,8 +2,6 @@
 Adam moments land where the files say, the optimizer mismatch cases say what they drop, and the data position
 is translated through the batch geometry."""
 
-import hashlib
-
 import jax
 import numpy as np
 import optax
@@ -12,6 +10,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from infinitrain_samples import SAMPLES, unpacked
+from piece_digests import piece_digest
 from jaxtrain.checkpoint.layout import CheckpointError
 from jaxtrain.checkpoint.formats.infinitrain import steps as it
 from jaxtrain.checkpoint.formats.infinitrain.trainer import expected_shapes, read_step_dir
@@ -210,7 +209,7 @@ def test_leaves_made_on_the_device_are_the_hosts_bit_for_bit(real, family):
         made = put_tree(like, lazy.params)
         if devices == 1:  # each array put on the device as it was read, then made there and used up
             placed = it.read_checkpoint(step_dir, shapes, assemble=False, place=jax.device_put)
-            assert placed.sha256 == {str(f): sha256_of(f) for f in step_dir.glob('*.ckpt')}
+            assert placed.digests == {str(f): piece_digest(f.read_bytes()) for f in step_dir.glob('*.ckpt')}
             kernel = placed.params['h']['attn']['c_attn']['kernel']
             assert all(isinstance(part, jax.Array) for part in kernel.parts)
             from_device = put_tree(like, placed.params, consume=True)
@@ -233,10 +232,6 @@ def test_leaves_made_on_the_device_are_the_hosts_bit_for_bit(real, family):
     for lazy_tree, host_tree in ((mu, hosted_mu), (nu, hosted_nu)):
         for made, expected in zip(jax.tree.leaves(put_tree(adam.mu, lazy_tree)), jax.tree.leaves(host_tree)):
             np.testing.assert_array_equal(_bits(made), np.asarray(expected, np.float32).view(np.uint32))
-
-
-def sha256_of(path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _bits(array) -> np.ndarray:

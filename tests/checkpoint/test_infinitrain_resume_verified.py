@@ -1,11 +1,12 @@
 """Resuming an InfiniTrain-format step directory that jaxtrain wrote checks what it recorded, as an
-Orbax resume does: the sha256 of every file, the digest of the "jaxtrain" record, the record's step
-against global_step and against the directory's name. An edited weight, global_step or data position
-is refused in one line naming the file and field; `ckpt verify` reports the same problems. Before,
-a weight set to 1000.0 resumed silently with other losses, and an edited global_step ended the run a
-step early."""
+Orbax resume does: the digest of every file (llmc_io/piece_digest.py), the digest of the
+"jaxtrain" record, the record's step against global_step and against the directory's name. An
+edited weight, global_step or data position is refused in one line naming the file and field;
+`ckpt verify` reports the same problems. Before, a weight set to 1000.0 resumed silently with other
+losses, and an edited global_step ended the run a step early."""
 
 import dataclasses
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cli_runs import run_cli
+from piece_digests import piece_digest
 from trainer_runs import random_shard, tiny_llmc_model
 
 from jaxtrain.checkpoint.formats.infinitrain import steps as it
@@ -74,8 +76,43 @@ def test_a_weight_edited_in_model_ckpt_is_refused(saved, tmp_path, capsys):
     tensors[name] = dataclasses.replace(tensors[name], array=weight)
     write_state_dict(step_dir / 'model.ckpt', tensors)
     line = resume_refused(saved, step_dir)
-    assert f'{step_dir / "model.ckpt"}: sha256: expected ' in line and 'recorded by jaxtrain' in line
+    assert f'{step_dir / "model.ckpt"}: sha256_of_64MiB_pieces: expected ' in line
+    assert 'recorded by jaxtrain' in line
     assert 'model.ckpt: sha256' in verify_problems(step_dir, capsys)
+
+
+def _with_whole_file_sha256s(step_dir):
+    """The step's record as jaxtrain wrote it before the piece digests: one sha256 over each whole
+    file, as 'sha256'."""
+    path = step_dir / it.TRAINER_STATE
+    state = json.loads(path.read_text())
+    record = {k: v for k, v in state['jaxtrain'].items() if k not in (it.FILE_DIGESTS, 'record_sha256')}
+    files = state['jaxtrain'][it.FILE_DIGESTS]
+    record['sha256'] = {name: hashlib.sha256((step_dir / name).read_bytes()).hexdigest() for name in files}
+    state['jaxtrain'] = with_digest(record)
+    path.write_text(json.dumps(state))
+    return step_dir
+
+
+def test_a_record_of_whole_file_sha256s_is_still_checked(saved, tmp_path, capsys):
+    step_dir = _with_whole_file_sha256s(copy(saved, tmp_path))
+    assert ckpt.main(['verify', str(step_dir)]) == 0
+    assert 'sha256 of 2 files as recorded' in capsys.readouterr().out
+    tensors = read_state_dict(step_dir / 'optimizer.ckpt')
+    name = next(iter(tensors))
+    edited = np.array(tensors[name].array)
+    edited.reshape(-1)[0] += 1.0
+    write_state_dict(
+        step_dir / 'optimizer.ckpt', {**tensors, name: dataclasses.replace(tensors[name], array=edited)}
+    )
+    assert f'{step_dir / "optimizer.ckpt"}: sha256: expected ' in resume_refused(saved, step_dir)
+    assert 'optimizer.ckpt: sha256: expected' in verify_problems(step_dir, capsys)
+
+
+def test_a_record_of_whole_file_sha256s_resumes(saved, tmp_path):
+    step_dir = _with_whole_file_sha256s(copy(saved, tmp_path))
+    result = resume(saved, step_dir, 3)
+    assert result.code == 0 and 'restored step 2' in result.out, result.err
 
 
 def test_an_edited_global_step_is_refused(saved, tmp_path, capsys):
@@ -112,13 +149,13 @@ def test_the_unedited_copy_resumes_and_verifies(saved, tmp_path, capsys):
     assert ckpt.main(['verify', str(step_dir)]) == 0
     out = capsys.readouterr().out
     assert 'the jaxtrain record matches its record_sha256' in out
-    assert 'sha256 of 2 files as recorded' in out  # model.ckpt, optimizer.ckpt
+    assert 'sha256_of_64MiB_pieces of 2 files as recorded' in out  # model.ckpt, optimizer.ckpt
     result = resume(saved, step_dir, 3)
     assert result.code == 0 and 'restored step 2' in result.out, result.err
 
 
 def test_a_resume_reads_each_file_once(saved, tmp_path, monkeypatch):
-    # The read that restores the arrays also takes the files' sha256; neither the recorded-sha256
+    # The read that restores the arrays also takes the files' digests; neither the recorded-digest
     # check nor verify's checks read model.ckpt or optimizer.ckpt again.
     from jaxtrain.checkpoint.formats.infinitrain import inspection
     from llmc_io.infinitrain import statedict
@@ -133,7 +170,9 @@ def test_a_resume_reads_each_file_once(saved, tmp_path, monkeypatch):
         return real_open(file, *args, **kwargs)
 
     monkeypatch.setattr(statedict, 'open', counting_open, raising=False)
-    monkeypatch.setattr(inspection, 'file_sha256', lambda path: opened.append(f'hashed {Path(path).name}'))
+    monkeypatch.setattr(
+        inspection, 'file_piece_digest', lambda path: opened.append(f'hashed {Path(path).name}')
+    )
     result = resume(saved, step_dir, 3)
     assert result.code == 0 and 'restored step 2' in result.out, result.err
     assert sorted(opened) == ['model.ckpt', 'optimizer.ckpt']
@@ -146,15 +185,17 @@ def test_the_record_check_hashes_each_file_once_for_all_who_ask(saved, tmp_path,
 
     step_dir = copy(saved, tmp_path)
     hashed = []
-    real = inspection.file_sha256
-    monkeypatch.setattr(inspection, 'file_sha256', lambda path: hashed.append(Path(path).name) or real(path))
+    real = inspection.file_piece_digest
+    monkeypatch.setattr(
+        inspection, 'file_piece_digest', lambda path: hashed.append(Path(path).name) or real(path)
+    )
     state = it.read_checkpoint(step_dir, with_optimizer=False).state
     known = {}
     for _ in range(2):
         problems, _ = inspection.recorded_problems(step_dir, step_dir, state, known)
         assert problems == []
     assert sorted(hashed) == ['model.ckpt', 'optimizer.ckpt']
-    assert known == {str(step_dir / name): real(step_dir / name) for name in hashed}
+    assert known == {str(step_dir / name): piece_digest((step_dir / name).read_bytes()) for name in hashed}
 
 
 def test_a_field_out_of_range_with_a_recomputed_digest_is_refused(saved, tmp_path, capsys):

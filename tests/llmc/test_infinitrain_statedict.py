@@ -12,6 +12,7 @@ import pytest
 
 from llmc_io import LLMCFormatError
 from llmc_io.infinitrain.statedict import CkptTensor, read_state_dict, state_dict_bytes, write_state_dict
+from piece_digests import piece_digest
 
 
 def _cpp_save_state_dict(entries):
@@ -119,10 +120,8 @@ def test_in_memory_entries_keep_their_dtype_code():
     assert state_dict_bytes({'b': t}) == _cpp_save_state_dict([('b', 9, (1,), b'\x80\x3f')])
 
 
-def test_a_streamed_file_is_upstreams_bytes_in_slices_with_its_sha256(tmp_path, monkeypatch):
+def test_a_streamed_file_is_upstreams_bytes_in_slices_with_its_digest(tmp_path, monkeypatch):
     # Slices of 16 bytes: the (5, 3) weight goes out in one-row pieces, transposed from a (3, 5) view.
-    import hashlib
-
     from llmc_io.infinitrain import statedict
 
     monkeypatch.setattr(statedict, 'SLICE_BYTES', 16)
@@ -134,20 +133,19 @@ def test_a_streamed_file_is_upstreams_bytes_in_slices_with_its_sha256(tmp_path, 
     path = tmp_path / 'optimizer.ckpt'
     digest = write_state_dict(path, entries)
     assert path.read_bytes() == expected
-    assert digest == hashlib.sha256(expected).hexdigest()
+    assert digest == piece_digest(expected)
 
 
 def test_a_file_flushed_and_hashed_behind_its_write_is_the_same_bytes(tmp_path, monkeypatch):
     # A flush to the disk every 16 bytes and the hash one piece behind the write: every stage of
-    # the pipeline runs many times, and the file and its digest are still upstream's bytes.
-    import hashlib
-
-    from llmc_io import atomic_file
+    # the pipeline runs many times, and the file is still upstream's bytes, its digest theirs.
+    from llmc_io import atomic_file, piece_digest as piece_digest_module
     from llmc_io.infinitrain import statedict
 
     monkeypatch.setattr(statedict, 'SLICE_BYTES', 16)
     monkeypatch.setattr(atomic_file, 'FLUSH_BYTES', 16)
     monkeypatch.setattr(atomic_file, 'HASH_BEHIND', 1)
+    monkeypatch.setattr(piece_digest_module, 'PIECE_BYTES', 48)  # many pieces, across the slices
     calls = []
     real_fdatasync = atomic_file.os.fdatasync
     monkeypatch.setattr(atomic_file.os, 'fdatasync', lambda fd: (calls.append(fd), real_fdatasync(fd)))
@@ -156,20 +154,18 @@ def test_a_file_flushed_and_hashed_behind_its_write_is_the_same_bytes(tmp_path, 
     expected = _cpp_save_state_dict([('w', 11, (7, 40), weights.T.tobytes())])
     path = tmp_path / 'model.ckpt'
     digest = write_state_dict(path, {'w': CkptTensor(11, weights.T)})
-    assert path.read_bytes() == expected and digest == hashlib.sha256(expected).hexdigest()
+    assert path.read_bytes() == expected and digest == piece_digest(expected, 48)
     assert len(calls) >= 7  # flushed behind the write (a flush a row of 160 bytes), not only at its end
 
 
-def test_a_read_takes_the_files_sha256_as_it_reads(tmp_path):
-    import hashlib
-
+def test_a_read_takes_the_files_digest_as_it_reads(tmp_path):
     entries, _, _ = _sample_entries()
     blob = _cpp_save_state_dict(entries)
     path = tmp_path / 'optimizer.ckpt'
     path.write_bytes(blob)
     digests = {}
     tensors = read_state_dict(path, digests)
-    assert digests == {str(path): hashlib.sha256(blob).hexdigest()}
+    assert digests == {str(path): piece_digest(blob)}
     assert list(tensors) == [e[0] for e in entries]
     path.write_bytes(blob + b'x')  # a read that fails records no digest
     digests = {}

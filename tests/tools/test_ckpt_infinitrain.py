@@ -162,10 +162,10 @@ def test_orbax_and_infinitrain_checkpoints_of_one_state_diff_identical(tmp_path,
         code, out, _ = run_tool(capsys, 'diff', pr_step, other)
         assert code == 0 and out.rstrip().endswith('identical'), out
     code, out, _ = run_tool(capsys, 'verify', pr_step)
-    assert code == 0 and 'sha256 of 2 files' in out
+    assert code == 0 and 'sha256_of_64MiB_pieces of 2 files' in out
     (pr_step / 'optimizer.bin').write_bytes((pr_step / 'optimizer.bin').read_bytes()[:-4] + b'\0\0\0\1')
     code, out, _ = run_tool(capsys, 'verify', pr_step)
-    assert code == 1 and 'optimizer.bin: sha256: expected' in out
+    assert code == 1 and 'optimizer.bin: sha256_of_64MiB_pieces: expected' in out
     # Orbax -> master's generation: the scheduler file joins the model and AdamW's state, all verified.
     lrs_step = tmp_path / 'lrs' / 'checkpoint_step_000002'
     code, out, err = run_tool(
@@ -175,12 +175,12 @@ def test_orbax_and_infinitrain_checkpoints_of_one_state_diff_identical(tmp_path,
     written = ['lr_scheduler.ckpt', 'model.ckpt', 'optimizer.ckpt', 'trainer_state.json']
     assert sorted(p.name for p in lrs_step.iterdir()) == written
     code, out, _ = run_tool(capsys, 'verify', lrs_step)
-    assert code == 0 and 'sha256 of 3 files' in out, out
+    assert code == 0 and 'sha256_of_64MiB_pieces of 3 files' in out, out
     scheduler = bytearray((lrs_step / 'lr_scheduler.ckpt').read_bytes())
     scheduler[-1] ^= 1  # one bit of the last entry's value
     (lrs_step / 'lr_scheduler.ckpt').write_bytes(scheduler)
     code, out, _ = run_tool(capsys, 'verify', lrs_step)
-    assert code == 1 and 'lr_scheduler.ckpt: sha256: expected' in out, out
+    assert code == 1 and 'lr_scheduler.ckpt: sha256_of_64MiB_pieces: expected' in out, out
 
 
 @needs_samples

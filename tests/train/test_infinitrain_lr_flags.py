@@ -295,10 +295,10 @@ def test_our_lr_scheduler_generation_saves_verifies_exports_and_resumes(pr151_ru
         assert saved == state_at(spec, step)
         state = read_trainer_state(step_dir / 'trainer_state.json')
         assert state.generation == 'lrs' and state.last_lr is None
-        assert 'lr_scheduler.ckpt' in state.jaxtrain['sha256']
+        assert 'lr_scheduler.ckpt' in state.jaxtrain['sha256_of_64MiB_pieces']
     step10 = run_root / 'full' / 'checkpoint_step_000010'
     assert ckpt.main(['verify', str(step10)]) == 0
-    assert 'sha256 of 2 files' in capsys.readouterr().out  # model.ckpt, lr_scheduler.ckpt (SGD)
+    assert 'of 2 files as recorded' in capsys.readouterr().out  # model.ckpt, lr_scheduler.ckpt (SGD)
     assert (
         ckpt.main(
             [

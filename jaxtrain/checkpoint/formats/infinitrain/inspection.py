@@ -9,12 +9,12 @@ its ScaleByAdamState; InfiniTrain's adam.m / adam.v / adam.t). The learning-rate
 InfiniTrain counterpart: it is the step, which the configs compare.
 
 The record. jaxtrain adds a "jaxtrain" object to trainer_state.json (writer.py's write_checkpoint): its
-own record (step, data position, rng, configs), the sha256 of every file beside it, and the
-record's digest (trainer_state.py) over all of that. Resume and `ckpt verify` both check it
-here, as they check an Orbax step's record and checksums: a weight edited in model.ckpt, an
-edited global_step or data position, or a renamed directory is refused, not trained from.
-A directory InfiniTrain itself wrote has no such object; only its name is checked against
-its global_step.
+own record (step, data position, rng, configs), the digest of every file beside it
+(steps.FILE_DIGESTS), and the record's digest (trainer_state.py) over all of that. Resume and
+`ckpt verify` both check it here, as they check an Orbax step's record and checksums: a weight
+edited in model.ckpt, an edited global_step or data position, or a renamed directory is refused,
+not trained from. A directory InfiniTrain itself wrote has no such object; only its name is
+checked against its global_step.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from jaxtrain.checkpoint.layout import DAMAGED, CheckpointError, step_of
 from jaxtrain.checkpoint.trainer_state import DIGEST_FIELD, digest_problem, field_problems, file_sha256
 from jaxtrain.checkpoint.trainer_state import step_name_problem
 from llmc_io.errors import LLMCFormatError
+from llmc_io.piece_digest import file_piece_digest
 from llmc_io.infinitrain.state import HEAD, LR_SCHEDULER, PR
 from llmc_io.tensors import all_finite, tree_leaves
 
@@ -212,7 +213,11 @@ def show(step_dir, with_tensors: bool) -> dict:
             best_loss=s.best_loss, optimizer_type=s.optimizer_type, checkpoint_format=s.checkpoint_format
         )
     if s.jaxtrain:
-        shown['jaxtrain'] = {k: v for k, v in s.jaxtrain.items() if k not in ('training_config', 'sha256')}
+        shown['jaxtrain'] = {
+            k: v
+            for k, v in s.jaxtrain.items()
+            if k not in ('training_config', it.FILE_DIGESTS, it.LEGACY_FILE_DIGESTS)
+        }
     if with_tensors:
         from jaxtrain.checkpoint.formats.orbax.inspection import tensor_stats
 
@@ -274,7 +279,7 @@ def _text_value(key: str, value) -> str:
 def recorded_problems(step_dir, files_dir, state, known: dict | None = None) -> tuple[list[str], list[str]]:
     """(problems, what was checked) of one step directory. files_dir: where the model file and
     trainer_state.json are (rank_000000 for a multi-rank step); state: its InfiniTrainState.
-    known: {file path: sha256} already taken by the read of these files (steps.read_checkpoint),
+    known: {file path: digest} already taken by the read of these files (steps.read_checkpoint),
     which are then not read again; what is hashed here is added to it."""
     files_dir = Path(files_dir)
     record_file = files_dir / it.TRAINER_STATE
@@ -299,40 +304,41 @@ def recorded_problems(step_dir, files_dir, state, known: dict | None = None) -> 
                 f'{upstream}: the file was edited; {DAMAGED}'
             )
     problems += _other_rank_records(step_dir, files_dir, record)
-    recorded = record.get('sha256')  # none in older rank directories; the digest shows none was removed
+    key = it.FILE_DIGESTS if it.FILE_DIGESTS in record else it.LEGACY_FILE_DIGESTS
+    recorded = record.get(key)  # none in older rank directories; the digest shows none was removed
     if not isinstance(recorded, dict):
         return problems, checked
     # A multi-rank step names every rank's files from the step directory (rank_000001/model.ckpt).
     paths = {
         name: Path(step_dir) / str(name) if '/' in str(name) else files_dir / str(name) for name in recorded
     }
-    # Every file on its own thread (hashlib lets go of the GIL): the optimizer file's hash, not
-    # the sum of all of them, is what a 1B step's resume waits for.
-    with concurrent.futures.ThreadPoolExecutor(max(1, len(paths)), thread_name_prefix='sha256') as pool:
-        hashing = {
-            name: pool.submit(_sha256, path, {} if known is None else known)
+    if key == it.FILE_DIGESTS:  # each file's pieces on threads of their own
+        found_of = {
+            name: _piece_digest(path, {} if known is None else known) if path.is_file() else 'no file'
             for name, path in paths.items()
-            if path.is_file()
         }
-        found_of = {name: hashing[name].result() if name in hashing else 'no file' for name in paths}
+    else:  # a whole-file sha256 is one stream: every file on its own thread (hashlib lets go of the GIL)
+        with concurrent.futures.ThreadPoolExecutor(max(1, len(paths)), thread_name_prefix='sha256') as pool:
+            hashing = {name: pool.submit(file_sha256, path) for name, path in paths.items() if path.is_file()}
+            found_of = {name: hashing[name].result() if name in hashing else 'no file' for name in paths}
     for name, expected in recorded.items():
         path, found = paths[name], found_of[name]
         if found != expected:
             problems.append(
-                f'{path}: sha256: expected {expected} (recorded by jaxtrain), found {found}: the file was '
+                f'{path}: {key}: expected {expected} (recorded by jaxtrain), found {found}: the file was '
                 f'changed after it was saved; {DAMAGED}'
             )
-    if not any('sha256: expected' in p for p in problems):
-        checked.append(f'sha256 of {len(recorded)} files as recorded')
+    if not any(f'{key}: expected' in p for p in problems):
+        checked.append(f'{key} of {len(recorded)} files as recorded')
     return problems, checked
 
 
-def _sha256(path: Path, known: dict) -> str:
-    """The file's sha256, from `known` or taken now and kept there: a resume's record check and
-    its verify ask for the same files (a multi-rank step's other ranks), which are read once."""
+def _piece_digest(path: Path, known: dict) -> str:
+    """The file's digest, from `known` (the read that took it) or taken now and kept there: a resume's
+    record check and its verify ask for the same files (a multi-rank step's other ranks), read once."""
     key = os.fspath(path)
     if key not in known:
-        known[key] = file_sha256(path)
+        known[key] = file_piece_digest(path)
     return known[key]
 
 
@@ -361,9 +367,9 @@ def _other_rank_records(step_dir, files_dir: Path, record: dict) -> list[str]:
 
 def verify(step_dir, ckpt: it.InfiniTrainCheckpoint | None = None):
     """Verification(problems, checked) of an InfiniTrain directory: every file parses byte-exactly, names and
-    shapes fit one model, GPT-2's tied copy and causal masks, Adam's keys and t, finiteness, our sha256s.
+    shapes fit one model, GPT-2's tied copy and causal masks, Adam's keys and t, finiteness, our digests.
     ckpt: the directory as a resume has just read it (its reading made the parse's checks, and took
-    its files' sha256), or None to read it here."""
+    its files' digests), or None to read it here."""
     from jaxtrain.checkpoint.format import Verification
 
     problems, checked = [], []
@@ -398,7 +404,9 @@ def verify(step_dir, ckpt: it.InfiniTrainCheckpoint | None = None):
         if not differences:
             kind = 'data- and context-parallel' if ckpt.topology.cp > 1 else 'data-parallel'
             checked.append(f'weights of the {ckpt.topology.replicas} {kind} replicas bit-identical')
-    found, passed = recorded_problems(step_dir, ckpt.path, ckpt.state, ckpt.sha256)  # digest, step, sha256s
+    found, passed = recorded_problems(
+        step_dir, ckpt.path, ckpt.state, ckpt.digests
+    )  # record digest, step, file digests
     problems += found
     checked += passed
     checked += ckpt.notices

@@ -65,6 +65,10 @@ FILES = {
     PR_PTH_KIND: ('model.pth', 'optimizer.pth'),
 }
 TRAINER_STATE = 'trainer_state.json'
+# The key of the jaxtrain record's {file: digest} of the step's files (llmc_io/piece_digest.py).
+# Records written before it have LEGACY_FILE_DIGESTS, one sha256 over each whole file: still checked.
+FILE_DIGESTS = 'sha256_of_64MiB_pieces'
+LEGACY_FILE_DIGESTS = 'sha256'
 _RANK_DIR = re.compile(r'^rank_(\d{6})$')
 TMP_MARK = '.infinitrain-tmp'
 
@@ -80,9 +84,9 @@ class InfiniTrainCheckpoint:
     ranks: int  # rank directories found (1 without rank_*)
     notices: list
     topology: Topology | None = None  # how a multi-GPU run laid its ranks out
-    # {file path: sha256 (hex)} of the files whose digest the read itself took (inspection.py's
-    # record checks then need not read them again)
-    sha256: dict = dataclasses.field(default_factory=dict)
+    # {file path: digest (llmc_io/piece_digest.py)} of the files whose digest the read itself took
+    # (inspection.py's record checks then need not read them again)
+    digests: dict = dataclasses.field(default_factory=dict)
 
 
 def _model_file_kind(directory: Path) -> str | None:
@@ -155,7 +159,7 @@ def _fit_vocab(params: dict, expected: dict | None) -> dict:
 
 
 def _read_model(
-    path: Path, kind: str, expected: dict | None, sha256_of: dict, assemble: bool, place
+    path: Path, kind: str, expected: dict | None, digest_of: dict, assemble: bool, place
 ) -> tuple[str, dict]:
     if kind == PR_BIN_KIND:
         header, params = llmc_io.load_model(path)
@@ -188,7 +192,7 @@ def _read_model(
                         'the checkpoint is for another model family',
                     )
         return family, params
-    tensors = read_state_dict(path, sha256_of, place)
+    tensors = read_state_dict(path, digest_of, place)
     shapes = expected if expected is not None else _expected_shapes_from_state_dict(path, tensors)
     family = names.family_of(tensors)
     return family, names.state_dict_to_tree(path, tensors, shapes, consume=True, assemble=assemble)
@@ -251,16 +255,15 @@ def read_checkpoint(
             f'{step_dir}: {len(ranks)} rank directories; reading rank_000000 (data-parallel replicas)'
         )
     model_path = first / FILES[kind][0]
-    sha256_of = {}
+    digest_of = {}
     opt_path = first / FILES[kind][1]
-    # The two files side by side: each file's hash is one stream (about 1.1 GB/s on a GPU host's
-    # cores), so the optimizer file's alone, not the sum of both, bounds a 1B step's read.
+    # The two files side by side, each read as one stream while its pieces hash on threads of their own.
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='infinitrain-model-file') as other:
-        model_read = other.submit(_read_model, model_path, kind, expected_shapes, sha256_of, assemble, place)
+        model_read = other.submit(_read_model, model_path, kind, expected_shapes, digest_of, assemble, place)
         opt_tensors, opt_error = None, None
         if with_optimizer and opt_path.is_file():
             try:
-                opt_tensors = read_state_dict(opt_path, sha256_of, place)
+                opt_tensors = read_state_dict(opt_path, digest_of, place)
             except LLMCFormatError as e:
                 opt_error = e
         family, params = model_read.result()  # a damaged model file is named first, as before
@@ -280,7 +283,7 @@ def read_checkpoint(
         state,
         len(ranks),
         notices,
-        sha256=sha256_of,
+        digests=digest_of,
     )
 
 

@@ -124,7 +124,7 @@ def read_step_dir(
 def refuse_recorded_problems(path, ckpt: it.InfiniTrainCheckpoint) -> None:
     """The first thing the step's records say is wrong (its digest, step, files' sha256s), as one
     CheckpointError; the files the read hashed are not read again."""
-    problems, _ = recorded_problems(path, ckpt.path, ckpt.state, ckpt.sha256)
+    problems, _ = recorded_problems(path, ckpt.path, ckpt.state, ckpt.digests)
     if problems:
         more = f'; {len(problems) - 1} more: python -m jaxtrain.ckpt verify {path}' if problems[1:] else ''
         raise CheckpointError(problems[0] + more)

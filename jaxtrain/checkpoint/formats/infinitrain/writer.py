@@ -1,12 +1,11 @@
 """InfiniTrain step directories written: every generation's files into a temporary directory that is
-renamed when complete, one rank directory per rank of a topology, each rank's sha256 recorded.
+renamed when complete, one rank directory per rank of a topology, each file's digest recorded.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import hashlib
 import os
 import shutil
 import tempfile
@@ -19,12 +18,14 @@ from jaxtrain.checkpoint.trainer_state import with_digest
 from llmc_io.infinitrain import names
 from llmc_io.infinitrain import rank_writer as infinitrain_rank_writer
 from llmc_io.atomic_file import fsync_directory
+from llmc_io.piece_digest import bytes_piece_digest, file_piece_digest
 from llmc_io.errors import LLMCFormatError
 from llmc_io.infinitrain.state import InfiniTrainState, read_trainer_state, write_trainer_state
 from llmc_io.infinitrain.topology import Topology
 from llmc_io.infinitrain.statedict import write_state_dict
 from llmc_io.tensors import LeafEntry
 from jaxtrain.checkpoint.formats.infinitrain.steps import (
+    FILE_DIGESTS,
     FILES,
     HEAD_KIND,
     PR_BIN_KIND,
@@ -94,11 +95,11 @@ def write_checkpoint(
 
 
 def _write_files(tmp: Path, kind, family, params, header, moments, state, extra_files=None) -> None:
-    """The files of one step directory, each streamed with its sha256 taken as it is written (not
-    read back). The model file and the optimizer file are written side by side, each on its own
-    thread: one file's hash (a single stream, about 1.1 GB/s on a GPU host) then no longer bounds
-    the whole step. Each entry (a layer of a leaf) is fetched (from the device, in a background
-    save) as it is written and dropped once written, so the host holds a few entries at a time."""
+    """The files of one step directory, each streamed with its digest (piece_digest.py) taken as it
+    is written (not read back; llm.c's model.bin excepted). The model file and the optimizer file
+    are written side by side, each on its own thread. Each entry (a layer of a leaf) is fetched (from
+    the device, in a background save) as it is written and dropped once written, so the host holds a
+    few entries at a time."""
     model_name, opt_name = FILES[kind]
     vocab = header.vocab_size
 
@@ -122,11 +123,11 @@ def _write_files(tmp: Path, kind, family, params, header, moments, state, extra_
     files = {name: files[name] for name in (model_name, opt_name) if name in files}
     for name, payload in (extra_files or {}).items():
         (tmp / name).write_bytes(payload)
-        files[name] = hashlib.sha256(payload).hexdigest()
+        files[name] = bytes_piece_digest(payload)
     if state.jaxtrain is not None:  # lets resume and `ckpt verify` prove these are the files we wrote
         files = dict(sorted(files.items()))
-        # The digest covers the whole object (step, data position, rng, configs, the files' sha256).
-        state = dataclasses.replace(state, jaxtrain=with_digest(dict(state.jaxtrain, sha256=files)))
+        # The record's digest covers the whole object (step, data position, rng, configs, the files').
+        state = dataclasses.replace(state, jaxtrain=with_digest({**state.jaxtrain, FILE_DIGESTS: files}))
     write_trainer_state(tmp / TRAINER_STATE, state)
 
 
@@ -172,26 +173,25 @@ def _record_rank_sha256(step_dir: Path, ranks: list[Path]) -> None:
     """Every rank's trainer_state.json gets the sha256 of every rank's files, named from the step
     directory (rank_000001/model.ckpt): two ranks' files swapped, or data-parallel replicas edited
     alike (which still agree with each other), are then told from the files we wrote."""
-    from jaxtrain.checkpoint.trainer_state import file_sha256
-
     files = {
-        f'{rank.name}/{p.name}': file_sha256(p)  # read back in pieces: a rank's files may be large
+        f'{rank.name}/{p.name}': file_piece_digest(p)  # read back: the ranks are written elsewhere
         for rank in ranks
         for p in sorted(rank.iterdir())
         if p.name != TRAINER_STATE
     }
     for rank in ranks:
         rank_state = read_trainer_state(rank / TRAINER_STATE)
-        record = with_digest(dict(rank_state.jaxtrain, sha256=files))
+        record = with_digest({**rank_state.jaxtrain, FILE_DIGESTS: files})
         write_trainer_state(rank / TRAINER_STATE, dataclasses.replace(rank_state, jaxtrain=record))
 
 
 def _save_llmc(path: Path, family: str, params: dict, header) -> str:
-    """SaveAsLLMC's model.bin; returns its sha256."""
+    """SaveAsLLMC's model.bin; returns its digest (piece_digest.py), read back: llm.c's writer takes
+    a whole-file sha256, which llm.c files record elsewhere."""
     if family == 'gpt2':
         # SaveAsLLMC (f9cb65b5) writes header V, and the model's vocab (V at TP=1) in the Vp slot: no padding.
         trimmed = dict(params, wte={'embedding': np.asarray(params['wte']['embedding'])[: header.vocab_size]})
-        return llmc_io.save_gpt2(
-            path, dataclasses.replace(header, padded_vocab_size=header.vocab_size), trimmed
-        )
-    return llmc_io.save_llama3(path, header, params)  # major/minor 1/0, floats bit-cast, as SaveAsLLMC
+        llmc_io.save_gpt2(path, dataclasses.replace(header, padded_vocab_size=header.vocab_size), trimmed)
+    else:
+        llmc_io.save_llama3(path, header, params)  # major/minor 1/0, floats bit-cast, as SaveAsLLMC
+    return file_piece_digest(path)
