@@ -5,7 +5,10 @@ import re
 import subprocess
 import sys
 
+import pytest
 from trainer_runs import REPO
+
+pytestmark = pytest.mark.slow  # two processes that import JAX
 
 
 def _run(*args):
