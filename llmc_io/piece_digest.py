@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import functools
 import hashlib
 import os
 
@@ -24,7 +25,7 @@ THREADS = 4
 
 
 def _piece_sha256(piece) -> bytes:
-    return hashlib.sha256(piece).digest()  # lets go of the GIL: the pieces hash side by side
+    return hashlib.sha256(piece).digest()  # lets go of the GIL (over 2 KiB): pieces hash side by side
 
 
 def _combined(piece_digests) -> str:
@@ -32,53 +33,55 @@ def _combined(piece_digests) -> str:
 
 
 class PieceDigest:
-    """update() with a file's bytes in order, hexdigest() once at the end. Whole pieces inside one
-    update's buffer are hashed from it without a copy, so the caller must leave a buffer as it was
-    given (a new array per tensor, as the readers and writers here make). At most 2 x `threads`
-    pieces are in flight: update() waits for the oldest beyond that."""
+    """update() with a file's bytes in order, hexdigest() once at the end.
+
+    Each piece has its own sha256, updated with the parts of the buffers that fall in it, on one of
+    `threads` single-thread lanes (piece k on lane k % threads, so a piece's parts arrive in order):
+    nothing is copied, and the pieces hash side by side. The caller must leave a buffer as it was
+    given (a new array per tensor, as the readers and writers here make). At most
+    2 x `threads` pieces' worth of bytes wait for their lanes: update() waits beyond that."""
 
     def __init__(self, threads: int = THREADS):
-        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="piece-sha256")
-        self._in_flight: collections.deque = collections.deque()
-        self._done: list[bytes] = []
-        self._partial = bytearray()
-        self._most_in_flight = 2 * threads
+        lane = functools.partial(concurrent.futures.ThreadPoolExecutor, 1, thread_name_prefix="piece-sha256")
+        self._lanes = [lane() for _ in range(threads)]
+        self._pieces: list = []  # one hashlib object per piece begun
+        self._filled = PIECE_BYTES  # bytes in the last piece: a new one begins with the next byte
+        self._waiting: collections.deque = collections.deque()  # (future, bytes) of queued parts
+        self._waiting_bytes = 0
+        self._most_waiting = 2 * threads * PIECE_BYTES
 
     def update(self, data) -> None:
         view = memoryview(data).cast("B")
-        if self._partial:
-            take = min(PIECE_BYTES - len(self._partial), len(view))
-            self._partial += view[:take]
-            view = view[take:]
-            if len(self._partial) == PIECE_BYTES:
-                self._hash(self._partial)
-                self._partial = bytearray()
-        while len(view) >= PIECE_BYTES:
-            self._hash(view[:PIECE_BYTES])
-            view = view[PIECE_BYTES:]
-        if len(view):
-            self._partial += view
-
-    def _hash(self, piece) -> None:
-        self._in_flight.append(self._pool.submit(_piece_sha256, piece))
-        while len(self._in_flight) > self._most_in_flight:
-            self._done.append(self._in_flight.popleft().result())
+        while len(view):
+            if self._filled == PIECE_BYTES:
+                self._pieces.append(hashlib.sha256())
+                self._filled = 0
+            part = view[: PIECE_BYTES - self._filled]
+            view = view[len(part) :]
+            self._filled += len(part)
+            index = len(self._pieces) - 1
+            lane = self._lanes[index % len(self._lanes)]
+            self._waiting.append((lane.submit(self._pieces[index].update, part), len(part)))
+            self._waiting_bytes += len(part)
+            while self._waiting_bytes > self._most_waiting:
+                done, nbytes = self._waiting.popleft()
+                done.result()
+                self._waiting_bytes -= nbytes
 
     def hexdigest(self) -> str:
         """The file's digest; the object is spent after it."""
-        if self._partial:
-            self._hash(self._partial)
-            self._partial = bytearray()
         try:
-            self._done += [pending.result() for pending in self._in_flight]
+            for done, _ in self._waiting:
+                done.result()
         finally:
-            self._in_flight.clear()
-            self._pool.shutdown(wait=True)
-        return _combined(self._done)
+            self.close()
+        return _combined(piece.digest() for piece in self._pieces)
 
     def close(self) -> None:
-        """Lets the threads go without a digest (a read or write that failed)."""
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        """Lets the lanes go (after hexdigest(), or without a digest where a read or write failed)."""
+        self._waiting.clear()
+        for lane in self._lanes:
+            lane.shutdown(wait=True, cancel_futures=True)
 
 
 def bytes_piece_digest(data) -> str:
