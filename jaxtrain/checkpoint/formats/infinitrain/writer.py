@@ -166,11 +166,11 @@ def _write_ranks(
         for name, payload in (extra_files or {}).items():
             (rank_dir / name).write_bytes(payload)
     if state.jaxtrain is not None:
-        _record_rank_sha256(tmp, rank_dirs_written)
+        _record_rank_digests(tmp, rank_dirs_written)
 
 
-def _record_rank_sha256(step_dir: Path, ranks: list[Path]) -> None:
-    """Every rank's trainer_state.json gets the sha256 of every rank's files, named from the step
+def _record_rank_digests(step_dir: Path, ranks: list[Path]) -> None:
+    """Every rank's trainer_state.json gets the digest of every rank's files, named from the step
     directory (rank_000001/model.ckpt): two ranks' files swapped, or data-parallel replicas edited
     alike (which still agree with each other), are then told from the files we wrote."""
     files = {
