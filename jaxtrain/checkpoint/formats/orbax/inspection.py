@@ -7,6 +7,8 @@ those of manager.py's checksums ('h/attn/c_attn/kernel', '0/mu/wte/embedding'), 
 trainer_state records a checksum. Every problem that stops a command is a CheckpointError (one line).
 """
 
+import collections
+import concurrent.futures
 import dataclasses
 import os
 import re
@@ -362,6 +364,31 @@ def _shape_problems(layouts: dict[str, tuple], family: str, model_config: dict, 
     return problems
 
 
+def _item_checksums(step_dir, item: str) -> tuple[dict, dict]:
+    """({tensor name: checksum}, {tensor name: (shape, dtype)}) of an item, read one group at a time
+    (each_array) while a thread sums the arrays already read; at most about two groups are held."""
+    found, layouts, pending, waiting_bytes = {}, {}, collections.deque(), 0
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='checksum') as summing:
+        for name, array in each_array(step_dir, item):
+            layouts[name] = (tuple(array.shape), array.dtype.name)
+            pending.append((name, summing.submit(host_checksum, array), array.nbytes))
+            waiting_bytes += array.nbytes
+            while waiting_bytes > READ_GROUP_BYTES:
+                done, future, nbytes = pending.popleft()
+                found[done] = future.result()
+                waiting_bytes -= nbytes
+        found.update((name, future.result()) for name, future, _ in pending)
+    return {name: found[name] for name in layouts}, layouts
+
+
+def _outcome(future):
+    """The future's result, or the CheckpointError it raised (a damaged item is a problem to list)."""
+    try:
+        return future.result()
+    except CheckpointError as e:
+        return e
+
+
 def verify(step_dir) -> Verification:
     """Every item present and readable, every checksum equal, params shaped as the model config says."""
     step_dir = Path(step_dir)
@@ -393,20 +420,22 @@ def verify(step_dir) -> Verification:
     # With fields of the wrong kind the checks below would misread them: the items are only read.
     compare = state is not None and not fields
     recorded = (state or {}).get('checksums', {})
+    present = [item for item in ARRAY_ITEMS if (step_dir / item).is_dir()]
+    # The items side by side, each summing one read group while it reads the next.
+    with concurrent.futures.ThreadPoolExecutor(max(1, len(present)), thread_name_prefix='verify') as pool:
+        summed = {item: pool.submit(_item_checksums, step_dir, item) for item in present}
+        summed = {item: _outcome(future) for item, future in summed.items()}
     for item in ARRAY_ITEMS:
         required = item == 'params' or bool((state or {}).get('has_optimizer_state'))
-        if not (step_dir / item).is_dir():
+        if item not in summed:
             if required:
                 why = ' (trainer_state says has_optimizer_state: true)' if item == 'opt_state' else ''
                 problems.append(f'{step_dir / item}: expected the {item} item{why}, found nothing')
             continue
-        try:  # one read group at a time: what is kept of each array is its checksum and layout
-            found, layouts = {}, {}
-            for name, array in each_array(step_dir, item):
-                found[name], layouts[name] = host_checksum(array), (tuple(array.shape), array.dtype.name)
-        except CheckpointError as e:
-            problems.append(str(e))
+        if isinstance(summed[item], CheckpointError):
+            problems.append(str(summed[item]))
             continue
+        found, layouts = summed[item]
         if not compare:
             why = 'no trainer state' if state is None else 'its fields are not as a save writes them'
             checked.append(f'{item}: {len(found)} tensors readable (checksums not checked: {why})')
