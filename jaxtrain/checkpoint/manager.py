@@ -58,10 +58,13 @@ from jaxtrain.checkpoint.trainer_state import with_digest
 from jaxtrain.checkpoint.layout import write_failure
 
 # GB of a save that Orbax copies from the GPU to pinned host memory at once (its
-# save_device_host_concurrent_gb): at least the largest array (a 1B model's fp32 embedding is
-# 1.05 GB), small enough that pinning it before step 1 takes about a second, not the 14 s that
-# pinning a whole LLaMA-3.2 1B state took.
-HOST_TRANSFER_GB = 2
+# save_device_host_concurrent_gb; an array larger than this, such as a 1B model's 1.05 GB fp32
+# embedding, is copied in a batch of its own). Small enough that pinning a batch before step 1
+# takes under a second, not the 14 s that pinning a whole LLaMA-3.2 1B state took. On one H100
+# with that state, 1 GB batches against 2 GB: commit 11.89 s against 12.33 s, the step after the
+# first save 2.32x the median against 5.34x (the first 2 GB batch outgrew the pool pinned before
+# step 1), peak RSS 7.1 GiB against 11.25 (bench/ckpt_io.py's loop, docs/benchmark-history.md).
+HOST_TRANSFER_GB = 1
 
 
 # --- checksums --------------------------------------------------------------------

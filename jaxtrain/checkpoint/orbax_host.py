@@ -23,8 +23,8 @@ answered ASYNCHRONOUS_DEPRIORITIZED; its default callback answers SYNCHRONOUS fo
 the handler's is_prioritized_key_fn is stored but never asked. So every array was copied at once,
 before save() returned: for a LLaMA-3.2 1B state (16.75 GiB) on one H100 that took 11.5 s on the
 hand-off thread, the pinned pool grew to 32 GiB during the first save and kept it, and the commit
-came 17.0 s after the save began. In batches the hand-off takes 0.01 s, the pool stays at 8 GiB and
-the commit comes after 9.7 s (bench/orbax_memory.py: the checkpointer alone, no training beside it).
+came 17.0 s after the save began. In 2 GB batches the hand-off takes 0.01 s, the pool stays at 8 GiB
+and the commit comes after 9.7 s (bench/orbax_memory.py: the checkpointer alone, no training beside it).
 TransferOrder answers instead; it batches only a save of a private snapshot, since the batches are
 copied after save() has returned and the live state is donated by the next step.
 
