@@ -1,0 +1,186 @@
+"""The steps around an Orbax save in the real loop, with the save's copy settings changed: what
+the step after a save costs, and where the loop's thread was while it ran.
+
+    python bench/orbax_save_levers.py OUT --input_bin TRAIN.bin --host_gb 1 --pin_gb 1
+    python bench/orbax_save_levers.py OUT --input_bin TRAIN.bin --pageable --sample_s 1.5
+
+It runs `python -m jaxtrain.main` in this process (--config, B x T as the ckpt_io figure: LLaMA-3.2
+1B, B4 x T2048), saving with the optimizer state at --save_step, and prints one JSON line: the
+median step before the save, the loop blocked by it, when its step directory appeared (the commit),
+the steps after it over that median, and the peak resident memory (the pinned pool shows as
+shared). The settings are the ones manager.py fixes, changed here on purpose, to measure what it
+does not offer:
+  --host_gb   GB that Orbax copies off the device at a time (manager.HOST_TRANSFER_GB)
+  --pin_gb    GB of the largest arrays copied to pinned memory before step 1 (0: none)
+  --pageable  Orbax copies into pageable memory instead of pinned (its enable_pinned_host_transfer)
+--sample_s S records every thread's innermost frames every 2 ms for S seconds from the save's
+start and prints them grouped: a stretch with no samples is one where the sampling thread, like
+the loop's, could not get the GIL.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from orbax_memory import Peaks  # noqa: E402
+
+# A thread whose innermost frame is one of these is waiting, not working.
+IDLE_FRAMES = ('_worker:', 'select:', 'wait:', '_wait_for_tstate_lock', '_sample:', 'poll:')
+
+
+def parse_args(argv=None):
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
+    parser.add_argument('out', type=Path, help='folder for the run metrics (and the checkpoints, by default)')
+    parser.add_argument('--input_bin', required=True, help="training tokens in llm.c's format")
+    parser.add_argument('--config', default='configs/llama3.py:llama3.2-1b', help='the model config')
+    parser.add_argument('--batch_size', type=int, default=4, help='sequences a step')
+    parser.add_argument('--sequence_length', type=int, default=2048, help='tokens a sequence')
+    parser.add_argument('--steps', type=int, default=80, help='steps of the run')
+    parser.add_argument('--save_step', type=int, default=50, help='the step saved (and the last)')
+    parser.add_argument('--checkpoint_dir', type=Path, help='where the steps go (default OUT/ck)')
+    parser.add_argument('--host_gb', type=float, default=None, help="GB copied at a time (manager's)")
+    parser.add_argument('--pin_gb', type=float, default=None, help='GB pinned before step 1 (host_gb)')
+    parser.add_argument('--pageable', action='store_true', help='copy into pageable memory, pin nothing')
+    parser.add_argument('--sample_s', type=float, default=0.0, help='seconds sampled from the save')
+    return parser.parse_args(argv)
+
+
+def change_settings(host_gb, pin_gb, pageable) -> None:
+    """Sets the manager's copy settings for the run this process starts."""
+    import orbax.checkpoint as ocp
+
+    from jaxtrain.checkpoint import manager, orbax_host
+
+    if host_gb is not None:
+        manager.HOST_TRANSFER_GB = host_gb
+    if pageable:
+        pin_gb = 0.0
+        handler = ocp.PyTreeCheckpointHandler
+        ocp.PyTreeCheckpointHandler = lambda **kw: handler(enable_pinned_host_transfer=False, **kw)
+    if pin_gb is None:
+        return
+    limit = int(pin_gb * 1e9)
+    grow = orbax_host.grow_pinned_host_pool
+    manager.grow_pinned_host_pool = lambda tree, _: grow(tree, limit) if limit else 0.0
+    manager.leaves_to_pin = lambda tree, _: orbax_host.leaves_to_pin(tree, limit)
+
+
+class ThreadSamples:
+    """Every thread's three innermost frames every 2 ms, for `seconds` from start()."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.began, self.rows = seconds, None, []
+        threading.Thread(target=self._sample, daemon=True).start()
+
+    def start(self):
+        if self.began is None:
+            self.began = time.perf_counter()
+
+    def _sample(self):
+        while self.began is None or time.perf_counter() < self.began + self.seconds:
+            if self.began is not None:
+                names = {thread.ident: thread.name for thread in threading.enumerate()}
+                row = []
+                for ident, frame in sys._current_frames().items():
+                    if ident == threading.get_ident():
+                        continue
+                    stack = reversed(traceback.extract_stack(frame)[-3:])
+                    where = ' < '.join(f'{f.name}:{os.path.basename(f.filename)}:{f.lineno}' for f in stack)
+                    name = names.get(ident, '?')
+                    if name == 'MainThread' or not where.startswith(IDLE_FRAMES):
+                        row.append(f'{name}: {where}')
+                self.rows.append((1e3 * (time.perf_counter() - self.began), tuple(sorted(row))))
+            time.sleep(0.002)
+
+    def grouped(self) -> list[str]:
+        """Runs of identical samples, each as its first and last time (ms after the save began)."""
+        groups = []
+        for ms, row in self.rows:
+            if groups and groups[-1][2] == row:
+                groups[-1][1], groups[-1][3] = ms, groups[-1][3] + 1
+            else:
+                groups.append([ms, ms, row, 1])
+        return [f'{a:7.1f}-{b:7.1f} ms x{n}: ' + ' | '.join(row) for a, b, row, n in groups]
+
+
+def watch_for(path: Path, seen: dict) -> None:
+    """Records in seen['at'] the epoch time `path` first exists (the step's commit)."""
+
+    def poll():
+        while not path.exists():
+            time.sleep(0.01)
+        seen['at'] = time.time()
+
+    threading.Thread(target=poll, daemon=True).start()
+
+
+def figures(rows: list, save_step: int, committed_at) -> dict:
+    steps = {r['step']: r for r in rows if 'loss' in r}
+    median = statistics.median(steps[s]['step_ms'] for s in steps if 2 <= s < save_step)  # step 1 compiles
+    saved = next(r for r in rows if r.get('step') == save_step and 'save_blocked_s' in r)
+    began = saved['time'] - saved['save_blocked_s']
+    after = [round(steps[s]['step_ms'] / median, 2) for s in sorted(steps) if s > save_step]
+    return {
+        'median_step_ms': round(median, 2),
+        'blocked_ms': round(1e3 * saved['save_blocked_s'], 2),
+        'commit_s': None if committed_at is None else round(committed_at - began, 2),
+        'after_save_vs_median': after,
+    }
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    change_settings(args.host_gb, args.pin_gb, args.pageable)
+    from jaxtrain import main as jaxtrain_main
+    from jaxtrain.checkpoint import manager
+
+    checkpoint_dir = (args.checkpoint_dir or args.out / 'ck').absolute()
+    seen = {}
+    watch_for(checkpoint_dir / f'checkpoint_step_{args.save_step:06d}', seen)
+    samples = ThreadSamples(args.sample_s) if args.sample_s else None
+    if samples:
+        save_snapshot = manager.Checkpointer.save_snapshot
+
+        def marked(self, *a, **k):
+            samples.start()
+            return save_snapshot(self, *a, **k)
+
+        manager.Checkpointer.save_snapshot = marked
+    tokens = args.batch_size * args.sequence_length
+    sys.argv = ['jaxtrain.main', f'--config={args.config}', '--dtype', 'bfloat16']
+    sys.argv += ['--batch_size', str(args.batch_size), '--sequence_length', str(args.sequence_length)]
+    sys.argv += ['--total_batch_size', str(tokens), '--scan_layers', 'false', '--sample_every', '0']
+    sys.argv += ['--deterministic', 'false', '--input_bin', args.input_bin]
+    sys.argv += ['--num_iteration', str(args.steps)]
+    sys.argv += ['--metrics_dir', str(args.out / 'metrics'), '--checkpoint_dir', str(checkpoint_dir)]
+    sys.argv += ['--save_steps', str(args.save_step), '--max_checkpoint_keep', '2']
+    sys.argv += ['--save_optimizer_state', 'true']
+    peaks = Peaks()
+    try:
+        jaxtrain_main.entry_point()
+    except SystemExit as e:
+        if e.code:
+            return int(e.code) if isinstance(e.code, int) else 1
+    metrics = args.out / 'metrics' / 'metrics.jsonl'
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    result = figures(rows, args.save_step, seen.get('at'))
+    result['peak GiB'] = {kind: round(value, 2) for kind, value in peaks.peak.items()}
+    settings = {'host_gb': manager.HOST_TRANSFER_GB, 'pin_gb': args.pin_gb, 'pageable': args.pageable}
+    print(json.dumps({'settings': settings, **result}), flush=True)
+    for line in samples.grouped() if samples else []:
+        print(line)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
