@@ -6,10 +6,10 @@ the step after a save costs, and where the loop's thread was while it ran.
 
 It runs `python -m jaxtrain.main` in this process (--config, B x T as the ckpt_io figure: LLaMA-3.2
 1B, B4 x T2048), saving with the optimizer state at --save_step, and prints one JSON line: the
-median step before the save, the loop blocked by it, when its step directory appeared (the commit),
-the steps after it over that median, and the peak resident memory (the pinned pool shows as
-shared). The settings are the ones manager.py fixes, changed here on purpose, to measure what it
-does not offer:
+save's figures as ckpt_io.py takes them (the median step before it, the loop blocked by it, when
+its step directory appeared: the commit), every step after it over that median, and the peak
+resident memory (the pinned pool shows as shared). The settings are the ones manager.py fixes,
+changed here on purpose, to measure what it does not offer:
   --host_gb   GB that Orbax copies off the device at a time (manager.HOST_TRANSFER_GB)
   --pin_gb    GB of the largest arrays copied to pinned memory before step 1 (0: none)
   --pageable  Orbax copies into pageable memory instead of pinned (its enable_pinned_host_transfer)
@@ -21,7 +21,6 @@ the loop's, could not get the GIL.
 import argparse
 import json
 import os
-import statistics
 import sys
 import threading
 import time
@@ -31,6 +30,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from ckpt_io import _rows, save_figures, size_of  # noqa: E402
+from figures import _loop_flags  # noqa: E402
 from orbax_memory import Peaks  # noqa: E402
 
 # A thread whose innermost frame is one of these is waiting, not working.
@@ -124,20 +125,6 @@ def watch_for(path: Path, seen: dict) -> None:
     threading.Thread(target=poll, daemon=True).start()
 
 
-def figures(rows: list, save_step: int, committed_at) -> dict:
-    steps = {r['step']: r for r in rows if 'loss' in r}
-    median = statistics.median(steps[s]['step_ms'] for s in steps if 2 <= s < save_step)  # step 1 compiles
-    saved = next(r for r in rows if r.get('step') == save_step and 'save_blocked_s' in r)
-    began = saved['time'] - saved['save_blocked_s']
-    after = [round(steps[s]['step_ms'] / median, 2) for s in sorted(steps) if s > save_step]
-    return {
-        'median_step_ms': round(median, 2),
-        'blocked_ms': round(1e3 * saved['save_blocked_s'], 2),
-        'commit_s': None if committed_at is None else round(committed_at - began, 2),
-        'after_save_vs_median': after,
-    }
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     change_settings(args.host_gb, args.pin_gb, args.pageable)
@@ -145,8 +132,9 @@ def main(argv=None) -> int:
     from jaxtrain.checkpoint import manager
 
     checkpoint_dir = (args.checkpoint_dir or args.out / 'ck').absolute()
+    step_dir = checkpoint_dir / f'checkpoint_step_{args.save_step:06d}'
     seen = {}
-    watch_for(checkpoint_dir / f'checkpoint_step_{args.save_step:06d}', seen)
+    watch_for(step_dir, seen)  # when it is committed
     samples = ThreadSamples(args.sample_s) if args.sample_s else None
     if samples:
         save_snapshot = manager.Checkpointer.save_snapshot
@@ -156,12 +144,8 @@ def main(argv=None) -> int:
             return save_snapshot(self, *a, **k)
 
         manager.Checkpointer.save_snapshot = marked
-    tokens = args.batch_size * args.sequence_length
-    sys.argv = ['jaxtrain.main', f'--config={args.config}', '--dtype', 'bfloat16']
-    sys.argv += ['--batch_size', str(args.batch_size), '--sequence_length', str(args.sequence_length)]
-    sys.argv += ['--total_batch_size', str(tokens), '--scan_layers', 'false', '--sample_every', '0']
-    sys.argv += ['--deterministic', 'false', '--input_bin', args.input_bin]
-    sys.argv += ['--num_iteration', str(args.steps)]
+    sys.argv = ['jaxtrain.main', *_loop_flags(args.config, args.batch_size, args.sequence_length)]
+    sys.argv += ['--input_bin', args.input_bin, '--num_iteration', str(args.steps)]
     sys.argv += ['--metrics_dir', str(args.out / 'metrics'), '--checkpoint_dir', str(checkpoint_dir)]
     sys.argv += ['--save_steps', str(args.save_step), '--max_checkpoint_keep', '2']
     sys.argv += ['--save_optimizer_state', 'true']
@@ -171,9 +155,11 @@ def main(argv=None) -> int:
     except SystemExit as e:
         if e.code:
             return int(e.code) if isinstance(e.code, int) else 1
-    metrics = args.out / 'metrics' / 'metrics.jsonl'
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    result = figures(rows, args.save_step, seen.get('at'))
+    rows = _rows(args.out / 'metrics')
+    result = save_figures(rows, args.save_step, size_of(step_dir), seen.get('at'))
+    # Every step after the save over the median, where ckpt_io reports the worse of the first two.
+    steps = {r['step']: r['step_ms'] for r in rows if 'loss' in r and r['step'] > args.save_step}
+    result['after_save_vs_median'] = [round(steps[s] / result['median_step_ms'], 2) for s in sorted(steps)]
     result['peak GiB'] = {kind: round(value, 2) for kind, value in peaks.peak.items()}
     settings = {'host_gb': manager.HOST_TRANSFER_GB, 'pin_gb': args.pin_gb, 'pageable': args.pageable}
     print(json.dumps({'settings': settings, **result}), flush=True)

@@ -63,7 +63,8 @@ from jaxtrain.checkpoint.layout import write_failure
 # takes under a second, not the 14 s that pinning a whole LLaMA-3.2 1B state took. On one H100
 # with that state, 1 GB batches against 2 GB: commit 11.89 s against 12.33 s, the step after the
 # first save 2.32x the median against 5.34x (the first 2 GB batch outgrew the pool pinned before
-# step 1), peak RSS 7.1 GiB against 11.25 (bench/ckpt_io.py's loop, docs/benchmark-history.md).
+# step 1), peak RSS 7.1 GiB against 11.25 (bench/orbax_save_levers.py, call K in
+# docs/benchmark-history.md).
 HOST_TRANSFER_GB = 1
 
 
@@ -404,8 +405,9 @@ class Checkpointer:
         }
         args = {name: ocp.args.PyTreeSave(tree) for name, tree in items.items()}
         args['trainer_state'] = ocp.args.JsonSave(with_digest(record))  # the digest covers every field
-        # Returns once the arrays are copied off the device; the write continues in Orbax's
-        # background. A failed write is raised by the next save or by wait()/close().
+        # Returns once the live state is copied off the device, or at once for a private
+        # snapshot (copied in batches afterwards); the write continues in Orbax's background. A
+        # failed copy or write is raised by the next save or by wait()/close().
         self._transfer_order.in_batches = private  # asked within save(), not after
         try:
             self.manager.save(step, args=ocp.args.Composite(**args), force=True)

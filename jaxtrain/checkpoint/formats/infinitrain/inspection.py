@@ -404,9 +404,8 @@ def verify(step_dir, ckpt: it.InfiniTrainCheckpoint | None = None):
         if not differences:
             kind = 'data- and context-parallel' if ckpt.topology.cp > 1 else 'data-parallel'
             checked.append(f'weights of the {ckpt.topology.replicas} {kind} replicas bit-identical')
-    found, passed = recorded_problems(
-        step_dir, ckpt.path, ckpt.state, ckpt.digests
-    )  # record digest, step, file digests
+    # The record's digest, its step, the files' digests (those the read took are not taken again).
+    found, passed = recorded_problems(step_dir, ckpt.path, ckpt.state, ckpt.digests)
     problems += found
     checked += passed
     checked += ckpt.notices
