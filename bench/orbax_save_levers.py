@@ -13,9 +13,8 @@ changed here on purpose, to measure what it does not offer:
   --host_gb   GB that Orbax copies off the device at a time (manager.HOST_TRANSFER_GB)
   --pin_gb    GB of the largest arrays copied to pinned memory before step 1 (0: none)
   --pageable  Orbax copies into pageable memory instead of pinned (its enable_pinned_host_transfer)
-  --pieces_mb each array is copied to pinned memory in pieces of at most this many MB along its
-              first axis (sliced on the device), each piece its own device_put, then joined on the
-              host: Orbax's own copy is one device_put of the whole array
+  --pieces_mb MB of an array copied to pinned memory in one device_put (manager.HOST_PIECE_MB;
+              0: each array whole, as Orbax itself copies)
 --sample_s S records every thread's innermost frames every 2 ms for S seconds from the save's
 start and prints them grouped: a stretch with no samples is one where the sampling thread, like
 the loop's, could not get the GIL.
@@ -55,108 +54,21 @@ def parse_args(argv=None):
     parser.add_argument('--host_gb', type=float, default=None, help="GB copied at a time (manager's)")
     parser.add_argument('--pin_gb', type=float, default=None, help='GB pinned before step 1 (host_gb)')
     parser.add_argument('--pageable', action='store_true', help='copy into pageable memory, pin nothing')
-    parser.add_argument('--pieces_mb', type=float, default=0.0, help='copy arrays in pieces of MB')
+    parser.add_argument(
+        '--pieces_mb', type=float, default=None, help="MB of an array copied at once (manager's; 0: whole)"
+    )
     parser.add_argument('--sample_s', type=float, default=0.0, help='seconds sampled from the save')
     return parser.parse_args(argv)
 
 
-def _row_pieces(data, piece_bytes: int) -> list:
-    """`data` (on one device) cut along its first axis into pieces of at most piece_bytes (a row
-    at least), sliced on the device; [data] when it fits."""
-    import jax
-
-    if data.ndim == 0 or data.nbytes <= piece_bytes:
-        return [data]
-    rows = max(1, piece_bytes // (data.nbytes // data.shape[0]))
-    return [
-        jax.lax.slice_in_dim(data, at, min(at + rows, data.shape[0])) for at in range(0, data.shape[0], rows)
-    ]
-
-
-def _joined(pieces, shape, dtype):
-    """The pinned pieces copied into one host array, as bytes (NumPy lets go of the GIL while it
-    copies plain bytes)."""
-    import numpy as np
-
-    raw, at = np.empty(int(np.prod(shape)) * np.dtype(dtype).itemsize, np.uint8), 0
-    for piece in pieces:
-        part = np.asarray(piece).reshape(-1).view(np.uint8)
-        raw[at : at + part.size] = part
-        at += part.size
-    return raw.view(dtype).reshape(shape)
-
-
-def copy_in_pieces(piece_bytes: int) -> None:
-    """Makes Orbax copy each array of a batch to pinned host memory in row pieces of at most
-    piece_bytes (all pieces of the batch started before any is waited for), where its own
-    transfer_arrays_to_host makes one device_put of each whole array."""
-    import dataclasses
-
-    import jax
-    from orbax.checkpoint._src.serialization import replica_slices
-
-    original = replica_slices.transfer_arrays_to_host
-
-    def transfer(
-        arrays,
-        replica_id,
-        use_replica_parallel,
-        min_slice_bytes_for_replica_parallel=None,
-        max_replicas_for_replica_parallel=None,
-        *,
-        enable_pinned_host_transfer=False,
-    ):
-        if not enable_pinned_host_transfer:
-            return original(
-                arrays,
-                replica_id,
-                use_replica_parallel,
-                min_slice_bytes_for_replica_parallel,
-                max_replicas_for_replica_parallel,
-                enable_pinned_host_transfer=False,
-            )
-        per_array = [
-            replica_slices.get_replica_slices(
-                array,
-                replica_id,
-                use_replica_parallel,
-                min_slice_bytes_for_replica_parallel,
-                max_replicas_for_replica_parallel,
-            )
-            for array in arrays
-        ]
-        started = []
-        for slices in per_array:
-            row = []
-            for rslice in slices.replica_slices:
-                data = rslice.data()
-                pinned = jax.sharding.SingleDeviceSharding(data.device, memory_kind='pinned_host')
-                copies = [jax.device_put(piece, pinned) for piece in _row_pieces(data, piece_bytes)]
-                row.append((rslice, data.shape, data.dtype, copies))
-            started.append(row)
-        return [
-            dataclasses.replace(
-                slices,
-                is_on_host=True,
-                replica_slices=[
-                    dataclasses.replace(rslice, unsliced_data=_joined(copies, shape, dtype), slice_args=None)
-                    for rslice, shape, dtype, copies in row
-                ],
-            )
-            for slices, row in zip(per_array, started)
-        ]
-
-    replica_slices.transfer_arrays_to_host = transfer
-
-
-def change_settings(host_gb, pin_gb, pageable, pieces_mb=0.0) -> None:
+def change_settings(host_gb, pin_gb, pageable, pieces_mb=None) -> None:
     """Sets the manager's copy settings for the run this process starts."""
     import orbax.checkpoint as ocp
 
     from jaxtrain.checkpoint import manager, orbax_host
 
-    if pieces_mb:
-        copy_in_pieces(int(pieces_mb * 1e6))
+    if pieces_mb is not None:
+        manager.HOST_PIECE_MB = pieces_mb
     if host_gb is not None:
         manager.HOST_TRANSFER_GB = host_gb
     if pageable:
@@ -257,7 +169,7 @@ def main(argv=None) -> int:
     result['after_save_vs_median'] = [round(steps[s] / result['median_step_ms'], 2) for s in sorted(steps)]
     result['peak GiB'] = {kind: round(value, 2) for kind, value in peaks.peak.items()}
     settings = {'host_gb': manager.HOST_TRANSFER_GB, 'pin_gb': args.pin_gb, 'pageable': args.pageable}
-    settings['pieces_mb'] = args.pieces_mb
+    settings['pieces_mb'] = manager.HOST_PIECE_MB
     print(json.dumps({'settings': settings, **result}), flush=True)
     for line in samples.grouped() if samples else []:
         print(line)

@@ -48,6 +48,7 @@ from jaxtrain.checkpoint.layout import (
     step_dir_name,
 )
 from jaxtrain.checkpoint.orbax_host import (
+    copy_in_pieces,
     TransferOrder,
     grow_pinned_host_pool,
     leaves_to_pin,
@@ -66,6 +67,10 @@ from jaxtrain.checkpoint.layout import write_failure
 # step 1), peak RSS 7.1 GiB against 11.25 (bench/orbax_save_levers.py, call K in
 # docs/benchmark-history.md).
 HOST_TRANSFER_GB = 1
+
+# MB of an array that a save copies to pinned host memory in one device_put (orbax_host.py, "The
+# pieces"): a 1.07 GB array in one copy held the loop's thread out for about 620 ms.
+HOST_PIECE_MB = 64
 
 
 # --- checksums --------------------------------------------------------------------
@@ -271,6 +276,8 @@ class Checkpointer:
         if host_transfer_gb is None and jax.default_backend() == 'gpu':
             host_transfer_gb = HOST_TRANSFER_GB
         self._host_transfer_bytes = int(host_transfer_gb * 10**9) if host_transfer_gb else None
+        if jax.default_backend() == 'gpu':
+            copy_in_pieces(int(HOST_PIECE_MB * 10**6), self._host_transfer_bytes or 0)
         self._transfer_order = TransferOrder()
         tensors = lambda: ocp.PyTreeCheckpointHandler(  # noqa: E731
             use_compression=False,

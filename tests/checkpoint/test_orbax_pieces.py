@@ -1,0 +1,69 @@
+"""orbax_host.copy_in_pieces: the host arrays Orbax writes are the ones its own copy gives (held
+against Orbax's transfer_arrays_to_host and against the arrays themselves), however the arrays are
+cut; 0 gives Orbax its own copy back. The CPU device has a 'pinned_host' memory to copy into."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from orbax.checkpoint._src.serialization import replica_slices
+
+from jaxtrain.checkpoint import orbax_host
+
+ARRAYS = [
+    jnp.arange(16 * 8 * 16, dtype=jnp.float32).reshape(16, 8, 16),  # 512 B a row: 1 row a piece
+    (jnp.arange(300 * 7) % 251).astype(jnp.bfloat16).reshape(300, 7),  # 14 B a row: 71 rows, 5 pieces
+    jnp.float32(3.0),
+    jnp.arange(5),
+]
+
+
+@pytest.fixture
+def orbax_copy(monkeypatch):
+    """Orbax's own copy; whatever a test installs is undone after it."""
+    if not any(m.kind == 'pinned_host' for m in jax.devices()[0].addressable_memories()):
+        pytest.skip("this jax's CPU device has no 'pinned_host' memory to copy into")
+    original = replica_slices.transfer_arrays_to_host
+    monkeypatch.setattr(replica_slices, 'transfer_arrays_to_host', original)
+    monkeypatch.setattr(orbax_host, '_piece_bytes', orbax_host._piece_bytes)
+    return original
+
+
+def test_pieces_are_cut_along_the_first_axis_within_the_size():
+    assert [len(orbax_host.row_pieces(a, 1000)) for a in ARRAYS] == [16, 5, 1, 1]
+    assert [p.shape[0] for p in orbax_host.row_pieces(ARRAYS[1], 1000)] == [71, 71, 71, 71, 16]
+    assert len(orbax_host.row_pieces(ARRAYS[0], 10**6)) == 1  # fits: left whole
+    assert len(orbax_host.row_pieces(ARRAYS[0], 10)) == 16  # a row at least
+
+
+def test_pieces_reach_the_host_as_orbaxs_own_copy_does(orbax_copy):
+    orbax_host.copy_in_pieces(1000)
+    assert replica_slices.transfer_arrays_to_host is not orbax_copy
+    ours = replica_slices.transfer_arrays_to_host(ARRAYS, None, False, enable_pinned_host_transfer=True)
+    theirs = orbax_copy(ARRAYS, None, False, enable_pinned_host_transfer=True)
+    for mine, reference, array in zip(ours, theirs, ARRAYS):
+        assert mine.is_on_host and mine.local_shape == reference.local_shape == array.shape
+        (got,), (want,) = mine.replica_slices, reference.replica_slices
+        assert got.index == want.index and got.slice_args is None
+        assert got.unsliced_data.dtype == want.unsliced_data.dtype == array.dtype
+        np.testing.assert_array_equal(got.unsliced_data, np.asarray(jax.device_get(array)))
+        np.testing.assert_array_equal(got.unsliced_data, want.unsliced_data)
+
+
+def test_zero_gives_orbax_its_own_copy_back(orbax_copy):
+    orbax_host.copy_in_pieces(1000)
+    orbax_host.copy_in_pieces(0)
+    assert replica_slices.transfer_arrays_to_host is orbax_copy
+
+
+def test_more_than_a_batch_at_once_is_orbaxs_own_copy(orbax_copy, monkeypatch):
+    cut = []
+    monkeypatch.setattr(orbax_host, 'row_pieces', lambda data, size: cut.append(data.shape) or [data])
+    orbax_host.copy_in_pieces(1000, batch_bytes=600)
+    replica_slices.transfer_arrays_to_host(ARRAYS[:1], None, False, enable_pinned_host_transfer=True)
+    assert cut == [(16, 8, 16)]  # one array over the batch size is a batch of its own
+    replica_slices.transfer_arrays_to_host(ARRAYS[2:], None, False, enable_pinned_host_transfer=True)
+    assert cut == [(16, 8, 16), (), (5,)]  # 4 + 20 bytes: within
+    host = replica_slices.transfer_arrays_to_host(ARRAYS, None, False, enable_pinned_host_transfer=True)
+    assert len(cut) == 3  # 8192 + 4200 + 24 bytes at once: the live state, copied whole
+    np.testing.assert_array_equal(host[1].replica_slices[0].unsliced_data, np.asarray(ARRAYS[1]))
