@@ -49,6 +49,7 @@ from jaxtrain.checkpoint.layout import (
 )
 from jaxtrain.checkpoint.orbax_host import (
     copy_in_pieces,
+    pieces_to_pin,
     TransferOrder,
     grow_pinned_host_pool,
     leaves_to_pin,
@@ -276,8 +277,8 @@ class Checkpointer:
         if host_transfer_gb is None and jax.default_backend() == 'gpu':
             host_transfer_gb = HOST_TRANSFER_GB
         self._host_transfer_bytes = int(host_transfer_gb * 10**9) if host_transfer_gb else None
-        if jax.default_backend() == 'gpu':
-            copy_in_pieces(int(HOST_PIECE_MB * 10**6), self._host_transfer_bytes or 0)
+        self._piece_bytes = int(HOST_PIECE_MB * 10**6) if jax.default_backend() == 'gpu' else 0
+        copy_in_pieces(self._piece_bytes, self._host_transfer_bytes or 0)
         self._transfer_order = TransferOrder()
         tensors = lambda: ocp.PyTreeCheckpointHandler(  # noqa: E731
             use_compression=False,
@@ -336,13 +337,19 @@ class Checkpointer:
             return None  # those saves hand the live state to Orbax, no snapshot
         items = _items(params, opt_state, rng)
         # Before the thread starts, so that nothing else runs on the device while it pins memory.
-        pinned_s = grow_pinned_host_pool(items, self._host_transfer_bytes)
+        # Saves in pieces need the pool for a few pieces at a time; otherwise for a batch.
+        if self._piece_bytes:
+            to_pin = pieces_to_pin(items, self._piece_bytes)
+            pinned_s = grow_pinned_host_pool(to_pin, None)
+        else:
+            to_pin = leaves_to_pin(items, self._host_transfer_bytes)
+            pinned_s = grow_pinned_host_pool(items, self._host_transfer_bytes)
         shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), items)
         self._pending = self._handoff.submit(self._compile_snapshot, shapes)
         self._snapshot_bytes = bytes_per_device(items)  # what snapshot() would measure at the first save
         if pinned_s <= 0:
             return None
-        gib = sum(leaf.nbytes for leaf in leaves_to_pin(items, self._host_transfer_bytes)) / 2**30
+        gib = sum(leaf.nbytes for leaf in to_pin) / 2**30
         return f'saves: pinned {gib:.2f} GiB of host memory for checkpoint copies in {pinned_s:.2f} s'
 
     def _compile_snapshot(self, shapes):

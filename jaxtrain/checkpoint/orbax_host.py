@@ -63,6 +63,7 @@ threads released here end quietly when that is all they raise; anything else sti
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import dataclasses
 import threading
@@ -155,20 +156,18 @@ def row_pieces(data: jax.Array, piece_bytes: int) -> list:
     ]
 
 
-def _joined(copies: list, shape, dtype) -> np.ndarray:
-    """The pinned pieces, in order, copied into one host array. They are copied as bytes: NumPy
-    lets go of the GIL while it copies plain bytes, not while it copies bfloat16."""
-    raw, at = np.empty(int(np.prod(shape)) * np.dtype(dtype).itemsize, np.uint8), 0
-    for piece in copies:
-        part = np.asarray(piece).reshape(-1).view(np.uint8)
-        raw[at : at + part.size] = part
-        at += part.size
-    return raw.view(dtype).reshape(shape)
+def _copy_piece(host: np.ndarray, at: int, pinned: jax.Array) -> None:
+    """A pinned piece into host[at:] as bytes: NumPy lets go of the GIL while it copies plain
+    bytes (not while it copies bfloat16), so that several pieces are copied side by side."""
+    part = np.asarray(pinned).reshape(-1).view(np.uint8)
+    host[at : at + part.size] = part
 
 
 _orbax_copy = replica_slices.transfer_arrays_to_host  # Orbax's own, as imported
 _piece_bytes = 0  # copy_in_pieces's settings
 _batch_bytes = 0
+PIECES_IN_FLIGHT = 4  # pinned pieces copied or being joined at a time: the pool they need
+_joiners = concurrent.futures.ThreadPoolExecutor(PIECES_IN_FLIGHT, thread_name_prefix='jaxtrain-pieces')
 
 
 def _copy_in_pieces(
@@ -198,26 +197,49 @@ def _copy_in_pieces(
         replica_slices.get_replica_slices(array, replica_id, use_replica_parallel, *replica_args)
         for array in arrays
     ]
-    started = []
-    for slices in per_array:
-        copies = []
-        for rslice in slices.replica_slices:
-            data = rslice.data()
+    # Every piece of the batch is cut at once (the device does it after the step it is running),
+    # then copied to pinned memory a few at a time, each joined into its array on a thread.
+    cut = [
+        [(rslice, rslice.data()) for rslice in slices.replica_slices] for slices in per_array
+    ]  # fmt: skip
+    cut = [[(rslice, data, row_pieces(data, _piece_bytes)) for rslice, data in row] for row in cut]
+    hosts, in_flight = [], collections.deque()
+    for row in cut:
+        hosts.append([])
+        for rslice, data, pieces in row:
+            host, at = np.empty(data.nbytes, np.uint8), 0
             pinned = jax.sharding.SingleDeviceSharding(data.device, memory_kind='pinned_host')
-            pieces = [jax.device_put(piece, pinned) for piece in row_pieces(data, _piece_bytes)]
-            copies.append((rslice, data.shape, data.dtype, pieces))
-        started.append(copies)
+            for piece in pieces:
+                if len(in_flight) == PIECES_IN_FLIGHT:
+                    in_flight.popleft().result()
+                in_flight.append(_joiners.submit(_copy_piece, host, at, jax.device_put(piece, pinned)))
+                at += piece.nbytes
+            hosts[-1].append(host.view(data.dtype).reshape(data.shape))
+    for joined in in_flight:
+        joined.result()
     return [
         dataclasses.replace(
             slices,
             is_on_host=True,
             replica_slices=[
-                dataclasses.replace(rslice, unsliced_data=_joined(pieces, shape, dtype), slice_args=None)
-                for rslice, shape, dtype, pieces in copies
+                dataclasses.replace(rslice, unsliced_data=host, slice_args=None)
+                for (rslice, _, _), host in zip(row, row_hosts)
             ],
         )
-        for slices, copies in zip(per_array, started)
+        for slices, row, row_hosts in zip(per_array, cut, hosts)
     ]
+
+
+def pieces_to_pin(tree, piece_bytes: int) -> list:
+    """The pieces (on the device) whose copies grow the pinned pool as far as a save in pieces of
+    piece_bytes needs: PIECES_IN_FLIGHT of them, cut from the largest arrays."""
+    leaves = [leaf for leaf in jax.tree.leaves(tree) if isinstance(leaf, jax.Array)]
+    chosen = []
+    for leaf in sorted(leaves, key=lambda leaf: leaf.nbytes, reverse=True):
+        chosen += row_pieces(leaf, piece_bytes)[: PIECES_IN_FLIGHT - len(chosen)]
+        if len(chosen) == PIECES_IN_FLIGHT:
+            break
+    return chosen
 
 
 def copy_in_pieces(piece_bytes: int, batch_bytes: int = 0) -> None:

@@ -26,6 +26,7 @@ def orbax_copy(monkeypatch):
     original = replica_slices.transfer_arrays_to_host
     monkeypatch.setattr(replica_slices, 'transfer_arrays_to_host', original)
     monkeypatch.setattr(orbax_host, '_piece_bytes', orbax_host._piece_bytes)
+    monkeypatch.setattr(orbax_host, '_batch_bytes', orbax_host._batch_bytes)
     return original
 
 
@@ -36,7 +37,9 @@ def test_pieces_are_cut_along_the_first_axis_within_the_size():
     assert len(orbax_host.row_pieces(ARRAYS[0], 10)) == 16  # a row at least
 
 
-def test_pieces_reach_the_host_as_orbaxs_own_copy_does(orbax_copy):
+@pytest.mark.parametrize('in_flight', [1, 4])
+def test_pieces_reach_the_host_as_orbaxs_own_copy_does(orbax_copy, monkeypatch, in_flight):
+    monkeypatch.setattr(orbax_host, 'PIECES_IN_FLIGHT', in_flight)
     orbax_host.copy_in_pieces(1000)
     assert replica_slices.transfer_arrays_to_host is not orbax_copy
     ours = replica_slices.transfer_arrays_to_host(ARRAYS, None, False, enable_pinned_host_transfer=True)
@@ -67,3 +70,14 @@ def test_more_than_a_batch_at_once_is_orbaxs_own_copy(orbax_copy, monkeypatch):
     host = replica_slices.transfer_arrays_to_host(ARRAYS, None, False, enable_pinned_host_transfer=True)
     assert len(cut) == 3  # 8192 + 4200 + 24 bytes at once: the live state, copied whole
     np.testing.assert_array_equal(host[1].replica_slices[0].unsliced_data, np.asarray(ARRAYS[1]))
+
+
+def test_the_pool_is_grown_for_the_pieces_in_flight_of_the_largest_arrays():
+    state = {
+        'big': jnp.zeros((3, 250), jnp.float32),
+        'next': jnp.zeros((4, 100), jnp.float32),
+        'small': jnp.ones(2),
+    }
+    pieces = orbax_host.pieces_to_pin(state, 1000)  # rows of 1000 and 400 bytes
+    assert [p.shape for p in pieces] == [(1, 250)] * 3 + [(2, 100)]
+    assert len(pieces) == orbax_host.PIECES_IN_FLIGHT
