@@ -13,7 +13,8 @@ changed here on purpose, to measure what it does not offer:
   --host_gb   GB that Orbax copies off the device at a time (manager.HOST_TRANSFER_GB)
   --pin_gb    GB of the largest arrays copied to pinned memory before step 1 (0: none)
   --pageable  Orbax copies into pageable memory instead of pinned (its enable_pinned_host_transfer)
-  --pieces_mb MB of an array copied to pinned memory in one device_put (manager.HOST_PIECE_MB;
+  --pieces_mb MB of an array copied to pinned memory in one device_put (manager.HOST_PIECE_MB,
+              for a state with an array over manager.HOST_PIECES_FROM_MB, as this shape's are;
               0: each array whole, as Orbax itself copies)
 --sample_s S records every thread's innermost frames every 2 ms for S seconds from the save's
 start and prints them grouped: a stretch with no samples is one where the sampling thread, like

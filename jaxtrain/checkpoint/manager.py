@@ -70,8 +70,15 @@ from jaxtrain.checkpoint.layout import write_failure
 HOST_TRANSFER_GB = 1
 
 # MB of an array that a save copies to pinned host memory in one device_put (orbax_host.py, "The
-# pieces"): a 1.07 GB array in one copy held the loop's thread out for about 620 ms.
+# pieces"), where the state holds an array of more than HOST_PIECES_FROM_MB. On one H100 at
+# LLaMA-3.2 1B (arrays up to 1.07 GB), in one call: the first step after a save 1.12x the median
+# against 2.78x, the 20 steps after it 21.3 medians against 24.6, the commit 12.61 s against 10.45
+# (bench/orbax_save_levers.py, call N in docs/benchmark-history.md). GPT-2 124M (154 MB at most)
+# keeps Orbax's own copy: saving every 20 steps in pieces ran at 0.836x the run without saves (call
+# N; 0.954x with the first version of the pieces, call M), below every figure measured without
+# them (0.962-0.984x).
 HOST_PIECE_MB = 64
+HOST_PIECES_FROM_MB = 256
 
 
 # --- checksums --------------------------------------------------------------------
@@ -277,8 +284,7 @@ class Checkpointer:
         if host_transfer_gb is None and jax.default_backend() == 'gpu':
             host_transfer_gb = HOST_TRANSFER_GB
         self._host_transfer_bytes = int(host_transfer_gb * 10**9) if host_transfer_gb else None
-        self._piece_bytes = int(HOST_PIECE_MB * 10**6) if jax.default_backend() == 'gpu' else 0
-        copy_in_pieces(self._piece_bytes, self._host_transfer_bytes or 0)
+        self._piece_bytes = 0  # prepare() decides, from the state's largest array
         self._transfer_order = TransferOrder()
         tensors = lambda: ocp.PyTreeCheckpointHandler(  # noqa: E731
             use_compression=False,
@@ -331,11 +337,17 @@ class Checkpointer:
         """Compiles the snapshot's program in the hand-off thread while training starts, so that
         the first save does not wait for the compilation (0.4-0.8 s for GPT-2 124M on an H200),
         and on a GPU grows the pinned host pool that saves copy into (orbax_host.py), so
-        that the first save does not stall the steps after it. Returns a start line saying what
-        that pinned and how long it took; None where it pinned nothing."""
+        that the first save does not stall the steps after it; where the state holds an array of
+        more than HOST_PIECES_FROM_MB, saves copy it in pieces (orbax_host.copy_in_pieces, which
+        acts for the whole process). Returns a start line saying what that pinned and how long it
+        took; None where it pinned nothing."""
         if jax.process_count() != 1:
             return None  # those saves hand the live state to Orbax, no snapshot
         items = _items(params, opt_state, rng)
+        largest = max((leaf.nbytes for leaf in jax.tree.leaves(items)), default=0)
+        if jax.default_backend() == 'gpu' and largest > HOST_PIECES_FROM_MB * 10**6:
+            self._piece_bytes = int(HOST_PIECE_MB * 10**6)
+        copy_in_pieces(self._piece_bytes, self._host_transfer_bytes or 0)
         # Before the thread starts, so that nothing else runs on the device while it pins memory.
         # Saves in pieces need the pool for a few pieces at a time; otherwise for a batch.
         if self._piece_bytes:

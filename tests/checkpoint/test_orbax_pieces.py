@@ -81,3 +81,30 @@ def test_the_pool_is_grown_for_the_pieces_in_flight_of_the_largest_arrays():
     pieces = orbax_host.pieces_to_pin(state, 1000)  # rows of 1000 and 400 bytes
     assert [p.shape for p in pieces] == [(1, 250)] * 3 + [(2, 100)]
     assert len(pieces) == orbax_host.PIECES_IN_FLIGHT
+
+
+@pytest.mark.parametrize('pieces_from_mb, in_pieces', [(1e-5, True), (1.0, False)])
+def test_a_gpu_state_with_an_array_over_the_bound_is_saved_in_pieces(
+    tmp_path, orbax_copy, monkeypatch, pieces_from_mb, in_pieces
+):
+    """prepare() decides from the state's largest array (48 bytes here): pieces, and the pool grown
+    for the pieces in flight; or Orbax's own copy, and the pool grown for a batch of whole arrays."""
+    from jaxtrain.checkpoint import manager as ckpt_manager
+
+    checkpointer = ckpt_manager.Checkpointer(str(tmp_path), keep_latest=0, keep_every=0, host_transfer_gb=1)
+    grown = []
+    monkeypatch.setattr(ckpt_manager, 'grow_pinned_host_pool', lambda tree, limit: grown.append(tree) or 0.0)
+    monkeypatch.setattr(ckpt_manager, 'HOST_PIECES_FROM_MB', pieces_from_mb)
+    monkeypatch.setattr(ckpt_manager, 'HOST_PIECE_MB', 16e-6)  # 16 bytes: a row of w
+    params = {'w': jnp.arange(12.0).reshape(3, 4), 'b': jnp.ones((4,))}
+    with monkeypatch.context() as gpu:
+        gpu.setattr(ckpt_manager.jax, 'default_backend', lambda: 'gpu')
+        checkpointer.prepare(params, None, jnp.array([0, 42], jnp.uint32))
+    checkpointer.close()
+    copy = replica_slices.transfer_arrays_to_host
+    assert (copy is orbax_host._copy_in_pieces) == in_pieces and (copy is orbax_copy) != in_pieces
+    (tree,) = grown
+    if in_pieces:  # PIECES_IN_FLIGHT rows of w, the largest array
+        assert [p.shape for p in tree] == [(1, 4)] * 3 + [(4,)]
+    else:
+        assert set(tree) == {'params', 'rng'}
