@@ -201,10 +201,12 @@ def _copy_in_pieces(
     ]
     # Every piece of the batch is cut at once (the device does it after the step it is running),
     # then copied to pinned memory a few at a time, each joined into its array on a thread.
-    cut = [
-        [(rslice, rslice.data()) for rslice in slices.replica_slices] for slices in per_array
-    ]  # fmt: skip
-    cut = [[(rslice, data, row_pieces(data, _piece_bytes)) for rslice, data in row] for row in cut]
+    cut = []
+    for slices in per_array:
+        cut.append([])
+        for rslice in slices.replica_slices:
+            data = rslice.data()
+            cut[-1].append((rslice, data, row_pieces(data, _piece_bytes)))
     hosts, in_flight = [], collections.deque()
     for row in cut:
         hosts.append([])
