@@ -207,39 +207,30 @@ def _copy_in_pieces(
         for rslice in slices.replica_slices:
             data = rslice.data()
             cut[-1].append((rslice, data, row_pieces(data, _piece_bytes)))
-    hosts, in_flight = [], collections.deque()
-    for row in cut:
-        hosts.append([])
+    copied, in_flight = [], collections.deque()
+    for slices, row in zip(per_array, cut):
+        on_host = []
         for rslice, data, pieces in row:
-            host, at = np.empty(data.nbytes, np.uint8), 0
+            host, at = np.empty(data.nbytes, np.uint8), 0  # filled by the joining threads
             pinned = jax.sharding.SingleDeviceSharding(data.device, memory_kind='pinned_host')
             for piece in pieces:
                 if len(in_flight) == PIECES_IN_FLIGHT:
                     in_flight.popleft().result()
                 in_flight.append(_joiners.submit(_copy_piece, host, at, jax.device_put(piece, pinned)))
                 at += piece.nbytes
-            hosts[-1].append(host.view(data.dtype).reshape(data.shape))
-    for joined in in_flight:
-        joined.result()
-    return [
-        dataclasses.replace(
-            slices,
-            is_on_host=True,
-            replica_slices=[
-                dataclasses.replace(rslice, unsliced_data=host, slice_args=None)
-                for (rslice, _, _), host in zip(row, row_hosts)
-            ],
-        )
-        for slices, row, row_hosts in zip(per_array, cut, hosts)
-    ]
+            joined = host.view(data.dtype).reshape(data.shape)
+            on_host.append(dataclasses.replace(rslice, unsliced_data=joined, slice_args=None))
+        copied.append(dataclasses.replace(slices, is_on_host=True, replica_slices=on_host))
+    for joining in in_flight:
+        joining.result()
+    return copied
 
 
 def pieces_to_pin(tree, piece_bytes: int) -> list:
     """The pieces (on the device) whose copies grow the pinned pool as far as a save in pieces of
     piece_bytes needs: PIECES_IN_FLIGHT of them, cut from the largest arrays."""
-    leaves = [leaf for leaf in jax.tree.leaves(tree) if isinstance(leaf, jax.Array)]
     chosen = []
-    for leaf in sorted(leaves, key=lambda leaf: leaf.nbytes, reverse=True):
+    for leaf in sorted(leaves_to_pin(tree), key=lambda leaf: leaf.nbytes, reverse=True):
         chosen += row_pieces(leaf, piece_bytes)[: PIECES_IN_FLIGHT - len(chosen)]
         if len(chosen) == PIECES_IN_FLIGHT:
             break
