@@ -58,16 +58,21 @@ def parse_args(argv=None):
     parser.add_argument(
         '--pieces_mb', type=float, default=None, help="MB of an array copied at once (manager's; 0: whole)"
     )
+    parser.add_argument(
+        '--in_flight', type=int, default=None, help='pieces copied or being joined at a time (orbax_host)'
+    )
     parser.add_argument('--sample_s', type=float, default=0.0, help='seconds sampled from the save')
     return parser.parse_args(argv)
 
 
-def change_settings(host_gb, pin_gb, pageable, pieces_mb=None) -> None:
+def change_settings(host_gb, pin_gb, pageable, pieces_mb=None, in_flight=None) -> None:
     """Sets the manager's copy settings for the run this process starts."""
     import orbax.checkpoint as ocp
 
-    from jaxtrain.checkpoint import manager, orbax_host
+    from jaxtrain.checkpoint import manager, orbax_host, pinned_host
 
+    if in_flight is not None:
+        orbax_host.PIECES_IN_FLIGHT = in_flight
     if pieces_mb is not None:
         manager.HOST_PIECE_MB = pieces_mb
     if host_gb is not None:
@@ -79,9 +84,9 @@ def change_settings(host_gb, pin_gb, pageable, pieces_mb=None) -> None:
     if pin_gb is None:
         return
     limit = int(pin_gb * 1e9)
-    grow = orbax_host.grow_pinned_host_pool
+    grow = pinned_host.grow_pinned_host_pool
     manager.grow_pinned_host_pool = lambda tree, _: grow(tree, limit) if limit else 0.0
-    manager.leaves_to_pin = lambda tree, _: orbax_host.leaves_to_pin(tree, limit)
+    manager.leaves_to_pin = lambda tree, _: pinned_host.leaves_to_pin(tree, limit)
 
 
 class ThreadSamples:
@@ -135,9 +140,9 @@ def watch_for(path: Path, seen: dict) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    change_settings(args.host_gb, args.pin_gb, args.pageable, args.pieces_mb)
+    change_settings(args.host_gb, args.pin_gb, args.pageable, args.pieces_mb, args.in_flight)
     from jaxtrain import main as jaxtrain_main
-    from jaxtrain.checkpoint import manager
+    from jaxtrain.checkpoint import manager, orbax_host
 
     checkpoint_dir = (args.checkpoint_dir or args.out / 'ck').absolute()
     step_dir = checkpoint_dir / f'checkpoint_step_{args.save_step:06d}'
@@ -171,6 +176,7 @@ def main(argv=None) -> int:
     result['peak GiB'] = {kind: round(value, 2) for kind, value in peaks.peak.items()}
     settings = {'host_gb': manager.HOST_TRANSFER_GB, 'pin_gb': args.pin_gb, 'pageable': args.pageable}
     settings['pieces_mb'] = manager.HOST_PIECE_MB
+    settings['in_flight'] = orbax_host.PIECES_IN_FLIGHT
     print(json.dumps({'settings': settings, **result}), flush=True)
     for line in samples.grouped() if samples else []:
         print(line)

@@ -51,11 +51,10 @@ from jaxtrain.checkpoint.orbax_host import (
     copy_in_pieces,
     pieces_to_pin,
     TransferOrder,
-    grow_pinned_host_pool,
-    leaves_to_pin,
     release_waiting_threads,
     type_handlers,
 )
+from jaxtrain.checkpoint.pinned_host import grow_pinned_host_pool, leaves_to_pin, pinned_line
 from jaxtrain.checkpoint.trainer_state import with_digest
 from jaxtrain.checkpoint.layout import write_failure
 
@@ -359,10 +358,7 @@ class Checkpointer:
         shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), items)
         self._pending = self._handoff.submit(self._compile_snapshot, shapes)
         self._snapshot_bytes = bytes_per_device(items)  # what snapshot() would measure at the first save
-        if pinned_s <= 0:
-            return None
-        gib = sum(leaf.nbytes for leaf in to_pin) / 2**30
-        return f'saves: pinned {gib:.2f} GiB of host memory for checkpoint copies in {pinned_s:.2f} s'
+        return pinned_line(to_pin, pinned_s)
 
     def _compile_snapshot(self, shapes):
         try:

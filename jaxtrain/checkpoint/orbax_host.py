@@ -1,19 +1,10 @@
-"""What Orbax's async saves (manager.py) need from the process around them: the pinned host
-memory their copies use, grown before the first step; the order in which they copy arrays off the
-device; and their background threads, let go after a save failed so that the run can exit.
+"""What Orbax's async saves (manager.py) need from the process around them: the order in which
+they copy arrays off the device; and their background threads, let go after a save failed so that
+the run can exit.
 
-The pinned host pool. Orbax's save copies every array off the device into pinned host memory (a
-`jax.device_put` to memory kind 'pinned_host'). XLA's GPU client serves such buffers from a pool
-that grows on demand and keeps what it grew. The first save of a run therefore pins all of it: for
-GPT-2 124M with AdamW, 1.4 GB in cuMemHostAlloc calls that took 0.4-0.7 s on an H200 while holding
-the CUDA driver's lock, so the train step's launches waited behind them and the steps after the
-first save took 300-700 ms instead of 31 (a profiler trace shows cuMemHostAlloc under Orbax's
-transfer thread, and the train step's command-buffer update waiting). Later saves reuse the pool.
-Copying the state there once, before step 1, pays that cost where nothing waits on it.
-
-Pinning is slow (about 1.2 GB/s on that machine: 14 s for a LLaMA-3.2 1B state of 16.75 GiB),
-so on a GPU Orbax transfers at most manager.HOST_TRANSFER_GB at a time, and the pool grows for
-that much only: the largest arrays that fit in it.
+The pinned host pool (pinned_host.py). On a GPU Orbax copies every array off the device into
+pinned host memory; it transfers at most manager.HOST_TRANSFER_GB at a time, and the pool grows
+for that much only: the largest arrays that fit in it.
 
 The batches. save_device_host_concurrent_gb is meant to copy a save off the device a batch at a time,
 each batch written before the next is copied, so that host memory holds one batch, not the state.
@@ -69,7 +60,6 @@ import collections
 import concurrent.futures
 import dataclasses
 import threading
-import time
 import warnings
 import weakref
 
@@ -81,45 +71,7 @@ from orbax.checkpoint._src.serialization import replica_slices
 from orbax.checkpoint._src.serialization.type_handler_registry import GLOBAL_TYPE_HANDLER_REGISTRY
 from orbax.checkpoint._src.serialization.types import TransferPriority
 
-
-def leaves_to_pin(tree, limit_bytes: int | None = None) -> list:
-    """The arrays of `tree` whose copies grow the pool: all of them without a limit; with one, the
-    largest first while they fit in limit_bytes (the largest always, which a save cannot split)."""
-    leaves = [leaf for leaf in jax.tree.leaves(tree) if isinstance(leaf, jax.Array)]
-    if limit_bytes is None:
-        return leaves
-    chosen, total = [], 0
-    for leaf in sorted(leaves, key=lambda leaf: leaf.nbytes, reverse=True):
-        if chosen and total + leaf.nbytes > limit_bytes:
-            continue
-        chosen.append(leaf)
-        total += leaf.nbytes
-    return chosen
-
-
-def grow_pinned_host_pool(tree, limit_bytes: int | None = None) -> float:
-    """Copies the arrays of `tree` (on one GPU) into pinned host memory at once and drops the
-    copies, so that the pool keeps room for a save of the same arrays; with limit_bytes, only as
-    many as a save copies at once when Orbax transfers at most that much at a time
-    (leaves_to_pin). Blocks until done and returns the seconds taken; 0.0 where Orbax would not use
-    pinned memory (not a GPU, or several processes, whose arrays are sharded across hosts) or the
-    tree is not on one device."""
-    if jax.default_backend() != 'gpu' or jax.process_count() != 1:
-        return 0.0
-    leaves = leaves_to_pin(tree, limit_bytes)
-    devices = {device for leaf in leaves for device in leaf.devices()}
-    if len(devices) != 1:
-        return 0.0
-    (device,) = devices
-    if not any(memory.kind == 'pinned_host' for memory in device.addressable_memories()):
-        return 0.0
-    began = time.perf_counter()
-    pinned = jax.sharding.SingleDeviceSharding(device, memory_kind='pinned_host')
-    # All at once, as a save copies them: the pool must hold them side by side, not one at a time.
-    copies = jax.device_put(leaves, [pinned] * len(leaves))
-    jax.block_until_ready(copies)
-    del copies
-    return time.perf_counter() - began
+from jaxtrain.checkpoint.pinned_host import leaves_to_pin, pinned_sharding
 
 
 class TransferOrder:
@@ -212,7 +164,7 @@ def _copy_in_pieces(
         on_host = []
         for rslice, data, pieces in row:
             host, at = np.empty(data.nbytes, np.uint8), 0  # filled by the joining threads
-            pinned = jax.sharding.SingleDeviceSharding(data.device, memory_kind='pinned_host')
+            pinned = pinned_sharding(data.device)
             for piece in pieces:
                 if len(in_flight) == PIECES_IN_FLIGHT:
                     in_flight.popleft().result()

@@ -1,4 +1,4 @@
-"""grow_pinned_host_pool: skipped where Orbax copies into plain host memory; where it runs, the
+"""grow_pinned_host_pool: skipped where saves copy into plain host memory; where it runs, the
 state it copies is left as it was (the copies are dropped, the arrays stay usable)."""
 
 import jax
@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxtrain.checkpoint import orbax_host
-from jaxtrain.checkpoint.orbax_host import grow_pinned_host_pool
+from jaxtrain.checkpoint import pinned_host
+from jaxtrain.checkpoint.pinned_host import grow_pinned_host_pool
 
 
 def _state():
@@ -32,8 +32,8 @@ def test_on_a_device_with_pinned_memory_the_state_survives_the_copy(monkeypatch)
         copied_kinds.extend(s.memory_kind for s in shardings)
         return real_put(x, shardings)
 
-    monkeypatch.setattr(orbax_host.jax, 'default_backend', lambda: 'gpu')
-    monkeypatch.setattr(orbax_host.jax, 'device_put', recording_put)
+    monkeypatch.setattr(pinned_host.jax, 'default_backend', lambda: 'gpu')
+    monkeypatch.setattr(pinned_host.jax, 'device_put', recording_put)
     state = _state()
     before = jax.tree.map(np.asarray, state)
     assert grow_pinned_host_pool(state) > 0.0
@@ -49,7 +49,7 @@ def test_with_a_limit_the_largest_arrays_that_fit_are_pinned():
         'c': jnp.zeros(50, jnp.float32),  # 200
         'd': jnp.zeros(10, jnp.float32),  # 40
     }
-    sizes = lambda limit: sorted(leaf.nbytes for leaf in orbax_host.leaves_to_pin(state, limit))  # noqa: E731
+    sizes = lambda limit: sorted(leaf.nbytes for leaf in pinned_host.leaves_to_pin(state, limit))  # noqa: E731
     assert sizes(None) == [40, 200, 240, 400]
     assert sizes(700) == [40, 240, 400]  # 400 + 240 fit; 200 would not, 40 does
     assert sizes(100) == [400]  # the largest always: a save cannot split an array
