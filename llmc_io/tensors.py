@@ -209,8 +209,7 @@ class LeafEntry:
     is written holding a few entries on the host, never every leaf it is cut from. The source
     is indexed before it is fetched (a device slice of one layer), so each layer crosses once."""
 
-    source: object  # anything with .shape that np.asarray fetches, indexable by a layer;
-    # one whose layers have fetch_transposed() gives a transposed entry that way (fetch())
+    source: object  # anything with .shape that np.asarray fetches, indexable by a layer
     layer: int | None = None
     transposed: bool = False
     rows: int | None = None
@@ -235,15 +234,10 @@ class LeafEntry:
         return dataclasses.replace(self, rows=rows if self.rows is None else min(rows, self.rows))
 
     def fetch(self) -> np.ndarray:
-        """The entry's values in the file's orientation (a view of the fetched array). A source
-        with a fetch_transposed() (a device array's, which transposes it on the device) gives a
-        transposed entry contiguous; any other is transposed here as a view."""
+        """The entry's values in the file's orientation (a view of the fetched array)."""
         part = self.source if self.layer is None else self.source[self.layer]
-        if self.transposed and hasattr(part, "fetch_transposed"):
-            value = np.asarray(part.fetch_transposed(), dtype=np.float32)
-        else:
-            value = np.asarray(part, dtype=np.float32)
-            value = np.swapaxes(value, -1, -2) if self.transposed else value
+        value = np.asarray(part, dtype=np.float32)
+        value = np.swapaxes(value, -1, -2) if self.transposed else value
         return value if self.rows is None else value[: self.rows]
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:

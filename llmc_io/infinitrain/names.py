@@ -163,10 +163,6 @@ class _Transposed:
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         return np.asarray(self.leaf, dtype=dtype).T
 
-    def fetch_transposed(self) -> np.ndarray:
-        """The transpose of this transpose: the leaf as it is (LeafEntry.fetch asks)."""
-        return np.asarray(self.leaf)
-
 
 def _same_bits(a, b) -> bool:
     """Whether two fp32 arrays hold the same bytes, compared where they are (NumPy's, or a device's

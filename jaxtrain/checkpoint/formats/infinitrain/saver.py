@@ -14,7 +14,6 @@ from __future__ import annotations
 import concurrent.futures
 import shutil
 import sys
-import threading
 from pathlib import Path
 
 import jax
@@ -36,7 +35,7 @@ from jaxtrain.checkpoint.layout import (
 from jaxtrain.checkpoint.format import Snapshot
 from jaxtrain.checkpoint.manager import bytes_per_device, room_for_snapshot
 from jaxtrain.checkpoint.layout import write_failure
-from jaxtrain.checkpoint.pinned_host import grow_pinned_host_pool, leaves_to_pin, pinned_line, pinned_sharding
+from jaxtrain.checkpoint.pinned_host import pinned_sharding
 
 
 def batches_per_step(parts) -> int:
@@ -61,49 +60,30 @@ class _HostFetch:
     A copy into pageable memory (np.asarray of the device array) held the train steps beside it:
     at LLaMA-3.2 1B on an H200, steps of 130 ms took 600-1250 ms while a save fetched its 6 GB of
     weights. A copy into pinned memory is the device's own DMA, which the steps do not wait on
-    (pinned_host.py). The writer's threads fetch one array at a time (_PINNED_FETCH), so the
-    pinned pool stays the size of the largest array, which prepare() pins before step 1. The host
-    copy is not cached on the device array (np.asarray would keep it there until the array is
-    deleted), so each entry leaves the host once it is written.
+    (pinned_host.py);
+    one array at a time, the pinned pool it takes from stays the size of the largest array. And
+    the host copy is not cached on the device array (np.asarray would keep it there until the
+    array is deleted), so each entry leaves the host once it is written. Indexing (a layer of a
+    stacked leaf, as the writer cuts the file's entries: llmc_io.tensors.LeafEntry) is done on
+    the device when the entry is fetched, so only that layer crosses."""
 
-    Indexing (a layer of a stacked leaf, as the writer cuts the file's entries:
-    llmc_io.tensors.LeafEntry) and a kernel's transpose to the file's (out, in) are done on the
-    device when the entry is fetched: only that layer crosses, already in the file's order, and
-    the host writes it as it comes rather than copying every kernel again in transposed tiles."""
-
-    def __init__(self, leaf, index=None, transposed=False):
-        self.leaf, self.index, self.transposed = leaf, index, transposed
-        shape = tuple(leaf.shape) if index is None else tuple(leaf.shape)[1:]
-        self.shape = shape[:-2] + shape[-2:][::-1] if transposed else shape
+    def __init__(self, leaf, index=None):
+        self.leaf, self.index = leaf, index
+        self.shape = tuple(leaf.shape) if index is None else tuple(leaf.shape)[1:]
         self.dtype = leaf.dtype
 
     def __getitem__(self, index: int) -> '_HostFetch':
-        if self.index is not None or self.transposed:
+        if self.index is not None:
             raise IndexError('a layer of a layer')
         return _HostFetch(self.leaf, index)
 
-    def fetch_transposed(self) -> np.ndarray:
-        """np.swapaxes(np.asarray(self), -1, -2), contiguous, made on the device (LeafEntry asks)."""
-        return np.asarray(_HostFetch(self.leaf, self.index, transposed=True))
-
     def __array__(self, dtype=None, copy=None):
         part = self.leaf if self.index is None else self.leaf[self.index]
-        if self.transposed:
-            part = jnp.swapaxes(part, -1, -2)
         devices = part.devices()
         # an array over several devices (a mesh's sharded or replicated leaf) is gathered plainly
         pinned = pinned_sharding(next(iter(devices))) if len(devices) == 1 else None
-        if pinned is None:
-            value = np.array(part)
-        else:
-            with _PINNED_FETCH:
-                value = np.array(jax.device_put(part, pinned))
+        value = np.array(part if pinned is None else jax.device_put(part, pinned))
         return value if dtype is None else value.astype(dtype, copy=False)
-
-
-# One pinned fetch at a time in the process: the model's and the optimizer's files are written at
-# once, each by several threads, and each pinned copy is let go as soon as NumPy has its own.
-_PINNED_FETCH = threading.Lock()
 
 
 def _fetched_one_by_one(tree):
@@ -172,22 +152,15 @@ class InfiniTrainCheckpointer:
             shutil.rmtree(self.step_dir(step))
         return later
 
-    def prepare(self, params, opt_state, rng) -> str | None:
-        """On a GPU grows the pinned host pool for the largest array, which is as much as the
-        writer fetches at once (_HostFetch), so that the first save does not pin memory while the
-        steps after it run; then compiles the snapshot's copy on the writer thread while training
-        starts. Returns a start line saying what it pinned and how long that took; None where it
-        pinned nothing."""
+    def prepare(self, params, opt_state, rng):
+        """Compiles the snapshot's copy on the writer thread while training starts."""
         if jax.process_count() != 1:
             return None
         items = _items(params, opt_state, rng)
         self._snapshot_bytes = bytes_per_device(items)
-        # Before the thread starts, so that nothing else runs on the device while it pins memory.
-        to_pin = leaves_to_pin(items, 1)  # the largest alone
-        pinned_s = grow_pinned_host_pool(to_pin)
         shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), items)
         self._pending = self._writer.submit(self._compile_copy, shapes)
-        return pinned_line(to_pin, pinned_s)
+        return None
 
     def _compile_copy(self, shapes):
         try:
