@@ -335,7 +335,7 @@ class Checkpointer:
     def prepare(self, params, opt_state, rng) -> str | None:
         """Compiles the snapshot's program in the hand-off thread while training starts, so that
         the first save does not wait for the compilation (0.4-0.8 s for GPT-2 124M on an H200),
-        and on a GPU grows the pinned host pool that saves copy into (orbax_host.py), so
+        and on a GPU grows the pinned host pool that saves copy into (pinned_host.py), so
         that the first save does not stall the steps after it; where the state holds an array of
         more than HOST_PIECES_FROM_MB, saves copy it in pieces (orbax_host.copy_in_pieces, which
         acts for the whole process). Returns a start line saying what that pinned and how long it

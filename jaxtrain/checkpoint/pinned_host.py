@@ -14,7 +14,9 @@ step's command-buffer update waiting). Later saves reuse the pool. Copying the s
 before step 1, pays that cost where nothing waits on it.
 
 Pinning is slow (about 1.2 GB/s on that machine: 14 s for a LLaMA-3.2 1B state of 16.75 GiB), so
-a saver grows the pool for what it holds at once only (leaves_to_pin's limit).
+Orbax's saver (manager.Checkpointer.prepare) grows the pool for what it copies at once only
+(leaves_to_pin's limit). The InfiniTrain format's writer copies a layer at a time and grows the pool
+as it goes.
 """
 
 from __future__ import annotations
