@@ -12,6 +12,7 @@ max_checkpoint_keep steps, every multiple of keep_every_steps, and the step the 
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import shutil
 import sys
 from pathlib import Path
@@ -36,6 +37,8 @@ from jaxtrain.checkpoint.format import Snapshot
 from jaxtrain.checkpoint.manager import bytes_per_device, room_for_snapshot
 from jaxtrain.checkpoint.layout import write_failure
 from jaxtrain.checkpoint.pinned_host import pinned_sharding
+from llmc_io.infinitrain.names import name_to_path
+from llmc_io.tensors import tree_leaves
 
 
 def batches_per_step(parts) -> int:
@@ -44,50 +47,99 @@ def batches_per_step(parts) -> int:
     return geometry.accumulation * geometry.data_parallel
 
 
-@jax.jit
-def _device_copy(tree):
-    """A copy on the device that the next (donating) train step cannot take away."""
-    return jax.tree.map(jnp.copy, tree)
+@functools.partial(jax.jit, static_argnums=1)
+def _device_copy(tree, by_layer: tuple[bool, ...]):
+    """A copy on the device that the next (donating) train step cannot take away, as the list of
+    the tree's leaves; a leaf flagged in by_layer (a stacked leaf the files hold layer by layer)
+    comes as a tuple of its layers, each a buffer of its own.
+
+    The writer fetches an entry (a layer) at a time. Cut from the stacked leaf as it is fetched,
+    a layer is a device computation queued behind the train steps already dispatched, and the
+    copy to the host waits for it on a copy stream, so the loop's read of a step's loss, queued
+    on that stream after it, waited for the next step too (one step line in two about 2x the
+    median, the next near zero, over a 1B save). Cut here, with the copy the save makes anyway,
+    the layers are there before the next step runs, and the write makes no device computation."""
+    leaves = jax.tree.leaves(tree)
+    return [
+        tuple(leaf[i] for i in range(leaf.shape[0])) if stacked else jnp.copy(leaf)
+        for leaf, stacked in zip(leaves, by_layer)
+    ]
+
+
+def _by_layer(items: dict, family: str) -> tuple[bool, ...]:
+    """For each leaf of items (jax.tree order), whether the files hold it layer by layer: its
+    path below the item ('h/attn/c_attn/kernel'; an optimizer moment's as its parameter's) is a
+    stacked path of the family's name table (llmc_io.infinitrain.names)."""
+    norm = tree_leaves(items['params']).get('h/ln_1/scale')  # (L, C): what a model of layers has
+    stacked = (
+        {path for path, layer, _ in name_to_path(family, norm.shape[0]).values() if layer is not None}
+        if norm is not None
+        else set()  # nothing to cut; the writer refuses such a tree with its own error
+    )
+    flags = []
+    for keys, _ in jax.tree_util.tree_leaves_with_path(items):
+        names = [str(k.key) for k in keys if isinstance(k, jax.tree_util.DictKey)]
+        flags.append('/'.join(names[1:]) in stacked)
+    return tuple(flags)
 
 
 def _items(params, opt_state, rng) -> dict:
     return {'params': params, 'opt_state': opt_state, 'rng': rng}
 
 
+class _Layers:
+    """A stacked leaf of the snapshot as its layers, each a device buffer of its own (_device_copy).
+    Not a pytree: jax.tree functions see it as one leaf."""
+
+    def __init__(self, layers: tuple):
+        self.layers = layers
+
+    def delete(self) -> None:
+        for layer in self.layers:
+            if not layer.is_deleted():
+                layer.delete()
+
+
 class _HostFetch:
-    """A device array that NumPy reads through pinned host memory, one array at a time.
+    """A device array, or a stacked leaf as its _Layers, that NumPy reads through pinned host
+    memory, one array at a time.
 
     A copy into pageable memory (np.asarray of the device array) held the train steps beside it:
     at LLaMA-3.2 1B on an H200, steps of 130 ms took 600-1250 ms while a save fetched its 6 GB of
     weights. A copy into pinned memory is the device's own DMA, which the steps do not wait on
-    (pinned_host.py);
-    one array at a time, the pinned pool it takes from stays the size of the largest array. And
-    the host copy is not cached on the device array (np.asarray would keep it there until the
-    array is deleted), so each entry leaves the host once it is written. Indexing (a layer of a
-    stacked leaf, as the writer cuts the file's entries: llmc_io.tensors.LeafEntry) is done on
-    the device when the entry is fetched, so only that layer crosses."""
+    (pinned_host.py); one array at a time, the pinned pool it takes from stays the size of the
+    largest array. And the host copy is not cached on the device array (np.asarray would keep it
+    there until the array is deleted), so each entry leaves the host once it is written. A layer
+    (as the writer cuts the file's entries: llmc_io.tensors.LeafEntry) is its own buffer in the
+    snapshot, so only that layer crosses, and fetching it computes nothing on the device."""
 
-    def __init__(self, leaf, index=None):
-        self.leaf, self.index = leaf, index
-        self.shape = tuple(leaf.shape) if index is None else tuple(leaf.shape)[1:]
-        self.dtype = leaf.dtype
+    def __init__(self, leaf):
+        self.leaf = leaf  # a jax.Array or _Layers
+        if isinstance(leaf, _Layers):
+            self.shape, self.dtype = (len(leaf.layers), *leaf.layers[0].shape), leaf.layers[0].dtype
+        else:
+            self.shape, self.dtype = tuple(leaf.shape), leaf.dtype
 
     def __getitem__(self, index: int) -> '_HostFetch':
-        if self.index is not None:
-            raise IndexError('a layer of a layer')
-        return _HostFetch(self.leaf, index)
+        if not isinstance(self.leaf, _Layers):
+            raise IndexError(f'the snapshot holds this leaf of shape {self.shape} whole, not by layer')
+        return _HostFetch(self.leaf.layers[index])
 
     def __array__(self, dtype=None, copy=None):
-        part = self.leaf if self.index is None else self.leaf[self.index]
-        devices = part.devices()
-        # an array over several devices (a mesh's sharded or replicated leaf) is gathered plainly
-        pinned = pinned_sharding(next(iter(devices))) if len(devices) == 1 else None
-        value = np.array(part if pinned is None else jax.device_put(part, pinned))
+        if isinstance(self.leaf, _Layers):  # the whole stacked leaf (llm.c's model file wants it so)
+            value = np.stack([np.asarray(_HostFetch(layer)) for layer in self.leaf.layers])
+        else:
+            devices = self.leaf.devices()
+            # an array over several devices (a mesh's sharded or replicated leaf) is gathered plainly
+            pinned = pinned_sharding(next(iter(devices))) if len(devices) == 1 else None
+            value = np.array(self.leaf if pinned is None else jax.device_put(self.leaf, pinned))
         return value if dtype is None else value.astype(dtype, copy=False)
 
 
 def _fetched_one_by_one(tree):
-    return jax.tree.map(lambda leaf: _HostFetch(leaf) if isinstance(leaf, jax.Array) else leaf, tree)
+    return jax.tree.map(
+        lambda leaf: _HostFetch(leaf) if isinstance(leaf, (jax.Array, _Layers)) else leaf, tree
+    )
 
 
 class InfiniTrainCheckpointer:
@@ -127,7 +179,8 @@ class InfiniTrainCheckpointer:
         self._pending = None  # the Future of the last write
         self._writing = None  # the step of the last save started
         self._snapshot_bytes = None  # per device, for the room check
-        self._copy_program = _device_copy  # prepare() swaps in one compiled ahead of time
+        self._copy_program = None  # _device_copy compiled ahead of time by prepare(), if it ran
+        self._by_layer = None  # its static argument: which leaves it cuts into layers
         # The writer's threads take the GIL between their copies, hashing and writes; by default
         # the loop would wait up to 5 ms for it at a dispatch while a save is written (as
         # manager.Checkpointer, which bounds it the same way). close() gives the interval back.
@@ -158,15 +211,25 @@ class InfiniTrainCheckpointer:
             return None
         items = _items(params, opt_state, rng)
         self._snapshot_bytes = bytes_per_device(items)
+        self._by_layer = _by_layer(items, self.family)
         shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), items)
-        self._pending = self._writer.submit(self._compile_copy, shapes)
+        self._pending = self._writer.submit(self._compile_copy, shapes, self._by_layer)
         return None
 
-    def _compile_copy(self, shapes):
+    def _compile_copy(self, shapes, by_layer):
         try:
-            self._copy_program = _device_copy.lower(shapes).compile()
+            self._copy_program = _device_copy.lower(shapes, by_layer).compile()
         except Exception:  # not worth stopping a run for: the first save compiles it instead
-            self._copy_program = _device_copy
+            self._copy_program = None
+
+    def _copy(self, items: dict) -> dict:
+        """items copied on the device (_device_copy), stacked leaves as their _Layers."""
+        if self._by_layer is None:
+            self._by_layer = _by_layer(items, self.family)
+        program = self._copy_program
+        leaves = program(items) if program is not None else _device_copy(items, self._by_layer)
+        leaves = [_Layers(leaf) if isinstance(leaf, tuple) else leaf for leaf in leaves]
+        return jax.tree.unflatten(jax.tree.structure(items), leaves)
 
     def snapshot(self, params, opt_state, rng) -> Snapshot:
         """The state as it is now, safe from the next step's donation: a device copy where the
@@ -176,7 +239,7 @@ class InfiniTrainCheckpointer:
         if self._snapshot_bytes is None:
             self._snapshot_bytes = bytes_per_device(items)
         if room_for_snapshot(self._snapshot_bytes):
-            return Snapshot(self._copy_program(items), None, copied=True)
+            return Snapshot(self._copy(items), None, copied=True)
         self.blocking_saves += 1
         return Snapshot(jax.device_get(items), None, copied=False)
 
@@ -201,7 +264,7 @@ class InfiniTrainCheckpointer:
             )
         finally:
             for leaf in jax.tree.leaves(items):
-                if isinstance(leaf, jax.Array) and not leaf.is_deleted():
+                if isinstance(leaf, _Layers) or (isinstance(leaf, jax.Array) and not leaf.is_deleted()):
                     leaf.delete()
 
     def _write_host(self, step: int, params, opt_state, rng, trainer_state: dict):

@@ -1,0 +1,131 @@
+"""The InfiniTrain-format saver's snapshot holds each stacked leaf as its layers, one device
+buffer each (saver._device_copy), so that the background write copies to the host only buffers
+the snapshot made and queues no computation on the device behind the train steps. The files are
+held, byte for byte, against the synchronous export of the same arrays from NumPy (the host's
+own slicing and transposes, llmc_io)."""
+
+from types import SimpleNamespace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from jaxtrain.checkpoint.formats.infinitrain import saver as infinitrain_saver
+from jaxtrain.checkpoint.formats.infinitrain.trainer import save_step_dir
+from tiny_models import random_params, tiny_config, tiny_header
+
+RECORD = {'step': 1, 'data_position': 1, 'epoch': 0, 'has_optimizer_state': True}
+RNG = jnp.array([0, 42], jnp.uint32)
+FILES = {
+    'infinitrain': ('model.ckpt', 'optimizer.ckpt', 'trainer_state.json'),
+    'infinitrain-bin': ('model.bin', 'optimizer.bin', 'trainer_state.json'),
+}
+
+
+def _state(family: str, tied: bool):
+    overrides = {'tie_embeddings': True} if tied else {}
+    params = random_params(tiny_header(family, **overrides), everywhere=True)
+    if tied:
+        assert 'lm_head' not in params  # a tied LLaMA's head is wte
+    params = jax.tree.map(jnp.asarray, params)
+    tx = optax.adamw(1e-2)
+    opt_state = tx.init(params)
+    _, opt_state = tx.update(params, opt_state, params)  # moments that are not zeros
+    return overrides, params, opt_state
+
+
+def _saver(root, fmt, family, overrides):
+    parts = SimpleNamespace(  # what a save reads of train/setup.py's TrainerSetup
+        setup=SimpleNamespace(model_config=tiny_config(family, **overrides)),
+        geometry=SimpleNamespace(accumulation=1, data_parallel=1, context=1),
+    )
+    saver = infinitrain_saver.InfiniTrainCheckpointer(
+        str(root), fmt, parts, family=family, keep_latest=0, keep_every=0
+    )
+    return saver, parts
+
+
+def _buffers(snapshot_items) -> set[int]:
+    found = set()
+    for leaf in jax.tree.leaves(snapshot_items):
+        layers = leaf.layers if isinstance(leaf, infinitrain_saver._Layers) else (leaf,)
+        found.update(id(layer) for layer in layers)
+    return found
+
+
+@pytest.mark.parametrize(
+    'fmt,family,tied',
+    [
+        ('infinitrain', 'gpt2', False),
+        ('infinitrain', 'llama3', False),
+        ('infinitrain', 'llama3', True),
+        ('infinitrain-bin', 'gpt2', False),  # llm.c's model file takes each stacked leaf whole
+    ],
+)
+def test_the_write_copies_only_the_snapshots_buffers_and_matches_the_export(
+    tmp_path, monkeypatch, fmt, family, tied
+):
+    overrides, params, opt_state = _state(family, tied)
+    on_host = jax.tree.map(np.asarray, (params, opt_state))
+    copied = []
+    real_put = jax.device_put
+
+    def recording_put(x, *args, **kwargs):
+        copied.append(x)
+        return real_put(x, *args, **kwargs)
+
+    monkeypatch.setattr(infinitrain_saver.jax, 'device_put', recording_put)
+    saver, parts = _saver(tmp_path / 'ck', fmt, family, overrides)
+    saver.prepare(params, opt_state, RNG)
+    snapshot = saver.snapshot(params, opt_state, RNG)
+    made = _buffers(snapshot.items)
+    stacked = [
+        leaf for leaf in jax.tree.leaves(snapshot.items) if isinstance(leaf, infinitrain_saver._Layers)
+    ]
+    assert len(stacked) == 3 * len(infinitrain_saver.tree_leaves(params['h']))  # params, mu, nu
+    saver.save_snapshot(1, snapshot, dict(RECORD))
+    saver.close()
+    if infinitrain_saver.pinned_sharding(jax.devices()[0]) is not None:
+        assert copied, 'the write fetched through pinned memory'
+    assert all(id(x) in made for x in copied)  # nothing cut or computed on the device by the write
+    assert all(layer.is_deleted() for leaf in stacked for layer in leaf.layers)  # let go once written
+
+    export = save_step_dir(
+        tmp_path / 'export',
+        1,
+        *on_host,
+        dict(RECORD, rng=[0, 42]),
+        fmt,
+        family=family,
+        model_config=parts.setup.model_config,
+        batches_per_step=1,
+    )
+    saved = tmp_path / 'ck' / 'checkpoint_step_000001'
+    for name in FILES[fmt]:
+        assert (saved / name).read_bytes() == (export / name).read_bytes(), name
+
+
+def test_by_layer_flags_the_stacked_leaves_of_the_params_and_both_moments():
+    _, params, opt_state = _state('llama3', False)
+    items = {'params': params, 'opt_state': opt_state, 'rng': RNG}
+    flags = infinitrain_saver._by_layer(items, 'llama3')
+    paths = [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_leaves_with_path(items)]
+    flagged = {p for p, f in zip(paths, flags) if f}
+    assert flagged and all("['h']" in p for p in flagged)
+    # every leaf under 'h' (7 in a LLaMA layer) in the params and in Adam's mu and nu; nothing else
+    assert len(flagged) == 3 * 7
+    assert not any(f for p, f in zip(paths, flags) if 'wte' in p or 'lm_head' in p or 'count' in p)
+
+
+def test_a_layer_fetched_is_that_layer_and_the_whole_leaf_is_the_stack():
+    leaf = jnp.arange(2 * 3 * 5, dtype=jnp.float32).reshape(2, 3, 5)
+    (copied,) = infinitrain_saver._device_copy([leaf], (True,))
+    fetch = infinitrain_saver._HostFetch(infinitrain_saver._Layers(copied))
+    assert fetch.shape == (2, 3, 5)
+    np.testing.assert_array_equal(np.asarray(fetch[1]), np.asarray(leaf)[1])
+    np.testing.assert_array_equal(np.asarray(fetch), np.asarray(leaf))
+    whole = infinitrain_saver._HostFetch(leaf)
+    with pytest.raises(IndexError, match='whole, not by layer'):
+        whole[0]
