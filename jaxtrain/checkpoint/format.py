@@ -108,6 +108,12 @@ class RunCheckpointer(Protocol):
 
     def save(self, step: int, params, opt_state, rng, trainer_state: dict) -> None: ...
 
+    def between_steps(self) -> None:
+        """Called by the loop after it has read a step's metrics and before it dispatches the next
+        step: where a background write's copies off the device wait for nothing (a no-op for a
+        checkpointer whose copies are made otherwise)."""
+        ...
+
     def keep_best_steps(self, steps) -> None:
         """--keep_best: these steps are kept out of rotation from the next save on (replacing the
         last set)."""

@@ -441,6 +441,9 @@ class Checkpointer:
         if pending is not None:
             pending.result()  # re-raises the hand-off's CheckpointError
 
+    def between_steps(self) -> None:
+        """Nothing: Orbax's thread copies each batch of a save off the device itself."""
+
     def keep_best_steps(self, steps) -> None:
         """--keep_best's ranking (checkpoint/keep.py): these steps are kept out of rotation
         from the next save on, in place of the ones given before."""

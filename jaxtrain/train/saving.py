@@ -174,6 +174,12 @@ class RunSaver:
             self.events.poll()
         return taken, self._snapshot_s
 
+    def between_steps(self) -> None:
+        """The loop has read a step's metrics and has not dispatched the next step: a background
+        write's copies off the device go now (RunCheckpointer.between_steps)."""
+        if self.checkpointer is not None:
+            self.checkpointer.between_steps()
+
     def _saved_parts(self, state):
         """(params, opt_state or None, rng): what a checkpoint of `state` holds."""
         return state.params, state.opt_state if self.config.save_optimizer_state else None, state.rng

@@ -4,6 +4,7 @@ the snapshot made and queues no computation on the device behind the train steps
 held, byte for byte, against the synchronous export of the same arrays from NumPy (the host's
 own slicing and transposes, llmc_io)."""
 
+import time
 from types import SimpleNamespace
 
 import jax
@@ -73,7 +74,7 @@ def test_the_write_copies_only_the_snapshots_buffers_and_matches_the_export(
     real_put = jax.device_put
 
     def recording_put(x, *args, **kwargs):
-        copied.append(x)
+        copied.extend(x if isinstance(x, list) else [x])
         return real_put(x, *args, **kwargs)
 
     monkeypatch.setattr(infinitrain_saver.jax, 'device_put', recording_put)
@@ -86,11 +87,16 @@ def test_the_write_copies_only_the_snapshots_buffers_and_matches_the_export(
     ]
     assert len(stacked) == 3 * len(infinitrain_saver.tree_leaves(params['h']))  # params, mu, nu
     saver.save_snapshot(1, snapshot, dict(RECORD))
+    _step_until_written(saver)
     saver.close()
     if infinitrain_saver.pinned_sharding(jax.devices()[0]) is not None:
         assert copied, 'the write fetched through pinned memory'
     assert all(id(x) in made for x in copied)  # nothing cut or computed on the device by the write
     assert all(layer.is_deleted() for leaf in stacked for layer in leaf.layers)  # let go once written
+    if infinitrain_saver.pinned_sharding(jax.devices()[0]) is not None:
+        # Every state-dict entry was copied by the loop; llm.c's model file copies its own.
+        assert saver.copies.dispatched_by_loop > 0
+        assert (saver.copies.dispatched_by_writer == 0) == (fmt == 'infinitrain')
 
     export = save_step_dir(
         tmp_path / 'export',
@@ -105,6 +111,15 @@ def test_the_write_copies_only_the_snapshots_buffers_and_matches_the_export(
     saved = tmp_path / 'ck' / 'checkpoint_step_000001'
     for name in FILES[fmt]:
         assert (saved / name).read_bytes() == (export / name).read_bytes(), name
+
+
+def _step_until_written(saver):
+    """As the loop does while a save is written: between two steps (5 ms here), it dispatches
+    the write's next copies."""
+    written = saver._pending
+    while not written.done():
+        saver.between_steps()
+        time.sleep(0.005)
 
 
 def test_by_layer_flags_the_stacked_leaves_of_the_params_and_both_moments():

@@ -4,7 +4,9 @@ InfiniTrainFormat opens it).
 A save runs in the background, as an Orbax one does: snapshot() copies the state on the device (the next
 step donates the original), or to the host where the device has no room; one writer thread then streams
 the files, each fetching its arrays from the copy as it starts (infinitrain.write_checkpoint: a
-temporary directory renamed when complete, so nothing half-written looks committed). A failed write
+temporary directory renamed when complete, so nothing half-written looks committed). The copies of
+those arrays to the host are dispatched by the loop between two steps (step_aligned_copies.py), a
+bounded number of bytes ahead of the writer. A failed write
 stops the run at the next save, or at wait() / close(). Saves rotate like ours: the newest
 max_checkpoint_keep steps, every multiple of keep_every_steps, and the step the run resumed from are kept.
 """
@@ -36,7 +38,9 @@ from jaxtrain.checkpoint.layout import (
 from jaxtrain.checkpoint.format import Snapshot
 from jaxtrain.checkpoint.manager import bytes_per_device, room_for_snapshot
 from jaxtrain.checkpoint.layout import write_failure
-from jaxtrain.checkpoint.pinned_host import pinned_sharding
+from jaxtrain.checkpoint.pinned_host import grow_pinned_host_pool, leaves_to_pin, pinned_line, pinned_sharding
+from jaxtrain.checkpoint.step_aligned_copies import StepAlignedCopies
+from llmc_io.tensors import LeafEntry
 from llmc_io.infinitrain.names import name_to_path
 from llmc_io.tensors import tree_leaves
 
@@ -101,21 +105,39 @@ class _Layers:
                 layer.delete()
 
 
+# What the loop's copies for a write may hold at once (step_aligned_copies.py), besides the largest
+# array of the state, which a copy cannot split: at LLaMA-3.2 1B, about four steps' worth of
+# writing at disk speed. The pinned pool is grown for it before step 1.
+IN_FLIGHT_BYTES = 512 * 2**20
+
+
+def _pinned_copies(buffers: list) -> list:
+    """Copies of single-device buffers into their device's pinned host memory, dispatched."""
+    return jax.device_put(buffers, [pinned_sharding(next(iter(b.devices()))) for b in buffers])
+
+
+def _copied_through_pinned(array) -> bool:
+    devices = array.devices()
+    return len(devices) == 1 and pinned_sharding(next(iter(devices))) is not None
+
+
 class _HostFetch:
     """A device array, or a stacked leaf as its _Layers, that NumPy reads through pinned host
-    memory, one array at a time.
+    memory, one array at a time: from the copy the loop dispatched ahead (`copies`), else copied
+    when read.
 
     A copy into pageable memory (np.asarray of the device array) held the train steps beside it:
     at LLaMA-3.2 1B on an H200, steps of 130 ms took 600-1250 ms while a save fetched its 6 GB of
-    weights. A copy into pinned memory is the device's own DMA, which the steps do not wait on
-    (pinned_host.py); one array at a time, the pinned pool it takes from stays the size of the
-    largest array. And the host copy is not cached on the device array (np.asarray would keep it
-    there until the array is deleted), so each entry leaves the host once it is written. A layer
-    (as the writer cuts the file's entries: llmc_io.tensors.LeafEntry) is its own buffer in the
-    snapshot, so only that layer crosses, and fetching it computes nothing on the device."""
+    weights. A copy into pinned memory is the device's own DMA; one array at a time, and the
+    loop's copies bounded (IN_FLIGHT_BYTES), the pinned pool it takes from stays small. And the
+    host copy is not cached on the device array (np.asarray would keep it there until the array
+    is deleted), so each entry leaves the host once it is written. A layer (as the writer cuts the
+    file's entries: llmc_io.tensors.LeafEntry) is its own buffer in the snapshot, so only that
+    layer crosses, and fetching it computes nothing on the device."""
 
-    def __init__(self, leaf):
+    def __init__(self, leaf, copies: StepAlignedCopies | None = None):
         self.leaf = leaf  # a jax.Array or _Layers
+        self.copies = copies
         if isinstance(leaf, _Layers):
             self.shape, self.dtype = (len(leaf.layers), *leaf.layers[0].shape), leaf.layers[0].dtype
         else:
@@ -124,22 +146,47 @@ class _HostFetch:
     def __getitem__(self, index: int) -> '_HostFetch':
         if not isinstance(self.leaf, _Layers):
             raise IndexError(f'the snapshot holds this leaf of shape {self.shape} whole, not by layer')
-        return _HostFetch(self.leaf.layers[index])
+        return _HostFetch(self.leaf.layers[index], self.copies)
+
+    def buffer(self, layer: int | None):
+        """The device buffer that holds `layer` of this leaf (all of it for None), if one does."""
+        if isinstance(self.leaf, _Layers):
+            return self.leaf.layers[layer] if layer is not None else None
+        return self.leaf if layer is None else None
 
     def __array__(self, dtype=None, copy=None):
         if isinstance(self.leaf, _Layers):  # the whole stacked leaf (llm.c's model file wants it so)
-            value = np.stack([np.asarray(_HostFetch(layer)) for layer in self.leaf.layers])
-        else:
-            devices = self.leaf.devices()
+            value = np.stack([np.asarray(_HostFetch(layer, self.copies)) for layer in self.leaf.layers])
+        elif not _copied_through_pinned(self.leaf):
             # an array over several devices (a mesh's sharded or replicated leaf) is gathered plainly
-            pinned = pinned_sharding(next(iter(devices))) if len(devices) == 1 else None
-            value = np.array(self.leaf if pinned is None else jax.device_put(self.leaf, pinned))
+            value = np.array(self.leaf)
+        elif self.copies is not None:
+            value = self.copies.fetch(self.leaf)
+        else:
+            value = np.array(_pinned_copies([self.leaf])[0])
         return value if dtype is None else value.astype(dtype, copy=False)
 
 
-def _fetched_one_by_one(tree):
+def _planned_buffers(arrays) -> list:
+    """The device buffers a state-dict file's entries (writer.write_checkpoint's plan_fetches)
+    fetch, in order; entries fetched otherwise are left out."""
+    buffers = []
+    for array in arrays:
+        if not isinstance(array, LeafEntry):
+            continue
+        source = array.source
+        if not isinstance(source, _HostFetch):  # a tied LLaMA's head: wte transposed when fetched
+            source = getattr(source, 'leaf', None)
+        if isinstance(source, _HostFetch):
+            buffer = source.buffer(array.layer)
+            if buffer is not None and _copied_through_pinned(buffer):
+                buffers.append(buffer)
+    return buffers
+
+
+def _fetched_one_by_one(tree, copies: StepAlignedCopies | None):
     return jax.tree.map(
-        lambda leaf: _HostFetch(leaf) if isinstance(leaf, (jax.Array, _Layers)) else leaf, tree
+        lambda leaf: _HostFetch(leaf, copies) if isinstance(leaf, (jax.Array, _Layers)) else leaf, tree
     )
 
 
@@ -182,6 +229,8 @@ class InfiniTrainCheckpointer:
         self._snapshot_bytes = None  # per device, for the room check
         self._copy_program = None  # _device_copy compiled ahead of time by prepare(), if it ran
         self._by_layer = None  # its static argument: which leaves it cuts into layers
+        # The write's copies off the device, dispatched by the loop (between_steps).
+        self.copies = StepAlignedCopies(_pinned_copies, IN_FLIGHT_BYTES)
         # The writer's threads take the GIL between their copies, hashing and writes; by default
         # the loop would wait up to 5 ms for it at a dispatch while a save is written (as
         # manager.Checkpointer, which bounds it the same way). close() gives the interval back.
@@ -206,8 +255,10 @@ class InfiniTrainCheckpointer:
             shutil.rmtree(self.step_dir(step))
         return later
 
-    def prepare(self, params, opt_state, rng):
-        """Compiles the snapshot's copy on the writer thread while training starts."""
+    def prepare(self, params, opt_state, rng) -> str | None:
+        """Compiles the snapshot's copy on the writer thread while training starts, and grows the
+        pinned pool for the copies a write holds at once (IN_FLIGHT_BYTES, or the largest array);
+        returns the line saying what was pinned, or None."""
         if jax.process_count() != 1:
             return None
         items = _items(params, opt_state, rng)
@@ -215,7 +266,9 @@ class InfiniTrainCheckpointer:
         self._by_layer = _by_layer(items, self.family)
         shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), items)
         self._pending = self._writer.submit(self._compile_copy, shapes, self._by_layer)
-        return None
+        pinned = leaves_to_pin(items, IN_FLIGHT_BYTES)
+        self.copies.in_flight_bytes = max(IN_FLIGHT_BYTES, sum(leaf.nbytes for leaf in pinned))
+        return pinned_line(pinned, grow_pinned_host_pool(items, IN_FLIGHT_BYTES))
 
     def _compile_copy(self, shapes, by_layer):
         try:
@@ -247,6 +300,7 @@ class InfiniTrainCheckpointer:
     def save_snapshot(self, step: int, snapshot: Snapshot, trainer_state: dict):
         """Hands the snapshot of `step` to the writer thread and returns."""
         self._writing = step
+        self.copies.loop_stepping(True)  # the loop goes on, and dispatches the write's copies
         self._pending = self._writer.submit(self._write, step, snapshot.items, dict(trainer_state))
 
     def save(self, step: int, params, opt_state, rng, trainer_state: dict):
@@ -256,14 +310,22 @@ class InfiniTrainCheckpointer:
         """The files fetch each entry from the snapshot as it is written (llmc_io.tensors.LeafEntry),
         so the host holds the entries being written, not the files; the device copy goes after."""
         try:
+            # Read first: the rng and the optimizer's scalars (Adam's count), for the record.
+            self.copies.plan(
+                leaf
+                for leaf in jax.tree.leaves((items['rng'], items['opt_state']))
+                if isinstance(leaf, jax.Array) and leaf.ndim <= 1 and leaf.size <= 2
+                if _copied_through_pinned(leaf)
+            )
             self._write_host(
                 step,
-                _fetched_one_by_one(items['params']),
-                _fetched_one_by_one(items['opt_state']),
-                items['rng'],
+                _fetched_one_by_one(items['params'], self.copies),
+                _fetched_one_by_one(items['opt_state'], self.copies),
+                jax.tree.map(np.asarray, _fetched_one_by_one(items['rng'], self.copies)),
                 trainer_state,
             )
         finally:
+            self.copies.forget()
             for leaf in jax.tree.leaves(items):
                 if isinstance(leaf, _Layers) or (isinstance(leaf, jax.Array) and not leaf.is_deleted()):
                     leaf.delete()
@@ -286,6 +348,7 @@ class InfiniTrainCheckpointer:
                 data_parallel=parts.geometry.data_parallel,
                 context_parallel=parts.geometry.context,
                 lr_scheduler=scheduler,
+                plan_fetches=lambda arrays: self.copies.plan(_planned_buffers(arrays)),
             )
         except OSError as e:
             reason, advice = write_failure(e)
@@ -297,7 +360,12 @@ class InfiniTrainCheckpointer:
             ) from e
         it.prune(self.root, self.keep_latest, self.protected | self.best, self.keep_every)
 
+    def between_steps(self) -> None:
+        """Dispatches the next copies of the write under way (step_aligned_copies.py)."""
+        self.copies.between_steps()
+
     def _finish_write(self):
+        self.copies.loop_stepping(False)  # the loop waits for the write: it copies for itself
         pending, self._pending = self._pending, None
         if pending is not None:
             pending.result()  # re-raises the write's CheckpointError

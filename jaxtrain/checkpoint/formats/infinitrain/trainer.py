@@ -190,12 +190,14 @@ def save_step_dir(
     data_parallel: int = 1,
     context_parallel: int = 1,
     lr_scheduler: bytes | None = None,
+    plan_fetches=None,
 ) -> Path:
     """Write step_dir_name(step) under root in InfiniTrain's HEAD (`infinitrain`), LR-scheduler
     (`infinitrain-lrs`) or PR (`infinitrain-bin`) layout, atomically. record: our trainer-state record
     (trainer_state_record plus rng, and loss / best_loss when known); it becomes the "jaxtrain" object.
     opt_state None, or one without Adam moments (SGD), writes no optimizer file, as upstream.
-    lr_scheduler: the lr_scheduler.ckpt bytes of an `infinitrain-lrs` save (None: no file)."""
+    lr_scheduler: the lr_scheduler.ckpt bytes of an `infinitrain-lrs` save (None: no file).
+    plan_fetches: writer.write_checkpoint's."""
     if fmt not in SAVE_FORMATS:
         raise ValueError(f"checkpoint_format: expected one of {', '.join(SAVE_FORMATS)}, found {fmt!r}")
     header = model_header(family, model_config)
@@ -227,4 +229,6 @@ def save_step_dir(
     final = Path(root) / step_dir_name(step)
     kind = it.HEAD_KIND if fmt == LRS_FORMAT else fmt
     extra = {} if lr_scheduler is None else {'lr_scheduler.ckpt': lr_scheduler}
-    return writer.write_checkpoint(final, kind, family, params, header, moments, state, extra_files=extra)
+    return writer.write_checkpoint(
+        final, kind, family, params, header, moments, state, extra_files=extra, plan_fetches=plan_fetches
+    )

@@ -45,13 +45,16 @@ def write_checkpoint(
     replace: bool = False,
     topology: Topology | None = None,
     extra_files: dict[str, bytes] | None = None,
+    plan_fetches=None,
 ) -> Path:
     """Write one step directory atomically. params: NumPy tree; header: llmc_io GPT2Header / LLaMA3Header of
     model; moments: (mu, nu, t) or None (no optimizer file, as upstream does for SGD). An existing
     final_dir is an error unless `replace` (the caller has checked that it wrote it): a directory
     someone else put there is never deleted. topology: a multi-GPU run's layout to write rank_NNNNNN/
     directories for (HEAD files only). extra_files: more files of the directory (of each rank's) by name
-    (lr_scheduler.ckpt), written before the sha256s are taken."""
+    (lr_scheduler.ckpt), written before the sha256s are taken. plan_fetches(arrays): told, on the
+    thread that writes a state-dict file, the file's entry arrays in the order it fetches them,
+    before it begins (a background save dispatches their copies ahead: step_aligned_copies.py)."""
     final_dir = Path(final_dir)
     if topology is not None and topology.world > 1 and kind != HEAD_KIND:
         raise LLMCFormatError(
@@ -76,7 +79,7 @@ def write_checkpoint(
         if topology is not None and topology.world > 1:
             _write_ranks(tmp, family, params, header, moments, state, topology, extra_files)
         else:
-            _write_files(tmp, kind, family, params, header, moments, state, extra_files)
+            _write_files(tmp, kind, family, params, header, moments, state, extra_files, plan_fetches)
         os.chmod(tmp, 0o755)
         fsync_directory(tmp)  # the files' names, before the rename makes the step look complete
         if final_dir.exists():  # replace: the old one goes under a temporary name until the new is in place
@@ -94,7 +97,9 @@ def write_checkpoint(
     return final_dir
 
 
-def _write_files(tmp: Path, kind, family, params, header, moments, state, extra_files=None) -> None:
+def _write_files(
+    tmp: Path, kind, family, params, header, moments, state, extra_files=None, plan_fetches=None
+) -> None:
     """The files of one step directory, each streamed with its digest (piece_digest.py) taken as it
     is written (not read back; llm.c's model.bin excepted). The model file and the optimizer file
     are written side by side, each on its own thread. Each entry (a layer of a leaf) is fetched (from
@@ -103,16 +108,21 @@ def _write_files(tmp: Path, kind, family, params, header, moments, state, extra_
     model_name, opt_name = FILES[kind]
     vocab = header.vocab_size
 
+    def write_planned(path: Path, tensors: dict) -> str:
+        if plan_fetches is not None:
+            plan_fetches([tensor.array for tensor in tensors.values()])
+        return write_state_dict(path, tensors)
+
     def write_model() -> str:
         if kind == PR_BIN_KIND:
             return _save_llmc(tmp / model_name, family, params, header)
-        return write_state_dict(
+        return write_planned(
             tmp / model_name, names.tree_to_state_dict(family, params, vocab, header.max_seq_len)
         )
 
     def write_moments() -> str:
         mu, nu, t = moments
-        return write_state_dict(
+        return write_planned(
             tmp / opt_name, names.trees_to_moments(family, mu, nu, t, vocab, kind == HEAD_KIND)
         )
 

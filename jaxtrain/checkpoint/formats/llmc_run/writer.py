@@ -161,6 +161,9 @@ class LLMCRunCheckpointer:
         ):
             path.unlink(missing_ok=True)
 
+    def between_steps(self) -> None:
+        """Nothing: a save is written before save() returns."""
+
     def wait(self):
         pass
 
