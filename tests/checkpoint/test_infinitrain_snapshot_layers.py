@@ -51,23 +51,29 @@ def _saver(root, fmt, family, overrides):
 def _buffers(snapshot_items) -> set[int]:
     found = set()
     for leaf in jax.tree.leaves(snapshot_items):
-        layers = leaf.layers if isinstance(leaf, infinitrain_saver._Layers) else (leaf,)
-        found.update(id(layer) for layer in layers)
+        pieces = leaf.pieces if isinstance(leaf, infinitrain_saver._Pieces) else (leaf,)
+        found.update(id(piece) for piece in pieces)
     return found
 
 
 @pytest.mark.parametrize(
-    'fmt,family,tied',
+    'fmt,family,tied,piece_bytes',
     [
-        ('infinitrain', 'gpt2', False),
-        ('infinitrain', 'llama3', False),
-        ('infinitrain', 'llama3', True),
-        ('infinitrain-bin', 'gpt2', False),  # llm.c's model file takes each stacked leaf whole
+        ('infinitrain', 'gpt2', False, None),
+        ('infinitrain', 'llama3', False, None),
+        ('infinitrain', 'llama3', True, None),
+        ('infinitrain-bin', 'gpt2', False, None),  # llm.c's model file takes each stacked leaf whole
+        # leaves over 4 KiB held in row pieces: the embeddings, the head and their moments
+        ('infinitrain', 'gpt2', False, 4096),
+        ('infinitrain', 'llama3', True, 4096),
+        ('infinitrain-bin', 'gpt2', False, 4096),
     ],
 )
 def test_the_write_copies_only_the_snapshots_buffers_and_matches_the_export(
-    tmp_path, monkeypatch, fmt, family, tied
+    tmp_path, monkeypatch, fmt, family, tied, piece_bytes
 ):
+    if piece_bytes is not None:
+        monkeypatch.setattr(infinitrain_saver, 'PIECE_BYTES', piece_bytes)
     overrides, params, opt_state = _state(family, tied)
     on_host = jax.tree.map(np.asarray, (params, opt_state))
     copied = []
@@ -82,17 +88,21 @@ def test_the_write_copies_only_the_snapshots_buffers_and_matches_the_export(
     saver.prepare(params, opt_state, RNG)
     snapshot = saver.snapshot(params, opt_state, RNG)
     made = _buffers(snapshot.items)
-    stacked = [
-        leaf for leaf in jax.tree.leaves(snapshot.items) if isinstance(leaf, infinitrain_saver._Layers)
-    ]
+    held = [leaf for leaf in jax.tree.leaves(snapshot.items) if isinstance(leaf, infinitrain_saver._Pieces)]
+    stacked = [leaf for leaf in held if leaf.stacked]
     assert len(stacked) == 3 * len(infinitrain_saver.tree_leaves(params['h']))  # params, mu, nu
+    in_rows = [leaf for leaf in held if not leaf.stacked]
+    if piece_bytes is None:
+        assert not in_rows
+    else:  # wte (and a LLaMA's head) in the params and both moments, each piece at most 4 KiB
+        assert len(in_rows) >= 3 and all(p.nbytes <= piece_bytes for leaf in in_rows for p in leaf.pieces)
     saver.save_snapshot(1, snapshot, dict(RECORD))
     _step_until_written(saver)
     saver.close()
     if infinitrain_saver.pinned_sharding(jax.devices()[0]) is not None:
         assert copied, 'the write fetched through pinned memory'
     assert all(id(x) in made for x in copied)  # nothing cut or computed on the device by the write
-    assert all(layer.is_deleted() for leaf in stacked for layer in leaf.layers)  # let go once written
+    assert all(piece.is_deleted() for leaf in held for piece in leaf.pieces)  # let go once written
     if infinitrain_saver.pinned_sharding(jax.devices()[0]) is not None:
         # Every state-dict entry was copied by the loop; llm.c's model file copies its own.
         assert saver.copies.dispatched_by_loop > 0
@@ -122,10 +132,10 @@ def _step_until_written(saver):
         time.sleep(0.005)
 
 
-def test_by_layer_flags_the_stacked_leaves_of_the_params_and_both_moments():
+def test_cuts_hold_the_stacked_leaves_of_the_params_and_both_moments_by_layer():
     _, params, opt_state = _state('llama3', False)
     items = {'params': params, 'opt_state': opt_state, 'rng': RNG}
-    flags = infinitrain_saver._by_layer(items, 'llama3')
+    flags = [cut == infinitrain_saver.BY_LAYER for cut in infinitrain_saver._cuts(items, 'llama3')]
     paths = [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_leaves_with_path(items)]
     flagged = {p for p, f in zip(paths, flags) if f}
     assert flagged and all("['h']" in p for p in flagged)
@@ -134,10 +144,26 @@ def test_by_layer_flags_the_stacked_leaves_of_the_params_and_both_moments():
     assert not any(f for p, f in zip(paths, flags) if 'wte' in p or 'lm_head' in p or 'count' in p)
 
 
+def test_a_leaf_over_the_piece_size_is_cut_in_pieces_of_whole_rows(monkeypatch):
+    monkeypatch.setattr(infinitrain_saver, 'PIECE_BYTES', 3 * 5 * 4 * 2)  # two rows of (3, 5) fp32
+    leaf = jnp.arange(7 * 3 * 5, dtype=jnp.float32).reshape(7, 3, 5)
+    small = jnp.arange(8, dtype=jnp.float32)
+    items = {'params': {'wte': {'embedding': leaf}, 'ln_f': {'scale': small}}, 'opt_state': None, 'rng': RNG}
+    cuts = infinitrain_saver._cuts(items, 'gpt2')
+    assert sorted(cuts) == [infinitrain_saver.WHOLE, infinitrain_saver.WHOLE, 2]  # ln_f, rng, wte
+    assert infinitrain_saver._largest_buffer(items, cuts) == 2 * 3 * 5 * 4
+    copied = infinitrain_saver._device_copy(items, cuts)
+    (pieces,) = [c for c in copied if isinstance(c, tuple)]
+    assert [p.shape[0] for p in pieces] == [2, 2, 2, 1]
+    fetch = infinitrain_saver._HostFetch(infinitrain_saver._Pieces(pieces, stacked=False))
+    assert fetch.shape == (7, 3, 5) and fetch.buffers(None) == list(pieces)
+    np.testing.assert_array_equal(np.asarray(fetch), np.asarray(leaf))
+
+
 def test_a_layer_fetched_is_that_layer_and_the_whole_leaf_is_the_stack():
     leaf = jnp.arange(2 * 3 * 5, dtype=jnp.float32).reshape(2, 3, 5)
-    (copied,) = infinitrain_saver._device_copy([leaf], (True,))
-    fetch = infinitrain_saver._HostFetch(infinitrain_saver._Layers(copied))
+    (copied,) = infinitrain_saver._device_copy([leaf], (infinitrain_saver.BY_LAYER,))
+    fetch = infinitrain_saver._HostFetch(infinitrain_saver._Pieces(copied, stacked=True))
     assert fetch.shape == (2, 3, 5)
     np.testing.assert_array_equal(np.asarray(fetch[1]), np.asarray(leaf)[1])
     np.testing.assert_array_equal(np.asarray(fetch), np.asarray(leaf))

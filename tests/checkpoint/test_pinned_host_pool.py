@@ -53,3 +53,45 @@ def test_with_a_limit_the_largest_arrays_that_fit_are_pinned():
     assert sizes(None) == [40, 200, 240, 400]
     assert sizes(700) == [40, 240, 400]  # 400 + 240 fit; 200 would not, 40 does
     assert sizes(100) == [400]  # the largest always: a save cannot split an array
+
+
+def test_growing_by_bytes_copies_one_buffer_of_that_size_to_pinned_memory(monkeypatch):
+    if not any(m.kind == 'pinned_host' for m in jax.devices()[0].addressable_memories()):
+        pytest.skip("this jax's CPU device has no 'pinned_host' memory to copy into")
+    assert pinned_host.grow_pinned_host_pool_by(4096, jax.devices()[0]) == 0.0  # a CPU run
+    copied = []
+    real_put = jax.device_put
+
+    def recording_put(x, sharding):
+        copied.append((x.nbytes, sharding.memory_kind))
+        return real_put(x, sharding)
+
+    monkeypatch.setattr(pinned_host.jax, 'default_backend', lambda: 'gpu')
+    monkeypatch.setattr(pinned_host.jax, 'device_put', recording_put)
+    assert pinned_host.grow_pinned_host_pool_by(4096, jax.devices()[0]) > 0.0
+    assert copied == [(4096, 'pinned_host')]
+    line = pinned_host.pinned_bytes_line(3 * 2**29, 0.25)
+    assert line == 'saves: pinned 1.50 GiB of host memory for checkpoint copies in 0.25 s'
+
+
+def test_the_infinitrain_writer_pins_its_bound_and_one_buffer_more(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from jaxtrain.checkpoint.formats.infinitrain import saver as infinitrain_saver
+
+    asked = []
+    monkeypatch.setattr(
+        infinitrain_saver, 'grow_pinned_host_pool_by', lambda nbytes, device: asked.append(nbytes) or 0.5
+    )
+    monkeypatch.setattr(infinitrain_saver, 'PIECE_BYTES', 64)
+    monkeypatch.setattr(infinitrain_saver, 'IN_FLIGHT_BYTES', 1000)
+    parts = SimpleNamespace(setup=None, geometry=SimpleNamespace(accumulation=1, data_parallel=1, context=1))
+    checkpointer = infinitrain_saver.InfiniTrainCheckpointer(
+        str(tmp_path / 'ck'), 'infinitrain', parts, family='gpt2', keep_latest=0, keep_every=0
+    )
+    params = {'wte': {'embedding': jnp.zeros((10, 8), jnp.float32)}, 'ln_f': {'scale': jnp.zeros(8)}}
+    line = checkpointer.prepare(params, None, jnp.asarray([1, 2], jnp.uint32))
+    checkpointer.close()
+    # wte's 320 bytes in pieces of two 32-byte rows: the largest buffer is 64 bytes
+    assert asked == [1000 + 64]
+    assert line == pinned_host.pinned_bytes_line(1064, 0.5)

@@ -38,7 +38,7 @@ from jaxtrain.checkpoint.layout import (
 from jaxtrain.checkpoint.format import Snapshot
 from jaxtrain.checkpoint.manager import bytes_per_device, room_for_snapshot
 from jaxtrain.checkpoint.layout import write_failure
-from jaxtrain.checkpoint.pinned_host import grow_pinned_host_pool, leaves_to_pin, pinned_line, pinned_sharding
+from jaxtrain.checkpoint.pinned_host import grow_pinned_host_pool_by, pinned_bytes_line, pinned_sharding
 from jaxtrain.checkpoint.step_aligned_copies import StepAlignedCopies
 from llmc_io.tensors import LeafEntry
 from llmc_io.infinitrain.names import name_to_path
@@ -51,64 +51,94 @@ def batches_per_step(parts) -> int:
     return geometry.accumulation * geometry.data_parallel
 
 
+# How a leaf is held in the snapshot (_cuts): whole, as its layers, or (a positive number) as
+# pieces of that many rows.
+WHOLE, BY_LAYER = 0, -1
+# The largest piece of a leaf the snapshot holds whole otherwise (an embedding, its moments): at
+# LLaMA-3.2 1B a layer's largest kernel is 64 MiB, the embedding 1 GiB.
+PIECE_BYTES = 64 * 2**20
+# What the loop's copies for a write may hold at once (step_aligned_copies.py): at LLaMA-3.2 1B,
+# about four steps' worth of writing at disk speed. The pinned pool is grown for it, and one
+# buffer more, before step 1.
+IN_FLIGHT_BYTES = 512 * 2**20
+
+
 @functools.partial(jax.jit, static_argnums=1)
-def _device_copy(tree, by_layer: tuple[bool, ...]):
+def _device_copy(tree, cuts: tuple[int, ...]):
     """A copy on the device that the next (donating) train step cannot take away, as the list of
-    the tree's leaves; a leaf flagged in by_layer (a stacked leaf the files hold layer by layer)
-    comes as a tuple of its layers, each a buffer of its own.
+    the tree's leaves; a leaf cut BY_LAYER (a stacked leaf the files hold layer by layer) comes as
+    a tuple of its layers, one cut in row pieces as a tuple of those, each a buffer of its own.
 
     The writer fetches an entry (a layer) at a time. Cut from the stacked leaf as it is fetched,
-    a layer is a device computation queued behind the train steps already dispatched, and the
-    copy to the host waits for it on a copy stream; a read of a step's loss queued on that stream
-    after it would wait for the next step too. That fits what a 1B save showed (one step line in
-    two about 2x the median, the next near zero), which no profile has yet confirmed. Cut here,
-    with the copy the save makes anyway, the layers are there before the next step runs, and the
-    write makes no device computation."""
+    a layer would be a device computation queued behind the train steps already dispatched, and
+    its copy to the host would wait for them. Cut here, with the copy the save makes anyway, the
+    pieces are there before the next step runs, and the write makes no device computation. The
+    row pieces keep each copy, and so the pinned memory a write holds, small."""
     leaves = jax.tree.leaves(tree)
-    return [
-        tuple(leaf[i] for i in range(leaf.shape[0])) if stacked else jnp.copy(leaf)
-        for leaf, stacked in zip(leaves, by_layer)
-    ]
+    copied = []
+    for leaf, cut in zip(leaves, cuts):
+        if cut == BY_LAYER:
+            copied.append(tuple(leaf[i] for i in range(leaf.shape[0])))
+        elif cut > 0:
+            copied.append(tuple(leaf[i : i + cut] for i in range(0, leaf.shape[0], cut)))
+        else:
+            copied.append(jnp.copy(leaf))
+    return copied
 
 
-def _by_layer(items: dict, family: str) -> tuple[bool, ...]:
-    """For each leaf of items (jax.tree order), whether the files hold it layer by layer: its
-    path below the item ('h/attn/c_attn/kernel'; an optimizer moment's as its parameter's) is a
-    stacked path of the family's name table (llmc_io.infinitrain.names)."""
+def _cuts(items: dict, family: str) -> tuple[int, ...]:
+    """For each leaf of items (jax.tree order), how the snapshot holds it: BY_LAYER where the
+    files hold it layer by layer (its path below the item, 'h/attn/c_attn/kernel', an optimizer
+    moment's as its parameter's, is a stacked path of the family's name table,
+    llmc_io.infinitrain.names); in pieces of PIECE_BYTES' rows where it is larger; else WHOLE."""
     norm = tree_leaves(items['params']).get('h/ln_1/scale')  # (L, C): what a model of layers has
     stacked = (
         {path for path, layer, _ in name_to_path(family, norm.shape[0]).values() if layer is not None}
         if norm is not None
         else set()  # nothing to cut; the writer refuses such a tree with its own error
     )
-    flags = []
-    for keys, _ in jax.tree_util.tree_leaves_with_path(items):
+    cuts = []
+    for keys, leaf in jax.tree_util.tree_leaves_with_path(items):
         names = [str(k.key) for k in keys if isinstance(k, jax.tree_util.DictKey)]
-        flags.append('/'.join(names[1:]) in stacked)
-    return tuple(flags)
+        if '/'.join(names[1:]) in stacked:
+            cuts.append(BY_LAYER)
+        elif getattr(leaf, 'ndim', 0) >= 1 and leaf.nbytes > PIECE_BYTES and leaf.shape[0] > 1:
+            row_bytes = leaf.nbytes // leaf.shape[0]
+            cuts.append(max(1, PIECE_BYTES // row_bytes))
+        else:
+            cuts.append(WHOLE)
+    return tuple(cuts)
+
+
+def _largest_buffer(items: dict, cuts: tuple[int, ...]) -> int:
+    """The bytes of the largest buffer the snapshot of `items` holds (_device_copy)."""
+    largest = 0
+    for leaf, cut in zip(jax.tree.leaves(items), cuts):
+        rows = {BY_LAYER: 1, WHOLE: leaf.shape[0] if leaf.ndim else 1}.get(cut, cut)
+        largest = max(largest, leaf.nbytes // max(1, leaf.shape[0] if leaf.ndim else 1) * rows)
+    return largest
 
 
 def _items(params, opt_state, rng) -> dict:
     return {'params': params, 'opt_state': opt_state, 'rng': rng}
 
 
-class _Layers:
-    """A stacked leaf of the snapshot as its layers, each a device buffer of its own (_device_copy).
-    Not a pytree: jax.tree functions see it as one leaf."""
+class _Pieces:
+    """A leaf of the snapshot held as several device buffers (_device_copy): its layers
+    (`stacked`, each a layer, the leaf their stack) or pieces of its rows (the leaf their
+    concatenation). Not a pytree: jax.tree functions see it as one leaf."""
 
-    def __init__(self, layers: tuple):
-        self.layers = layers
+    def __init__(self, pieces: tuple, stacked: bool):
+        self.pieces, self.stacked = pieces, stacked
+        first = pieces[0]
+        rows = len(pieces) if stacked else sum(piece.shape[0] for piece in pieces)
+        self.shape = (rows, *first.shape) if stacked else (rows, *first.shape[1:])
+        self.dtype = first.dtype
 
     def delete(self) -> None:
-        for layer in self.layers:
-            if not layer.is_deleted():
-                layer.delete()
-
-
-# What the loop's copies for a write may hold at once (step_aligned_copies.py), besides the largest
-# array of the state, which a copy cannot split: at LLaMA-3.2 1B, about four steps' worth of
-# writing at disk speed. The pinned pool is grown for it before step 1.
-IN_FLIGHT_BYTES = 512 * 2**20
+        for piece in self.pieces:
+            if not piece.is_deleted():
+                piece.delete()
 
 
 def _pinned_copies(buffers: list) -> list:
@@ -122,13 +152,13 @@ def _copied_through_pinned(array) -> bool:
 
 
 class _HostFetch:
-    """A device array, or a stacked leaf as its _Layers, that NumPy reads through pinned host
-    memory, one array at a time: from the copy the loop dispatched ahead (`copies`), else copied
-    when read.
+    """A device array, or a leaf the snapshot holds in _Pieces, that NumPy reads through pinned
+    host memory, a buffer at a time: from the copy the loop dispatched ahead (`copies`), else
+    copied when read.
 
     A copy into pageable memory (np.asarray of the device array) held the train steps beside it:
     at LLaMA-3.2 1B on an H200, steps of 130 ms took 600-1250 ms while a save fetched its 6 GB of
-    weights. A copy into pinned memory is the device's own DMA; one array at a time, and the
+    weights. A copy into pinned memory is the device's own DMA; a buffer at a time, and the
     loop's copies bounded (IN_FLIGHT_BYTES), the pinned pool it takes from stays small. And the
     host copy is not cached on the device array (np.asarray would keep it there until the array
     is deleted), so each entry leaves the host once it is written. A layer (as the writer cuts the
@@ -136,27 +166,35 @@ class _HostFetch:
     layer crosses, and fetching it computes nothing on the device."""
 
     def __init__(self, leaf, copies: StepAlignedCopies | None = None):
-        self.leaf = leaf  # a jax.Array or _Layers
+        self.leaf = leaf  # a jax.Array or _Pieces
         self.copies = copies
-        if isinstance(leaf, _Layers):
-            self.shape, self.dtype = (len(leaf.layers), *leaf.layers[0].shape), leaf.layers[0].dtype
-        else:
-            self.shape, self.dtype = tuple(leaf.shape), leaf.dtype
+        self.shape, self.dtype = tuple(leaf.shape), leaf.dtype
+
+    def _stacked(self) -> bool:
+        return isinstance(self.leaf, _Pieces) and self.leaf.stacked
 
     def __getitem__(self, index: int) -> '_HostFetch':
-        if not isinstance(self.leaf, _Layers):
+        if not self._stacked():
             raise IndexError(f'the snapshot holds this leaf of shape {self.shape} whole, not by layer')
-        return _HostFetch(self.leaf.layers[index], self.copies)
+        return _HostFetch(self.leaf.pieces[index], self.copies)
 
-    def buffer(self, layer: int | None):
-        """The device buffer that holds `layer` of this leaf (all of it for None), if one does."""
-        if isinstance(self.leaf, _Layers):
-            return self.leaf.layers[layer] if layer is not None else None
-        return self.leaf if layer is None else None
+    def buffers(self, layer: int | None) -> list:
+        """The device buffers that hold `layer` of this leaf (all of it for None), in order; none
+        where the leaf is held by layer and all of it is asked for (fetched layer by layer)."""
+        if self._stacked():
+            return [self.leaf.pieces[layer]] if layer is not None else []
+        if layer is not None:
+            return []
+        return list(self.leaf.pieces) if isinstance(self.leaf, _Pieces) else [self.leaf]
 
     def __array__(self, dtype=None, copy=None):
-        if isinstance(self.leaf, _Layers):  # the whole stacked leaf (llm.c's model file wants it so)
-            value = np.stack([np.asarray(_HostFetch(layer, self.copies)) for layer in self.leaf.layers])
+        if self._stacked():  # the whole stacked leaf (llm.c's model file wants it so)
+            value = np.stack([np.asarray(_HostFetch(layer, self.copies)) for layer in self.leaf.pieces])
+        elif isinstance(self.leaf, _Pieces):  # row pieces, joined as they come
+            value, start = np.empty(self.shape, self.dtype), 0
+            for piece in self.leaf.pieces:
+                value[start : start + piece.shape[0]] = np.asarray(_HostFetch(piece, self.copies))
+                start += piece.shape[0]
         elif not _copied_through_pinned(self.leaf):
             # an array over several devices (a mesh's sharded or replicated leaf) is gathered plainly
             value = np.array(self.leaf)
@@ -178,15 +216,13 @@ def _planned_buffers(arrays) -> list:
         if not isinstance(source, _HostFetch):  # a tied LLaMA's head: wte transposed when fetched
             source = getattr(source, 'leaf', None)
         if isinstance(source, _HostFetch):
-            buffer = source.buffer(array.layer)
-            if buffer is not None and _copied_through_pinned(buffer):
-                buffers.append(buffer)
+            buffers.extend(b for b in source.buffers(array.layer) if _copied_through_pinned(b))
     return buffers
 
 
 def _fetched_one_by_one(tree, copies: StepAlignedCopies | None):
     return jax.tree.map(
-        lambda leaf: _HostFetch(leaf, copies) if isinstance(leaf, (jax.Array, _Layers)) else leaf, tree
+        lambda leaf: _HostFetch(leaf, copies) if isinstance(leaf, (jax.Array, _Pieces)) else leaf, tree
     )
 
 
@@ -228,7 +264,7 @@ class InfiniTrainCheckpointer:
         self._writing = None  # the step of the last save started
         self._snapshot_bytes = None  # per device, for the room check
         self._copy_program = None  # _device_copy compiled ahead of time by prepare(), if it ran
-        self._by_layer = None  # its static argument: which leaves it cuts into layers
+        self._cuts = None  # its static argument: how it cuts each leaf (_cuts)
         # The write's copies off the device, dispatched by the loop (between_steps).
         self.copies = StepAlignedCopies(_pinned_copies, IN_FLIGHT_BYTES)
         # The writer's threads take the GIL between their copies, hashing and writes; by default
@@ -263,26 +299,32 @@ class InfiniTrainCheckpointer:
             return None
         items = _items(params, opt_state, rng)
         self._snapshot_bytes = bytes_per_device(items)
-        self._by_layer = _by_layer(items, self.family)
+        self._cuts = _cuts(items, self.family)
         shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), items)
-        self._pending = self._writer.submit(self._compile_copy, shapes, self._by_layer)
-        pinned = leaves_to_pin(items, IN_FLIGHT_BYTES)
-        self.copies.in_flight_bytes = max(IN_FLIGHT_BYTES, sum(leaf.nbytes for leaf in pinned))
-        return pinned_line(pinned, grow_pinned_host_pool(items, IN_FLIGHT_BYTES))
+        self._pending = self._writer.submit(self._compile_copy, shapes, self._cuts)
+        # The bound, and room for one buffer more: a buffer larger than what is left goes alone.
+        pool = IN_FLIGHT_BYTES + _largest_buffer(items, self._cuts)
+        arrays = [leaf for leaf in jax.tree.leaves(items) if isinstance(leaf, jax.Array)]
+        devices = {device for leaf in arrays for device in leaf.devices()}
+        seconds = grow_pinned_host_pool_by(pool, next(iter(devices))) if len(devices) == 1 else 0.0
+        return pinned_bytes_line(pool, seconds)
 
-    def _compile_copy(self, shapes, by_layer):
+    def _compile_copy(self, shapes, cuts):
         try:
-            self._copy_program = _device_copy.lower(shapes, by_layer).compile()
+            self._copy_program = _device_copy.lower(shapes, cuts).compile()
         except Exception:  # not worth stopping a run for: the first save compiles it instead
             self._copy_program = None
 
     def _copy(self, items: dict) -> dict:
-        """items copied on the device (_device_copy), stacked leaves as their _Layers."""
-        if self._by_layer is None:
-            self._by_layer = _by_layer(items, self.family)
+        """items copied on the device (_device_copy), leaves cut there as their _Pieces."""
+        if self._cuts is None:
+            self._cuts = _cuts(items, self.family)
         program = self._copy_program
-        leaves = program(items) if program is not None else _device_copy(items, self._by_layer)
-        leaves = [_Layers(leaf) if isinstance(leaf, tuple) else leaf for leaf in leaves]
+        leaves = program(items) if program is not None else _device_copy(items, self._cuts)
+        leaves = [
+            _Pieces(leaf, stacked=cut == BY_LAYER) if isinstance(leaf, tuple) else leaf
+            for leaf, cut in zip(leaves, self._cuts)
+        ]
         return jax.tree.unflatten(jax.tree.structure(items), leaves)
 
     def snapshot(self, params, opt_state, rng) -> Snapshot:
@@ -327,7 +369,7 @@ class InfiniTrainCheckpointer:
         finally:
             self.copies.forget()
             for leaf in jax.tree.leaves(items):
-                if isinstance(leaf, _Layers) or (isinstance(leaf, jax.Array) and not leaf.is_deleted()):
+                if isinstance(leaf, _Pieces) or (isinstance(leaf, jax.Array) and not leaf.is_deleted()):
                     leaf.delete()
 
     def _write_host(self, step: int, params, opt_state, rng, trainer_state: dict):
