@@ -1,9 +1,12 @@
 """The pinned host memory that saves copy a GPU's arrays into, and the pool it comes from.
 
-A copy into pinned (page-locked) memory is the device's own DMA, which the train steps beside it
-do not wait on; a copy into pageable memory goes through the driver's staging and held the steps.
-Both savers copy that way: Orbax's (orbax_host.py, manager.py) and the InfiniTrain format's
-(formats/infinitrain/saver.py).
+A copy into pinned (page-locked) memory is the device's own DMA, which runs beside the train
+steps; a copy into pageable memory goes through the driver's staging and held the steps. Both
+savers copy that way: Orbax's (orbax_host.py, manager.py) and the InfiniTrain format's
+(formats/infinitrain/saver.py). When a copy is dispatched matters too: one dispatched while steps
+are queued runs after them, and a loss read queued behind it comes back a step late; the
+InfiniTrain format's copies are therefore dispatched by the loop between two steps
+(step_aligned_copies.py).
 
 XLA's GPU client serves such buffers from a pool that grows on demand and keeps what it grew. The
 first save of a run therefore pins all it copies at once: for GPT-2 124M with AdamW, 1.4 GB in
