@@ -15,7 +15,8 @@ only one in flight: a copy then waits for nothing, and runs beside that step. No
 that serves them stays that size (grown before step 1: pinned_host.grow_pinned_host_pool).
 
 Where the loop is not stepping (it waits for the write to finish, it validates, the run ended),
-a fetch waits at most `wait_s` and then copies for itself, as does a fetch of a buffer never
+a fetch waits at most `wait_s`, or two of the loop's last intervals between steps where that is
+longer (at most LONGEST_WAIT_S), and then copies for itself, as does a fetch of a buffer never
 planned.
 """
 
@@ -31,6 +32,9 @@ import numpy as np
 # How long a fetch waits for the loop to dispatch its copy before copying for itself: steps are
 # 30-300 ms at the sizes we save, so a loop that takes longer is doing something else.
 WAIT_FOR_LOOP_S = 0.5
+# The longest a fetch waits however slow the steps: a loop this far from its next step is not
+# stepping.
+LONGEST_WAIT_S = 5.0
 
 
 class StepAlignedCopies:
@@ -54,6 +58,8 @@ class StepAlignedCopies:
         self._planned = collections.Counter()  # id(buffer) -> times planned, not yet dispatched
         self._held = 0  # bytes of self._copies
         self._stepping = False  # whether the loop calls between_steps
+        self._last_call = None  # time.monotonic() of the last between_steps
+        self._interval = 0.0  # between its last two calls
         self.dispatched_by_loop = 0  # copies between_steps dispatched (for tests and benchmarks)
         self.dispatched_by_writer = 0  # copies a fetch made for itself
 
@@ -77,6 +83,10 @@ class StepAlignedCopies:
         step's metrics and before it dispatches the next step."""
         with self._lock:
             self._stepping = True
+            now = time.monotonic()
+            if self._last_call is not None:
+                self._interval = now - self._last_call
+            self._last_call = now
             chosen = []
             while True:
                 progressed = False
@@ -104,10 +114,12 @@ class StepAlignedCopies:
             self._lock.notify_all()
 
     def fetch(self, buffer) -> np.ndarray:
-        """`buffer` on the host as a NumPy array: from the copy the loop dispatched, waiting up
-        to wait_s for it where it is planned and the loop is stepping, else copied here."""
+        """`buffer` on the host as a NumPy array: from the copy the loop dispatched, waiting for
+        it (wait_s, or two of the loop's intervals) where it is planned and the loop is stepping,
+        else copied here."""
         with self._lock:
-            deadline = time.monotonic() + self.wait_s
+            wait = min(max(self.wait_s, 2 * self._interval), LONGEST_WAIT_S)
+            deadline = time.monotonic() + wait
             while self._planned[id(buffer)] > 0 and not self._copies[id(buffer)] and self._stepping:
                 left = deadline - time.monotonic()
                 if left <= 0:

@@ -214,7 +214,7 @@ def _train(config, log: RunLog) -> int:
                 batch = device_batch(data_position)  # while the device runs
             if pending is not None:
                 report(pending)
-                saver.between_steps()  # only this step is in flight: a save's copies run beside it
+            saver.between_steps()  # only the step just dispatched runs: a save's copies go beside it
             pending = (step, data_position, metrics)
             validating = val_stream is not None and step % config.val_loss_every == 0
             stopping, due_by_clock = agree_on_step_end(bool(stop), saver.clock_due())

@@ -171,3 +171,19 @@ def test_the_training_loop_dispatches_an_infinitrain_writes_copies(tmp_path, mon
     (copies,) = made
     # The saves at steps 4 and 8 were written while the loop went on; the last one (12) after it.
     assert copies.dispatched_by_loop > 0, out
+
+
+def test_a_loop_of_slow_steps_is_waited_for_two_of_its_intervals():
+    copies = StepAlignedCopies(_Recorded(), in_flight_bytes=4 * KIB, wait_s=0.1)
+    copies.between_steps()
+    time.sleep(0.4)
+    copies.between_steps()  # steps of 0.4 s: a fetch waits up to 0.8 s for the next one
+    (array,) = _arrays(1)
+    copies.plan([array])
+    fetched = {}
+    writer = threading.Thread(target=lambda: fetched.update(value=copies.fetch(array)))
+    writer.start()
+    time.sleep(0.3)  # past wait_s, within two intervals
+    copies.between_steps()
+    writer.join(10)
+    assert copies.dispatched_by_loop == 1 and copies.dispatched_by_writer == 0
