@@ -40,6 +40,7 @@ from jaxtrain.checkpoint.manager import bytes_per_device, room_for_snapshot
 from jaxtrain.checkpoint.layout import write_failure
 from jaxtrain.checkpoint.pinned_host import grow_pinned_host_pool_by, pinned_bytes_line, pinned_sharding
 from jaxtrain.checkpoint.step_aligned_copies import StepAlignedCopies
+from jaxtrain.optim.optimizer import adam_states
 from llmc_io.tensors import LeafEntry
 from llmc_io.infinitrain.names import name_to_path
 from llmc_io.tensors import tree_leaves
@@ -352,12 +353,12 @@ class InfiniTrainCheckpointer:
         """The files fetch each entry from the snapshot as it is written (llmc_io.tensors.LeafEntry),
         so the host holds the entries being written, not the files; the device copy goes after."""
         try:
-            # Read first: the rng and the optimizer's scalars (Adam's count), for the record.
+            # Read first, for the record: the rng, then Adam's step count (trainer.save_step_dir).
+            adam = adam_states(items['opt_state']) if items['opt_state'] is not None else []
             self.copies.plan(
                 leaf
-                for leaf in jax.tree.leaves((items['rng'], items['opt_state']))
-                if isinstance(leaf, jax.Array) and leaf.ndim <= 1 and leaf.size <= 2
-                if _copied_through_pinned(leaf)
+                for leaf in [*jax.tree.leaves(items['rng']), *(state.count for state in adam[:1])]
+                if isinstance(leaf, jax.Array) and _copied_through_pinned(leaf)
             )
             self._write_host(
                 step,
