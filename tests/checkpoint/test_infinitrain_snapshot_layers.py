@@ -170,3 +170,14 @@ def test_a_layer_fetched_is_that_layer_and_the_whole_leaf_is_the_stack():
     whole = infinitrain_saver._HostFetch(leaf)
     with pytest.raises(IndexError, match='whole, not by layer'):
         whole[0]
+
+
+def test_a_leaf_over_several_devices_is_held_whole(monkeypatch):
+    monkeypatch.setattr(infinitrain_saver, 'PIECE_BYTES', 64)
+    mesh = jax.make_mesh((2,), ('data',), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:2])
+    sharded = jax.device_put(
+        jnp.zeros((8, 4), jnp.float32), jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec('data'))
+    )
+    alone = jnp.zeros((8, 4), jnp.float32)  # 128 bytes on one device: two pieces of 4 rows
+    items = {'params': {'a': sharded, 'b': alone}, 'opt_state': None, 'rng': RNG}
+    assert infinitrain_saver._cuts(items, 'gpt2') == (infinitrain_saver.WHOLE, 4, infinitrain_saver.WHOLE)

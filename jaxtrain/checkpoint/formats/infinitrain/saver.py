@@ -103,12 +103,21 @@ def _cuts(items: dict, family: str) -> tuple[int, ...]:
         names = [str(k.key) for k in keys if isinstance(k, jax.tree_util.DictKey)]
         if '/'.join(names[1:]) in stacked:
             cuts.append(BY_LAYER)
-        elif getattr(leaf, 'ndim', 0) >= 1 and leaf.nbytes > PIECE_BYTES and leaf.shape[0] > 1:
+        elif _in_pieces(leaf):
             row_bytes = leaf.nbytes // leaf.shape[0]
             cuts.append(max(1, PIECE_BYTES // row_bytes))
         else:
             cuts.append(WHOLE)
     return tuple(cuts)
+
+
+def _in_pieces(leaf) -> bool:
+    """Whether the snapshot holds a leaf the files do not hold by layer in row pieces: one over
+    PIECE_BYTES, of several rows, copied to the host through pinned memory (an array over several
+    devices is gathered whole; cutting it would only move its shards)."""
+    if not isinstance(leaf, jax.Array) or leaf.ndim < 1 or leaf.shape[0] < 2 or leaf.nbytes <= PIECE_BYTES:
+        return False
+    return _copied_through_pinned(leaf)
 
 
 def _largest_buffer(items: dict, cuts: tuple[int, ...]) -> int:
