@@ -108,7 +108,17 @@ class StepAlignedCopies:
                 return
             # The copies are dispatched under the lock, so a fetch never finds its buffer neither
             # planned nor copied.
-            for buffer, copied in zip(chosen, self._copy(chosen)):
+            try:
+                copies = self._copy(chosen)
+            except Exception:  # noqa: BLE001  the write's, not the loop's, to report
+                # The loop stops serving this write; each fetch copies for itself, meets the same
+                # error, and the write fails with it (its save says so).
+                self._held -= sum(buffer.nbytes for buffer in chosen)
+                self._queues, self._planned = [], collections.Counter()
+                self._stepping = False
+                self._lock.notify_all()
+                return
+            for buffer, copied in zip(chosen, copies):
                 self._copies[id(buffer)].append(copied)
             self.dispatched_by_loop += len(chosen)
             self._lock.notify_all()

@@ -187,3 +187,24 @@ def test_a_loop_of_slow_steps_is_waited_for_two_of_its_intervals():
     copies.between_steps()
     writer.join(10)
     assert copies.dispatched_by_loop == 1 and copies.dispatched_by_writer == 0
+
+
+def test_a_copy_the_loop_cannot_make_is_left_to_the_writer_and_its_error():
+    calls = []
+
+    def failing(buffers):
+        calls.append(list(buffers))
+        raise RuntimeError('pinned host memory exhausted')
+
+    copies = StepAlignedCopies(failing, in_flight_bytes=4 * KIB, wait_s=30)
+    arrays = _arrays(2)
+    copies.plan(arrays)
+    copies.loop_stepping(True)
+    copies.between_steps()  # the loop goes on
+    assert len(calls) == 1
+    copies.between_steps()
+    assert len(calls) == 1  # nothing left planned: the loop no longer serves this write
+    began = time.monotonic()
+    with pytest.raises(RuntimeError, match='exhausted'):  # the writer meets it, and its save fails
+        copies.fetch(arrays[0])
+    assert time.monotonic() - began < 5
