@@ -54,45 +54,48 @@ def leaves_to_pin(tree, limit_bytes: int | None = None) -> list:
     return chosen
 
 
-def grow_pinned_host_pool(tree, limit_bytes: int | None = None) -> float:
-    """Copies the arrays of `tree` (on one GPU) into pinned host memory at once and drops the
-    copies, so that the pool keeps room for a save of the same arrays; with limit_bytes, only as
-    many as a save holds at once (leaves_to_pin). Blocks until done and returns the seconds
-    taken; 0.0 where saves would not use pinned memory (not a GPU, or several processes, whose
-    arrays are sharded across hosts) or the tree is not on one device."""
+def _pinned_for_saves(arrays) -> jax.sharding.Sharding | None:
+    """The pinned host memory that saves of `arrays` copy into; None where saves would not use
+    pinned memory (not a GPU, or several processes, whose arrays are sharded across hosts) or the
+    arrays are not on one device."""
     if jax.default_backend() != 'gpu' or jax.process_count() != 1:
-        return 0.0
-    leaves = leaves_to_pin(tree, limit_bytes)
-    devices = {device for leaf in leaves for device in leaf.devices()}
+        return None
+    devices = {device for array in arrays for device in array.devices()}
     if len(devices) != 1:
-        return 0.0
-    pinned = pinned_sharding(next(iter(devices)))
-    if pinned is None:
-        return 0.0
+        return None
+    return pinned_sharding(next(iter(devices)))
+
+
+def _timed_copies(arrays: list, pinned) -> float:
+    """Copies `arrays` into `pinned` at once, waits, drops the copies; returns the seconds."""
     began = time.perf_counter()
     # All at once, as a save copies them: the pool must hold them side by side, not one at a time.
-    copies = jax.device_put(leaves, [pinned] * len(leaves))
+    copies = jax.device_put(arrays, [pinned] * len(arrays))
     jax.block_until_ready(copies)
     del copies
     return time.perf_counter() - began
 
 
-def grow_pinned_host_pool_by(nbytes: int, device) -> float:
-    """Grows the pool of `device` (a GPU) by one region of `nbytes`, for copies that take pieces
-    of it at a time: a buffer of zeros made on the device, copied to pinned memory and dropped.
-    Blocks until done and returns the seconds taken; 0.0 where saves would not use pinned memory
-    (as grow_pinned_host_pool)."""
-    if jax.default_backend() != 'gpu' or jax.process_count() != 1 or nbytes <= 0:
+def grow_pinned_host_pool(tree, limit_bytes: int | None = None) -> float:
+    """Copies the arrays of `tree` (on one GPU) into pinned host memory at once and drops the
+    copies, so that the pool keeps room for a save of the same arrays; with limit_bytes, only as
+    many as a save holds at once (leaves_to_pin). Blocks until done and returns the seconds
+    taken; 0.0 where saves would not use pinned memory (_pinned_for_saves)."""
+    leaves = leaves_to_pin(tree, limit_bytes)
+    pinned = _pinned_for_saves(leaves)
+    return 0.0 if pinned is None else _timed_copies(leaves, pinned)
+
+
+def grow_pinned_host_pool_by(tree, nbytes: int) -> float:
+    """Grows the pool that saves of `tree` (on one GPU) copy into by one region of `nbytes`, for
+    copies that take pieces of it at a time: a buffer of zeros made on the device, copied to
+    pinned memory and dropped. Blocks until done and returns the seconds taken; 0.0 where saves
+    would not use pinned memory (_pinned_for_saves)."""
+    pinned = _pinned_for_saves([leaf for leaf in jax.tree.leaves(tree) if isinstance(leaf, jax.Array)])
+    if pinned is None or nbytes <= 0:
         return 0.0
-    pinned = pinned_sharding(device)
-    if pinned is None:
-        return 0.0
-    began = time.perf_counter()
-    zeros = jax.numpy.zeros(nbytes, jax.numpy.uint8, device=device)
-    copy = jax.device_put(zeros, pinned)
-    jax.block_until_ready(copy)
-    del zeros, copy
-    return time.perf_counter() - began
+    zeros = jax.numpy.zeros(nbytes, jax.numpy.uint8, device=next(iter(pinned.device_set)))
+    return _timed_copies([zeros], pinned)
 
 
 def pinned_line(leaves, seconds: float) -> str | None:

@@ -58,17 +58,18 @@ def test_with_a_limit_the_largest_arrays_that_fit_are_pinned():
 def test_growing_by_bytes_copies_one_buffer_of_that_size_to_pinned_memory(monkeypatch):
     if not any(m.kind == 'pinned_host' for m in jax.devices()[0].addressable_memories()):
         pytest.skip("this jax's CPU device has no 'pinned_host' memory to copy into")
-    assert pinned_host.grow_pinned_host_pool_by(4096, jax.devices()[0]) == 0.0  # a CPU run
+    state = _state()
+    assert pinned_host.grow_pinned_host_pool_by(state, 4096) == 0.0  # a CPU run
     copied = []
     real_put = jax.device_put
 
-    def recording_put(x, sharding):
-        copied.append((x.nbytes, sharding.memory_kind))
-        return real_put(x, sharding)
+    def recording_put(x, shardings):
+        copied.extend((array.nbytes, sharding.memory_kind) for array, sharding in zip(x, shardings))
+        return real_put(x, shardings)
 
     monkeypatch.setattr(pinned_host.jax, 'default_backend', lambda: 'gpu')
     monkeypatch.setattr(pinned_host.jax, 'device_put', recording_put)
-    assert pinned_host.grow_pinned_host_pool_by(4096, jax.devices()[0]) > 0.0
+    assert pinned_host.grow_pinned_host_pool_by(state, 4096) > 0.0
     assert copied == [(4096, 'pinned_host')]
     line = pinned_host.pinned_bytes_line(3 * 2**29, 0.25)
     assert line == 'saves: pinned 1.50 GiB of host memory for checkpoint copies in 0.25 s'
@@ -81,7 +82,7 @@ def test_the_infinitrain_writer_pins_its_bound_and_one_buffer_more(tmp_path, mon
 
     asked = []
     monkeypatch.setattr(
-        infinitrain_saver, 'grow_pinned_host_pool_by', lambda nbytes, device: asked.append(nbytes) or 0.5
+        infinitrain_saver, 'grow_pinned_host_pool_by', lambda tree, nbytes: asked.append(nbytes) or 0.5
     )
     monkeypatch.setattr(infinitrain_saver, 'PIECE_BYTES', 64)
     monkeypatch.setattr(infinitrain_saver, 'IN_FLIGHT_BYTES', 1000)

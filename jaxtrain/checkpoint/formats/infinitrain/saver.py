@@ -122,11 +122,14 @@ def _in_pieces(leaf) -> bool:
 
 def _largest_buffer(items: dict, cuts: tuple[int, ...]) -> int:
     """The bytes of the largest buffer the snapshot of `items` holds (_device_copy)."""
-    largest = 0
-    for leaf, cut in zip(jax.tree.leaves(items), cuts):
-        rows = {BY_LAYER: 1, WHOLE: leaf.shape[0] if leaf.ndim else 1}.get(cut, cut)
-        largest = max(largest, leaf.nbytes // max(1, leaf.shape[0] if leaf.ndim else 1) * rows)
-    return largest
+
+    def buffer_bytes(leaf, cut: int) -> int:
+        if cut == WHOLE:
+            return leaf.nbytes
+        row_bytes = leaf.nbytes // leaf.shape[0]
+        return row_bytes if cut == BY_LAYER else row_bytes * cut
+
+    return max((buffer_bytes(leaf, cut) for leaf, cut in zip(jax.tree.leaves(items), cuts)), default=0)
 
 
 def _items(params, opt_state, rng) -> dict:
@@ -314,10 +317,7 @@ class InfiniTrainCheckpointer:
         self._pending = self._writer.submit(self._compile_copy, shapes, self._cuts)
         # The bound, and room for one buffer more: a buffer larger than what is left goes alone.
         pool = IN_FLIGHT_BYTES + _largest_buffer(items, self._cuts)
-        arrays = [leaf for leaf in jax.tree.leaves(items) if isinstance(leaf, jax.Array)]
-        devices = {device for leaf in arrays for device in leaf.devices()}
-        seconds = grow_pinned_host_pool_by(pool, next(iter(devices))) if len(devices) == 1 else 0.0
-        return pinned_bytes_line(pool, seconds)
+        return pinned_bytes_line(pool, grow_pinned_host_pool_by(items, pool))
 
     def _compile_copy(self, shapes, cuts):
         try:
