@@ -109,9 +109,9 @@ class RunCheckpointer(Protocol):
     def save(self, step: int, params, opt_state, rng, trainer_state: dict) -> None: ...
 
     def between_steps(self) -> None:
-        """Called by the loop after it has read a step's metrics and before it dispatches the next
-        step: where a background write's copies off the device wait for nothing (a no-op for a
-        checkpointer whose copies are made otherwise)."""
+        """Called by the loop once an iteration, after any read of a step's metrics, with only the
+        step it just dispatched in flight: where a background write's copies off the device wait
+        for nothing (a no-op for a checkpointer whose copies are made otherwise)."""
         ...
 
     def keep_best_steps(self, steps) -> None:

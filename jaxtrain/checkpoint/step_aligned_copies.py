@@ -9,10 +9,11 @@ zero, for the whole write. Copies dispatched all at once at the save, before the
 beside it and left every step line at the median; but they held the whole state in pinned memory.
 
 So the writer says which buffers it will fetch, in its order (plan), and the loop dispatches the
-next of them each time it has read a step's metrics (between_steps), while the next step is the
-only one in flight: a copy then waits for nothing, and runs beside that step. No more than
-`in_flight_bytes` are copied and not yet fetched (one entry always may be), so the pinned pool
-that serves them stays that size (grown before step 1: pinned_host.grow_pinned_host_pool).
+next of them once an iteration (between_steps), after any read of a step's metrics, while the
+step it just dispatched is the only one in flight: a copy then waits for nothing, and runs beside
+that step. No more than `in_flight_bytes` are copied and not yet fetched (one entry always may
+be), so the pinned pool that serves them stays that size (grown before step 1:
+pinned_host.grow_pinned_host_pool_by).
 
 Where the loop is not stepping (it waits for the write to finish, it validates, the run ended),
 a fetch waits at most `wait_s`, or two of the loop's last intervals between steps where that is
@@ -79,8 +80,8 @@ class StepAlignedCopies:
 
     def between_steps(self) -> None:
         """Dispatches the next planned copies, a buffer from each plan in turn, while what is
-        copied and not yet fetched fits in in_flight_bytes. Called by the loop after it has read a
-        step's metrics and before it dispatches the next step."""
+        copied and not yet fetched fits in in_flight_bytes. Called by the loop once an iteration,
+        with only the step it just dispatched in flight."""
         with self._lock:
             self._stepping = True
             now = time.monotonic()
@@ -130,21 +131,21 @@ class StepAlignedCopies:
         with self._lock:
             wait = min(max(self.wait_s, 2 * self._interval), LONGEST_WAIT_S)
             deadline = time.monotonic() + wait
-            while self._planned[id(buffer)] > 0 and not self._copies[id(buffer)] and self._stepping:
+            while self._planned[id(buffer)] > 0 and not self._copies.get(id(buffer)) and self._stepping:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     self._stepping = False  # until the loop's next between_steps
                     break
                 self._lock.wait(left)
-            found = self._copies[id(buffer)]
+            found = self._copies.get(id(buffer))
             copied = found.pop(0) if found else None
             if copied is not None:
                 self._held -= buffer.nbytes
+                if not found:
+                    del self._copies[id(buffer)]
             elif self._planned[id(buffer)] > 0:
                 self._planned[id(buffer)] -= 1
                 self._unqueue_first(buffer)
-            if not found:
-                del self._copies[id(buffer)]
         if copied is None:
             copied = self._copy([buffer])[0]
             with self._lock:

@@ -175,8 +175,8 @@ class RunSaver:
         return taken, self._snapshot_s
 
     def between_steps(self) -> None:
-        """The loop has read a step's metrics and has not dispatched the next step: a background
-        write's copies off the device go now (RunCheckpointer.between_steps)."""
+        """Once an iteration, with only the step just dispatched in flight: a background write's
+        copies off the device go now (RunCheckpointer.between_steps)."""
         if self.checkpointer is not None:
             self.checkpointer.between_steps()
 
