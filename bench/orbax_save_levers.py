@@ -16,6 +16,7 @@ changed here on purpose, to measure what it does not offer:
   --pieces_mb MB of an array copied to pinned memory in one device_put (manager.HOST_PIECE_MB,
               for a state with an array over manager.HOST_PIECES_FROM_MB, as this shape's are;
               0: each array whole, as Orbax itself copies)
+  --ahead     batches copied ahead of the one Orbax writes (orbax_host.BATCHES_AHEAD; 0: none)
 --sample_s S records every thread's innermost frames every 2 ms for S seconds from the save's
 start and prints them grouped: a stretch with no samples is one where the sampling thread, like
 the loop's, could not get the GIL.
@@ -61,11 +62,14 @@ def parse_args(argv=None):
     parser.add_argument(
         '--in_flight', type=int, default=None, help='pieces copied or being joined at a time (orbax_host)'
     )
+    parser.add_argument(
+        '--ahead', type=int, default=None, help='batches copied while the one before is written (orbax_host)'
+    )
     parser.add_argument('--sample_s', type=float, default=0.0, help='seconds sampled from the save')
     return parser.parse_args(argv)
 
 
-def change_settings(host_gb, pin_gb, pageable, pieces_mb=None, in_flight=None) -> None:
+def change_settings(host_gb, pin_gb, pageable, pieces_mb=None, in_flight=None, ahead=None) -> None:
     """Sets the manager's copy settings for the run this process starts."""
     import orbax.checkpoint as ocp
 
@@ -73,6 +77,8 @@ def change_settings(host_gb, pin_gb, pageable, pieces_mb=None, in_flight=None) -
 
     if in_flight is not None:
         orbax_host.PIECES_IN_FLIGHT = in_flight
+    if ahead is not None:
+        orbax_host.BATCHES_AHEAD = ahead
     if pieces_mb is not None:
         manager.HOST_PIECE_MB = pieces_mb
     if host_gb is not None:
@@ -140,7 +146,7 @@ def watch_for(path: Path, seen: dict) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    change_settings(args.host_gb, args.pin_gb, args.pageable, args.pieces_mb, args.in_flight)
+    change_settings(args.host_gb, args.pin_gb, args.pageable, args.pieces_mb, args.in_flight, args.ahead)
     from jaxtrain import main as jaxtrain_main
     from jaxtrain.checkpoint import manager, orbax_host
 
@@ -177,6 +183,7 @@ def main(argv=None) -> int:
     settings = {'host_gb': manager.HOST_TRANSFER_GB, 'pin_gb': args.pin_gb, 'pageable': args.pageable}
     settings['pieces_mb'] = manager.HOST_PIECE_MB
     settings['in_flight'] = orbax_host.PIECES_IN_FLIGHT
+    settings['ahead'] = orbax_host.BATCHES_AHEAD
     print(json.dumps({'settings': settings, **result}), flush=True)
     for line in samples.grouped() if samples else []:
         print(line)

@@ -35,6 +35,14 @@ are a second copy of it on the device, so only batches are copied this way: a sa
 state, copied whole before save() returns, is copied as Orbax copies it. The cost is the join: the
 commit of a 1B step took 12.61 s against 10.45 (manager.HOST_PIECE_MB has the figures).
 
+Copying ahead. Orbax copies a batch, writes it, and only then copies the next, so a commit takes
+the sum of every batch's copy and write. Its batcher (worker_memory_utils.next_memory_budgeted_batch,
+which the array handler looks up at each save) is wrapped to tell which batch follows the one it
+yields; when Orbax asks for a batch's copy, the next batch's copy starts on a thread of its own and
+runs while this one is written, and Orbax's next request takes it. A copy made ahead is used only
+for exactly the arrays it was made of; anything else is copied when asked. BATCHES_AHEAD = 0 turns
+it off.
+
 The threads. In orbax-checkpoint 0.12.4 (orbax/checkpoint/_src/futures/future.py) each stage of an
 async save runs in a `_SignalingThread` that first waits for the signals of the stages before it
 (e.g. "the step directory exists"), and sets its own signals only when its work succeeds or is
@@ -67,7 +75,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint._src.metadata import array_metadata_store
-from orbax.checkpoint._src.serialization import replica_slices
+from orbax.checkpoint._src.serialization import replica_slices, worker_memory_utils
 from orbax.checkpoint._src.serialization.type_handler_registry import GLOBAL_TYPE_HANDLER_REGISTRY
 from orbax.checkpoint._src.serialization.types import TransferPriority
 
@@ -118,39 +126,17 @@ def _copy_piece(host: np.ndarray, at: int, pinned: jax.Array) -> None:
 
 
 _orbax_copy = replica_slices.transfer_arrays_to_host  # Orbax's own, as imported
+_orbax_batches = worker_memory_utils.next_memory_budgeted_batch
 _piece_bytes = 0  # copy_in_pieces's settings
 _batch_bytes = 0
 PIECES_IN_FLIGHT = 4  # pinned pieces copied or being joined at a time: the pool they need
+BATCHES_AHEAD = 1  # 0: each batch copied only when Orbax asks for it
 _joiners = concurrent.futures.ThreadPoolExecutor(PIECES_IN_FLIGHT, thread_name_prefix='jaxtrain-pieces')
 
 
-def _copy_in_pieces(
-    arrays,
-    replica_id,
-    use_replica_parallel,
-    min_slice_bytes_for_replica_parallel=None,
-    max_replicas_for_replica_parallel=None,
-    *,
-    enable_pinned_host_transfer=False,
-):
-    """replica_slices.transfer_arrays_to_host's contract (orbax-checkpoint 0.12.4), piece by
-    piece into pinned memory. Orbax's own copy into pageable memory, and for more than a batch
-    at once (a save of the live state, copied whole before save() returns), where the pieces
-    would hold a second copy of the state on the device."""
-    replica_args = (min_slice_bytes_for_replica_parallel, max_replicas_for_replica_parallel)
-    batch = max(_batch_bytes, *(array.nbytes for array in arrays)) if arrays else 0
-    if not enable_pinned_host_transfer or sum(array.nbytes for array in arrays) > batch:
-        return _orbax_copy(
-            arrays,
-            replica_id,
-            use_replica_parallel,
-            *replica_args,
-            enable_pinned_host_transfer=enable_pinned_host_transfer,
-        )
-    per_array = [
-        replica_slices.get_replica_slices(array, replica_id, use_replica_parallel, *replica_args)
-        for array in arrays
-    ]
+def _pieces_to_host(arrays, replica_args: tuple) -> list:
+    """The arrays' replica slices copied to pinned memory piece by piece and joined on the host."""
+    per_array = [replica_slices.get_replica_slices(array, *replica_args) for array in arrays]
     # Every piece of the batch is cut at once (the device does it after the step it is running),
     # then copied to pinned memory a few at a time, each joined into its array on a thread.
     cut = []
@@ -178,6 +164,95 @@ def _copy_in_pieces(
     return copied
 
 
+class _CopyAhead:
+    """The batch that Orbax's batcher yields next, copied on a thread of its own while the batch
+    before it is written (see "Copying ahead" above). One copy runs at a time, so the pinned pool
+    never holds more than PIECES_IN_FLIGHT pieces; host memory holds two batches."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._next = ()  # the arrays of the batch after the one yielded last
+        self._copying = None  # (arrays, future of their copy)
+        self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='jaxtrain-copy-ahead')
+
+    def yielding(self, following) -> None:
+        """Orbax's batcher is about to yield a batch; `following` is the one after it, or ()."""
+        with self._lock:
+            self._next = tuple(following)
+
+    def take(self, arrays):
+        """The copy of `arrays` made ahead, or None where none was made of exactly these."""
+        with self._lock:
+            copying, self._copying = self._copying, None
+        if copying is None:
+            return None
+        ahead, future = copying
+        concurrent.futures.wait([future])  # even when it is not these arrays: one copy at a time
+        if len(ahead) == len(arrays) and all(a is b for a, b in zip(ahead, arrays)):
+            return future.result()
+        return None
+
+    def start(self, replica_args: tuple) -> None:
+        """Copies the batch after the current one, if Orbax's batcher told it."""
+        with self._lock:
+            following, self._next = self._next, ()
+            if BATCHES_AHEAD and following:
+                self._copying = (following, self._thread.submit(_pieces_to_host, following, replica_args))
+
+    def forget(self) -> None:
+        """Drops what was told and copied (the save ended, or failed)."""
+        with self._lock:
+            copying, self._copying, self._next = self._copying, None, ()
+        if copying is not None and not copying[1].cancel():
+            concurrent.futures.wait([copying[1]])  # one copy at a time, across saves too
+
+
+_ahead = _CopyAhead()
+
+
+def _batches_telling_the_next(params, worker_memory_budget, *, replica_id, dispatcher):
+    """worker_memory_utils.next_memory_budgeted_batch (orbax-checkpoint 0.12.4), telling _ahead
+    which batch comes after each one it yields."""
+    batches = list(_orbax_batches(params, worker_memory_budget, replica_id=replica_id, dispatcher=dispatcher))
+    try:
+        for at, batch in enumerate(batches):
+            _ahead.yielding([array for array, _, _ in batches[at + 1]] if at + 1 < len(batches) else ())
+            yield batch
+    finally:
+        _ahead.forget()
+
+
+def _copy_in_pieces(
+    arrays,
+    replica_id,
+    use_replica_parallel,
+    min_slice_bytes_for_replica_parallel=None,
+    max_replicas_for_replica_parallel=None,
+    *,
+    enable_pinned_host_transfer=False,
+):
+    """replica_slices.transfer_arrays_to_host's contract (orbax-checkpoint 0.12.4), piece by
+    piece into pinned memory, the next batch copied ahead. Orbax's own copy into pageable memory,
+    and for more than a batch at once (a save of the live state, copied whole before save()
+    returns), where the pieces would hold a second copy of the state on the device."""
+    replica_args = (min_slice_bytes_for_replica_parallel, max_replicas_for_replica_parallel)
+    batch = max(_batch_bytes, *(array.nbytes for array in arrays)) if arrays else 0
+    if not enable_pinned_host_transfer or sum(array.nbytes for array in arrays) > batch:
+        return _orbax_copy(
+            arrays,
+            replica_id,
+            use_replica_parallel,
+            *replica_args,
+            enable_pinned_host_transfer=enable_pinned_host_transfer,
+        )
+    replica_args = (replica_id, use_replica_parallel, *replica_args)
+    copied = _ahead.take(arrays)
+    if copied is None:
+        copied = _pieces_to_host(arrays, replica_args)
+    _ahead.start(replica_args)
+    return copied
+
+
 def pieces_to_pin(tree, piece_bytes: int) -> list:
     """The pieces (on the device) whose copies grow the pinned pool as far as a save in pieces of
     piece_bytes needs: PIECES_IN_FLIGHT of them, cut from the largest arrays."""
@@ -196,6 +271,8 @@ def copy_in_pieces(piece_bytes: int, batch_bytes: int = 0) -> None:
     global _piece_bytes, _batch_bytes
     _piece_bytes, _batch_bytes = piece_bytes, batch_bytes
     replica_slices.transfer_arrays_to_host = _copy_in_pieces if piece_bytes else _orbax_copy
+    batcher = _batches_telling_the_next if piece_bytes else _orbax_batches
+    worker_memory_utils.next_memory_budgeted_batch = batcher
 
 
 def type_handlers(order: TransferOrder):

@@ -2,6 +2,8 @@
 against Orbax's transfer_arrays_to_host and against the arrays themselves), however the arrays are
 cut; 0 gives Orbax its own copy back. The CPU device has a 'pinned_host' memory to copy into."""
 
+import threading
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -108,3 +110,47 @@ def test_a_gpu_state_with_an_array_over_the_bound_is_saved_in_pieces(
         assert [p.shape for p in tree] == [(1, 4)] * 3 + [(4,)]
     else:
         assert set(tree) == {'params', 'rng'}
+
+
+@pytest.mark.parametrize('ahead', [1, 0])
+def test_orbaxs_batches_are_copied_one_ahead_and_written_as_they_are(
+    tmp_path, orbax_copy, monkeypatch, ahead
+):
+    """A real Orbax save in batches of one array (1 kB), pinned and in pieces of 1000 bytes: each
+    batch after the first is the copy made while the one before it was written (none with
+    BATCHES_AHEAD 0), and what Orbax wrote reads back as the arrays."""
+    import orbax.checkpoint as ocp
+    from orbax.checkpoint._src.serialization import worker_memory_utils
+
+    original_batches = worker_memory_utils.next_memory_budgeted_batch
+    monkeypatch.setattr(worker_memory_utils, 'next_memory_budgeted_batch', original_batches)
+    monkeypatch.setattr(orbax_host, 'BATCHES_AHEAD', ahead)
+    copies = []  # the arrays of each copy made, in order, and on which thread
+    real = orbax_host._pieces_to_host
+
+    def counted(arrays, replica_args):
+        copies.append(([a.shape for a in arrays], threading.current_thread().name))
+        return real(arrays, replica_args)
+
+    monkeypatch.setattr(orbax_host, '_pieces_to_host', counted)
+    orbax_host.copy_in_pieces(1000, batch_bytes=1000)
+    assert worker_memory_utils.next_memory_budgeted_batch is not original_batches
+    order = orbax_host.TransferOrder()
+    order.in_batches = True
+    handler = ocp.PyTreeCheckpointHandler(
+        use_compression=False,
+        save_device_host_concurrent_gb=1e-6,  # 1000 bytes
+        enable_pinned_host_transfer=True,
+        type_handler_registry=orbax_host.type_handlers(order),
+    )
+    tree = {f'a{i}': array for i, array in enumerate(ARRAYS[:2])} | {'c': ARRAYS[0] + 1}
+    with ocp.Checkpointer(handler) as checkpointer:
+        checkpointer.save(tmp_path / 'step', args=ocp.args.PyTreeSave(tree))
+        back = checkpointer.restore(tmp_path / 'step')
+    for name, array in tree.items():
+        np.testing.assert_array_equal(np.asarray(back[name]), np.asarray(jax.device_get(array)))
+    assert sorted(shapes for shapes, _ in copies) == [[(16, 8, 16)], [(16, 8, 16)], [(300, 7)]]
+    ahead_threads = [thread for _, thread in copies if thread.startswith('jaxtrain-copy-ahead')]
+    assert len(ahead_threads) == (2 if ahead else 0)  # the second and third batches
+    orbax_host.copy_in_pieces(0)
+    assert worker_memory_utils.next_memory_budgeted_batch is original_batches
