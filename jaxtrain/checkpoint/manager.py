@@ -72,10 +72,11 @@ HOST_TRANSFER_GB = 1
 # pieces"), where the state holds an array of more than HOST_PIECES_FROM_MB. On one H100 at
 # LLaMA-3.2 1B (arrays up to 1.07 GB), in one call: the first step after a save 1.12x the median
 # against 2.78x, the 20 steps after it 21.3 medians against 24.6, the commit 12.61 s against 10.45
-# (bench/orbax_save_levers.py, call N in docs/benchmark-history.md). GPT-2 124M (154 MB at most)
-# keeps Orbax's own copy: saving every 20 steps in pieces ran at 0.836x the run without saves (call
-# N; 0.954x with the first version of the pieces, call M), below every figure measured without
-# them (0.962-0.984x).
+# (bench/orbax_save_levers.py, call N in docs/benchmark-history.md); with the next batch copied
+# while one is written (orbax_host.BATCHES_AHEAD), 11.92 s against 14.56 without (call 35).
+# GPT-2 124M (154 MB at most) keeps Orbax's own copy: saving every 20 steps in pieces ran at 0.836x
+# the run without saves (call N; 0.954x with the first version of the pieces, call M), below every
+# figure measured without them (0.962-0.984x).
 HOST_PIECE_MB = 64
 HOST_PIECES_FROM_MB = 256
 

@@ -33,7 +33,8 @@ which is what Orbax writes. A pinned piece is let go once joined, so the pinned 
 pieces, never the arrays that tensorstore still holds while it writes them. The pieces of a batch
 are a second copy of it on the device, so only batches are copied this way: a save of the live
 state, copied whole before save() returns, is copied as Orbax copies it. The cost is the join: the
-commit of a 1B step took 12.61 s against 10.45 (manager.HOST_PIECE_MB has the figures).
+commit of a 1B step took 12.61 s against 10.45 (manager.HOST_PIECE_MB has the figures), which
+copying ahead (below) more than wins back.
 
 Copying ahead. Orbax copies a batch, writes it, and only then copies the next, so a commit takes
 the sum of every batch's copy and write. Its batcher (worker_memory_utils.next_memory_budgeted_batch,
@@ -41,7 +42,8 @@ which the array handler looks up at each save) is wrapped to tell which batch fo
 yields; when Orbax asks for a batch's copy, the next batch's copy starts on a thread of its own and
 runs while this one is written, and Orbax's next request takes it. A copy made ahead is used only
 for exactly the arrays it was made of; anything else is copied when asked. BATCHES_AHEAD = 0 turns
-it off.
+it off. On one H100 at LLaMA-3.2 1B, the commit took 11.92 s (0.93x the disk's direct-I/O write)
+against 14.56 s without it, in one call.
 
 The threads. In orbax-checkpoint 0.12.4 (orbax/checkpoint/_src/futures/future.py) each stage of an
 async save runs in a `_SignalingThread` that first waits for the signals of the stages before it
