@@ -81,7 +81,7 @@ from orbax.checkpoint._src.serialization import replica_slices, worker_memory_ut
 from orbax.checkpoint._src.serialization.type_handler_registry import GLOBAL_TYPE_HANDLER_REGISTRY
 from orbax.checkpoint._src.serialization.types import TransferPriority
 
-from jaxtrain.checkpoint.pinned_host import leaves_to_pin, pinned_sharding
+from jaxtrain.checkpoint.pinned_host import leaves_to_pin, pinned_sharding, rows_per_piece
 
 
 class TransferOrder:
@@ -114,7 +114,7 @@ def row_pieces(data: jax.Array, piece_bytes: int) -> list:
     at least, sliced on the device; [data] where it fits."""
     if data.ndim == 0 or data.nbytes <= piece_bytes:
         return [data]
-    rows = max(1, piece_bytes // (data.nbytes // data.shape[0]))
+    rows = rows_per_piece(data, piece_bytes)
     return [
         jax.lax.slice_in_dim(data, at, min(at + rows, data.shape[0])) for at in range(0, data.shape[0], rows)
     ]
@@ -237,17 +237,15 @@ def _copy_in_pieces(
     piece into pinned memory, the next batch copied ahead. Orbax's own copy into pageable memory,
     and for more than a batch at once (a save of the live state, copied whole before save()
     returns), where the pieces would hold a second copy of the state on the device."""
-    replica_args = (min_slice_bytes_for_replica_parallel, max_replicas_for_replica_parallel)
+    replica_args = (
+        replica_id,
+        use_replica_parallel,
+        min_slice_bytes_for_replica_parallel,
+        max_replicas_for_replica_parallel,
+    )
     batch = max(_batch_bytes, *(array.nbytes for array in arrays)) if arrays else 0
     if not enable_pinned_host_transfer or sum(array.nbytes for array in arrays) > batch:
-        return _orbax_copy(
-            arrays,
-            replica_id,
-            use_replica_parallel,
-            *replica_args,
-            enable_pinned_host_transfer=enable_pinned_host_transfer,
-        )
-    replica_args = (replica_id, use_replica_parallel, *replica_args)
+        return _orbax_copy(arrays, *replica_args, enable_pinned_host_transfer=enable_pinned_host_transfer)
     copied = _ahead.take(arrays)
     if copied is None:
         copied = _pieces_to_host(arrays, replica_args)

@@ -39,6 +39,12 @@ def pinned_sharding(device) -> jax.sharding.Sharding | None:
     return jax.sharding.SingleDeviceSharding(device, memory_kind='pinned_host')
 
 
+def rows_per_piece(array, piece_bytes: int) -> int:
+    """How many of `array`'s rows (along its first axis) a piece of at most piece_bytes holds, one
+    at least: both savers cut large arrays so, to keep each pinned copy small."""
+    return max(1, piece_bytes // (array.nbytes // array.shape[0]))
+
+
 def leaves_to_pin(tree, limit_bytes: int | None = None) -> list:
     """The arrays of `tree` whose copies grow the pool: all of them without a limit; with one, the
     largest first while they fit in limit_bytes (the largest always, which a save cannot split)."""

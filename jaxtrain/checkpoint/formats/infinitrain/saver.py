@@ -38,7 +38,12 @@ from jaxtrain.checkpoint.layout import (
 from jaxtrain.checkpoint.format import Snapshot
 from jaxtrain.checkpoint.manager import bytes_per_device, room_for_snapshot
 from jaxtrain.checkpoint.layout import write_failure
-from jaxtrain.checkpoint.pinned_host import grow_pinned_host_pool_by, pinned_bytes_line, pinned_sharding
+from jaxtrain.checkpoint.pinned_host import (
+    grow_pinned_host_pool_by,
+    pinned_bytes_line,
+    pinned_sharding,
+    rows_per_piece,
+)
 from jaxtrain.checkpoint.step_aligned_copies import StepAlignedCopies
 from jaxtrain.optim.optimizer import adam_states
 from llmc_io.tensors import LeafEntry
@@ -104,8 +109,7 @@ def _cuts(items: dict, family: str) -> tuple[int, ...]:
         if '/'.join(names[1:]) in stacked:
             cuts.append(BY_LAYER)
         elif _in_pieces(leaf):
-            row_bytes = leaf.nbytes // leaf.shape[0]
-            cuts.append(max(1, PIECE_BYTES // row_bytes))
+            cuts.append(rows_per_piece(leaf, PIECE_BYTES))
         else:
             cuts.append(WHOLE)
     return tuple(cuts)
